@@ -1,0 +1,5 @@
+import sys
+
+from ncgrpo.cli import main
+
+sys.exit(main())
