@@ -1,0 +1,1023 @@
+"""Loaders for the paper's evaluation benchmarks (and the registry that names them).
+
+Every loader turns the rows of one public dataset, in the layout its hub repository uses, into
+:class:`~ncgrpo.data.types.Question` objects in one convention (docs/benchmarks-data.md):
+
+- multiple choice: ``choices`` holds the options in order, ``answer`` the gold letter,
+  ``answer_type="choice"``, and ``problem`` lists the options as ``"A. ...\\nB. ..."`` followed by
+  :data:`CHOICE_INSTRUCTION` (asks for the letter in ``\\boxed{}``);
+- yes/no: ``answer`` is ``"yes"`` or ``"no"``, ``answer_type="yesno"``;
+- numeric: ``answer_type="number"``; anything else ``"free"``.
+
+Sources: ``path`` is a local folder laid out as on the hub (``data/test-00000-of-00001.parquet``,
+``<split>.parquet``, ...) or one file (parquet, json, jsonl); with ``path=None`` the rows come from the
+``datasets`` cache through ``datasets.load_dataset(hub_id, ...)``, which works offline only when the
+dataset is cached. A missing file or a malformed row raises :class:`BenchmarkDataError` naming the
+file, the row index and the field (``"geo3k test.parquet row 17: field 'answer' is empty"``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ncgrpo.data.prompts import IMAGE_PLACEHOLDER
+from ncgrpo.data.types import AnswerType, Question, Role
+
+__all__ = [
+    "BENCHMARKS",
+    "CHOICE_INSTRUCTION",
+    "YESNO_INSTRUCTION",
+    "BenchmarkDataError",
+    "BenchmarkSpec",
+    "RowContext",
+    "format_choice_problem",
+    "load_benchmark",
+]
+
+#: Appended to every multiple-choice problem after its option list.
+CHOICE_INSTRUCTION = "Answer with the letter of the correct option in \\boxed{}."
+#: NoisyRollout's HallusionBench suffix (eval/utils/data_loaders.py), typo included so prompts match
+#: theirs token for token; POPE uses the same suffix.
+YESNO_INSTRUCTION = "You final answer can only be \\boxed{yes} or \\boxed{no}."
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_PARQUET = (".parquet",)
+_JSON = (".json", ".jsonl")
+
+
+class BenchmarkDataError(ValueError):
+    """A benchmark file is missing or one of its rows is malformed (message names file, row, field)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Row access with errors that name the place
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RowContext:
+    """Where rows come from: used to word errors and to resolve relative image paths."""
+
+    benchmark: str
+    label: str  # e.g. "geo3k test.parquet" or "geo3k hub:hiyouga/geometry3k[test]"
+    split: str
+    base_dir: Path | None = None  # folder that relative image paths are resolved against
+
+    def error(self, index: int, message: str) -> BenchmarkDataError:
+        return BenchmarkDataError(f"{self.label} row {index}: {message}")
+
+    def field(self, row: dict[str, Any], index: int, name: str, *, allow_empty: bool = False) -> Any:
+        """``row[name]``, or an error naming the row and the field when it is missing or empty."""
+        if name not in row:
+            raise self.error(index, f"field '{name}' is missing")
+        value = row[name]
+        if not allow_empty and _is_empty(value):
+            raise self.error(index, f"field '{name}' is empty")
+        return value
+
+    def text(self, row: dict[str, Any], index: int, name: str) -> str:
+        value = self.field(row, index, name)
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise self.error(index, f"field '{name}' should be text, got {type(value).__name__}")
+        return str(value).strip()
+
+    def optional(self, row: dict[str, Any], name: str, default: Any = None) -> Any:
+        value = row.get(name)
+        return default if _is_empty(value) else value
+
+    def image(self, row: dict[str, Any], index: int, name: str) -> Any:
+        return decode_image(self.field(row, index, name), self, index, name)
+
+    def images(self, row: dict[str, Any], index: int, name: str) -> list[Any]:
+        value = self.field(row, index, name)
+        if not isinstance(value, list | tuple):
+            raise self.error(index, f"field '{name}' should be a list of images, got {type(value).__name__}")
+        return [decode_image(v, self, index, f"{name}[{k}]") for k, v in enumerate(value)]
+
+
+def _is_empty(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, list | tuple | dict):
+        return len(value) == 0
+    try:  # NaN from pandas-written files
+        return value != value
+    except Exception:  # pragma: no cover - exotic types
+        return False
+
+
+def decode_image(value: Any, ctx: RowContext, index: int, name: str) -> Any:
+    """Open one stored image as a (lazily decoded) PIL image, or raise an error naming the field.
+
+    Accepts what the hub layouts hold: a PIL image, the ``{"bytes", "path"}`` struct of a
+    ``datasets.Image`` column read without decoding, or a path relative to the data folder (json
+    layouts). The file is verified (header and, for PNG, checksums) and reopened lazily, so a loaded
+    benchmark holds compressed bytes rather than pixels.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        return value
+    if _is_empty(value):
+        raise ctx.error(index, f"field '{name}' is empty")
+    data: bytes | None = None
+    source = ""
+    if isinstance(value, dict):
+        if value.get("bytes"):
+            data = bytes(value["bytes"])
+        elif value.get("path"):
+            value = value["path"]
+        else:
+            raise ctx.error(index, f"field '{name}' has neither image bytes nor a path")
+    if data is None:
+        if isinstance(value, bytes | bytearray):
+            data = bytes(value)
+        elif isinstance(value, str):
+            file = _resolve_image_path(value, ctx)
+            if file is None:
+                raise ctx.error(index, f"field '{name}': image file '{value}' not found")
+            source = f" ({file})"
+            data = file.read_bytes()
+        else:
+            raise ctx.error(index, f"field '{name}' is not an image (got {type(value).__name__})")
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            probe.verify()
+        image = Image.open(io.BytesIO(data))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        reason = str(exc).split(" <_io.")[0].strip() or type(exc).__name__
+        raise ctx.error(index, f"field '{name}' is not a readable image{source} ({reason})") from None
+    return image
+
+
+def _resolve_image_path(value: str, ctx: RowContext) -> Path | None:
+    candidate = Path(value)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    if ctx.base_dir is None:
+        return None
+    rel = value[2:] if value.startswith("./") else value
+    for root in (ctx.base_dir, ctx.base_dir / "images", ctx.base_dir.parent):
+        if (root / rel).is_file():
+            return root / rel
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Answer conventions
+# --------------------------------------------------------------------------------------------------
+
+
+def format_choice_problem(stem: str, choices: Sequence[str]) -> str:
+    """``stem`` followed by ``"A. ...\\nB. ..."`` and :data:`CHOICE_INSTRUCTION`."""
+    options = "\n".join(f"{LETTERS[i]}. {str(c).strip()}" for i, c in enumerate(choices))
+    return f"{stem.rstrip()}\n{options}\n{CHOICE_INSTRUCTION}"
+
+
+def _is_number(text: str) -> bool:
+    cleaned = text.strip().replace(",", "").rstrip("%").strip()
+    try:
+        float(cleaned)
+    except ValueError:
+        return False
+    return True
+
+
+def infer_answer_type(answer: str) -> AnswerType:
+    """``"yesno"`` for yes/no, ``"number"`` for a plain number (commas and ``%`` allowed), else ``"free"``."""
+    if answer.strip().lower() in {"yes", "no"}:
+        return "yesno"
+    return "number" if _is_number(answer) else "free"
+
+
+def gold_letter(
+    answer: Any, choices: Sequence[str], ctx: RowContext, index: int, name: str = "answer"
+) -> str:
+    """The gold letter for ``answer``: a letter within range, or the text of one of ``choices``."""
+    text = str(answer).strip()
+    letter = text.strip("().").upper()
+    if len(letter) == 1 and letter in LETTERS[: len(choices)]:
+        return letter
+    stripped = [str(c).strip() for c in choices]
+    if text in stripped:
+        return LETTERS[stripped.index(text)]
+    raise ctx.error(
+        index,
+        f"field '{name}' ({text!r}) is neither a letter A-{LETTERS[len(choices) - 1]} nor one of the choices",
+    )
+
+
+_OPTION_LINE = re.compile(r"^\s*\(?([A-H])[).:：]\s*(.*)$")
+
+
+def split_option_lines(text: str) -> tuple[str, list[str], str] | None:
+    """Split ``text`` into (stem, options, tail) where options are consecutive ``A. ...`` lines.
+
+    Returns None unless the option lines run A, B, C, ... from A with at least two options.
+    """
+    lines = text.split("\n")
+    for start, line in enumerate(lines):
+        m = _OPTION_LINE.match(line)
+        if not m or m.group(1) != "A":
+            continue
+        options: list[str] = []
+        end = start
+        while end < len(lines):
+            m = _OPTION_LINE.match(lines[end])
+            if not m or m.group(1) != LETTERS[len(options)]:
+                break
+            options.append(m.group(2).strip())
+            end += 1
+        if len(options) >= 2:
+            stem = "\n".join(lines[:start]).strip()
+            tail = "\n".join(lines[end:]).strip()
+            return stem, options, tail
+    return None
+
+
+def split_inline_options(text: str) -> list[str] | None:
+    """Options written on one line: ``"A: x, B: y, C: z"`` (MMStar) or ``"A. x; B. y"`` (WeMath)."""
+    marks = list(re.finditer(r"(?:^|(?<=[\s,;]))([A-H])\s*[.:：]\s*", text))
+    # keep only marks that run A, B, C, ... in order
+    picked: list[re.Match[str]] = []
+    for m in marks:
+        if m.group(1) == LETTERS[len(picked)]:
+            picked.append(m)
+    if len(picked) < 2:
+        return None
+    options = []
+    for k, m in enumerate(picked):
+        end = picked[k + 1].start() if k + 1 < len(picked) else len(text)
+        options.append(text[m.end() : end].strip().rstrip(",;").strip())
+    return options
+
+
+_DIRECT_ANSWER = re.compile(r"\s*Please answer directly[^\n]*$", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-benchmark row converters
+# --------------------------------------------------------------------------------------------------
+
+Converter = Callable[[Iterable[tuple[int, dict[str, Any]]], RowContext], list[Question]]
+
+
+def _convert_geo3k(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowContext) -> list[Question]:
+    from ncgrpo.data.geometry3k import convert_geo3k_rows
+
+    return convert_geo3k_rows(rows, ctx)
+
+
+def _convert_hallusionbench(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        question = ctx.text(row, i, "question")
+        gt = ctx.text(row, i, "gt_answer")
+        if gt not in {"0", "1"}:
+            raise ctx.error(i, f"field 'gt_answer' should be '0' or '1', got {gt!r}")
+        # NoisyRollout keeps the text before the first '?' and appends its yes/no instruction.
+        stem = question.split("?")[0] if "?" in question else question
+        # json layouts (the GitHub release) give only `filename`, a path relative to the data folder
+        images = [] if ctx.split == "non_image" else [_image_of(row, i, ctx, "image", "filename")]
+        ids = [
+            str(ctx.optional(row, k, ""))
+            for k in ("category", "subcategory", "set_id", "figure_id", "question_id")
+        ]
+        out.append(
+            Question(
+                benchmark=ctx.benchmark,
+                question_id="_".join(ids) if any(ids) else str(i),
+                problem=f"{stem.strip()}? {YESNO_INSTRUCTION}",
+                answer="yes" if gt == "1" else "no",
+                images=images,
+                answer_type="yesno",
+                metadata={
+                    "category": ctx.optional(row, "category"),
+                    "subcategory": ctx.optional(row, "subcategory"),
+                    "filename": ctx.optional(row, "filename"),
+                    "question": question,
+                },
+            )
+        )
+    return out
+
+
+def _image_of(row, i, ctx: RowContext, *names: str):
+    """The first of ``names`` present and non-empty in ``row`` decoded as an image."""
+    for name in names:
+        if not _is_empty(row.get(name)):
+            return ctx.image(row, i, name)
+    raise ctx.error(
+        i, f"field '{names[0]}' is missing" if names[0] not in row else f"field '{names[0]}' is empty"
+    )
+
+
+def _convert_mathvista(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        pid = ctx.text(row, i, "pid")
+        qtype = ctx.text(row, i, "question_type")
+        question = ctx.text(row, i, "question")
+        answer = ctx.text(row, i, "answer")
+        image = _image_of(row, i, ctx, "decoded_image", "image")
+        meta = {
+            "question_type": qtype,
+            "mathvista_answer_type": ctx.optional(row, "answer_type"),
+            "unit": ctx.optional(row, "unit"),
+            "precision": ctx.optional(row, "precision"),
+            "query": ctx.optional(row, "query"),
+            "task": (ctx.optional(row, "metadata") or {}).get("task"),
+        }
+        if qtype == "multi_choice":
+            choices = [str(c) for c in ctx.field(row, i, "choices")]
+            out.append(
+                Question(
+                    benchmark=ctx.benchmark,
+                    question_id=pid,
+                    problem=format_choice_problem(question, choices),
+                    answer=gold_letter(answer, choices, ctx, i),
+                    images=[image],
+                    choices=choices,
+                    answer_type="choice",
+                    metadata={**meta, "answer_text": answer},
+                )
+            )
+        elif qtype == "free_form":
+            # `query` carries MathVista's precision hint ("requiring a floating-point number with two
+            # decimal places"), which a rule-based scorer needs; NoisyRollout prompts with it too.
+            problem = str(ctx.optional(row, "query") or question)
+            vista_type = str(ctx.optional(row, "answer_type", ""))
+            atype: AnswerType = "number" if vista_type in {"integer", "float"} else infer_answer_type(answer)
+            out.append(
+                Question(
+                    benchmark=ctx.benchmark,
+                    question_id=pid,
+                    problem=problem,
+                    answer=answer,
+                    images=[image],
+                    answer_type=atype,
+                    metadata=meta,
+                )
+            )
+        else:
+            raise ctx.error(
+                i, f"field 'question_type' should be 'multi_choice' or 'free_form', got {qtype!r}"
+            )
+    return out
+
+
+_CHOICES_BLOCK = re.compile(r"\n?\s*Choices\s*:\s*\n?", re.IGNORECASE)
+
+
+def _convert_mathverse(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        sid = ctx.text(row, i, "sample_index")
+        question = ctx.text(row, i, "question")
+        qtype = ctx.text(row, i, "question_type")
+        answer = ctx.text(row, i, "answer")
+        images = [ctx.image(row, i, "image")]
+        meta = {
+            "problem_index": ctx.optional(row, "problem_index"),
+            "problem_version": ctx.optional(row, "problem_version"),
+            "question_for_eval": ctx.optional(row, "question_for_eval"),
+            "query_cot": ctx.optional(row, "query_cot"),
+        }
+        if qtype == "multi-choice":
+            parts = _CHOICES_BLOCK.split(question, maxsplit=1)
+            parsed = split_option_lines(parts[1]) if len(parts) == 2 else None
+            if parsed is not None:
+                stem, choices, _tail = parsed
+                stem = (parts[0] + ("\n" + stem if stem else "")).strip()
+                problem = format_choice_problem(stem, choices)
+                letter = gold_letter(answer, choices, ctx, i)
+            else:
+                # Vision-only versions print the options inside the figure: no list to show.
+                choices = None
+                problem = f"{question}\n{CHOICE_INSTRUCTION}"
+                letter = answer.strip("().").upper()
+                if len(letter) != 1 or letter not in LETTERS:
+                    raise ctx.error(i, f"field 'answer' ({answer!r}) should be an option letter")
+            out.append(
+                Question(
+                    benchmark=ctx.benchmark,
+                    question_id=sid,
+                    problem=problem,
+                    answer=letter,
+                    images=images,
+                    choices=choices,
+                    answer_type="choice",
+                    metadata=meta,
+                )
+            )
+        elif qtype == "free-form":
+            out.append(
+                Question(
+                    benchmark=ctx.benchmark,
+                    question_id=sid,
+                    problem=question,
+                    answer=answer,
+                    images=images,
+                    answer_type=infer_answer_type(answer),
+                    metadata=meta,
+                )
+            )
+        else:
+            raise ctx.error(
+                i, f"field 'question_type' should be 'multi-choice' or 'free-form', got {qtype!r}"
+            )
+    return out
+
+
+_MATHVISION_IMAGE = re.compile(r"<image\d*>")
+
+
+def _convert_mathvision(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        qid = ctx.text(row, i, "id")
+        question = ctx.text(row, i, "question")
+        answer = ctx.text(row, i, "answer")
+        image = _image_of(row, i, ctx, "decoded_image", "image")
+        # The question marks its figure as <image1>; keep the first mark as our placeholder.
+        marks = _MATHVISION_IMAGE.findall(question)
+        stem = question
+        if marks:
+            stem = _MATHVISION_IMAGE.sub("", question.replace(marks[0], "\x00", 1)).replace(
+                "\x00", IMAGE_PLACEHOLDER
+            )
+        options = [str(o) for o in (ctx.optional(row, "options") or [])]
+        meta = {"subject": ctx.optional(row, "subject"), "level": ctx.optional(row, "level")}
+        if options:
+            out.append(
+                Question(
+                    benchmark=ctx.benchmark,
+                    question_id=qid,
+                    problem=format_choice_problem(stem.strip(), options),
+                    answer=gold_letter(answer, options, ctx, i),
+                    images=[image],
+                    choices=options,
+                    answer_type="choice",
+                    metadata=meta,
+                )
+            )
+        else:
+            out.append(
+                Question(
+                    benchmark=ctx.benchmark,
+                    question_id=qid,
+                    problem=stem.strip(),
+                    answer=answer,
+                    images=[image],
+                    answer_type=infer_answer_type(answer),
+                    metadata=meta,
+                )
+            )
+    return out
+
+
+def _convert_wemath(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        qid = ctx.text(row, i, "ID")
+        key = ctx.text(row, i, "key")
+        question = ctx.text(row, i, "question")
+        option = ctx.text(row, i, "option")
+        answer = ctx.text(row, i, "answer")
+        choices = split_inline_options(option)
+        if choices is None:
+            raise ctx.error(i, f"field 'option' has no 'A. ...; B. ...' options: {option!r}")
+        image = _image_of(row, i, ctx, "image_path", "image")
+        out.append(
+            Question(
+                benchmark=ctx.benchmark,
+                question_id=f"{qid}@{key}",
+                problem=format_choice_problem(question, choices),
+                answer=gold_letter(answer, choices, ctx, i),
+                images=[image],
+                choices=choices,
+                answer_type="choice",
+                metadata={
+                    "key": key,
+                    "knowledge_concept": ctx.optional(row, "knowledge concept"),
+                    "question_number": ctx.optional(row, "question number"),
+                },
+            )
+        )
+    return out
+
+
+def _convert_pope(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        question = ctx.text(row, i, "question")
+        answer = ctx.text(row, i, "answer").lower()
+        if answer not in {"yes", "no"}:
+            raise ctx.error(i, f"field 'answer' should be 'yes' or 'no', got {answer!r}")
+        category = str(ctx.optional(row, "category", ""))
+        qid = str(ctx.optional(row, "question_id", ctx.optional(row, "id", i)))
+        out.append(
+            Question(
+                benchmark=ctx.benchmark,
+                question_id=f"{category}_{qid}" if category else qid,
+                problem=f"{question} {YESNO_INSTRUCTION}",
+                answer=answer,
+                images=[ctx.image(row, i, "image")],
+                answer_type="yesno",
+                role="general",
+                metadata={"category": category or None, "image_source": ctx.optional(row, "image_source")},
+            )
+        )
+    return out
+
+
+_MMSTAR_OPTIONS = re.compile(r"\n?\s*Options\s*:\s*", re.IGNORECASE)
+
+
+def _convert_mmstar(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        question = ctx.text(row, i, "question")
+        answer = ctx.text(row, i, "answer")
+        parts = _MMSTAR_OPTIONS.split(question, maxsplit=1)
+        choices = split_inline_options(parts[1]) if len(parts) == 2 else None
+        if choices is None:
+            raise ctx.error(i, "field 'question' has no 'Options: A: ..., B: ...' list")
+        out.append(
+            Question(
+                benchmark=ctx.benchmark,
+                question_id=str(ctx.field(row, i, "index")),
+                problem=format_choice_problem(parts[0].strip(), choices),
+                answer=gold_letter(answer, choices, ctx, i),
+                images=[ctx.image(row, i, "image")],
+                choices=choices,
+                answer_type="choice",
+                role="general",
+                metadata={
+                    "category": ctx.optional(row, "category"),
+                    "l2_category": ctx.optional(row, "l2_category"),
+                },
+            )
+        )
+    return out
+
+
+def _convert_ai2d(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        question = ctx.text(row, i, "question")
+        choices = [str(o) for o in ctx.field(row, i, "options")]
+        answer = ctx.text(row, i, "answer")
+        # lmms-lab/ai2d stores the 0-based index of the right option as a string.
+        if answer.isdigit():
+            k = int(answer)
+            if k >= len(choices):
+                raise ctx.error(i, f"field 'answer' ({answer}) is out of range for {len(choices)} options")
+            letter = LETTERS[k]
+        else:
+            letter = gold_letter(answer, choices, ctx, i)
+        out.append(
+            Question(
+                benchmark=ctx.benchmark,
+                question_id=str(ctx.optional(row, "id", i)),
+                problem=format_choice_problem(question, choices),
+                answer=letter,
+                images=[ctx.image(row, i, "image")],
+                choices=choices,
+                answer_type="choice",
+                role="general",
+            )
+        )
+    return out
+
+
+def _convert_realworldqa(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        question = ctx.text(row, i, "question")
+        answer = ctx.text(row, i, "answer")
+        image = ctx.image(row, i, "image")
+        parsed = split_option_lines(question)
+        letter = answer.strip("().").upper()
+        if parsed is not None and len(letter) == 1 and letter in LETTERS[: len(parsed[1])]:
+            stem, choices, _tail = parsed  # the tail is "Please answer directly with only the letter ..."
+            q = Question(
+                benchmark=ctx.benchmark,
+                question_id=str(i),
+                problem=format_choice_problem(stem, choices),
+                answer=letter,
+                images=[image],
+                choices=choices,
+                answer_type="choice",
+                role="general",
+                metadata={"question": question},
+            )
+        else:
+            stem = _DIRECT_ANSWER.sub("", question).strip()
+            atype = infer_answer_type(answer)
+            q = Question(
+                benchmark=ctx.benchmark,
+                question_id=str(i),
+                problem=stem,
+                answer=answer.lower() if atype == "yesno" else answer,
+                images=[image],
+                answer_type=atype,
+                role="general",
+                metadata={"question": question},
+            )
+        out.append(q)
+    return out
+
+
+def _convert_chartqa(rows, ctx: RowContext) -> list[Question]:
+    out = []
+    for i, row in rows:
+        # HuggingFaceM4/ChartQA: query + label (list); lmms-lab/ChartQA: question + answer.
+        if "query" in row or "label" in row:
+            question = ctx.text(row, i, "query")
+            label = ctx.field(row, i, "label")
+            answer = str(label[0] if isinstance(label, list | tuple) else label).strip()
+            if not answer:
+                raise ctx.error(i, "field 'label' is empty")
+            source = ctx.optional(row, "human_or_machine")
+        else:
+            question = ctx.text(row, i, "question")
+            answer = ctx.text(row, i, "answer")
+            source = ctx.optional(row, "type")
+        atype = infer_answer_type(answer)
+        out.append(
+            Question(
+                benchmark=ctx.benchmark,
+                question_id=str(i),
+                problem=question,
+                answer=answer.lower() if atype == "yesno" else answer,
+                images=[ctx.image(row, i, "image")],
+                answer_type=atype,
+                role="general",
+                metadata={"source": source, "relaxed_tolerance": 0.05},
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """One benchmark: where it lives on the hub, which split the paper uses, how rows convert."""
+
+    name: str
+    role: Role
+    default_split: str
+    hub_id: str
+    loader: Converter
+    answer_convention: str
+    hub_config: str | None = None
+    #: Extra file names/globs (relative to the data folder, ``{split}`` substituted) tried before the
+    #: generic ``data/{split}-*.parquet`` / ``{split}.parquet`` / ``{split}.json[l]`` ones.
+    files: tuple[str, ...] = ()
+    #: Columns holding images (so they are read undecoded and decoded here, with row-level errors).
+    image_columns: tuple[str, ...] = ("image",)
+    expected_rows: dict[str, int] = field(default_factory=dict)
+
+
+BENCHMARKS: dict[str, BenchmarkSpec] = {
+    spec.name: spec
+    for spec in [
+        BenchmarkSpec(
+            name="geo3k",
+            role="in_domain",
+            default_split="test",
+            hub_id="hiyouga/geometry3k",
+            loader=_convert_geo3k,
+            image_columns=("images",),
+            expected_rows={"train": 2101, "validation": 300, "test": 601},
+            answer_convention=(
+                "Free-form, as NoisyRollout trains and scores it: the problem text is the hub's `problem` "
+                "(no option list) and the gold is the `answer` column (the text of the right choice); "
+                "answer_type 'number' when it parses as a number, else 'free'. The hub's `choices` and "
+                "`ground_truth` letter go to metadata. Synthetic exports may set `answer_type`='choice'."
+            ),
+        ),
+        BenchmarkSpec(
+            name="hallusionbench",
+            role="ood",
+            default_split="image",
+            hub_id="lmms-lab/HallusionBench",
+            loader=_convert_hallusionbench,
+            expected_rows={"image": 951, "non_image": 178},
+            answer_convention=(
+                "Yes/no: `gt_answer` '1' -> 'yes', '0' -> 'no'. Problem is the text before the first '?' "
+                "plus NoisyRollout's suffix '? You final answer can only be \\boxed{yes} or \\boxed{no}.'"
+            ),
+        ),
+        BenchmarkSpec(
+            name="mathvista",
+            role="ood",
+            default_split="testmini",
+            hub_id="AI4Math/MathVista",
+            loader=_convert_mathvista,
+            image_columns=("decoded_image",),
+            expected_rows={"testmini": 1000, "test": 5141},
+            answer_convention=(
+                "multi_choice -> choice (gold letter = position of `answer` in `choices`); free_form -> "
+                "the hub's `query` (with its precision hint) as problem, answer_type 'number' for "
+                "integer/float answers, else 'free'."
+            ),
+        ),
+        BenchmarkSpec(
+            name="mathverse",
+            role="ood",
+            default_split="testmini",
+            hub_id="AI4Math/MathVerse",
+            hub_config="testmini",
+            loader=_convert_mathverse,
+            files=("{split}.parquet", "{split}.json"),
+            expected_rows={"testmini": 3940},
+            answer_convention=(
+                "multi-choice -> choice with options parsed from the 'Choices:' block of `question` (gold "
+                "letter in `answer`); when the options live in the figure (Vision Only) choices is None "
+                "and the gold is still the letter. free-form -> number/free."
+            ),
+        ),
+        BenchmarkSpec(
+            name="mathvision",
+            role="ood",
+            default_split="test",
+            hub_id="MathLLMs/MathVision",
+            loader=_convert_mathvision,
+            image_columns=("decoded_image",),
+            expected_rows={"test": 3040, "testmini": 304},
+            answer_convention=(
+                "`options` non-empty -> choice (gold letter in `answer`); else number/free. The "
+                "question's '<image1>' mark becomes the '<image>' placeholder."
+            ),
+        ),
+        BenchmarkSpec(
+            name="wemath",
+            role="ood",
+            default_split="testmini",
+            hub_id="We-Math/We-Math",
+            loader=_convert_wemath,
+            image_columns=("image_path",),
+            expected_rows={"testmini": 1740},
+            answer_convention=(
+                "Choice: options parsed from the `option` string 'A. ...; B. ...'; gold letter in "
+                "`answer`; question_id is 'ID@key' as in NoisyRollout."
+            ),
+        ),
+        BenchmarkSpec(
+            name="pope",
+            role="general",
+            default_split="test",
+            hub_id="lmms-lab/POPE",
+            loader=_convert_pope,
+            expected_rows={"test": 9000},
+            answer_convention="Yes/no from `answer`; the HallusionBench yes/no suffix is appended.",
+        ),
+        BenchmarkSpec(
+            name="mmstar",
+            role="general",
+            default_split="val",
+            hub_id="Lin-Chen/MMStar",
+            hub_config="val",
+            loader=_convert_mmstar,
+            files=("mmstar.parquet",),
+            expected_rows={"val": 1500},
+            answer_convention="Choice: options parsed from 'Options: A: ..., B: ...' in `question`; gold letter.",
+        ),
+        BenchmarkSpec(
+            name="ai2d",
+            role="general",
+            default_split="test",
+            hub_id="lmms-lab/ai2d",
+            loader=_convert_ai2d,
+            expected_rows={"test": 3088},
+            answer_convention="Choice: `options` list; `answer` is the 0-based index (as text) -> letter.",
+        ),
+        BenchmarkSpec(
+            name="realworldqa",
+            role="general",
+            default_split="test",
+            hub_id="xai-org/RealworldQA",
+            loader=_convert_realworldqa,
+            expected_rows={"test": 765},
+            answer_convention=(
+                "Option lines 'A. ...' in `question` with a letter answer -> choice (the 'Please answer "
+                "directly ...' line is dropped); otherwise yes/no, number or free from `answer`."
+            ),
+        ),
+        BenchmarkSpec(
+            name="chartqa",
+            role="general",
+            default_split="test",
+            hub_id="HuggingFaceM4/ChartQA",
+            loader=_convert_chartqa,
+            expected_rows={"test": 2500, "val": 1920, "train": 28299},
+            answer_convention=(
+                "`query` + first `label` (HuggingFaceM4) or `question` + `answer` (lmms-lab); number, "
+                "yes/no or free. ChartQA's own metric is relaxed accuracy (5% tolerance on numbers): "
+                "metadata['relaxed_tolerance']."
+            ),
+        ),
+    ]
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------------
+
+
+def _candidate_files(spec: BenchmarkSpec, folder: Path, split: str) -> list[Path]:
+    patterns = [p.format(split=split) for p in spec.files] + [
+        f"data/{split}-*.parquet",
+        f"data/{split}.parquet",
+        f"{split}-*.parquet",
+        f"{split}.parquet",
+        f"{split}/*.parquet",
+        f"*/{split}-*.parquet",
+        f"data/{split}.jsonl",
+        f"{split}.jsonl",
+        f"data/{split}.json",
+        f"{split}.json",
+    ]
+    for pattern in patterns:
+        found = sorted(p for p in folder.glob(pattern) if p.is_file())
+        if found:
+            return found
+    return []
+
+
+def _expected_layout(spec: BenchmarkSpec, split: str) -> str:
+    names = [p.format(split=split) for p in spec.files] + [
+        f"data/{split}-00000-of-00001.parquet",
+        f"{split}.parquet",
+        f"{split}.jsonl",
+    ]
+    return ", ".join(dict.fromkeys(names))
+
+
+def _read_parquet(files: list[Path], image_columns: tuple[str, ...]):
+    """Rows of parquet files via ``datasets``, with image columns left as undecoded structs."""
+    import datasets
+
+    quiet = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        ds = datasets.Dataset.from_parquet([str(f) for f in files])
+        return _undecoded(ds, image_columns)
+    finally:
+        if not quiet:
+            datasets.enable_progress_bars()
+
+
+def _undecoded(ds, image_columns: tuple[str, ...]):
+    import datasets
+
+    for name, feature in ds.features.items():
+        if isinstance(feature, datasets.Image):
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+        elif isinstance(feature, datasets.List | datasets.Sequence) and isinstance(
+            getattr(feature, "feature", None), datasets.Image
+        ):
+            ds = ds.cast_column(name, datasets.List(datasets.Image(decode=False)))
+    return ds
+
+
+def _read_json(file: Path) -> list[dict[str, Any]]:
+    text = file.read_text(encoding="utf-8")
+    if file.suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(text.splitlines()):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise BenchmarkDataError(f"{file}: line {n + 1} is not valid JSON: {exc}") from None
+        return rows
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BenchmarkDataError(f"{file}: not valid JSON: {exc}") from None
+    if isinstance(data, dict):  # {"id": row, ...} layouts
+        data = list(data.values())
+    if not isinstance(data, list):
+        raise BenchmarkDataError(f"{file}: expected a list of rows")
+    return data
+
+
+def _rows(records, limit: int | None) -> Iterable[tuple[int, dict[str, Any]]]:
+    n = len(records)
+    stop = n if limit is None else min(n, limit)
+    for i in range(stop):
+        row = records[i]
+        if not isinstance(row, dict):
+            raise BenchmarkDataError(f"row {i} is not a mapping")
+        yield i, row
+
+
+def load_benchmark(
+    name: str,
+    path: str | Path | None = None,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+) -> list[Question]:
+    """Load benchmark ``name`` (a key of :data:`BENCHMARKS`) as a list of questions.
+
+    ``path``: a folder in the hub's layout or a single parquet/json/jsonl file; None reads the
+    ``datasets`` cache (offline only if cached). ``split`` defaults to the spec's; ``limit`` keeps the
+    first rows only.
+    """
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    spec = BENCHMARKS[name]
+    split = split or spec.default_split
+    if limit is not None and limit < 0:
+        raise ValueError("limit must be >= 0")
+
+    if path is None:
+        records, ctx = _from_hub(spec, split)
+    else:
+        records, ctx = _from_path(spec, Path(path), split)
+    questions = spec.loader(_rows(records, limit), ctx)
+    for q in questions:
+        if q.role != spec.role and not q.benchmark.startswith("synthetic/"):
+            q.role = spec.role
+    _check_unique(questions, ctx)
+    return questions
+
+
+def _from_path(spec: BenchmarkSpec, path: Path, split: str):
+    if path.is_file():
+        files = [path]
+        base = path.parent
+    elif path.is_dir():
+        files = _candidate_files(spec, path, split)
+        if not files:
+            present = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())[:20]
+            raise BenchmarkDataError(
+                f"{spec.name}: no '{split}' data under {path}; expected one of: {_expected_layout(spec, split)} "
+                f"(found: {', '.join(present) or 'nothing'})"
+            )
+        base = path
+    else:
+        raise BenchmarkDataError(
+            f"{spec.name}: {path} does not exist; pass the folder holding the {spec.hub_id} files "
+            f"(expected: {_expected_layout(spec, split)})"
+        )
+    label = f"{spec.name} {files[0]}" if len(files) == 1 else f"{spec.name} {files[0].parent}/{split}-*"
+    ctx = RowContext(benchmark=spec.name, label=label, split=split, base_dir=base)
+    suffixes = {f.suffix for f in files}
+    if suffixes <= set(_PARQUET):
+        try:
+            records = _read_parquet(files, spec.image_columns)
+        except BenchmarkDataError:
+            raise
+        except Exception as exc:
+            raise BenchmarkDataError(f"{label}: cannot read parquet: {exc}") from exc
+    elif len(files) == 1 and files[0].suffix in _JSON:
+        records = _read_json(files[0])
+    else:
+        raise BenchmarkDataError(f"{spec.name}: unsupported file type(s) {sorted(suffixes)} in {path}")
+    return records, ctx
+
+
+def _from_hub(spec: BenchmarkSpec, split: str):
+    import datasets
+
+    label = f"{spec.name} hub:{spec.hub_id}[{split}]"
+    try:
+        ds = datasets.load_dataset(spec.hub_id, spec.hub_config, split=split)
+    except Exception as exc:
+        raise BenchmarkDataError(
+            f"{spec.name}: could not load {spec.hub_id} (split '{split}') from the datasets cache "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Download it where "
+            f"there is network, or pass --data-dir/path pointing at a folder with "
+            f"{_expected_layout(spec, split)} (see docs/benchmarks-data.md)."
+        ) from exc
+    ctx = RowContext(benchmark=spec.name, label=label, split=split, base_dir=None)
+    return _undecoded(ds, spec.image_columns), ctx
+
+
+def _check_unique(questions: list[Question], ctx: RowContext) -> None:
+    seen: dict[str, int] = {}
+    for k, q in enumerate(questions):
+        if q.uid in seen:
+            raise BenchmarkDataError(
+                f"{ctx.label} row {k}: question_id {q.question_id!r} repeats row {seen[q.uid]} "
+                f"(benchmark {q.benchmark})"
+            )
+        seen[q.uid] = k

@@ -1,0 +1,318 @@
+"""Benchmark loaders on tiny fixtures in each benchmark's hub schema (tests/data/fixtures/make_fixtures.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import datasets
+import pytest
+from PIL import Image
+
+from ncgrpo.data import benchmarks as B
+from ncgrpo.data.benchmarks import (
+    BENCHMARKS,
+    CHOICE_INSTRUCTION,
+    YESNO_INSTRUCTION,
+    BenchmarkDataError,
+    load_benchmark,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# name -> (rows in the default split, {question_id: (answer, answer_type, choices or None)} for some rows)
+EXPECTED: dict[str, tuple[int, dict[str, tuple[str, str, list[str] | None]]]] = {
+    "geo3k": (4, {"2": ("3", "number", None), "41": ("2\\sqrt{3}", "free", None)}),
+    "hallusionbench": (
+        3,
+        {"VD_illusion_0_0_0": ("yes", "yesno", None), "VD_illusion_0_1_0": ("no", "yesno", None)},
+    ),
+    "mathvista": (
+        4,
+        {
+            "1": ("B", "choice", ["True", "False"]),
+            "2": ("1000", "number", None),
+            "3": ("7.5", "number", None),
+            "4": ("C", "choice", ["2", "4", "6", "8"]),
+        },
+    ),
+    "mathverse": (
+        3,
+        {
+            "1": ("D", "choice", ["40°", "60°", "120°", "140°"]),
+            "5": ("D", "choice", None),
+            "6": ("8", "number", None),
+        },
+    ),
+    "mathvision": (
+        3,
+        {"1": ("60", "number", None), "3": ("C", "choice", ["10°", "20°", "30°", "40°", "50°"])},
+    ),
+    "wemath": (3, {"1@1step": ("B", "choice", ["3cm", "6cm", "9cm", "12cm", "No correct answer"])}),
+    "pope": (3, {"adversarial_1": ("yes", "yesno", None), "adversarial_2": ("no", "yesno", None)}),
+    "mmstar": (3, {"2": ("B", "choice", ["2", "3", "4", "5"])}),
+    "ai2d": (3, {"0": ("B", "choice", ["c", "D", "b", "a"]), "2": ("B", "choice", ["4", "6", "8"])}),
+    "realworldqa": (
+        3,
+        {
+            "0": ("A", "choice", ["Left", "Right", "Straight ahead"]),
+            "1": ("2", "number", None),
+            "2": ("no", "yesno", None),
+        },
+    ),
+    "chartqa": (
+        4,
+        {
+            "0": ("14", "number", None),
+            "1": ("yes", "yesno", None),
+            "2": ("Germany", "free", None),
+            "3": ("23%", "number", None),
+        },
+    ),
+}
+
+# name -> (row, field) of the defect make_fixtures.py planted in malformed/<name>.parquet
+MALFORMED = {
+    "geo3k": (1, "answer"),
+    "hallusionbench": (0, "gt_answer"),
+    "mathvista": (1, "decoded_image"),
+    "mathverse": (2, "answer"),
+    "mathvision": (0, "decoded_image"),
+    "wemath": (0, "option"),
+    "pope": (1, "answer"),
+    "mmstar": (1, "image"),
+    "ai2d": (0, "options"),
+    "realworldqa": (2, "image"),
+    "chartqa": (1, "label"),
+}
+
+
+def test_every_benchmark_has_a_fixture_and_a_malformed_case():
+    assert set(EXPECTED) == set(BENCHMARKS) == set(MALFORMED)
+    assert {"geo3k", "hallusionbench", "mathvista", "mathverse", "mathvision", "wemath"} <= set(BENCHMARKS)
+
+
+def test_registry_entries_are_consistent():
+    roles = {name: spec.role for name, spec in BENCHMARKS.items()}
+    assert roles["geo3k"] == "in_domain"
+    assert {roles[n] for n in ("hallusionbench", "mathvista", "mathverse", "mathvision", "wemath")} == {"ood"}
+    assert {roles[n] for n in ("pope", "mmstar", "ai2d", "realworldqa", "chartqa")} == {"general"}
+    for name, spec in BENCHMARKS.items():
+        assert spec.name == name
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", spec.hub_id), spec.hub_id
+        assert spec.default_split in spec.expected_rows, name
+        assert callable(spec.loader) and spec.answer_convention
+    assert BENCHMARKS["geo3k"].expected_rows == {"train": 2101, "validation": 300, "test": 601}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_loader_reads_hub_layout(name):
+    count, rows = EXPECTED[name]
+    questions = load_benchmark(name, FIXTURES / name)
+    assert len(questions) == count
+    spec = BENCHMARKS[name]
+    by_id = {q.question_id: q for q in questions}
+    assert len(by_id) == count  # ids unique
+    for qid, (answer, answer_type, choices) in rows.items():
+        q = by_id[qid]
+        assert (q.answer, q.answer_type, q.choices) == (answer, answer_type, choices), qid
+    for q in questions:
+        assert q.benchmark == name and q.role == spec.role
+        assert q.images and all(isinstance(im, Image.Image) for im in q.images)
+        assert q.images[0].size == (32, 32)
+        assert q.problem.strip()
+        marks = q.problem.count("<image>")
+        assert marks in (0, len(q.images))
+        if q.answer_type == "choice":
+            assert re.fullmatch(r"[A-H]", q.answer)
+            assert q.problem.endswith(CHOICE_INSTRUCTION)
+            if q.choices is not None:
+                assert ord(q.answer) - ord("A") < len(q.choices)
+                listing = "\n".join(f"{chr(65 + k)}. {c}" for k, c in enumerate(q.choices))
+                assert listing in q.problem
+        elif q.answer_type == "yesno":
+            assert q.answer in {"yes", "no"}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_row_names_path_row_and_field(name):
+    row, field = MALFORMED[name]
+    path = FIXTURES / "malformed" / f"{name}.parquet"
+    with pytest.raises(BenchmarkDataError) as info:
+        load_benchmark(name, path)
+    message = str(info.value)
+    assert str(path) in message
+    assert f"row {row}:" in message
+    assert f"field '{field}" in message
+
+
+def test_malformed_synthetic_image_inside_images_list():
+    path = FIXTURES / "malformed" / "synthetic.parquet"
+    with pytest.raises(
+        BenchmarkDataError, match=r"synthetic\.parquet row 2: field 'images\[0\]' is not a readable image"
+    ):
+        load_benchmark("geo3k", path)
+
+
+def test_hallusionbench_prompt_matches_noisyrollout():
+    q = load_benchmark("hallusionbench", FIXTURES / "hallusionbench")[2]
+    # the text after the first '?' is dropped, then "? <suffix>" is appended
+    assert q.problem == f"According to the chart, did sales grow in 2020? {YESNO_INSTRUCTION}"
+
+
+def test_mathvision_image_mark_becomes_placeholder():
+    qs = {q.question_id: q for q in load_benchmark("mathvision", FIXTURES / "mathvision")}
+    assert qs["1"].problem == "Which number should be written in place of the question mark?\n<image>"
+    assert qs["3"].problem.startswith("<image>\nThe angle x in the figure is\nA. 10°")
+    assert "<image1>" not in qs["2"].problem
+
+
+def test_mathvista_free_form_keeps_precision_hint():
+    q = {q.question_id: q for q in load_benchmark("mathvista", FIXTURES / "mathvista")}["3"]
+    assert "one decimal place" in q.problem
+    assert q.metadata["precision"] == 1.0
+
+
+def test_split_limit_and_single_file():
+    assert len(load_benchmark("geo3k", FIXTURES / "geo3k", split="train")) == 2
+    assert len(load_benchmark("geo3k", FIXTURES / "geo3k", limit=3)) == 3
+    assert load_benchmark("geo3k", FIXTURES / "geo3k", limit=0) == []
+    file = FIXTURES / "pope" / "data" / "test-00000-of-00003.parquet"
+    assert [q.question_id for q in load_benchmark("pope", file)] == [
+        "adversarial_1",
+        "adversarial_2",
+        "popular_1",
+    ]
+
+
+def test_missing_folder_and_split_say_what_is_expected(tmp_path):
+    with pytest.raises(
+        BenchmarkDataError, match=r"does not exist.*hiyouga/geometry3k.*data/test-00000-of-00001\.parquet"
+    ):
+        load_benchmark("geo3k", tmp_path / "nowhere")
+    with pytest.raises(
+        BenchmarkDataError, match=r"no 'validation' data under .*data/validation-00000-of-00001\.parquet"
+    ):
+        load_benchmark("geo3k", FIXTURES / "geo3k", split="validation")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BenchmarkDataError, match=r"mmstar: no 'val' data .*mmstar\.parquet.*found: nothing"):
+        load_benchmark("mmstar", tmp_path / "empty")
+
+
+def test_unknown_benchmark():
+    with pytest.raises(KeyError, match="unknown benchmark 'nope'"):
+        load_benchmark("nope")
+
+
+def test_hub_failure_tells_to_pass_a_path(monkeypatch):
+    seen = {}
+
+    def fake_load_dataset(hub_id, config=None, *, split=None, **kwargs):
+        seen["args"] = (hub_id, config, split)
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    with pytest.raises(
+        BenchmarkDataError, match=r"could not load AI4Math/MathVerse.*--data-dir.*testmini\.parquet"
+    ):
+        load_benchmark("mathverse")
+    assert seen["args"] == ("AI4Math/MathVerse", "testmini", "testmini")
+
+
+def test_hub_dataset_rows_are_converted(monkeypatch):
+    ds = datasets.Dataset.from_parquet(str(FIXTURES / "ai2d" / "data" / "test-00000-of-00001.parquet"))
+    monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, config=None, *, split=None: ds)
+    qs = load_benchmark("ai2d")
+    assert [q.answer for q in qs] == ["B", "A", "B"]
+
+
+def test_json_layout_with_image_files(tmp_path):
+    """MathVerse as the hub also lays it out: testmini.json plus image files."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / "images" / "image_1.png")
+    rows = [
+        {
+            "sample_index": "1",
+            "question": "Find x.\nChoices:\nA:1\nB:2",
+            "image": "image_1.png",
+            "answer": "B",
+            "question_type": "multi-choice",
+        },
+        {
+            "sample_index": "2",
+            "question": "Find y.",
+            "image": "image_2.png",
+            "answer": "3",
+            "question_type": "free-form",
+        },
+    ]
+    (tmp_path / "testmini.json").write_text(json.dumps(rows))
+    with pytest.raises(
+        BenchmarkDataError, match=r"testmini\.json row 1: field 'image': image file 'image_2\.png' not found"
+    ):
+        load_benchmark("mathverse", tmp_path)
+    q = load_benchmark("mathverse", tmp_path, limit=1)[0]
+    assert (q.answer, q.choices, q.images[0].size) == ("B", ["1", "2"], (8, 8))
+
+
+def test_duplicate_question_ids_are_an_error(tmp_path):
+    ds = datasets.Dataset.from_parquet(str(FIXTURES / "pope" / "data" / "test-00000-of-00003.parquet"))
+    ds = ds.map(lambda r: {"question_id": "1", "category": "random"})
+    ds.to_parquet(str(tmp_path / "dup.parquet"))
+    with pytest.raises(BenchmarkDataError, match=r"dup\.parquet row 1: question_id 'random_1' repeats row 0"):
+        load_benchmark("pope", tmp_path / "dup.parquet")
+
+
+def test_gold_letter_out_of_choices_is_reported(tmp_path):
+    ds = datasets.Dataset.from_parquet(str(FIXTURES / "mmstar" / "mmstar.parquet"))
+    ds = ds.map(lambda r, i: {"answer": "F" if i == 2 else r["answer"]}, with_indices=True)
+    ds.to_parquet(str(tmp_path / "mmstar.parquet"))
+    with pytest.raises(BenchmarkDataError, match=r"row 2: field 'answer' \('F'\) is neither a letter A-D"):
+        load_benchmark("mmstar", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("A: x, B: y, C: z", ["x", "y", "z"]),
+        ("A. 3cm; B. 6cm; C. 9cm", ["3cm", "6cm", "9cm"]),
+        ("A: The suitcase is on the book., B: A B: C", ["The suitcase is on the book.", "A B: C"]),
+        ("no options here", None),
+    ],
+)
+def test_split_inline_options(text, expected):
+    assert B.split_inline_options(text) == expected
+
+
+def test_split_option_lines():
+    assert B.split_option_lines("Q?\nA. x\nB. y\nPlease answer.") == ("Q?", ["x", "y"], "Please answer.")
+    assert B.split_option_lines("Q?\n(A) x\n(B) y") == ("Q?", ["x", "y"], "")
+    assert B.split_option_lines("A. only one") is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [("24", "number"), ("1,000", "number"), ("23%", "number"), ("Yes", "yesno"), ("2\\pi", "free")],
+)
+def test_infer_answer_type(answer, expected):
+    assert B.infer_answer_type(answer) == expected
+
+
+def test_hallusionbench_json_release_with_filenames(tmp_path):
+    """The GitHub release: HallusionBench.json whose `filename` points at images/<...>.png."""
+    (tmp_path / "images" / "VD" / "illusion").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "VD" / "illusion" / "0_0.png")
+    row = {
+        "category": "VD",
+        "subcategory": "illusion",
+        "set_id": 0,
+        "figure_id": 0,
+        "question_id": 0,
+        "question": "Is the left circle bigger?",
+        "gt_answer": 0,
+        "filename": "./VD/illusion/0_0.png",
+    }
+    (tmp_path / "HallusionBench.json").write_text(json.dumps([row]))
+    (q,) = load_benchmark("hallusionbench", tmp_path / "HallusionBench.json")
+    assert (q.question_id, q.answer, q.images[0].size) == ("VD_illusion_0_0_0", "no", (8, 8))
