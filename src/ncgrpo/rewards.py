@@ -1,0 +1,524 @@
+"""The one rule-based scorer: training rewards and evaluation call the same functions.
+
+Paper, Algorithm 1 line 9: ``r_i = 1[extract(o_i) = y*]``. Here ``extract`` is :func:`extract_boxed`
+(content of the LAST ``\\boxed{...}``), ``=`` is :func:`grade`, and :func:`score` composes the two;
+``ncgrpo eval`` calls :func:`score` and the TRL reward :func:`accuracy_reward` calls it too, so the
+training reward and the evaluation metric cannot drift. :func:`math_reward` is NoisyRollout's
+shaped reward ``0.9 * accuracy + 0.1 * format`` (anchors.md), the one the GRPO recipes train on.
+
+Grading rules (what counts as ``=``), in the order :func:`grade` tries them:
+
+1. multiple choice (``answer_type="choice"``, a ``choices`` list, or a bare gold letter A-E): the
+   gold names an option by its capital letter (the ``ncgrpo.data`` convention) or, failing that, by
+   its text (Geometry3K); the prediction names one by letter ("B", "(B)", "B.", "B: text",
+   "Option B"), and the letter decides; without a letter, the prediction is graded against the
+   gold option's text by rules 2-3 ("No", "\\sqrt{12}" for option "2\\sqrt{3}").
+2. yes/no (``answer_type="yesno"`` or a gold of yes/no): the leading yes/no word of the prediction,
+   case-insensitive ("Yes.", "\\text{No}", "no, because ...").
+3. everything else: both sides are normalised (``$``, ``\\text{}``, ``\\dfrac``, degrees, units after
+   a number, thousands commas, trailing period, ``x = `` prefix) and compared as strings; then as
+   numbers, with :data:`REL_TOL` / :data:`ABS_TOL`; then symbolically with ``math-verify``.
+
+Decimal approximations of irrational golds count exactly when they pass the same tolerance as any
+other number: ``1.732`` and ``1.7321`` match ``\\sqrt{3}`` (relative error < 1e-4), ``1.73`` does not.
+There is no "rounded to the digits shown" rule, so a 3-significant-figure answer to a surd is wrong.
+Degrees and radians are not converted (``30^\\circ`` matches ``30``, not ``\\frac{\\pi}{6}``).
+
+Nothing here raises on any input text: :func:`grade`, :func:`score`, :func:`extract_boxed` and the
+reward functions turn every internal failure into "not correct". ``math-verify`` guards its sympy
+calls with ``signal.alarm``, which only works in the main thread; off the main thread we pass no
+timeout and instead keep inputs that could make sympy hang (huge exponents, factorials, very long
+strings) away from it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+#: NoisyRollout's reward weights (anchors.md): ``0.9 * accuracy + 0.1 * format``.
+FORMAT_WEIGHT = 0.1
+ACCURACY_WEIGHT = 1.0 - FORMAT_WEIGHT  # 0.9
+
+#: Numbers match when ``math.isclose(pred, gold, rel_tol=REL_TOL, abs_tol=ABS_TOL)``.
+REL_TOL = 1e-4
+ABS_TOL = 1e-6
+
+#: NoisyRollout / verl ``geo3k`` format check, applied with ``re.fullmatch``.
+FORMAT_PATTERN = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+
+#: Seconds math-verify may spend per parse / comparison (main thread only; see module docstring).
+SYMBOLIC_TIMEOUT_S = 3
+#: Longest normalised answer handed to the symbolic grader; longer ones compare as strings only.
+SYMBOLIC_MAX_CHARS = 200
+
+ANSWER_TYPES = ("choice", "yesno", "number", "free")
+
+
+@dataclass(frozen=True)
+class Score:
+    """What evaluation records per question: the extracted answer and whether it is correct."""
+
+    extracted: str | None
+    correct: bool
+
+
+# ---------------------------------------------------------------------------------------------
+# extract(o_i)
+
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+
+
+def extract_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, stripped.
+
+    Braces nest (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``; escaped ``\\{``/``\\}`` do not count).
+    ``\\boxed 5`` without braces gives its next token. ``None`` when there is no box, or when the
+    last box never closes (a response cut off mid-answer has no answer, as in ``mathruler``);
+    ``""`` for an empty box.
+    """
+    try:
+        if not isinstance(text, str):
+            return None
+        last = None
+        for m in _BOX_RE.finditer(text):
+            last = m
+        if last is None:
+            return None
+        i, n = last.end(), len(text)
+        while i < n and text[i] in " \t":
+            i += 1
+        if i >= n:
+            return None
+        if text[i] != "{":
+            token = re.match(r"[^\s$]+", text[i:])
+            return token.group(0) if token else None
+        depth, j = 0, i
+        while j < n:
+            c = text[j]
+            if c == "\\":
+                j += 2  # escaped character: \{ and \} are literal braces
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j].strip()
+            j += 1
+        return None
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation (thin layer over math-verify: the forms it does not handle, or handles slowly)
+
+_TEXT_CMD_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mathsf|mbox|operatorname|emph)"
+    r"\s*\{([^{}]*)\}"
+)
+_SPACING_RE = re.compile(r"\\[,;:!> ]|\\q?quad(?![A-Za-z])|~")
+_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![A-Za-z])")
+_DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\(?:circ|degree)(?![A-Za-z])|°|º")
+_FRAC_SHORT_RE = re.compile(r"\\frac\s*(\d)\s*(\d)")
+_UNIT_WORDS = (
+    r"(?:(?:square|sq\.?|cubic)\s*)?"
+    r"(?:units?|cm|mm|km|in|inch(?:es)?|ft|feet|foot|yd|yards?|mi|miles?|"
+    r"(?:centi|milli|kilo)?met(?:er|re)s?|degrees?|deg|radians?|rad|seconds?|minutes?|hours?|"
+    r"days?|years?|kg|grams?|g|liters?|litres?|ml|percent)"
+)
+_UNIT_RE = re.compile(
+    rf"(?P<val>.*?(?:[\d}})]|\\pi))\s*{_UNIT_WORDS}(?:\s*(?:\^\s*\{{?\s*[23]\s*\}}?|²|³))?",
+    re.IGNORECASE,
+)
+_METRE_RE = re.compile(r"(?P<val>.*?(?:[\d})]|\\pi))\s+m(?:\s*(?:\^\s*\{?\s*[23]\s*\}?|²|³))?")
+_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+_NUM_RE = re.compile(_NUM)
+_FRAC_NUM_RE = re.compile(rf"([-+]?)\\frac\{{({_NUM})\}}\{{({_NUM})\}}")
+_SLASH_NUM_RE = re.compile(rf"({_NUM})/({_NUM})")
+
+
+def _normalize(s: str) -> str:
+    """Strip presentation from an answer string; keeps LaTeX math that sympy can read."""
+    s = s.strip()
+    if "\\boxed" in s or "\\fbox" in s:
+        inner = extract_boxed(s)
+        if inner is not None:
+            s = inner
+    s = s.replace("\u2212", "-").replace("\\$", "").replace("$", "")
+    s = s.replace("\\(", "").replace("\\)", "").replace("\\[", "").replace("\\]", "")
+    while True:
+        t = _TEXT_CMD_RE.sub(r"\1", s)
+        if t == s:
+            break
+        s = t
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _LEFT_RIGHT_RE.sub("", s)
+    s = _SPACING_RE.sub(" ", s)
+    s = _DEGREE_RE.sub("", s)
+    s = s.replace("\\%", "").replace("%", "").replace("{,}", ",")
+    s = re.sub(r"\s+", " ", s).strip().rstrip(".。").strip()
+    for unit_re in (_UNIT_RE, _METRE_RE):
+        m = unit_re.fullmatch(s)
+        if m:
+            s = m.group("val").strip()
+    if _THOUSANDS_RE.fullmatch(s):
+        s = s.replace(",", "")
+    if len(s) >= 2 and s[0] == "{" and s[-1] == "}" and _balanced(s[1:-1]):
+        s = s[1:-1].strip()
+    return s
+
+
+def _balanced(s: str) -> bool:
+    depth = 0
+    for c in s:
+        depth += (c == "{") - (c == "}")
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _key(s: str) -> str:
+    """Comparison key for the exact-string rule: no spaces, case-folded."""
+    return s.replace(" ", "").casefold()
+
+
+def _number(s: str) -> float | None:
+    """Value of a plain number, ``a/b`` or ``\\frac{a}{b}`` (may be inf); None for anything else."""
+    s = s.replace(" ", "")
+    if _NUM_RE.fullmatch(s):
+        return float(s)
+    m = _FRAC_NUM_RE.fullmatch(s)
+    if m:
+        num, den = float(m.group(2)), float(m.group(3))
+        return None if den == 0 else (-num if m.group(1) == "-" else num) / den
+    m = _SLASH_NUM_RE.fullmatch(s)
+    if m:
+        num, den = float(m.group(1)), float(m.group(2))
+        return None if den == 0 else num / den
+    return None
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic stage (math-verify)
+
+# Inputs that can make sympy run for minutes (it builds the exact integer of a power tower before
+# any timeout can fire): exponents of 3+ digits, of a bracket, or holding a power; chained or
+# stacked powers; factorials; big binomials; sums, products, integrals, limits; 40+ digit runs.
+_RISKY_RE = re.compile(
+    r"\^\s*\{?\s*[-+]?\d{3,}"  # 10^{100}
+    r"|\^\s*\("  # 10^(9)
+    r"|\^\s*\{[^{}]*\^"  # 10^{10^{10}}
+    r"|\^\s*(?:\w+|\{[^{}]*\})\s*\^"  # 9^9^9, 10^{9}^{9}
+    r"|\([^()]*\^[^()]*\)\s*\^|\{[^{}]*\^[^{}]*\}\s*\^"  # (9^9)^9, (2^{99})^{99}
+    r"|!|\\binom\s*\{?\s*\d{3,}|\\(?:int|sum|prod|lim)(?![A-Za-z])|\d{40,}"
+)
+
+
+def _timeout() -> int | None:
+    """math-verify's signal-based timeout works only in the main thread; elsewhere, none."""
+    return SYMBOLIC_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse(s: str) -> tuple[Any, ...]:
+    """math-verify's parse of one answer (sympy objects, then the matched string); () if unsafe."""
+    if len(s) > SYMBOLIC_MAX_CHARS or _RISKY_RE.search(s):
+        return ()
+    return _parse_cached(s)
+
+
+@lru_cache(maxsize=16384)
+def _parse_cached(s: str) -> tuple[Any, ...]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    config = (LatexExtractionConfig(), ExprExtractionConfig())
+    return tuple(parse(f"${s}$", extraction_config=config, parsing_timeout=_timeout()))
+
+
+def _numeric(expr: Any) -> float | None:
+    """Real value of a closed-form sympy number (``2*sqrt(3)``, ``4*pi``); None otherwise."""
+    from sympy import Basic
+
+    if not isinstance(expr, Basic) or not expr.is_number:
+        return None
+    value = complex(expr.evalf(15))
+    if abs(value.imag) > ABS_TOL * max(1.0, abs(value.real)):
+        return None
+    return value.real if math.isfinite(value.real) else None
+
+
+def _grade_symbolic(pred: str, gold: str) -> bool:
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
+    try:
+        gold_parsed, pred_parsed = _parse(gold), _parse(pred)
+        if not gold_parsed or not pred_parsed:
+            return False
+        gv, pv = _numeric(gold_parsed[0]), _numeric(pred_parsed[0])
+        if gv is not None and pv is not None:
+            return _close(gv, pv)
+        return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout()))
+    except (Exception, TimeoutException):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# y* comparison
+
+
+def _grade_free(pred: str, gold: str) -> bool:
+    p, g = _normalize(pred), _normalize(gold)
+    if not p or not g:
+        return False
+    if _key(p) == _key(g):
+        return True
+    if "=" not in g and ("=" in p or "\\approx" in p):  # "x = 5", "AB \approx 3.46"
+        p = re.split(r"=|\\approx", p)[-1].strip()
+        if not p:
+            return False
+        if _key(p) == _key(g):
+            return True
+    gv, pv = _number(g), _number(p)
+    if gv is not None and pv is not None:
+        return _close(gv, pv)
+    return _grade_symbolic(p, g)
+
+
+_YESNO_RE = re.compile(r"\W*(yes|no)\b", re.IGNORECASE)
+
+
+def _yes_no(s: str) -> str | None:
+    m = _YESNO_RE.match(_normalize(s))
+    return m.group(1).lower() if m else None
+
+
+_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LETTER_ONLY_RE = re.compile(r"\(?([A-Za-z])\)?")
+_LETTER_LEAD_RE = re.compile(r"\(([A-Z])\)|([A-Z])\s*[.:)](?:\s|$)")
+_LETTER_WORD_RE = re.compile(r"(?:option|choice|answer)\s*:?\s*\(?([A-Za-z])\)?(?:$|[\s.:)])", re.IGNORECASE)
+
+
+def _choice_index(pred: str, choices: Sequence[str] | None, n: int) -> int | None:
+    """Option index named by letter: "B", "(B)", "B.", "B: text", "(B) text", "Option B".
+
+    A bare lowercase letter ("b") is a letter too, unless it is literally one of the options' texts
+    (AI2D labels diagram parts with letters): then it names that option by its text.
+    """
+    s = _normalize(pred)
+    m = _LETTER_ONLY_RE.fullmatch(s)
+    if m and m.group(1).islower() and choices and any(_normalize(c) == m.group(1) for c in choices):
+        return None
+    m = m or _LETTER_LEAD_RE.match(s) or _LETTER_WORD_RE.match(s)
+    if not m:
+        return None
+    idx = _LETTERS.find(next(g for g in m.groups() if g).upper())
+    return idx if 0 <= idx < n else None
+
+
+def _gold_index(gold: str, choices: Sequence[str] | None, n: int) -> int | None:
+    """Option index of the gold: the capital letter it is (the ``ncgrpo.data`` convention for
+    choice questions), else the option whose text it is (Geometry3K keeps the option text)."""
+    g = _normalize(gold)
+    m = _LETTER_ONLY_RE.fullmatch(g)
+    if m and m.group(1).isupper() and _LETTERS.index(m.group(1)) < n:
+        return _LETTERS.index(m.group(1))
+    for i, option in enumerate(choices or ()):
+        if _key(_normalize(option)) == _key(g):
+            return i
+    return None
+
+
+_CACHE_MAX_CHARS = 512  # pred + gold longer than this are graded uncached
+
+
+@lru_cache(maxsize=65536)  # GRPO grades the same short answers against the same gold many times
+def _grade_cached(pred: str, gold: str, choices: tuple[str, ...] | None, answer_type: str) -> bool:
+    if (
+        answer_type == "choice"
+        or choices
+        or (answer_type == "free" and re.fullmatch(r"\(?[A-E]\)?", gold.strip()))
+    ):
+        n = len(choices) if choices else 5
+        gi = _gold_index(gold, choices, n)
+        if gi is not None:
+            pi = _choice_index(pred, choices, n)
+            if pi is not None:
+                return pi == gi
+            if choices:  # the prediction may be the option's text ("No", "2\sqrt{3}")
+                return _grade_cached(pred, choices[gi], None, "free")
+    if answer_type == "yesno" or _key(_normalize(gold)) in ("yes", "no"):
+        gold_yn = _yes_no(gold)
+        if gold_yn is not None:
+            return _yes_no(pred) == gold_yn
+    return _grade_free(pred, gold)
+
+
+def grade(
+    pred: str | None,
+    gold: str,
+    *,
+    choices: Sequence[str] | None = None,
+    answer_type: str = "free",
+) -> bool:
+    """Whether the predicted answer ``pred`` equals the gold ``y*`` (Algorithm 1 line 9's ``=``).
+
+    ``choices`` is the option list of a multiple-choice question (index 0 = A); ``answer_type`` is
+    one of :data:`ANSWER_TYPES` (``ncgrpo.data.types.AnswerType``); unknown values act as "free".
+    Never raises; ``None`` (no box) is never correct.
+    """
+    try:
+        if pred is None or gold is None:
+            return False
+        pred, gold = str(pred), str(gold)
+        opts = tuple(str(c) for c in choices) if choices else None
+        kind = answer_type if answer_type in ANSWER_TYPES else "free"
+        if len(pred) + len(gold) > _CACHE_MAX_CHARS:  # keep the cache's memory bounded
+            return _grade_cached.__wrapped__(pred, gold, opts, kind)
+        return _grade_cached(pred, gold, opts, kind)
+    except Exception:
+        return False
+
+
+def score(
+    output: str,
+    gold: str,
+    *,
+    choices: Sequence[str] | None = None,
+    answer_type: str = "free",
+) -> Score:
+    """Algorithm 1 line 9 for one output: ``Score(extract(o), 1[extract(o) = y*])``. Never raises."""
+    extracted = extract_boxed(output)
+    return Score(extracted, grade(extracted, gold, choices=choices, answer_type=answer_type))
+
+
+def format_ok(output: str) -> bool:
+    """NoisyRollout's format check, on the output with surrounding whitespace stripped (a leading
+    newline is a detokenisation artefact, not a format choice)."""
+    try:
+        return isinstance(output, str) and FORMAT_PATTERN.fullmatch(output.strip()) is not None
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# TRL reward functions: f(prompts, completions, completion_ids=None, **dataset_columns) -> list
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a TRL completion: a string, or conversational ``[{"role": "assistant", "content": ...}]``
+    where content is a string or a list of typed parts (``{"type": "text", "text": ...}``)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return _content_text(completion.get("content"))
+    if isinstance(completion, (list, tuple)):
+        return "\n".join(
+            _content_text(m.get("content"))
+            for m in completion
+            if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+        )
+    return "" if completion is None else str(completion)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):  # typed parts; image parts carry no text
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type", "text") == "text":
+                texts.append(str(part.get("text") or ""))
+        return "".join(texts)
+    return str(content)
+
+
+def _row(column: Sequence[Any] | None, i: int) -> Any:
+    try:
+        return None if column is None else column[i]
+    except Exception:
+        return None
+
+
+def _row_choices(column: Sequence[Any] | None, i: int) -> list[str] | None:
+    value = _row(column, i)
+    if value is None or isinstance(value, (str, bytes, dict)):
+        return None
+    try:
+        return [str(c) for c in value] or None  # a list, tuple or array of options
+    except TypeError:
+        return None
+
+
+def _accuracies(completions, answer, choices, answer_type) -> list[float]:
+    out = []
+    for i, completion in enumerate(completions):
+        gold = _row(answer, i)
+        kind = _row(answer_type, i) or "free"
+        try:
+            text = completion_text(completion)
+        except Exception:
+            text = ""
+        correct = (
+            gold is not None and score(text, gold, choices=_row_choices(choices, i), answer_type=kind).correct
+        )
+        out.append(1.0 if correct else 0.0)
+    return out
+
+
+def accuracy_reward(completions, answer, choices=None, answer_type=None, **kwargs) -> list[float]:
+    """1.0 where the last boxed answer grades equal to ``answer`` (Algorithm 1 line 9), else 0.0."""
+    return _accuracies(completions, answer, choices, answer_type)
+
+
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 where the completion matches :data:`FORMAT_PATTERN` (``<think>..</think>..\\boxed{..}``)."""
+    out = []
+    for completion in completions:
+        try:
+            out.append(1.0 if format_ok(completion_text(completion)) else 0.0)
+        except Exception:
+            out.append(0.0)
+    return out
+
+
+def make_math_reward(format_weight: float = FORMAT_WEIGHT) -> Callable[..., list[float]]:
+    """NoisyRollout's shaped reward ``(1 - w) * accuracy + w * format`` as a TRL reward function.
+
+    TRL logs reward functions by ``__name__``: ``math_reward`` for the default weight,
+    ``math_reward_fmt{w}`` otherwise.
+    """
+    w = float(format_weight)
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"format_weight must be in [0, 1], got {format_weight!r}")
+
+    def reward(completions, answer, choices=None, answer_type=None, **kwargs) -> list[float]:
+        acc = _accuracies(completions, answer, choices, answer_type)
+        fmt = format_reward(completions)
+        return [(1.0 - w) * a + w * f for a, f in zip(acc, fmt, strict=True)]
+
+    name = "math_reward" if w == FORMAT_WEIGHT else f"math_reward_fmt{w:g}"
+    reward.__name__ = reward.__qualname__ = name
+    reward.__doc__ = f"{1.0 - w:g} * accuracy + {w:g} * format (NoisyRollout's reward)."
+    return reward
+
+
+#: ``ACCURACY_WEIGHT * accuracy + FORMAT_WEIGHT * format``; the GRPO recipes' reward.
+math_reward = make_math_reward(FORMAT_WEIGHT)

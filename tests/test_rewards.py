@@ -1,0 +1,482 @@
+"""The shared scorer (Algorithm 1 line 9, ``r_i = 1[extract(o_i) = y*]``) and its TRL reward wrappers.
+
+Tables of tricky strings, each row commented with why it is tricky; a property test that nothing
+raises on arbitrary text; the TRL reward-function signature with plain and conversational input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ncgrpo.rewards import (
+    ACCURACY_WEIGHT,
+    FORMAT_WEIGHT,
+    Score,
+    accuracy_reward,
+    extract_boxed,
+    format_reward,
+    grade,
+    make_math_reward,
+    math_reward,
+    score,
+)
+
+# ----------------------------------------------------------------------------------------------
+# extract(o)
+
+EXTRACT_CASES = [
+    # plain box
+    (r"so \boxed{12}.", "12"),
+    # nested braces must balance, not stop at the first "}"
+    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+    (r"\boxed{\sqrt{\frac{3}{4}}} units", r"\sqrt{\frac{3}{4}}"),
+    # several boxes: the LAST one is the answer
+    (r"first \boxed{3}, corrected: \boxed{4}", "4"),
+    # no box at all: None, not "" (evaluation records "no answer" distinctly)
+    ("The answer is 12.", None),
+    # empty box: "" (a box was written, with nothing in it)
+    (r"\boxed{}", ""),
+    # whitespace inside the box is stripped
+    (r"\boxed{  7  }", "7"),
+    # escaped braces are literal set braces, not grouping
+    (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+    # last box never closes (output truncated): no answer, even though an earlier box closed
+    (r"\boxed{3} then \boxed{4", None),
+    # brace-less LaTeX form takes the next token
+    (r"$\boxed 5$", "5"),
+    # \fbox is accepted like \boxed
+    (r"\fbox{B}", "B"),
+    # \boxedfoo is another command, not a box
+    (r"\boxedfoo{1}", None),
+    # a box around text
+    (r"\boxed{\text{(B)}}", r"\text{(B)}"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), EXTRACT_CASES)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# extract(o) = y*  (free-form and numeric answers)
+
+MATCH = [
+    # fraction vs its decimal, both directions
+    (r"\frac{1}{2}", "0.5"),
+    ("0.5", r"\frac{1}{2}"),
+    # \dfrac / \tfrac are display variants of \frac
+    (r"\dfrac{3}{4}", "0.75"),
+    (r"\tfrac{3}{4}", r"\frac{3}{4}"),
+    # \frac12 shorthand (no braces)
+    (r"\frac12", "0.5"),
+    # unreduced fraction: same value
+    (r"\frac{2}{4}", r"\frac{1}{2}"),
+    # Geometry3K decimal gold vs fraction prediction
+    (r"\frac{17}{2}", "8.5"),
+    # plain slash fraction
+    ("17/2", "8.5"),
+    # units after a number, as text, in \text{}, squared
+    ("12 cm", "12"),
+    (r"12\text{ cm}", "12"),
+    (r"24 \text{ cm}^2", "24"),
+    ("36 square units", "36"),
+    ("5 m", "5"),
+    # degrees: ^\circ, ^{\circ}, the degree sign
+    (r"30^\circ", "30"),
+    (r"30^{\circ}", "30"),
+    ("30°", "30"),
+    ("30 degrees", r"30^\circ"),
+    # thousands commas (and the {,} LaTeX form)
+    ("1,000", "1000"),
+    ("1{,}234.5", "1234.5"),
+    # trailing period, surrounding $...$
+    ("12.", "12"),
+    ("$12$", "12"),
+    # negative numbers, with the unicode minus sign
+    ("-5", "-5"),
+    ("\u22125", "-5"),
+    (r"-\frac{1}{2}", "-0.5"),
+    # integer gold, decimal prediction of the same value
+    ("12.0", "12"),
+    # relative tolerance 1e-4 on large values
+    ("1000.01", "1000"),
+    # absolute tolerance 1e-6 near 0
+    ("0.0000001", "0"),
+    # scientific notation
+    ("2e3", "2000"),
+    # percent sign is presentation
+    (r"50\%", "50"),
+    # "x = 5" / "AB \approx 3.46": the value after the last = or \approx
+    ("x = 5", "5"),
+    (r"AB \approx 8.5", "8.5"),
+    # surds: equal forms graded symbolically
+    (r"2\sqrt 3", r"2\sqrt{3}"),
+    (r"\sqrt{12}", r"2\sqrt{3}"),
+    (r"\frac{\sqrt{3}}{2}", r"\frac{1}{2}\sqrt{3}"),
+    # DECISION: decimals of irrational golds count iff within the same 1e-4 relative tolerance as
+    # every other number (about 4-5 significant figures): 1.732 / 3.4641 / 12.566 pass
+    ("1.732", r"\sqrt{3}"),
+    ("3.4641", r"2\sqrt{3}"),
+    ("12.566", r"4\pi"),
+    # pi written with a space
+    (r"4 \pi", r"4\pi"),
+    # symbolic identity
+    ("x^2+2x", "x(x+2)"),
+    # free text: case and spacing do not matter
+    (r"\text{Triangle ABC}", "triangle ABC"),
+    # a boxed gold is unwrapped
+    ("7", r"\boxed{7}"),
+    # tuples: spacing
+    ("(1,2)", "(1, 2)"),
+    # long prediction: graded outside the cache, same rules
+    (" " * 600 + "12 cm", "12"),
+]
+
+NO_MATCH = [
+    # decimal point in the wrong place
+    ("12", "1.2"),
+    # sign matters
+    ("5", "-5"),
+    # ... and so does the value just outside tolerance (relative error 1e-3)
+    ("1001", "1000"),
+    # DECISION (see MATCH): 3 significant figures of sqrt(3) are not enough
+    ("1.73", r"\sqrt{3}"),
+    ("3.46", r"2\sqrt{3}"),
+    # surd vs a different surd
+    (r"3\sqrt{2}", r"2\sqrt{3}"),
+    # degrees and radians are not converted
+    (r"\frac{\pi}{6}", r"30^\circ"),
+    # empty box is never correct
+    ("", "12"),
+    ("", ""),
+    # division by zero does not equal anything finite
+    (r"\frac{1}{0}", "1"),
+    # overflowing literals
+    ("1e99999", "5"),
+    # a unit does not rescue a wrong number
+    ("13 cm", "12"),
+    # a thousands comma is not a decimal point
+    ("1,000", "1"),
+    # text vs different text
+    ("triangle", "square"),
+]
+
+
+@pytest.mark.parametrize(("pred", "gold"), MATCH)
+def test_grade_matches(pred, gold):
+    assert grade(pred, gold) is True
+
+
+@pytest.mark.parametrize(("pred", "gold"), NO_MATCH)
+def test_grade_rejects(pred, gold):
+    assert grade(pred, gold) is False
+
+
+def test_none_prediction_is_never_correct():
+    # None means "no box was written": wrong whatever the gold
+    assert grade(None, "12") is False
+    assert grade(None, "") is False
+
+
+# ----------------------------------------------------------------------------------------------
+# multiple choice
+
+OPTIONS = ["20", r"2\sqrt{3}", "40", "45"]
+
+CHOICE_CASES = [
+    # (pred, gold, choices, answer_type, expected)
+    # gold letter vs predicted letter in its usual spellings
+    ("B", "B", OPTIONS, "choice", True),
+    ("(B)", "B", OPTIONS, "choice", True),
+    ("B.", "B", OPTIONS, "choice", True),
+    (r"B: 2\sqrt{3}", "B", OPTIONS, "choice", True),
+    (r"(B) 2\sqrt{3}", "B", OPTIONS, "choice", True),
+    ("Option B", "B", OPTIONS, "choice", True),
+    (r"\text{B}", "B", OPTIONS, "choice", True),
+    ("b", "B", OPTIONS, "choice", True),
+    # the letter decides even if the text after it is another option's
+    ("C: 40", "B", OPTIONS, "choice", False),
+    # wrong letter
+    ("C", "B", OPTIONS, "choice", False),
+    # a letter beyond the option list names nothing
+    ("E", "B", OPTIONS, "choice", False),
+    # the option text of the gold letter, in an equal form
+    (r"2\sqrt{3}", "B", OPTIONS, "choice", True),
+    (r"\sqrt{12}", "B", OPTIONS, "choice", True),
+    ("3.4641", "B", OPTIONS, "choice", True),
+    # another option's text
+    ("40", "B", OPTIONS, "choice", False),
+    # Geometry3K style: the gold is the option text; the prediction gives the letter
+    ("B", r"2\sqrt{3}", OPTIONS, "choice", True),
+    ("A", r"2\sqrt{3}", OPTIONS, "choice", False),
+    # ... or the text itself (answer_type left "free": choices alone switch choice mode on)
+    (r"2\sqrt{3}", r"2\sqrt{3}", OPTIONS, "free", True),
+    # no option list: a bare gold letter A-E still grades letters
+    ("(C)", "C", None, "free", True),
+    ("C.", "C", None, "choice", True),
+    ("D", "C", None, "choice", False),
+    # yes/no asked as multiple choice: the letter, or the option's text with yes/no leniency
+    ("B", "No", ["Yes", "No"], "choice", True),
+    ("No, they differ", "B", ["Yes", "No"], "choice", True),
+    ("Yes", "B", ["Yes", "No"], "choice", False),
+    # AI2D: the options are themselves letters; a capital gold is the LETTER of the option, so
+    # gold "B" is the option "D"; a capital prediction is a letter, a lowercase one that is an
+    # option's text is that text
+    ("B", "B", ["c", "D", "b", "a"], "choice", True),
+    ("(B) D", "B", ["c", "D", "b", "a"], "choice", True),
+    ("D", "B", ["c", "D", "b", "a"], "choice", False),
+    ("b", "B", ["c", "D", "b", "a"], "choice", False),
+    ("b", "C", ["c", "D", "b", "a"], "choice", True),
+    # a sentence that starts with a capital is not a letter answer
+    ("I think 20", "A", OPTIONS, "choice", False),
+]
+
+
+@pytest.mark.parametrize(("pred", "gold", "choices", "answer_type", "expected"), CHOICE_CASES)
+def test_grade_choice(pred, gold, choices, answer_type, expected):
+    assert grade(pred, gold, choices=choices, answer_type=answer_type) is expected
+
+
+# ----------------------------------------------------------------------------------------------
+# yes / no
+
+YESNO_CASES = [
+    # (pred, gold, answer_type, expected)
+    ("yes", "yes", "yesno", True),
+    # case and trailing punctuation
+    ("Yes.", "yes", "yesno", True),
+    ("YES", "Yes", "free", True),
+    # a justification after the word
+    ("No, the lines are parallel", "no", "yesno", True),
+    # wrapped in \text{}
+    (r"\text{No}", "No", "yesno", True),
+    # the opposite word
+    ("yes", "no", "yesno", False),
+    ("no", "yes", "free", False),
+    # "not"/"none"/"noun" are not "no"
+    ("not sure", "no", "yesno", False),
+    ("None", "no", "yesno", False),
+    # a non-answer
+    ("maybe", "yes", "yesno", False),
+]
+
+
+@pytest.mark.parametrize(("pred", "gold", "answer_type", "expected"), YESNO_CASES)
+def test_grade_yesno(pred, gold, answer_type, expected):
+    assert grade(pred, gold, answer_type=answer_type) is expected
+
+
+# ----------------------------------------------------------------------------------------------
+# score = (extract, grade)
+
+
+def test_score_composes_extract_and_grade():
+    s = score(r"<think>half</think> \boxed{\dfrac{1}{2}}", "0.5")
+    assert s == Score(extracted=r"\dfrac{1}{2}", correct=True)
+    assert score("the answer is 0.5", "0.5") == Score(extracted=None, correct=False)
+    assert score(r"\boxed{no}", "yes", answer_type="yesno") == Score("no", False)
+    assert score(r"\boxed{B}", r"2\sqrt{3}", choices=OPTIONS, answer_type="choice").correct
+
+
+def test_score_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        score(r"\boxed{1}", "1").correct = False  # type: ignore[misc]
+
+
+def test_grade_off_the_main_thread():
+    # math-verify's signal timeout only works in the main thread; off it we must not raise and
+    # must still grade symbolically (pairs used nowhere else, so no cached result answers them)
+    pairs = [(r"\sqrt{27}", r"3\sqrt{3}", True), ("x^2+3x", "x(x+3)", True), ("2", r"\sqrt{5}", False)]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda c: grade(c[0], c[1]), pairs))
+    assert got == [c[2] for c in pairs]
+
+
+# ----------------------------------------------------------------------------------------------
+# never raises
+
+NASTY = [
+    "\\boxed{",
+    "\\boxed{{{",
+    "}}}\\boxed}",
+    "\\boxed{\\frac{1}{0}}",
+    "\\frac{1}{0}",
+    "1e99999",
+    "-1e99999",
+    "10^{10^{10}}",
+    "(10^9)^(10^9)",
+    "9^9^9",
+    "100000!",
+    "\\sqrt{-1}",
+    "\\binom{100000}{50000}",
+    "\\left(",
+    "$$",
+    "\\",
+    "\\text{",
+    "B:",
+    "()",
+    "nan",
+    "inf",
+    "\x00",
+    "<think>",
+    "</think>",
+    "\u2212",
+    "°",
+]
+_text = st.lists(st.one_of(st.sampled_from(NASTY), st.text(max_size=20)), max_size=6).map("".join)
+_settings = settings(
+    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@_settings
+@given(
+    output=_text,
+    gold=_text,
+    choices=st.none() | st.lists(_text, max_size=5),
+    kind=st.sampled_from(["choice", "yesno", "number", "free", "bogus"]),
+)
+def test_scoring_never_raises(output, gold, choices, kind):
+    assert extract_boxed(output) is None or isinstance(extract_boxed(output), str)
+    s = score(output, gold, choices=choices, answer_type=kind)
+    assert isinstance(s.correct, bool)
+    assert isinstance(grade(output, gold, choices=choices, answer_type=kind), bool)
+
+
+@_settings
+@given(outputs=st.lists(_text, min_size=1, max_size=3), gold=_text)
+def test_rewards_never_raise(outputs, gold):
+    n = len(outputs)
+    conversational = [[{"role": "assistant", "content": o}] for o in outputs]
+    for completions in (outputs, conversational):
+        for f in (accuracy_reward, math_reward):
+            r = f(prompts=[""] * n, completions=completions, answer=[gold] * n)
+            assert len(r) == n and all(0.0 <= x <= 1.0 for x in r)
+        assert len(format_reward(completions=completions)) == n
+
+
+def test_non_string_inputs_do_not_raise():
+    assert extract_boxed(None) is None  # type: ignore[arg-type]
+    assert grade(12, 12) is True  # type: ignore[arg-type]
+    assert score(None, "1") == Score(None, False)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------------
+# format and the TRL reward functions
+
+FORMAT_CASES = [
+    # the canonical shape
+    ("<think>a</think> so \\boxed{1}", 1.0),
+    # newlines inside and between (DOTALL)
+    ("<think>\nline\nline\n</think>\n\nThe answer is \\boxed{1}.\n", 1.0),
+    # a leading newline from detokenisation is not a format error
+    ("\n<think>a</think>\\boxed{1}", 1.0),
+    # no think block
+    ("\\boxed{1}", 0.0),
+    # the box must come after </think>
+    ("<think>\\boxed{1}</think> done", 0.0),
+    # text before <think> (fullmatch, as in NoisyRollout)
+    ("Sure. <think>a</think>\\boxed{1}", 0.0),
+    # unclosed think
+    ("<think>a \\boxed{1}", 0.0),
+    # no box
+    ("<think>a</think> 1", 0.0),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), FORMAT_CASES)
+def test_format_reward(text, expected):
+    assert format_reward([text]) == [expected]
+
+
+GOOD = "<think>2+2</think> \\boxed{4}"
+WRONG = "<think>2+2</think> \\boxed{5}"
+BARE = "\\boxed{4}"
+LOOSE = "<think>2+2</think> 4"
+
+
+def _trl_call(f, completions, **columns):
+    # exactly how GRPOTrainer._calculate_rewards calls a reward function (TRL 1.16)
+    n = len(completions)
+    return f(
+        prompts=["q"] * n,
+        completions=completions,
+        completion_ids=[[1, 2]] * n,
+        trainer_state=None,
+        log_extra=lambda *a, **k: None,
+        log_metric=lambda *a, **k: None,
+        **columns,
+    )
+
+
+def _conversational(texts):
+    return [[{"role": "assistant", "content": t}] for t in texts]
+
+
+def _typed_parts(texts):
+    # content as typed parts, split mid-text, with a non-text part in between
+    return [
+        [
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": t[:3]},
+                    {"type": "image"},
+                    {"type": "text", "text": t[3:]},
+                ],
+            }
+        ]
+        for t in texts
+    ]
+
+
+@pytest.mark.parametrize(
+    "wrap", [list, _conversational, _typed_parts], ids=["plain", "conversational", "parts"]
+)
+def test_trl_rewards(wrap):
+    completions = wrap([GOOD, WRONG, BARE, LOOSE])
+    answer = ["4"] * 4
+    assert _trl_call(accuracy_reward, completions, answer=answer) == [1.0, 0.0, 1.0, 0.0]
+    assert _trl_call(format_reward, completions, answer=answer) == [1.0, 1.0, 0.0, 0.0]
+    assert _trl_call(math_reward, completions, answer=answer) == pytest.approx(
+        [1.0, FORMAT_WEIGHT, ACCURACY_WEIGHT, 0.0]
+    )
+
+
+def test_trl_per_row_choices_and_types_may_be_none():
+    completions = ["\\boxed{B}", "\\boxed{yes}", "\\boxed{3.4641}", "\\boxed{B}"]
+    answer = ["B", "yes", "2\\sqrt{3}", "2\\sqrt{3}"]
+    choices = [None, None, None, np.array(OPTIONS)]  # datasets may hand columns over as arrays
+    answer_type = ["choice", "yesno", None, "choice"]
+    got = _trl_call(accuracy_reward, completions, answer=answer, choices=choices, answer_type=answer_type)
+    assert got == [1.0] * 4
+    # whole columns absent or None
+    assert _trl_call(accuracy_reward, completions[:2], answer=answer[:2]) == [1.0, 1.0]
+    got = _trl_call(accuracy_reward, completions[:2], answer=answer[:2], choices=None, answer_type=None)
+    assert got == [1.0, 1.0]
+    # a missing gold is a wrong answer, not a crash
+    assert _trl_call(accuracy_reward, ["\\boxed{1}"], answer=[None]) == [0.0]
+
+
+def test_math_reward_weights_and_names():
+    assert ACCURACY_WEIGHT == pytest.approx(0.9) and FORMAT_WEIGHT == pytest.approx(0.1)
+    assert ACCURACY_WEIGHT + FORMAT_WEIGHT == 1.0
+    # TRL logs reward functions by __name__
+    assert math_reward.__name__ == "math_reward"
+    assert accuracy_reward.__name__ == "accuracy_reward" and format_reward.__name__ == "format_reward"
+    assert make_math_reward().__name__ == "math_reward"
+    shaped = make_math_reward(format_weight=0.5)
+    assert shaped.__name__ == "math_reward_fmt0.5"
+    assert shaped([GOOD, WRONG, BARE], answer=["4"] * 3) == pytest.approx([1.0, 0.5, 0.5])
+    # weight 0 is the paper's binary reward r_i = 1[extract(o_i) = y*]
+    assert make_math_reward(0.0)([GOOD, WRONG, BARE], answer=["4"] * 3) == [1.0, 0.0, 1.0]
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="format_weight"):
+            make_math_reward(bad)
