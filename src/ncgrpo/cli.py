@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules under ncgrpo.commands, in the order --help lists them.
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("eval", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:
