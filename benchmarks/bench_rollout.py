@@ -1,0 +1,255 @@
+"""Rollout cost of NC-GRPO vs vanilla GRPO at the same group size G = 2n.
+
+Same model, same prompts, one process; the two rollouts are interleaved (alternating which goes
+first) and the median wall time of each is reported, plus the hook's share of the prefill forward
+(hook bodies timed against the whole prefill with device synchronisation, in separate runs so the
+synchronisation does not touch the main ratio). Random weights: every row is forced to decode
+exactly ``--max-new-tokens`` tokens (``min_new_tokens``), so both sides do the same decode work.
+
+    python benchmarks/bench_rollout.py --size tiny --prompts 8 --n 4 --max-new-tokens 32 --repeats 5
+    python benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --size 1.5b --images 1
+
+Target: median NC-GRPO / vanilla <= 1.02.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Qwen2.5 text towers (random weights) with a small vision tower; vocab as in the real models.
+SIZES = {
+    "tiny": dict(),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+}
+SMALL_VISION = dict(vision_depth=4, vision_hidden_size=256, vision_intermediate_size=512, vision_num_heads=4)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    p.add_argument("--prompts", type=int, default=8, help="prompts per rollout batch (P)")
+    p.add_argument("--n", type=int, default=4, help="clean (= noisy) rollouts per prompt; G = 2n")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats of each method (interleaved)")
+    p.add_argument("--images", type=int, default=0, help="images per prompt (0: text prompts)")
+    p.add_argument("--image-size", type=int, default=112, help="image side in pixels (area cap)")
+    p.add_argument("--sigma", type=float, default=0.2)
+    p.add_argument("--site", default="final_norm", help="'final_norm' or a layer index")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
+    p.add_argument("--out", default="runs/bench_rollout.json", help="JSON output path")
+    return p.parse_args(argv)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict:
+    import os
+
+    import transformers
+
+    info = {
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "cpu_threads": torch.get_num_threads(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    if device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["device_name"] = info["cpu"]
+    return info
+
+
+def build(args, device, dtype):
+    from ncgrpo.models.tiny import DEFAULT_CORPUS, build_processor, build_tokenizer, tiny_qwen2_5_vl
+
+    tok = build_tokenizer()
+    proc = build_processor(tok, image_size=args.image_size)
+    overrides = dict(SIZES[args.size])
+    if args.size != "tiny":
+        overrides.update(SMALL_VISION)
+    attn = "sdpa"
+    model = tiny_qwen2_5_vl(processor=proc, seed=args.seed, attn_implementation=attn, **overrides)
+    model = model.to(device=device, dtype=dtype)
+    rng = np.random.RandomState(args.seed)
+    prompts, images = [], []
+    for i in range(args.prompts):
+        text = DEFAULT_CORPUS[i % len(DEFAULT_CORPUS)]
+        if args.images:
+            content = [{"type": "image"}] * args.images + [{"type": "text", "text": text}]
+            from PIL import Image
+
+            s = args.image_size
+            images.append(
+                [Image.fromarray((rng.rand(s, s, 3) * 255).astype("uint8")) for _ in range(args.images)]
+            )
+        else:
+            content = text
+        prompts.append([{"role": "user", "content": content}])
+    return model, proc, prompts, (images if args.images else None)
+
+
+def main(argv=None) -> dict:
+    from ncgrpo.models.tiny import count_parameters
+    from ncgrpo.rollout import generate_groups
+
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    t0 = time.perf_counter()
+    model, proc, prompts, images = build(args, device, dtype)
+    build_s = time.perf_counter() - t0
+    print(f"built {args.size} in {build_s:.1f}s", file=sys.stderr, flush=True)
+    site = args.site if args.site == "final_norm" else int(args.site)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def rollout(nc: bool, step: int, **kw):
+        return generate_groups(
+            model,
+            proc,
+            prompts,
+            images,
+            n=args.n,
+            sigma=args.sigma,
+            step=step,
+            seed=args.seed,
+            site=site,
+            use_hook=nc,
+            max_new_tokens=args.max_new_tokens,
+            min_new_tokens=args.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            do_sample=True,
+            **kw,
+        )
+
+    def timed(nc: bool, step: int) -> tuple[float, float]:
+        """(wall seconds, process CPU seconds); the latter is robust to other load on a shared CPU."""
+        sync()
+        t, c = time.perf_counter(), time.process_time()
+        rollout(nc, step)
+        sync()
+        return time.perf_counter() - t, time.process_time() - c
+
+    # warm-up (kernels, allocator, tokenizer caches)
+    rollout(False, 0)
+    r = rollout(True, 0)
+    prompt_len = r.prompt_length
+
+    times = {"vanilla": [], "ncgrpo": []}
+    cpu_times = {"vanilla": [], "ncgrpo": []}
+    for i in range(args.repeats):
+        order = [("vanilla", False), ("ncgrpo", True)]
+        if i % 2:
+            order.reverse()
+        for name, nc in order:
+            wall, cpu = timed(nc, step=i + 1)
+            times[name].append(wall)
+            print(f"repeat {i}: {name} {wall:.3f}s wall, {cpu:.3f}s CPU", file=sys.stderr, flush=True)
+            cpu_times[name].append(cpu)
+
+    # the hook's share of the prefill forward (synchronised timing; separate runs)
+    shares = {}
+    for positions in ("auto", "all"):
+        hs, ps = [], []
+        for i in range(max(3, args.repeats // 2)):
+            rec = rollout(True, i + 1, timing=True, positions=positions).record
+            hs.append(rec.hook_s)
+            ps.append(rec.prefill_s)
+        shares[positions] = {
+            "hook_s": statistics.median(hs),
+            "prefill_s": statistics.median(ps),
+            "share": statistics.median(h / p for h, p in zip(hs, ps, strict=True)),
+        }
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu_times.items()}
+    result = {
+        "machine": machine(device),
+        "config": vars(args),
+        "params": count_parameters(model),
+        "build_s": build_s,
+        "rows": args.prompts * 2 * args.n,
+        "prompt_tokens": prompt_len,
+        "times_s": times,
+        "median_s": med,
+        "ratio": med["ncgrpo"] / med["vanilla"],
+        "cpu_times_s": cpu_times,
+        "cpu_median_s": cpu_med,
+        "cpu_ratio": cpu_med["ncgrpo"] / cpu_med["vanilla"],
+        "hook_share_of_prefill": shares,
+    }
+
+    print(f"# bench_rollout  {result['machine']['device_name']}  torch {torch.__version__}  {args.dtype}")
+    print(
+        f"# size={args.size} params={result['params']['total'] / 1e6:.1f}M  P={args.prompts} G={2 * args.n} "
+        f"rows={result['rows']} prompt_tokens={prompt_len} new_tokens={args.max_new_tokens} "
+        f"images/prompt={args.images} repeats={args.repeats} sigma={args.sigma} site={site}"
+    )
+    print(f"{'method':<28}{'median s':>10}{'min s':>10}{'max s':>10}{'median CPU s':>14}")
+    for k in ("vanilla", "ncgrpo"):
+        label = "vanilla GRPO (no hook)" if k == "vanilla" else "NC-GRPO (hook, sigma>0)"
+        print(f"{label:<28}{med[k]:>10.3f}{min(times[k]):>10.3f}{max(times[k]):>10.3f}{cpu_med[k]:>14.3f}")
+    print(f"{'ratio NC-GRPO / vanilla':<28}{result['ratio']:>10.4f}{'':>20}{result['cpu_ratio']:>14.4f}")
+    for pos, s in shares.items():
+        print(
+            f"hook share of prefill (positions={pos}): {100 * s['share']:.2f}%  "
+            f"(hook {1e3 * s['hook_s']:.2f} ms / prefill {1e3 * s['prefill_s']:.1f} ms)"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,445 @@
+"""The transformers engine hook: NC-GRPO's prefill perturbation around ``model.generate``.
+
+Paper section 3.1, "Where the perturbation acts": the hook fires on the tensor *returned* by the
+language-model stack (the output of the text model's final norm, before ``lm_head``) in the prefill
+forward only. The KV cache is written inside that call from clean activations, so the perturbation
+moves the first-token logits of the flagged rows and nothing else; every decode step is untouched
+(algorithm lines 4-7). ``site=<layer index>`` is the propagating variant the paper names but does not
+evaluate: the INPUT of decoder layer ``l`` is perturbed at prefill, so the displacement reaches the
+KV cache of layer ``l`` and every layer above (several layers get depth-decayed scales).
+
+The noise itself comes from :mod:`ncgrpo.noise` (eq. 2 via :func:`~ncgrpo.noise.perturb_rows`); this
+module only decides *where* and *when* it is applied::
+
+    rows = [RowNoise(), RowNoise(0.2, NoiseKey(seed, step, prompt_id, 0))]
+    with prefill_noise(model, rows) as hook:
+        out = model.generate(**inputs, max_new_tokens=64)
+    hook.last.rel          # [B] measured ||h~ - h|| / ||h|| per row (0 on clean rows)
+
+Rules:
+
+- prefill = a forward of the text model whose KV cache is empty (``past_key_values`` is None or has
+  ``get_seq_length() == 0``). ``use_cache=False`` is refused: without a cache every decode step
+  re-runs the whole sequence and cannot be told from a prefill. Chunked prefill
+  (``prefill_chunk_size``) and continuing from a non-empty cache are not supported (the hook stays
+  inert on a non-empty cache).
+- Inputs must be left-padded (what ``generate`` wants for decoder-only models); the 2-D attention
+  mask is read from the top-level forward so that each prompt's noise depends only on its real tokens.
+- ``positions="auto"`` (final-norm site) perturbs only the positions whose states reach the logits
+  (``generate`` passes ``logits_to_keep=1``: the last prompt token). Because every position's noise
+  depends only on (key, distance from the end of the prompt) this is bit-identical to
+  ``positions="all"`` (eq. 2 applied to every prompt token, as the paper writes it) at a fraction of
+  the cost. Layer sites always perturb every prompt token (all of them reach the KV cache).
+- Layer sites draw their noise from a per-layer key (``seed`` replaced by
+  ``noise_seed("layer", seed, l)``), so different layers get independent draws while antithetic
+  partners still share theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ncgrpo.noise import RowNoise, depth_decayed_sigmas, noise_seed, perturb_rows, reverse_positions
+
+__all__ = [
+    "NoiseHook",
+    "PrefillRecord",
+    "SiteRecord",
+    "find_text_stack",
+    "prefill_noise",
+    "unwrap_model",
+]
+
+Site = Literal["final_norm"] | int | Sequence[int]
+
+# Where the language-model stack (the module owning ``.layers`` and the final ``.norm``) lives,
+# relative to the unwrapped top-level model. VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) first,
+# then text-only causal LMs (Qwen2, Qwen3, Llama, ...).
+_STACK_PATHS = ("model.language_model", "model")
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """Strip DDP/FSDP-style ``.module`` wrappers and PEFT ``PeftModel``/``LoraModel`` layers.
+
+    Returns the transformers model whose ``forward`` ``generate`` calls. Cheap and duck-typed: a
+    PEFT model exposes ``get_base_model()``; DDP and ``DataParallel`` expose ``.module``.
+    """
+    seen = 0
+    while seen < 8:
+        seen += 1
+        if hasattr(model, "get_base_model") and callable(model.get_base_model):
+            inner = model.get_base_model()
+            if inner is not model:
+                model = inner
+                continue
+        inner = getattr(model, "module", None)
+        if isinstance(inner, nn.Module) and not hasattr(model, "lm_head"):
+            model = inner
+            continue
+        break
+    return model
+
+
+def _get_path(root: nn.Module, path: str) -> Any:
+    obj: Any = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def find_text_stack(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
+    """``(top, stack, path)``: the unwrapped top-level model, its language-model stack, and the
+    stack's attribute path. The stack is the module whose forward returns the final-norm output."""
+    top = unwrap_model(model)
+    for path in _STACK_PATHS:
+        stack = _get_path(top, path)
+        if isinstance(stack, nn.Module) and isinstance(getattr(stack, "norm", None), nn.Module):
+            layers = getattr(stack, "layers", None)
+            if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+                return top, stack, path
+    looked = " or ".join(f"model.{p}.norm" for p in _STACK_PATHS)
+    raise NotImplementedError(
+        f"prefill_noise does not know where the language-model stack of {type(top).__name__} is: it looked "
+        f"for {looked} (a module with a final `.norm` and decoder `.layers`). Supported: Qwen2-VL, "
+        "Qwen2.5-VL, Qwen3-VL and text-only Qwen2/Qwen3/Llama causal LMs."
+    )
+
+
+@dataclass
+class SiteRecord:
+    """What one injection site did in one prefill. Tensors are float32 on the CPU.
+
+    ``rel`` ``# [B]``: mean measured ``||h~_t - h_t|| / ||h_t||`` over the perturbed tokens (0 on clean
+    rows); ``clean_last`` / ``noisy_last`` ``# [B, d]``: the site's state at the last prompt token
+    before / after the perturbation (identical on clean rows), the inputs of the eq. (4) metric.
+    """
+
+    rel: torch.Tensor
+    clean_last: torch.Tensor
+    noisy_last: torch.Tensor
+
+
+@dataclass
+class PrefillRecord:
+    """One prefill forward under the hook.
+
+    ``sites`` maps ``"final_norm"`` or a layer index to its :class:`SiteRecord`; the ``rel`` /
+    ``clean_last`` / ``noisy_last`` shortcuts read the primary site: the final norm, or the top-most
+    layer (the one with the full sigma). ``final_last`` ``# [B, d]`` is the stack's returned state at
+    the last prompt token as the logits see it (perturbed at the final-norm site, propagated from the
+    layers below otherwise). ``hook_s`` / ``prefill_s``: seconds spent in the hook bodies and in the
+    whole prefill forward of the top-level model, vision tower and ``lm_head`` included (only when
+    ``timing=True``; else NaN).
+    """
+
+    sites: dict[str | int, SiteRecord] = field(default_factory=dict)
+    primary: str | int = "final_norm"
+    final_last: torch.Tensor | None = None
+    hook_s: float = float("nan")
+    prefill_s: float = float("nan")
+
+    @property
+    def rel(self) -> torch.Tensor:
+        return self.sites[self.primary].rel
+
+    @property
+    def clean_last(self) -> torch.Tensor:
+        return self.sites[self.primary].clean_last
+
+    @property
+    def noisy_last(self) -> torch.Tensor:
+        return self.sites[self.primary].noisy_last
+
+
+def _last_index(mask: torch.Tensor | None, B: int, T: int, device: torch.device) -> torch.Tensor:
+    """Index of each row's last real token. ``# [B]``"""
+    if mask is None:
+        return torch.full((B,), T - 1, dtype=torch.long, device=device)
+    rev = reverse_positions(mask)  # [B, T]
+    hit = rev == 0
+    idx = torch.where(hit.any(1), hit.float().argmax(1), torch.full((B,), T - 1, device=rev.device))
+    return idx.to(device=device, dtype=torch.long)
+
+
+def _gather_last(h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``h[b, idx[b]]`` as float32 on the CPU. ``# [B, d]``"""
+    return h[torch.arange(h.shape[0], device=h.device), idx].detach().float().cpu()
+
+
+def _layer_rows(rows: Sequence[RowNoise], layer: int) -> list[RowNoise]:
+    """Per-layer keys so different layers draw independent noise (antithetic partners still share)."""
+    out = []
+    for r in rows:
+        if r.key is None:
+            out.append(r)
+        else:
+            key = dataclasses.replace(r.key, seed=noise_seed("layer", r.key.seed, layer))
+            out.append(dataclasses.replace(r, key=key))
+    return out
+
+
+class NoiseHook:
+    """The handle ``prefill_noise`` yields: configuration plus one :class:`PrefillRecord` per prefill."""
+
+    def __init__(
+        self,
+        rows: Sequence[RowNoise],
+        layers: list[int] | None,
+        layer_decay: float,
+        steer: torch.Tensor | None,
+        positions: Literal["auto", "all"],
+        timing: bool,
+    ) -> None:
+        self.rows = list(rows)
+        self.layers = layers  # None: final-norm site
+        self.scales = depth_decayed_sigmas(layers, layer_decay) if layers else {}
+        self._layer_rows = {layer: _layer_rows(self.rows, layer) for layer in layers} if layers else {}
+        self.steer = steer
+        self.positions = positions
+        self.timing = timing
+        self.records: list[PrefillRecord] = []
+        self.any_noisy = any(r.noisy for r in self.rows)
+        # state of the forward in flight
+        self._active = False
+        self._mask: torch.Tensor | None = None
+        self._logits_to_keep: Any = None
+        self._top_mask: torch.Tensor | None = None
+        self._current: PrefillRecord | None = None
+        self._t0 = 0.0
+        self._timed: PrefillRecord | None = None
+
+    @property
+    def last(self) -> PrefillRecord:
+        if not self.records:
+            raise RuntimeError("no prefill has run under this hook yet")
+        return self.records[-1]
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _sync(self, device: torch.device) -> None:
+        if self.timing and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def _check_batch(self, B: int) -> None:
+        if len(self.rows) != B:
+            raise ValueError(
+                f"prefill_noise got {len(self.rows)} RowNoise entries but the prefill batch has {B} rows; pass "
+                "one RowNoise per row of the expanded batch (prompts x num_return_sequences, in generate's "
+                "repeat_interleave order)"
+            )
+
+    def _mask_for(self, B: int, T: int, device: torch.device) -> torch.Tensor | None:
+        m = self._mask
+        if m is not None and tuple(m.shape) == (B, T):
+            return m.to(device)
+        return None
+
+    # -- hook bodies -------------------------------------------------------------------------------
+    def top_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        mask = kwargs.get("attention_mask")
+        if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            mask = args[1]
+        self._top_mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+        self._logits_to_keep = kwargs.get("logits_to_keep", 0)
+        if self.timing:  # the prefill clock starts at the top-level forward (vision tower included)
+            x = kwargs.get("input_ids")
+            x = kwargs.get("inputs_embeds") if x is None else x
+            x = args[0] if x is None and args and isinstance(args[0], torch.Tensor) else x
+            if x is not None:
+                self._sync(x.device)
+            self._t0 = time.perf_counter()
+
+    def top_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        rec, self._timed = self._timed, None
+        if rec is not None:
+            logits = getattr(output, "logits", None)
+            if isinstance(logits, torch.Tensor):
+                self._sync(logits.device)
+            rec.prefill_s = time.perf_counter() - self._t0
+
+    def stack_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("past_key_values")
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = getattr(getattr(module, "config", None), "use_cache", True)
+        if cache is None:
+            if use_cache is False:
+                raise RuntimeError(
+                    "prefill_noise needs the KV cache to tell the prefill from decode steps; call generate with "
+                    "use_cache=True (the default). Without a cache every step re-runs the whole sequence."
+                )
+            prefill = True
+        else:
+            prefill = cache.get_seq_length() == 0
+        self._active = prefill
+        if not prefill:
+            return
+        mask = kwargs.get("attention_mask")
+        self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else self._top_mask
+        self._current = PrefillRecord(primary="final_norm" if self.layers is None else max(self.layers))
+        if self.timing:
+            self._current.hook_s = 0.0
+
+    def layer_pre(self, layer: int):
+        def fn(module: nn.Module, args: tuple, kwargs: dict):
+            if not self._active:
+                return None
+            if args:
+                h = args[0]
+            else:
+                h = kwargs["hidden_states"]
+            t = self._tic(h.device)
+            B, T, _ = h.shape
+            self._check_batch(B)
+            mask = self._mask_for(B, T, h.device)
+            idx = _last_index(mask, B, T, h.device)
+            rows = self._layer_rows[layer]
+            if self.any_noisy:
+                h_new, rel = perturb_rows(
+                    h, rows, attention_mask=mask, steer=self.steer, sigma_scale=self.scales[layer]
+                )
+            else:
+                h_new, rel = h, torch.zeros(B)
+            self._current.sites[layer] = SiteRecord(rel, _gather_last(h, idx), _gather_last(h_new, idx))
+            self._toc(h.device, t)
+            if args:
+                return (h_new, *args[1:]), kwargs
+            kwargs = dict(kwargs)
+            kwargs["hidden_states"] = h_new
+            return args, kwargs
+
+        return fn
+
+    def stack_post(self, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+        if not self._active:
+            return None
+        self._active = False
+        rec = self._current
+        h = output[0] if isinstance(output, tuple) else output.last_hidden_state  # [B, T, d]
+        t = self._tic(h.device)
+        B, T, _ = h.shape
+        self._check_batch(B)
+        mask = self._mask_for(B, T, h.device)
+        idx = _last_index(mask, B, T, h.device)
+        new_output = None
+        if self.layers is None:
+            k = self._keep(T)
+            if not self.any_noisy:
+                h_new, rel = h, torch.zeros(B)
+            elif k < T:
+                # fast path: only the last k positions reach the logits. Reverse positions of a suffix
+                # are the same as in the full prompt, so these are exactly the values a full pass gives.
+                tail_mask = None if mask is None else mask[:, T - k :]
+                tail, rel = perturb_rows(h[:, T - k :], self.rows, attention_mask=tail_mask, steer=self.steer)
+                h_new = torch.cat([h[:, : T - k], tail], dim=1)
+            else:
+                h_new, rel = perturb_rows(h, self.rows, attention_mask=mask, steer=self.steer)
+            rec.sites["final_norm"] = SiteRecord(rel, _gather_last(h, idx), _gather_last(h_new, idx))
+            if h_new is not h:
+                if isinstance(output, tuple):
+                    new_output = (h_new, *output[1:])
+                else:
+                    output.last_hidden_state = h_new
+                    new_output = output
+            rec.final_last = _gather_last(h_new, idx)
+        else:
+            rec.final_last = _gather_last(h, idx)
+        self._toc(h.device, t)
+        if self.timing:
+            self._timed = rec  # top_post stops the prefill clock after lm_head
+        self.records.append(rec)
+        self._current = None
+        return new_output
+
+    def _keep(self, T: int) -> int:
+        """How many trailing positions reach the logits (``positions="auto"``); T means all."""
+        if self.positions == "all":
+            return T
+        k = self._logits_to_keep
+        if isinstance(k, int) and 0 < k < T:
+            return k
+        return T
+
+    def _tic(self, device: torch.device) -> float:
+        if not self.timing:
+            return 0.0
+        self._sync(device)
+        return time.perf_counter()
+
+    def _toc(self, device: torch.device, t: float) -> None:
+        if not self.timing or self._current is None:
+            return
+        self._sync(device)
+        self._current.hook_s += time.perf_counter() - t
+
+
+def _normalize_site(site: Site, n_layers: int) -> list[int] | None:
+    if isinstance(site, str):
+        if site != "final_norm":
+            raise ValueError(
+                f"unknown noise site {site!r}; use 'final_norm', a layer index or a list of them"
+            )
+        return None
+    layers = [int(site)] if isinstance(site, int) else [int(s) for s in site]
+    if not layers:
+        raise ValueError("site: empty list of layers")
+    bad = [layer for layer in layers if not 0 <= layer < n_layers]
+    if bad:
+        raise ValueError(
+            f"site layers {bad} out of range: the model has {n_layers} decoder layers (0..{n_layers - 1})"
+        )
+    return layers
+
+
+@contextmanager
+def prefill_noise(
+    model: nn.Module,
+    rows: Sequence[RowNoise],
+    *,
+    site: Site = "final_norm",
+    layer_decay: float = 0.5,
+    steer: torch.Tensor | None = None,
+    positions: Literal["auto", "all"] = "auto",
+    timing: bool = False,
+) -> Iterator[NoiseHook]:
+    """Perturb the prefill of ``model`` (eq. 2 at ``site``) for the rows flagged in ``rows``.
+
+    ``rows``: one :class:`~ncgrpo.noise.RowNoise` per row of the prefill batch (after
+    ``num_return_sequences`` expansion). ``site``: ``"final_norm"`` (the paper's site) or a decoder
+    layer index / list of indices (propagating variant; the top-most gets ``sigma``, the next
+    ``sigma * layer_decay`` ...). ``steer``: eq. (6)'s ``mu`` ``# [d]`` added to noisy rows.
+    ``positions``: ``"auto"`` or ``"all"`` (final-norm site; see the module docstring).
+    ``timing``: measure the hook bodies and the prefill forward (synchronizes CUDA).
+
+    Every hook handle is removed on exit, also when the body raises.
+    """
+    if positions not in ("auto", "all"):
+        raise ValueError(f"positions must be 'auto' or 'all', got {positions!r}")
+    top, stack, _ = find_text_stack(model)
+    layers = _normalize_site(site, len(stack.layers))
+    hook = NoiseHook(rows, layers, layer_decay, steer, positions, timing)
+    handles = []
+    try:
+        handles.append(top.register_forward_pre_hook(hook.top_pre, with_kwargs=True))
+        handles.append(stack.register_forward_pre_hook(hook.stack_pre, with_kwargs=True))
+        for layer in layers or []:
+            handles.append(
+                stack.layers[layer].register_forward_pre_hook(hook.layer_pre(layer), with_kwargs=True)
+            )
+        handles.append(stack.register_forward_hook(hook.stack_post, with_kwargs=True))
+        if timing:
+            handles.append(top.register_forward_hook(hook.top_post, with_kwargs=True))
+        yield hook
+    finally:
+        for h in handles:
+            h.remove()
+        hook._active = False
