@@ -1,0 +1,459 @@
+"""NCGRPOConfig / NCGRPOTrainer on TRL 1.16 with a tiny Qwen2.5-VL on the CPU.
+
+Fast: config validation, the engine-free planner, the importance-sampling policy, the first-token
+temperature control, vanilla == GRPOTrainer, latent(sigma0=0) == vanilla, latent/vanilla smoke runs,
+Proposition 2 on real rollouts, the image method's clean loss inputs. Slow (``-m slow``): every
+method trains two steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import HfArgumentParser
+from trl import GRPOConfig, GRPOTrainer
+
+from ncgrpo import noise as nz
+from ncgrpo.advantages import decompose_advantages, group_advantages
+from ncgrpo.rollout import plan_group
+from ncgrpo.trainer import (
+    NCGRPOConfig,
+    NCGRPOTrainer,
+    apply_noisy_importance_sampling,
+    parse_noise_site,
+    plan_rows,
+    prompt_id_for,
+    row_noise,
+)
+
+_spec = importlib.util.spec_from_file_location(
+    "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
+)
+tiny = importlib.util.module_from_spec(_spec)
+sys.modules["tiny_grpo"] = tiny
+_spec.loader.exec_module(tiny)
+
+NC_METRICS = (
+    "reward/clean",
+    "reward/noisy",
+    "reward/contrast",
+    "noise/first_token_divergence",
+    "noise/agreement",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+def _cfg(tmp_path, **kw) -> NCGRPOConfig:
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    base.update(kw)
+    return NCGRPOConfig(**base)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(rollout_method="latent", num_generations=3, per_device_train_batch_size=6), "must be even"),
+        (
+            dict(rollout_method="antithetic", num_generations=6, per_device_train_batch_size=6),
+            "multiple of 4",
+        ),
+        (dict(rollout_method="spsa", num_generations=2), "multiple of 4"),
+        (dict(sigma0=-0.1), "sigma0 must be"),
+        (dict(sigma0=float("nan")), "sigma0 must be"),
+        (dict(rollout_method="noisy"), "unknown"),
+        (dict(noise_site="last"), "final_norm"),
+        (dict(noise_site="3,3"), "distinct"),
+        (dict(sigma_schedule="cosine"), "sigmoid"),
+        (dict(antithetic_grouping="separate"), "only applies"),
+        (dict(noise_layer_decay=0.0), "noise_layer_decay"),
+        (dict(noise_positions="last"), "noise_positions"),
+        (dict(first_token_temperature=0.0), "first_token_temperature"),
+        (dict(image_noise_step=1000), "image_noise_step"),
+        (dict(noisy_importance_sampling="mask"), "noisy_importance_sampling"),
+    ],
+)
+def test_config_validation_says_what_to_fix(tmp_path, kw, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        _cfg(tmp_path, **kw)
+
+
+def test_config_defaults_and_odd_g_for_vanilla(tmp_path) -> None:
+    c = _cfg(tmp_path)
+    assert (c.rollout_method, c.sigma0, c.noise_site, c.noisy_importance_sampling) == (
+        "latent",
+        0.2,
+        "final_norm",
+        "exclude",
+    )
+    assert isinstance(c, GRPOConfig)
+    _cfg(tmp_path, rollout_method="vanilla", num_generations=3, per_device_train_batch_size=6)  # fine
+    _cfg(tmp_path, rollout_method="antithetic", antithetic_grouping="separate")  # G=8: n=4 even
+
+
+def test_noise_site_parse() -> None:
+    assert parse_noise_site("final_norm") == "final_norm"
+    assert parse_noise_site("12") == [12]
+    assert parse_noise_site(" 14,10 ") == [10, 14]
+    assert parse_noise_site(3) == [3]
+
+
+def test_cli_keys_are_field_names(tmp_path) -> None:
+    (c,) = HfArgumentParser(NCGRPOConfig).parse_args_into_dataclasses(
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--rollout_method",
+            "antithetic",
+            "--sigma0",
+            "0.5",
+            "--noise_site",
+            "10,14",
+            "--antithetic_grouping",
+            "separate",
+            "--per_device_train_batch_size",
+            "8",
+        ]
+    )
+    assert (c.rollout_method, c.sigma0, c.noise_site_parsed, c.antithetic_grouping) == (
+        "antithetic",
+        0.5,
+        [10, 14],
+        "separate",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# engine-free planning
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("method", "mode"), [("latent", "independent"), ("antithetic", "antithetic")])
+def test_plan_rows_matches_rollout_plan_group(method, mode) -> None:
+    G, pids = 8, [11, 22, 33]
+    glob = [p for p in pids for _ in range(G)]
+    plans = plan_rows(range(len(glob)), glob, num_generations=G, method=method, seed=5, step=3)
+    got = [row_noise(p, 0.3, method) for p in plans]
+    want = [r for pid in pids for r in plan_group(G // 2, G // 2, 0.3, 5, 3, pid, mode)]
+    assert got == want
+    assert [p.noisy for p in plans] == [b >= G // 2 for _ in pids for b in range(G)]
+
+
+def test_plan_rows_independent_of_process_split() -> None:
+    """A group spanning processes: planning each process's slice = planning the global batch."""
+    G, L = 4, 2  # per-device batch 2, group of 4 -> every group spans two processes
+    glob = [7, 7, 7, 7, 9, 9, 9, 9]
+    for method in ("latent", "antithetic", "spsa", "image", "first_token_temperature"):
+        whole = plan_rows(range(8), glob, num_generations=G, method=method, seed=0, step=1)
+        parts = []
+        for p in range(4):
+            rows = range(p * L, (p + 1) * L)
+            parts += plan_rows(
+                rows, [glob[r] for r in rows], num_generations=G, method=method, seed=0, step=1
+            )
+        assert parts == whole
+
+
+def test_plan_rows_separate_grouping() -> None:
+    G = 8
+    plans = plan_rows(
+        range(16),
+        [1] * 8 + [2] * 8,
+        num_generations=G,
+        method="antithetic",
+        seed=0,
+        step=1,
+        antithetic_grouping="separate",
+    )
+    for g in range(4):
+        members = [p for p in plans if p.adv_group == g]
+        assert len(members) == G // 2
+        assert sum(p.noisy for p in members) == G // 4  # still a 50/50 mix
+        assert len({p.sign for p in members if p.noisy}) == 1  # no (+eps, -eps) pair shares a group
+        assert len({p.group for p in members}) == 1
+
+
+def test_prompt_id_is_stable() -> None:
+    assert prompt_id_for("q1") == prompt_id_for("q1") != prompt_id_for("q2")
+    assert prompt_id_for(None, [1, 2, 3]) == prompt_id_for(None, [1, 2, 3]) != prompt_id_for(None, [1, 2, 4])
+
+
+# ---------------------------------------------------------------------------------------------
+# importance sampling policy (TRL's vLLM path; no vLLM here, so on a constructed ratio)
+# ---------------------------------------------------------------------------------------------
+def test_noisy_importance_sampling() -> None:
+    seq = torch.tensor([[1.2], [0.0], [0.0], [2.5]])  # sequence_mask mode: rows 1, 2 masked to 0
+    tok = torch.tensor([[1.0, 0.5], [0.0, 3.0], [0.7, 0.0], [1.1, 1.0]])
+    noisy = torch.tensor([False, False, True, True])
+    assert torch.equal(
+        apply_noisy_importance_sampling(seq, noisy, "exclude"), torch.tensor([[1.2], [0.0], [1.0], [1.0]])
+    )
+    assert torch.equal(apply_noisy_importance_sampling(seq, noisy, "apply"), seq)
+    out = apply_noisy_importance_sampling(tok, noisy, "exclude")
+    assert torch.equal(out[:2], tok[:2]) and torch.equal(out[2:], torch.ones(2, 2))
+    with pytest.raises(ValueError, match="match"):
+        apply_noisy_importance_sampling(seq, noisy[:3], "exclude")
+
+
+# ---------------------------------------------------------------------------------------------
+# first-token temperature control
+# ---------------------------------------------------------------------------------------------
+def test_first_token_temperature_scales_only_flagged_prefill_logits() -> None:
+    from ncgrpo.engines.controls import first_token_temperature
+    from ncgrpo.models.tiny import build_tokenizer, tiny_text_model
+
+    tok = build_tokenizer()
+    model = tiny_text_model("qwen2", tokenizer=tok)
+    enc = tok(["The triangle has sides", "Solve for x: 3x"], padding=True, return_tensors="pt")
+    kw = dict(
+        max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0
+    )
+    base = model.generate(**enc, **kw)
+    with first_token_temperature(model, [False, True], temperature=1.0, first_token_temperature=2.0) as h:
+        out = model.generate(**enc, **kw)
+    assert h.calls == 1
+    torch.testing.assert_close(out.logits[0][0], base.logits[0][0], rtol=0, atol=0)  # clean row
+    torch.testing.assert_close(out.logits[0][1], base.logits[0][1] * 0.5, rtol=0, atol=1e-6)  # T / T_ft
+    assert torch.equal(out.sequences, base.sequences)  # greedy: scaling keeps the argmax
+    for step in range(1, len(base.logits)):  # decode steps untouched
+        torch.testing.assert_close(out.logits[step], base.logits[step], rtol=0, atol=0)
+    assert not model.lm_head._forward_hooks  # restored
+
+
+# ---------------------------------------------------------------------------------------------
+# trainer
+# ---------------------------------------------------------------------------------------------
+def _params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _last_metrics(trainer) -> list[dict]:
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+def test_vanilla_equals_grpo_trainer(tmp_path) -> None:
+    """rollout_method='vanilla' is TRL's GRPOTrainer: same step-1 loss, grad norm and parameters."""
+    ref = tiny.trainer(
+        tmp_path / "trl", trainer_cls=GRPOTrainer, args=tiny.grpo_config(tmp_path / "trl", max_steps=1)
+    )
+    ref.train()  # (Trainer.__init__ seeds the global RNG: build each trainer right before training it)
+    ours = tiny.trainer(tmp_path / "nc", rollout_method="vanilla", max_steps=1)
+    init = _params(ours.model)
+    ours.train()
+    a, b = _last_metrics(ref)[0], _last_metrics(ours)[0]
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["reward"] == b["reward"]
+    pa, pb = _params(ref.model), _params(ours.model)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert any(not torch.equal(init[k], pb[k]) for k in pb)  # and it did train
+    assert not any(k.startswith(("noise/", "reward/")) for k in b)
+    assert ours.nc_history == []
+
+
+def test_latent_sigma0_zero_is_vanilla(tmp_path) -> None:
+    """With sigma0 = 0 the hook, planner and metrics change nothing: bit-identical to vanilla."""
+    van = tiny.trainer(tmp_path / "v", rollout_method="vanilla", max_steps=1)
+    van.train()
+    lat = tiny.trainer(tmp_path / "l", rollout_method="latent", sigma0=0.0, max_steps=1)
+    lat.train()
+    pa, pb = _params(van.model), _params(lat.model)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    m = _last_metrics(lat)[0]
+    assert m["noise/sigma_k"] == 0.0 and m["noise/rel_perturbation"] == 0.0
+
+
+def _check_run(trainer, expected: tuple[str, ...]) -> None:
+    before = _params(trainer.model)
+    trainer.train()
+    after = _params(trainer.model)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "no parameter changed"
+    logs = _last_metrics(trainer)
+    assert len(logs) == 2
+    for log in logs:
+        for name in expected:
+            assert name in log, f"{name} not logged; got {sorted(log)}"
+            assert math.isfinite(log[name]), (name, log[name])
+
+
+def test_latent_trains_and_logs(tmp_path) -> None:
+    tr = tiny.trainer(tmp_path, rollout_method="latent")
+    _check_run(tr, (*NC_METRICS, "noise/sigma_k", "noise/rel_perturbation"))
+    rec = tr.nc_history[0]
+    assert rec.step == 1 and rec.sigma_k == 1.0
+    # the noisy half carries keys NoiseKey(seed, k, prompt_id, j); the clean half none
+    for row in rec.rows:
+        global_row, branch, noisy, sign, key, _ = row
+        assert noisy == (branch >= 2)
+        assert (key is None) == (not noisy)
+        if noisy:
+            assert key[:2] == (0, 1) and key[3] == branch - 2
+    # measured relative perturbation ~ sigma_k (Prop. 1: E||h~-h||^2 = sigma^2 ||h||^2; d = 32 here)
+    assert 0.3 < _last_metrics(tr)[0]["noise/rel_perturbation"] < 1.7
+
+
+def test_noise_moves_greedy_first_tokens(tmp_path) -> None:
+    """Greedy decoding: clean rows always take the clean argmax; noisy rows depart from it."""
+    tr = tiny.trainer(
+        tmp_path, rollout_method="latent", sigma0=3.0, max_steps=1, generation_kwargs={"do_sample": False}
+    )
+    tr.train()
+    m = _last_metrics(tr)[0]
+    assert m["noise/first_token_divergence_clean"] == 0.0
+    assert m["noise/first_token_divergence"] > 0.0
+    assert m["noise/agreement"] < 1.0
+
+
+def test_proposition_2_on_real_rollouts(tmp_path) -> None:
+    """Every advantage TRL trains on equals within-half + contrast of its group's rewards."""
+    tr = tiny.trainer(tmp_path, rollout_method="latent")
+    captured = []
+    orig = tr._generate_and_score_completions
+
+    def spy(inputs):
+        out = orig(inputs)
+        captured.append(out["advantages"].detach().clone())
+        return out
+
+    tr._generate_and_score_completions = spy
+    tr.train()
+    G = tr.num_generations
+    for rec, adv_out in zip(tr.nc_history, captured, strict=True):
+        r = torch.tensor(rec.rewards).view(-1, G)
+        noisy = torch.tensor([row[2] for row in rec.rows]).view(-1, G)[0]
+        within, contrast = decompose_advantages(r, noisy)
+        torch.testing.assert_close(adv_out.cpu().float(), (within + contrast).flatten(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(contrast.sum(1), torch.zeros(r.shape[0]), rtol=0, atol=1e-5)
+        assert rec.metrics["reward/contrast"] == pytest.approx(float(contrast[:, 0].mean()), abs=1e-5)
+
+
+def test_image_method_generates_from_noisy_images_and_trains_on_clean(tmp_path) -> None:
+    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1)
+    outs, gens = [], []
+    orig = tr._generate_and_score_completions
+
+    def spy(inputs):
+        out = orig(inputs)
+        outs.append((inputs, out))
+        gens.append(tr._nc_gen)
+        return out
+
+    tr._generate_and_score_completions = spy
+    tr.train()
+    (inputs, out), gen = outs[0], gens[0]
+    proc = tiny.processor()
+    clean = torch.as_tensor(
+        proc.image_processor(images=[x["images"][0] for x in inputs], return_tensors="pt")["pixel_values"]
+    )
+    torch.testing.assert_close(out["pixel_values"].cpu(), clean, rtol=0, atol=0)  # the loss sees clean images
+    per = clean.shape[0] // len(inputs)
+    for i, p in enumerate(gen.plans):
+        rows = slice(i * per, (i + 1) * per)
+        same = torch.equal(gen.gen_pixel_values[rows], clean[rows])
+        assert same == (not p.noisy), f"row {i}: generation saw {'clean' if same else 'noisy'} pixels"
+    noisy_rows = [i for i, p in enumerate(gen.plans) if p.noisy]  # G=4, one prompt: rows 2, 3
+    a, b = (gen.gen_pixel_values[i * per : (i + 1) * per] for i in noisy_rows)
+    assert torch.equal(a, b)  # one distorted copy per prompt, shared by its noisy half (NoisyRollout)
+    assert _last_metrics(tr)[0]["image_noise/t"] == 500.0  # constant schedule: t = image_noise_step
+
+
+def test_separate_grouping_advantages(tmp_path) -> None:
+    tr = tiny.trainer(
+        tmp_path,
+        rollout_method="antithetic",
+        antithetic_grouping="separate",
+        num_generations=8,
+        per_device_train_batch_size=8,
+        max_steps=1,
+    )
+    captured = []
+    orig = tr._generate_and_score_completions
+    tr._generate_and_score_completions = lambda inputs: captured.append(orig(inputs)) or captured[-1]
+    tr.train()
+    rec = tr.nc_history[0]
+    ids = torch.tensor([row[5] for row in rec.rows])
+    want, _ = group_advantages(torch.tensor(rec.rewards), ids)
+    torch.testing.assert_close(captured[0]["advantages"].cpu(), want, rtol=0, atol=0)
+    assert len(set(ids.tolist())) == 2 * len(rec.rows) // 8
+    assert list(tr._logs["advantages"])[-len(want) :] == pytest.approx(want.tolist())
+
+
+def test_spsa_update_is_eq6(tmp_path) -> None:
+    """One SPSA step from hand-made rewards equals eq. (6) with r_p-weighted pair gaps."""
+    tr = tiny.trainer(
+        tmp_path,
+        rollout_method="spsa",
+        num_generations=8,
+        per_device_train_batch_size=8,
+        spsa_lr=0.5,
+        spsa_mu_max=10.0,
+    )
+    plans = plan_rows(range(8), [4] * 8, num_generations=8, method="spsa", seed=0, step=3)
+    rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])  # pairs (+,-): (1, 0), (0, 1)
+    d = tr.spsa_mu.numel()
+    tr._spsa_step(plans, rewards, 0.2, 3)
+    u = nz.draw_direction(0, 3, d)
+    r = [
+        float(nz.draw_eps(nz.NoiseKey(0, 3, 4, j), [0], d, mode="rank_one")[0] @ u / (u @ u)) for j in (0, 1)
+    ]
+    g = ((1 - 0) * r[0] + (0 - 1) * r[1]) / 2 / (2 * 0.2) * u
+    torch.testing.assert_close(tr.spsa_mu, 0.5 * g, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# every method end to end (slow)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("method", "extra", "metrics"),
+    [
+        ("antithetic", {}, ("noise/sigma_k", "noise/rel_perturbation")),
+        (
+            "antithetic",
+            {"antithetic_grouping": "separate", "num_generations": 8, "per_device_train_batch_size": 8},
+            ("noise/sigma_k",),
+        ),
+        ("spsa", {}, ("noise/sigma_k", "spsa/mu_norm")),
+        ("image", {}, ("image_noise/t",)),
+        ("first_token_temperature", {}, ()),
+        (
+            "latent",
+            {"noise_site": "0,1", "noise_positions": "all"},
+            ("noise/sigma_k", "noise/rel_perturbation"),
+        ),
+        (
+            "latent",
+            {"sigma_schedule": "sigmoid", "schedule_k_mid": 1.0, "schedule_gamma": 4.0},
+            ("noise/sigma_k",),
+        ),
+    ],
+)
+def test_every_method_trains(tmp_path, method, extra, metrics) -> None:
+    tr = tiny.trainer(tmp_path, rollout_method=method, **extra)
+    _check_run(tr, (*NC_METRICS, *metrics))
+
+
+@pytest.mark.slow
+def test_text_model_without_question_id(tmp_path) -> None:
+    """A text-only model and a dataset without question_id (prompt ids from token hashes)."""
+    import datasets
+
+    from ncgrpo.models.tiny import build_tokenizer, tiny_text_model
+
+    tok = build_tokenizer()
+    ds = datasets.Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}]} for i in range(4)]
+    )
+    tr = NCGRPOTrainer(
+        model=tiny_text_model("qwen2", tokenizer=tok),
+        reward_funcs=[tiny.hash_reward],
+        args=tiny.config(tmp_path, rollout_method="latent"),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    _check_run(tr, (*NC_METRICS, "noise/sigma_k"))
+    pids = {row[4][2] for row in tr.nc_history[0].rows if row[4] is not None}
+    assert len(pids) == 1  # one prompt per step here (batch 4 = one group)

@@ -1,0 +1,70 @@
+"""Two CPU processes (torchrun + gloo) with groups spanning processes: G=4, per-device batch 2, so
+rank 0 generates a prompt's clean half and rank 1 its noisy half. The rows' noise flags and keys, the
+noise actually applied, sigma_k and SPSA's mu must be what one process with per-device batch 4 gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "two_process_rollouts.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_two_processes_plan_rows_like_one(tmp_path) -> None:
+    torchrun = Path(sys.executable).parent / "torchrun"
+    _run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            str(SCRIPT),
+            str(tmp_path / "two"),
+            "--per-device",
+            "2",
+        ],
+        tmp_path,
+    )
+    _run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "--per-device", "4"], tmp_path)
+    r0, r1 = (json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1))
+    one = json.loads((tmp_path / "one" / "rank0.json").read_text())
+    assert (r0["num_processes"], one["num_processes"]) == (2, 1)
+    assert len(one["history"]) == 2
+    for k, (a, b, s) in enumerate(zip(r0["history"], r1["history"], one["history"], strict=True)):
+        assert a["step"] == b["step"] == s["step"] == k + 1
+        assert a["sigma_k"] == b["sigma_k"] == s["sigma_k"]
+        # the hook on each rank applied its slice of the one-process plan
+        assert a["local_rows"] + b["local_rows"] == s["local_rows"] == s["rows"] == a["rows"] == b["rows"]
+        assert [row[2] for row in s["rows"]] == [False, False, True, True]  # clean half on rank 0, noisy on 1
+        # every rank holds the same gathered view (rewards, advantages, metrics)
+        assert (
+            a["rewards"] == b["rewards"]
+            and a["advantages"] == b["advantages"]
+            and a["metrics"] == b["metrics"]
+        )
+        assert a["mu_norm"] == b["mu_norm"]
+    # step 1: same model, same prompt -> the very same perturbation landed on the same rows
+    assert r0["history"][0]["rel"] == pytest.approx(one["history"][0]["rel"], abs=1e-6)
+    assert all(v > 0 for v in one["history"][0]["rel"][2:]) and one["history"][0]["rel"][:2] == [0.0, 0.0]
+    assert r0["mu"] == r1["mu"]  # SPSA's mu identical on every rank
+    assert r0["param_sum"] == r1["param_sum"]
