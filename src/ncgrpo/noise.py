@@ -305,26 +305,34 @@ def perturb_rows(
     mask = torch.ones(B, T, dtype=torch.long, device=h.device) if attention_mask is None else attention_mask
     if mask.shape != (B, T):
         raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, expected {(B, T)}")
-    rev = reverse_positions(mask).cpu()  # [B, T]
+    rev = reverse_positions(mask.cpu())  # [B, T] on the CPU: index bookkeeping costs one transfer
+    sel = rev >= 0
+    if last_k is not None:
+        sel &= rev < last_k
+    noisy = torch.tensor([spec.noisy for spec in rows], dtype=torch.bool)  # [B]
+    sel &= noisy[:, None]
     out = h.clone()
     rel = torch.zeros(B, dtype=torch.float32)
-    for b, spec in enumerate(rows):
-        if not spec.noisy:
-            continue
-        sel = rev[b] >= 0
-        if last_k is not None:
-            sel &= rev[b] < last_k
-        idx = sel.nonzero()[:, 0]  # [P] absolute positions
-        if idx.numel() == 0:
-            continue
-        eps = draw_eps(spec.key, rev[b, idx], d, mode=spec.mode, device=h.device)  # [P, d]
-        sigma = spec.sigma * sigma_scale * spec.sign
-        idx_dev = idx.to(h.device)
-        hb = h[b, idx_dev]  # [P, d]
-        new = perturb(hb, eps, sigma, steer=steer)
-        out[b, idx_dev] = new
-        rel[b] = relative_perturbation(hb, new).mean().cpu()
-    return out, rel
+    bi, ti = sel.nonzero(as_tuple=True)  # [N] row-major: rows ascending, positions ascending
+    if bi.numel() == 0:
+        return out, rel
+    # One CPU draw per noisy row (its selected positions), one host-to-device copy for the batch.
+    eps_rows, sig_rows = [], []
+    for b in bi.unique_consecutive().tolist():
+        spec = rows[b]
+        pos = rev[b, ti[bi == b]]
+        eps_rows.append(draw_eps(spec.key, pos, d, mode=spec.mode))
+        sig_rows.append(torch.full((pos.numel(), 1), spec.sigma * sigma_scale * spec.sign))
+    eps = torch.cat(eps_rows).to(h.device)  # [N, d]
+    sig = torch.cat(sig_rows).to(h.device)  # [N, 1]
+    bi_dev, ti_dev = bi.to(h.device), ti.to(h.device)
+    h_sel = h[bi_dev, ti_dev]  # [N, d]
+    new = perturb(h_sel, eps, sig, steer=steer)  # [N, d]
+    out[bi_dev, ti_dev] = new
+    per_token = relative_perturbation(h_sel, new).cpu()  # [N]
+    counts = torch.bincount(bi, minlength=B).clamp_min(1)
+    rel.index_add_(0, bi, per_token)
+    return out, rel / counts
 
 
 # --------------------------------------------------------------------------------------------------
