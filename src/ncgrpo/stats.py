@@ -1,0 +1,261 @@
+"""Paired statistics of the paper's evaluation protocol (section 4.1, "Evaluation").
+
+Every comparison in the paper is paired per question: both models answer the same questions and an
+exact McNemar test looks only at the discordant pairs (one model right, the other wrong).
+
+- :func:`mcnemar_exact`: one test on two paired boolean arrays (a = method, b = baseline).
+- :func:`align`: pair two runs' records by ``(benchmark, question_id)``; refuses runs that do not
+  cover the same questions.
+- :func:`per_benchmark`, :func:`pooled`: one test per benchmark, and one test on the concatenated
+  pairs of several benchmarks ("pooled McNemar over n=10,038 OOD questions").
+- :func:`pooled_over_seeds`: concatenate the pairs of seed i of the method with seed i of the
+  baseline ("pooling per-question records across seeds (n=21,342)").
+- :func:`mean_half_range`: the paper's "mean ± half-range, N=2".
+- :func:`holm`, :func:`bonferroni`: family-wise corrections (Limitations: "p-values are
+  uncorrected (~15 tests): headline results survive Bonferroni").
+
+Note the two averages differ on purpose: a table's "OOD avg" is the unweighted mean of the
+per-benchmark accuracies (:func:`macro_accuracy`), while the pooled test pools questions, so large
+benchmarks weigh more in it.
+
+Plain numpy/scipy only: no torch, nothing from ncgrpo that imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "AlignmentError",
+    "McNemarResult",
+    "Paired",
+    "align",
+    "bonferroni",
+    "holm",
+    "macro_accuracy",
+    "mcnemar_exact",
+    "mcnemar_pooled",
+    "mean_half_range",
+    "per_benchmark",
+    "pooled",
+    "pooled_over_seeds",
+]
+
+
+class RecordLike(Protocol):
+    benchmark: str
+    question_id: str
+    correct: bool
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """Exact McNemar test of method ``a`` against baseline ``b`` on ``n`` paired questions.
+
+    Discordant counts are indexed (a, b): ``n10`` = method right and baseline wrong (the method's
+    wins), ``n01`` = method wrong and baseline right (its losses). ``acc_a``/``acc_b`` are fractions
+    in [0, 1]; ``diff_pp`` is ``acc_a - acc_b`` in percentage points.
+    """
+
+    n: int
+    n01: int
+    n10: int
+    p: float
+    acc_a: float
+    acc_b: float
+    diff_pp: float
+
+    @property
+    def discordant(self) -> int:
+        return self.n01 + self.n10
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _as_bool(x: Any, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype != bool:
+        if arr.size and not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"{name} must hold booleans (or 0/1)")
+        arr = arr.astype(bool)
+    return arr
+
+
+def mcnemar_exact(a: Any, b: Any) -> McNemarResult:
+    """Two-sided exact McNemar test: binomial test of ``n10`` out of ``n01 + n10`` at p = 1/2.
+
+    ``a`` (method) and ``b`` (baseline) are paired boolean arrays (``a[i]``, ``b[i]``: the same
+    question). With no discordant pair there is no evidence either way and ``p = 1``.
+    """
+    a = _as_bool(a, "a")
+    b = _as_bool(b, "b")
+    if a.shape != b.shape:
+        raise ValueError(f"paired arrays differ in length: {a.size} vs {b.size}")
+    n = int(a.size)
+    if n == 0:
+        raise ValueError("mcnemar_exact needs at least one paired question")
+    from scipy.stats import binomtest  # slow to import (~1-2 s); only when a test is run
+
+    n10 = int(np.count_nonzero(a & ~b))
+    n01 = int(np.count_nonzero(~a & b))
+    p = 1.0 if n01 + n10 == 0 else float(binomtest(n10, n01 + n10, 0.5).pvalue)
+    acc_a = float(a.mean())
+    acc_b = float(b.mean())
+    return McNemarResult(n=n, n01=n01, n10=n10, p=min(p, 1.0), acc_a=acc_a, acc_b=acc_b,
+                         diff_pp=100.0 * (n10 - n01) / n)
+
+
+def mcnemar_pooled(pairs: Iterable[tuple[Any, Any]]) -> McNemarResult:
+    """One exact McNemar test on the concatenation of several paired (a, b) arrays."""
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("mcnemar_pooled needs at least one (a, b) pair of arrays")
+    a = np.concatenate([_as_bool(x, "a") for x, _ in pairs])
+    b = np.concatenate([_as_bool(y, "b") for _, y in pairs])
+    return mcnemar_exact(a, b)
+
+
+# --- pairing records -------------------------------------------------------------------------
+
+
+class AlignmentError(ValueError):
+    """Two runs do not cover the same questions, so they cannot be compared per question."""
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Outcomes of two runs on the same questions, in ``keys`` order (sorted)."""
+
+    keys: list[tuple[str, str]]  # (benchmark, question_id)
+    a: np.ndarray  # [n] bool, method correct
+    b: np.ndarray  # [n] bool, baseline correct
+
+    def test(self) -> McNemarResult:
+        return mcnemar_exact(self.a, self.b)
+
+
+def _outcomes(records: Iterable[RecordLike], benchmark: str | None, side: str) -> dict[tuple[str, str], bool]:
+    out: dict[tuple[str, str], bool] = {}
+    for r in records:
+        if benchmark is not None and r.benchmark != benchmark:
+            continue
+        key = (r.benchmark, str(r.question_id))
+        if key in out and out[key] != bool(r.correct):
+            raise AlignmentError(f"run {side}: question {key[0]}/{key[1]} appears twice with different outcomes")
+        out[key] = bool(r.correct)
+    return out
+
+
+def _name_some(keys: set[tuple[str, str]], limit: int = 5) -> str:
+    shown = ", ".join(f"{bm}/{qid}" for bm, qid in sorted(keys)[:limit])
+    more = len(keys) - limit
+    return shown + (f", ... ({more} more)" if more > 0 else "")
+
+
+def align(records_a: Iterable[RecordLike], records_b: Iterable[RecordLike], *, benchmark: str | None = None) -> Paired:
+    """Pair two runs' records by ``(benchmark, question_id)`` (restricted to ``benchmark`` if given).
+
+    Raises :class:`AlignmentError` naming some missing ids on each side, with counts, when the two
+    runs did not answer the same questions (e.g. an unfinished evaluation): a paired test on the
+    intersection would silently compare different question sets across configurations.
+    """
+    oa = _outcomes(records_a, benchmark, "a")
+    ob = _outcomes(records_b, benchmark, "b")
+    only_a = oa.keys() - ob.keys()
+    only_b = ob.keys() - oa.keys()
+    scope = f" on benchmark {benchmark!r}" if benchmark is not None else ""
+    if not oa and not ob:
+        raise AlignmentError(f"no records{scope} in either run")
+    if only_a or only_b:
+        parts = [f"runs do not cover the same questions{scope} ({len(oa)} vs {len(ob)} questions)"]
+        if only_b:
+            parts.append(f"missing from run a: {len(only_b)} ({_name_some(only_b)})")
+        if only_a:
+            parts.append(f"missing from run b: {len(only_a)} ({_name_some(only_a)})")
+        raise AlignmentError("; ".join(parts))
+    keys = sorted(oa)
+    return Paired(keys=keys, a=np.array([oa[k] for k in keys], dtype=bool),
+                  b=np.array([ob[k] for k in keys], dtype=bool))
+
+
+def per_benchmark(records_a: Sequence[RecordLike], records_b: Sequence[RecordLike],
+                  benchmarks: Iterable[str] | None = None) -> dict[str, McNemarResult]:
+    """One exact McNemar test per benchmark (default: every benchmark either run has)."""
+    if benchmarks is None:
+        benchmarks = sorted({r.benchmark for r in records_a} | {r.benchmark for r in records_b})
+    return {bm: align(records_a, records_b, benchmark=bm).test() for bm in benchmarks}
+
+
+def pooled(records_a: Sequence[RecordLike], records_b: Sequence[RecordLike],
+           benchmarks: Iterable[str]) -> McNemarResult:
+    """One test on the concatenated paired outcomes of all questions of ``benchmarks``."""
+    return pooled_over_seeds([(records_a, records_b)], benchmarks)
+
+
+def pooled_over_seeds(seed_pairs: Sequence[tuple[Sequence[RecordLike], Sequence[RecordLike]]],
+                      benchmarks: Iterable[str]) -> McNemarResult:
+    """One test on the pairs of every (method seed i, baseline seed i) run pair and benchmark.
+
+    Each question contributes once per seed pair, so two seeds of 10,671 questions give n = 21,342.
+    """
+    benchmarks = list(benchmarks)
+    if not benchmarks:
+        raise ValueError("pooled test needs at least one benchmark")
+    paired = [align(ra, rb, benchmark=bm) for ra, rb in seed_pairs for bm in benchmarks]
+    return mcnemar_pooled((p.a, p.b) for p in paired)
+
+
+# --- summaries and corrections ---------------------------------------------------------------
+
+
+def macro_accuracy(accuracies: Mapping[str, float] | Iterable[float]) -> float:
+    """Unweighted mean of per-benchmark accuracies (the tables' "OOD avg")."""
+    vals = list(accuracies.values()) if isinstance(accuracies, Mapping) else list(accuracies)
+    if not vals:
+        raise ValueError("macro_accuracy of no benchmarks")
+    return float(np.mean(vals))
+
+
+def mean_half_range(values: Iterable[float]) -> tuple[float, float]:
+    """Mean and half-range ``(max - min) / 2`` over seeds (the paper's "mean ± half-range, N=2")."""
+    v = np.asarray(list(values), dtype=float)
+    if v.size == 0:
+        raise ValueError("mean_half_range of no values")
+    return float(v.mean()), float((v.max() - v.min()) / 2)
+
+
+def _pvals(pvalues: Iterable[float]) -> np.ndarray:
+    p = np.asarray(list(pvalues), dtype=float)
+    if p.ndim != 1 or ((p < 0) | (p > 1) | np.isnan(p)).any():
+        raise ValueError("p-values must be a flat list of numbers in [0, 1]")
+    return p
+
+
+def bonferroni(pvalues: Iterable[float], alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Bonferroni over a family of m tests: adjusted ``min(1, m p)``; reject where adjusted < alpha."""
+    p = _pvals(pvalues)
+    adj = np.minimum(1.0, p * p.size)
+    return adj, adj < alpha
+
+
+def holm(pvalues: Iterable[float], alpha: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """Holm's step-down correction (Holm 1979), in the input order.
+
+    Sort p ascending; the i-th smallest (i = 0..m-1) gets ``(m - i) p_(i)``, made monotone with a
+    running max and capped at 1. Rejecting where the adjusted value is < alpha is the step-down
+    rule "reject p_(i) while p_(i) < alpha / (m - i), stop at the first failure".
+    """
+    p = _pvals(pvalues)
+    m = p.size
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    adj = np.empty(m)
+    adj[order] = np.minimum(1.0, stepped)
+    return adj, adj < alpha
