@@ -40,8 +40,14 @@ def _save(fig: Figure, out_stem: str | Path) -> list[Path]:
 # --- gains -----------------------------------------------------------------------------------
 
 
-def plot_gains(table_or_runs: ComparisonTable | Sequence[Run], baseline: str | None, out_stem: str | Path, *,
-               benchmarks: Sequence[str] | None = None, title: str | None = None) -> list[Path]:
+def plot_gains(
+    table_or_runs: ComparisonTable | Sequence[Run],
+    baseline: str | None,
+    out_stem: str | Path,
+    *,
+    benchmarks: Sequence[str] | None = None,
+    title: str | None = None,
+) -> list[Path]:
     """Grouped bars of accuracy difference (pp) vs. ``baseline`` per benchmark of the main table.
 
     ``table_or_runs`` is a :class:`ComparisonTable` (its baseline is used) or runs to compare.
@@ -72,24 +78,47 @@ def plot_gains(table_or_runs: ComparisonTable | Sequence[Run], baseline: str | N
                 continue
             d = cell.mean - base.mean
             diffs.append(d)
-            ax.bar(j + offset, d, width * 0.92, color=_COLORS[i % len(_COLORS)], zorder=2,
-                   label=row.name if j == 0 else None)
+            ax.bar(
+                j + offset,
+                d,
+                width * 0.92,
+                color=_COLORS[i % len(_COLORS)],
+                zorder=2,
+                label=row.name if j == 0 else None,
+            )
             if cell.significant:  # star just beyond the bar's end, above or below
-                ax.annotate("*", (j + offset, d), xytext=(0, 1 if d >= 0 else -14), textcoords="offset points",
-                            ha="center", va="bottom", fontsize=12, fontweight="bold")
+                ax.annotate(
+                    "*",
+                    (j + offset, d),
+                    xytext=(0, 1 if d >= 0 else -14),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=12,
+                    fontweight="bold",
+                )
     lo, hi = min(diffs), max(diffs)
     pad = max(0.3, 0.15 * (hi - lo))
-    ax.set_ylim(lo - pad if lo < 0 else 0, hi + 2 * pad)  # headroom for stars and the legend
+    # headroom for stars and the legend; all-zero gains get a symmetric axis so "no change" reads as such
+    ax.set_ylim(lo - pad if lo < 0 or hi <= 0 else 0, hi + 2 * pad)
     for j, col in enumerate(cols):
         if col.kind == "avg":
             ax.axvspan(j - 0.5, j + 0.5, color="0.9", zorder=0)
     ax.axhline(0, color="0.25", linewidth=0.8, zorder=1)
+    # Drop a prefix every benchmark shares ("synthetic/geometry" -> "geometry") so labels fit.
+    names = [c.label for c in cols if c.kind == "benchmark"]
+    prefix = names[0].rsplit("/", 1)[0] + "/" if names and "/" in names[0] else ""
+    if not prefix or not all(n.startswith(prefix) for n in names):
+        prefix = ""
     labels = []
     for col in cols:
-        label = f"{col.label} (ID)" if col.role == "in_domain" else col.label
+        name = col.label[len(prefix) :] if prefix and col.kind == "benchmark" else col.label
+        label = f"{name} (ID)" if col.role == "in_domain" else name
         base = base_row.cells[col.key].mean
         labels.append(f"{label}\n{base:.1f}" if base is not None else label)
-    ax.set_xticks(range(len(cols)), labels, fontsize=8.5)
+    ax.set_xticks(
+        range(len(cols)), labels, fontsize=8.5 if max(len(lb.split("\n")[0]) for lb in labels) < 14 else 7.5
+    )
     ax.set_xlim(-0.5, len(cols) - 0.5)
     ax.set_ylabel(f"Δ accuracy vs. {ct.baseline} (pp)")
     ax.grid(axis="y", color="0.85", linewidth=0.6, zorder=0)
@@ -97,8 +126,9 @@ def plot_gains(table_or_runs: ComparisonTable | Sequence[Run], baseline: str | N
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.legend(frameon=False, fontsize=8.5, loc="upper left", ncol=min(len(others), 3))
-    ax.set_title(title or f"Gains over {ct.baseline} (its accuracy beneath each label; * p<0.05)",
-                 fontsize=9.5)
+    ax.set_title(
+        title or f"Gains over {ct.baseline} (its accuracy beneath each label; * p<0.05)", fontsize=9.5
+    )
     fig.tight_layout()
     return _save(fig, out_stem)
 
@@ -160,8 +190,14 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
     return steps, [pts[s] for s in steps]
 
 
-def plot_dynamics(train_dirs: Sequence[str | Path], out_stem: str | Path, reward_key: str = "reward",
-                  val_key: str | Sequence[str] = "val/accuracy", *, title: str | None = None) -> list[Path]:
+def plot_dynamics(
+    train_dirs: Sequence[str | Path],
+    out_stem: str | Path,
+    reward_key: str = "reward",
+    val_key: str | Sequence[str] = "val/accuracy",
+    *,
+    title: str | None = None,
+) -> list[Path]:
     """Training reward (top) and validation accuracy (below) against step, one line per run.
 
     ``val_key`` may be several keys (one panel each). A key no run logs but that prefixes logged
@@ -193,19 +229,28 @@ def plot_dynamics(train_dirs: Sequence[str | Path], out_stem: str | Path, reward
         for i, (label, rows) in enumerate(runs):
             steps, vals = _series(rows, key)
             if steps:
-                ax.plot(steps, vals, color=_COLORS[i % len(_COLORS)], label=label, linewidth=1.4,
-                        marker="o" if len(steps) <= 12 else None, markersize=3.5)
+                ax.plot(
+                    steps,
+                    vals,
+                    color=_COLORS[i % len(_COLORS)],
+                    label=label,
+                    linewidth=1.4,
+                    marker="o" if len(steps) <= 12 else None,
+                    markersize=3.5,
+                )
         ax.set_title(key, fontsize=9.5, loc="left")
         ax.grid(color="0.88", linewidth=0.6)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     for ax in axes[n:]:
         ax.set_visible(False)
-    for ax in axes[max(0, n - ncols):n]:
+    for ax in axes[max(0, n - ncols) : n]:
         ax.set_xlabel("step")
         ax.xaxis.set_tick_params(labelbottom=True)
     if title:
         fig.suptitle(title, fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(runs), 4), frameon=False, fontsize=8.5)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncol=min(len(runs), 4), frameon=False, fontsize=8.5
+    )
     return _save(fig, out_stem)
