@@ -46,7 +46,6 @@ import copy
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -155,41 +154,15 @@ def parse_args(argv=None):
     return args
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine(device: torch.device) -> dict:
-    """The same description as benchmarks/bench_rollout.py, plus trl / accelerate versions."""
+    """bench_rollout.py's machine description (same keys), plus trl / accelerate versions."""
     import accelerate
-    import transformers
     import trl
 
-    info = {
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "accelerate": accelerate.__version__,
-        "device": str(device),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "cpu_threads": torch.get_num_threads(),
-        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    }
-    if device.type == "cuda":
-        info["device_name"] = torch.cuda.get_device_name(device)
-        info["cuda"] = torch.version.cuda
-    else:
-        info["device_name"] = info["cpu"]
-    return info
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_rollout import machine as rollout_machine
+
+    return {**rollout_machine(device), "trl": trl.__version__, "accelerate": accelerate.__version__}
 
 
 # --------------------------------------------------------------------------------------------------

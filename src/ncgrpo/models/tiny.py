@@ -331,6 +331,24 @@ def _special_config_fields(tokenizer, vocab_size: int | None) -> tuple[dict[str,
     return ids, vocab_size
 
 
+def _vl_config_kwargs(
+    text_config, vision_config, ids: dict[str, int], tie_word_embeddings: bool
+) -> dict[str, Any]:
+    """Top-level VL config fields shared by every Qwen VL generation: sub-configs and special-token ids."""
+    return dict(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+    )
+
+
 def tiny_qwen2_5_vl_config(
     *,
     vocab_size: int | None = None,
@@ -395,18 +413,7 @@ def tiny_qwen2_5_vl_config(
         # last block full attention, the rest windowed, like the real model's [7, 15, 23, 31]
         fullatt_block_indexes=[n_vis - 1],
     )
-    kw: dict[str, Any] = dict(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
-    )
+    kw = _vl_config_kwargs(text_config, vision_config, ids, tie_word_embeddings)
     kw.update(overrides)
     return Qwen2_5_VLConfig(**kw)
 
@@ -465,18 +472,7 @@ def tiny_qwen2_vl_config(
         spatial_merge_size=spatial_merge_size,
         temporal_patch_size=temporal_patch_size,
     )
-    kw: dict[str, Any] = dict(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
-    )
+    kw = _vl_config_kwargs(text_config, vision_config, ids, tie_word_embeddings)
     kw.update(overrides)
     return Qwen2VLConfig(**kw)
 
