@@ -94,12 +94,23 @@ def test_plot_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     plot_cmd.add_parser(parser.add_subparsers(dest="command"))
     dirs = [str(d) for d in ex.write_eval_runs(tmp_path / "runs")]
-    args = parser.parse_args(["plot", "gains", *dirs, "--baseline", "Vanilla GRPO", "--out", str(tmp_path / "o")])
+    args = parser.parse_args(
+        ["plot", "gains", *dirs, "--baseline", "Vanilla GRPO", "--out", str(tmp_path / "o")]
+    )
     assert args.func(args) == 0
     assert (tmp_path / "o" / "gains.png").stat().st_size > 0 and (tmp_path / "o" / "gains.pdf").exists()
     train = [str(d) for d in ex.write_train_runs(tmp_path / "train")]
-    args = parser.parse_args(["plot", "dynamics", *train, "--out", str(tmp_path / "o"),
-                              "--val-key", "val/accuracy/geo3k,val/accuracy/mathverse"])
+    args = parser.parse_args(
+        [
+            "plot",
+            "dynamics",
+            *train,
+            "--out",
+            str(tmp_path / "o"),
+            "--val-key",
+            "val/accuracy/geo3k,val/accuracy/mathverse",
+        ]
+    )
     assert args.func(args) == 0
     assert (tmp_path / "o" / "dynamics.png").stat().st_size > 0
     args = parser.parse_args(["plot", "dynamics", *train, "--out", str(tmp_path / "o"), "--val-key", "nope"])
@@ -107,6 +118,8 @@ def test_plot_cli(tmp_path, capsys):
 
 
 def test_plots_use_no_pyplot_and_no_torch():
-    code = ("import sys, ncgrpo.plots, ncgrpo.commands.plot, ncgrpo.commands.compare; "
-            "bad = {'torch', 'matplotlib.pyplot'} & set(sys.modules); assert not bad, bad")
+    code = (
+        "import sys, ncgrpo.plots, ncgrpo.commands.plot, ncgrpo.commands.compare; "
+        "bad = {'torch', 'matplotlib.pyplot'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,10 +16,21 @@ from ncgrpo.report import compare, format_p, latex_text, load_runs, print_rich, 
 from ncgrpo.stats import AlignmentError, mcnemar_exact
 
 N = 1000  # questions per benchmark
-MAIN = [("geo3k", "in_domain"), ("hallusionbench", "ood"), ("mathvista", "ood"), ("mathverse", "ood"),
-        ("mathvision", "ood"), ("wemath", "ood")]
-GENERAL = [("pope", "general"), ("mmstar", "general"), ("ai2d", "general"), ("realworldqa", "general"),
-           ("chartqa", "general")]
+MAIN = [
+    ("geo3k", "in_domain"),
+    ("hallusionbench", "ood"),
+    ("mathvista", "ood"),
+    ("mathverse", "ood"),
+    ("mathvision", "ood"),
+    ("wemath", "ood"),
+]
+GENERAL = [
+    ("pope", "general"),
+    ("mmstar", "general"),
+    ("ai2d", "general"),
+    ("realworldqa", "general"),
+    ("chartqa", "general"),
+]
 
 
 def outcomes(base_pct: float, pct: float, losses: int) -> tuple[np.ndarray, np.ndarray]:
@@ -33,7 +44,7 @@ def outcomes(base_pct: float, pct: float, losses: int) -> tuple[np.ndarray, np.n
     b = np.arange(N) < kb
     a = b.copy()
     a[:n01] = False
-    a[kb:kb + n10] = True
+    a[kb : kb + n10] = True
     assert a.sum() == km
     return a, b
 
@@ -43,8 +54,10 @@ def write_run(root: Path, name: str, seed: int | None, columns: dict[str, tuple[
     atomic_write_json(d / RUN_FILE, {"name": name, "method": name, "seed": seed, "model": "synthetic"})
     with RecordWriter(d / RECORDS_FILE) as w:
         for bm, (role, correct) in columns.items():
-            w.write(EvalRecord(bm, f"q{i:04d}", role, "", "", None, "", bool(c), "synthetic", seed=seed)
-                    for i, c in enumerate(correct))
+            w.write(
+                EvalRecord(bm, f"q{i:04d}", role, "", "", None, "", bool(c), "synthetic", seed=seed)
+                for i, c in enumerate(correct)
+            )
     return d
 
 
@@ -57,11 +70,19 @@ NC05 = ([53.7, 71.0, 71.2, 45.3, 27.6, 52.1], [40, 40, 40, 0, 40, 0])
 
 @pytest.fixture
 def table1_dirs(tmp_path: Path) -> list[Path]:
-    dirs = [write_run(tmp_path, "Vanilla GRPO", 1,
-                      {bm: (role, outcomes(v, v, 0)[1]) for (bm, role), v in zip(MAIN, VANILLA, strict=True)})]
+    dirs = [
+        write_run(
+            tmp_path,
+            "Vanilla GRPO",
+            1,
+            {bm: (role, outcomes(v, v, 0)[1]) for (bm, role), v in zip(MAIN, VANILLA, strict=True)},
+        )
+    ]
     for name, (accs, losses) in [("NC-GRPO σ0=0.2", NC02), ("NC-GRPO σ0=0.5", NC05)]:
-        cols = {bm: (role, outcomes(v, acc, loss)[0])
-                for (bm, role), v, acc, loss in zip(MAIN, VANILLA, accs, losses, strict=True)}
+        cols = {
+            bm: (role, outcomes(v, acc, loss)[0])
+            for (bm, role), v, acc, loss in zip(MAIN, VANILLA, accs, losses, strict=True)
+        }
         dirs.append(write_run(tmp_path, name, 1, cols))
     return dirs
 
@@ -73,13 +94,30 @@ def md_rows(md: str, section: str) -> list[list[str]]:
 
 def test_table1_layout_values_bold_and_stars(table1_dirs):
     ct = compare(load_runs(table1_dirs), "Vanilla GRPO")
-    assert [c.label for c in ct.main.columns] == ["Geo3K", "Hallusion", "MathVista", "MathVerse", "MathVision",
-                                                  "WeMath", "OOD avg", "pooled p"]
+    assert [c.label for c in ct.main.columns] == [
+        "Geo3K",
+        "Hallusion",
+        "MathVista",
+        "MathVerse",
+        "MathVision",
+        "WeMath",
+        "OOD avg",
+        "pooled p",
+    ]
     assert [r.name for r in ct.main.rows] == ["Vanilla GRPO", "NC-GRPO σ0=0.2", "NC-GRPO σ0=0.5"]
     assert ct.general is None
     rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
-    assert rows[0] == ["Method", "Geo3K (ID)", "Hallusion", "MathVista", "MathVerse", "MathVision", "WeMath",
-                       "OOD avg", "pooled p"]
+    assert rows[0] == [
+        "Method",
+        "Geo3K (ID)",
+        "Hallusion",
+        "MathVista",
+        "MathVerse",
+        "MathVision",
+        "WeMath",
+        "OOD avg",
+        "pooled p",
+    ]
     assert all(len(r) == 9 for r in rows)
     # OOD avg = unweighted mean of the five OOD accuracies: 52.02 -> 52.0, 53.04 -> 53.0, and
     # 53.44 -> 53.4 for σ0=0.5 (the paper prints 53.5, averaged before rounding its benchmarks).
@@ -96,8 +134,10 @@ def test_table1_latex_matches_paper_markup(table1_dirs):
     body = [ln.strip() for ln in tex.splitlines() if ln.strip().endswith("\\\\")]
     assert all(ln.count("&") == 8 for ln in body)  # 9 columns in every row
     assert body[0].startswith("Method & Geo3K (ID) & Hallusion")
-    assert body[2] == ("NC-GRPO $\\sigma_0{=}0.2$ & \\textbf{53.9} & \\textbf{71.3} & 70.1 & 44.9$^*$ & "
-                       "\\textbf{28.4} & 50.5 & 53.0$^*$ & $p{=}0.011$ (+) \\\\")
+    assert body[2] == (
+        "NC-GRPO $\\sigma_0{=}0.2$ & \\textbf{53.9} & \\textbf{71.3} & 70.1 & 44.9$^*$ & "
+        "\\textbf{28.4} & 50.5 & 53.0$^*$ & $p{=}0.011$ (+) \\\\"
+    )
     assert "\\textbf{45.3}$^*$" in body[3] and "$p{<}10^{-4}$ (+)" in body[3]
 
 
@@ -105,8 +145,12 @@ def test_pooled_column_is_the_pooled_ood_test(table1_dirs):
     runs = load_runs(table1_dirs)
     ct = compare(runs, "Vanilla GRPO")
     nc = ct.main.rows[1]
-    a = np.concatenate([outcomes(v, acc, loss)[0] for v, acc, loss in zip(VANILLA[1:], NC02[0][1:], NC02[1][1:],
-                                                                          strict=True)])
+    a = np.concatenate(
+        [
+            outcomes(v, acc, loss)[0]
+            for v, acc, loss in zip(VANILLA[1:], NC02[0][1:], NC02[1][1:], strict=True)
+        ]
+    )
     b = np.concatenate([outcomes(v, v, 0)[1] for v in VANILLA[1:]])
     assert nc.cells["pooled"].test == mcnemar_exact(a, b) == nc.cells["ood_avg"].test
     assert nc.cells["pooled"].test.n == 5 * N  # OOD only: the in-domain benchmark is not pooled
@@ -125,13 +169,25 @@ def test_general_table_layout(tmp_path):
     van_cols = {bm: (role, outcomes(v, v, 0)[1]) for (bm, role), v in zip(GENERAL, van, strict=True)}
     # One-sided changes: pooled n10 = 4 + 4 + 1 = 9, n01 = 9 + 14 = 23 -> a significant regression.
     nc_cols = {bm: (role, outcomes(v, x, 0)[0]) for (bm, role), v, x in zip(GENERAL, van, nc, strict=True)}
-    ir_cols = {bm: (role, outcomes(v, x, 5)[0]) for (bm, role), v, x in zip(GENERAL, van, [86.5, 63.9, 81.0, 66.3, 80.6], strict=True)}
-    dirs = [write_run(tmp_path, "Vanilla GRPO", 0, van_cols), write_run(tmp_path, "NC", 0, nc_cols),
-            write_run(tmp_path, "Image", 0, ir_cols)]
+    ir_cols = {
+        bm: (role, outcomes(v, x, 5)[0])
+        for (bm, role), v, x in zip(GENERAL, van, [86.5, 63.9, 81.0, 66.3, 80.6], strict=True)
+    }
+    dirs = [
+        write_run(tmp_path, "Vanilla GRPO", 0, van_cols),
+        write_run(tmp_path, "NC", 0, nc_cols),
+        write_run(tmp_path, "Image", 0, ir_cols),
+    ]
     ct = compare(load_runs(dirs), "Vanilla GRPO")
     assert ct.main.columns == [] and ct.general is not None
-    assert [c.label for c in ct.general.columns] == ["POPE", "MMStar", "AI2D", "RealWorldQA", "ChartQA",
-                                                     "Pooled vs. Vanilla GRPO"]
+    assert [c.label for c in ct.general.columns] == [
+        "POPE",
+        "MMStar",
+        "AI2D",
+        "RealWorldQA",
+        "ChartQA",
+        "Pooled vs. Vanilla GRPO",
+    ]
     md = to_markdown(ct)
     assert "## Reasoning benchmarks" not in md
     rows = md_rows(md, "General capability")
@@ -159,10 +215,16 @@ def test_seeds_mean_half_range_and_seed_pairing(tmp_path):
         dirs.append(write_run(tmp_path, "NC", seed, {"mathvista": ("ood", a)}))
     ct = compare(load_runs(dirs), "Vanilla")
     van, nc = ct.main.rows
-    assert van.cells["mathvista"].mean == pytest.approx(51.9) and van.cells["mathvista"].half_range == pytest.approx(0.1)
-    assert nc.cells["ood_avg"].mean == pytest.approx(53.0) and nc.cells["ood_avg"].half_range == pytest.approx(0.2)
+    assert van.cells["mathvista"].mean == pytest.approx(51.9) and van.cells[
+        "mathvista"
+    ].half_range == pytest.approx(0.1)
+    assert nc.cells["ood_avg"].mean == pytest.approx(53.0) and nc.cells[
+        "ood_avg"
+    ].half_range == pytest.approx(0.2)
     assert nc.seed_pairs == [(1, 1), (2, 2)]
-    direct = mcnemar_exact(np.concatenate([arrays[1][0], arrays[2][0]]), np.concatenate([arrays[1][1], arrays[2][1]]))
+    direct = mcnemar_exact(
+        np.concatenate([arrays[1][0], arrays[2][0]]), np.concatenate([arrays[1][1], arrays[2][1]])
+    )
     assert nc.cells["mathvista"].test == direct and direct.n == 2 * N
     rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
     assert rows[2][1] == "51.9 ± 0.1"
@@ -199,9 +261,16 @@ def test_benchmark_subset_and_missing_benchmark(tmp_path, table1_dirs):
     assert row[0] == "Partial" and row[1] == "52.9" and row[2:] == ["—"] * 7
 
 
-@pytest.mark.parametrize("p,plain,latex", [(0.67, "=0.67", "{=}0.67"), (0.0007, "=0.00070", "{=}0.00070"),
-                                           (0.090, "=0.090", "{=}0.090"), (1.0, "=1.00", "{=}1.00"),
-                                           (5e-5, "<1e-4", "{<}10^{-4}")])
+@pytest.mark.parametrize(
+    "p,plain,latex",
+    [
+        (0.67, "=0.67", "{=}0.67"),
+        (0.0007, "=0.00070", "{=}0.00070"),
+        (0.090, "=0.090", "{=}0.090"),
+        (1.0, "=1.00", "{=}1.00"),
+        (5e-5, "<1e-4", "{<}10^{-4}"),
+    ],
+)
 def test_format_p(p, plain, latex):
     assert format_p(p) == plain and format_p(p, latex=True) == latex
 
@@ -226,7 +295,9 @@ def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     parser = argparse.ArgumentParser()
     compare_cmd.add_parser(parser.add_subparsers(dest="command"))
     out = tmp_path / "report"
-    args = parser.parse_args(["compare", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)])
+    args = parser.parse_args(
+        ["compare", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+    )
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "Reasoning benchmarks" in printed and "53.0*" in printed
@@ -235,7 +306,9 @@ def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     assert "\\textbf{53.4}$^*$" in (out / "comparison.tex").read_text()
     data = json.loads((out / "comparison.json").read_text())
     assert data["family_size"] == 14 and data["baseline"] == "Vanilla GRPO"
-    t = next(t for t in data["tests"] if t["scope"] == "pooled OOD" and t["configuration"] == "NC-GRPO σ0=0.5")
+    t = next(
+        t for t in data["tests"] if t["scope"] == "pooled OOD" and t["configuration"] == "NC-GRPO σ0=0.5"
+    )
     assert t["n"] == 5 * N and t["p"] < 1e-4 and t["holm_reject"] is True
     # Errors are reported, not raised.
     args = parser.parse_args(["compare", str(table1_dirs[0]), "--baseline", "nope"])

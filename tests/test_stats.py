@@ -90,7 +90,9 @@ def test_p_matches_closed_form(pairs):
     b = np.array([y for _, y in pairs])
     r = mcnemar_exact(a, b)
     d = r.n01 + r.n10
-    expected = 1.0 if d == 0 else min(1.0, 2 * sum(math.comb(d, k) for k in range(min(r.n01, r.n10) + 1)) / 2**d)
+    expected = (
+        1.0 if d == 0 else min(1.0, 2 * sum(math.comb(d, k) for k in range(min(r.n01, r.n10) + 1)) / 2**d)
+    )
     assert r.p == pytest.approx(expected, rel=1e-9)
     assert r.diff_pp == pytest.approx(100 * (a.mean() - b.mean()))
 
@@ -120,7 +122,10 @@ def test_align_error_names_missing_ids_and_counts():
 
 def test_align_error_truncates_long_lists():
     ra = [rec("b", f"{i:03d}", True) for i in range(100)]
-    with pytest.raises(AlignmentError, match=r"missing from run b: 100 \(b/000, b/001, b/002, b/003, b/004, \.\.\. \(95 more\)\)"):
+    with pytest.raises(
+        AlignmentError,
+        match=r"missing from run b: 100 \(b/000, b/001, b/002, b/003, b/004, \.\.\. \(95 more\)\)",
+    ):
         align(ra, [rec("b", "zzz", True)])
 
 
@@ -135,8 +140,10 @@ def test_align_rejects_conflicting_duplicates_and_empty_benchmark():
 
 
 def _records(bm: str, a: np.ndarray, b: np.ndarray, prefix: str = "q") -> tuple[list, list]:
-    return ([rec(bm, f"{prefix}{i}", bool(x)) for i, x in enumerate(a)],
-            [rec(bm, f"{prefix}{i}", bool(y)) for i, y in enumerate(b)])
+    return (
+        [rec(bm, f"{prefix}{i}", bool(x)) for i, x in enumerate(a)],
+        [rec(bm, f"{prefix}{i}", bool(y)) for i, y in enumerate(b)],
+    )
 
 
 def test_per_benchmark_and_pooled_equal_direct_computation():
@@ -152,7 +159,9 @@ def test_per_benchmark_and_pooled_equal_direct_computation():
     for bm, a, b in arrays:
         assert tests[bm] == mcnemar_exact(a, b)
     # Pooled over two benchmarks = one test on the concatenated outcomes.
-    direct = mcnemar_exact(np.concatenate([arrays[0][1], arrays[1][1]]), np.concatenate([arrays[0][2], arrays[1][2]]))
+    direct = mcnemar_exact(
+        np.concatenate([arrays[0][1], arrays[1][1]]), np.concatenate([arrays[0][2], arrays[1][2]])
+    )
     assert pooled(ra, rb, ["b1", "b2"]) == direct
     assert mcnemar_pooled([(arrays[0][1], arrays[0][2]), (arrays[1][1], arrays[1][2])]) == direct
     assert pooled(ra, rb, ["b1", "b2"]).n == 130

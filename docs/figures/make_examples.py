@@ -22,8 +22,14 @@ from ncgrpo.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, ato
 from ncgrpo.report import load_runs
 
 N = 1000  # questions per benchmark
-BENCHMARKS = [("geo3k", "in_domain"), ("hallusionbench", "ood"), ("mathvista", "ood"), ("mathverse", "ood"),
-              ("mathvision", "ood"), ("wemath", "ood")]
+BENCHMARKS = [
+    ("geo3k", "in_domain"),
+    ("hallusionbench", "ood"),
+    ("mathvista", "ood"),
+    ("mathverse", "ood"),
+    ("mathvision", "ood"),
+    ("wemath", "ood"),
+]
 # Paper Table 1 accuracies (%), and how many questions each method loses beyond its net change
 # (n01 = losses + deficit, n10 = losses + surplus): 0 makes a one-sided, clearly significant change.
 TABLE1 = {
@@ -44,10 +50,12 @@ def write_eval_runs(root: Path) -> list[Path]:
                 kb, km = round(base_acc[j] * N / 100), round(acc * N / 100)
                 correct = np.arange(N) < kb  # baseline: the first kb questions
                 if losses is not None:
-                    correct[:losses[j] + max(0, kb - km)] = False
-                    correct[kb:kb + losses[j] + max(0, km - kb)] = True
-                w.write(EvalRecord(bm, f"q{i:04d}", role, "", "", None, "", bool(c), "synthetic")
-                        for i, c in enumerate(correct))
+                    correct[: losses[j] + max(0, kb - km)] = False
+                    correct[kb : kb + losses[j] + max(0, km - kb)] = True
+                w.write(
+                    EvalRecord(bm, f"q{i:04d}", role, "", "", None, "", bool(c), "synthetic")
+                    for i, c in enumerate(correct)
+                )
         dirs.append(d)
     return dirs
 
@@ -56,13 +64,21 @@ def write_train_runs(root: Path) -> list[Path]:
     rng = np.random.default_rng(0)
     dirs = []
     # name, final validation accuracy on (geo3k, mathverse)
-    for k, (name, final) in enumerate([("Vanilla GRPO", (0.529, 0.430)), ("NoisyRollout (image)", (0.521, 0.465)),
-                                       ("NC-GRPO σ0=0.2", (0.539, 0.449))]):
+    for k, (name, final) in enumerate(
+        [
+            ("Vanilla GRPO", (0.529, 0.430)),
+            ("NoisyRollout (image)", (0.521, 0.465)),
+            ("NC-GRPO σ0=0.2", (0.539, 0.449)),
+        ]
+    ):
         d = root / f"train_{k}"
         atomic_write_json(d / "run.json", {"name": name})
         rows = []
         for step in range(61):
-            row: dict = {"step": step, "reward": 0.45 + 0.3 * (1 - math.exp(-step / 18)) + rng.normal(0, 0.015)}
+            row: dict = {
+                "step": step,
+                "reward": 0.45 + 0.3 * (1 - math.exp(-step / 18)) + rng.normal(0, 0.015),
+            }
             if step % 10 == 0:  # validation every 10 steps; other rows lack these keys
                 frac = 1 - math.exp(-step / 25)
                 for bm, start, end in [("geo3k", 0.44, final[0]), ("mathverse", 0.38, final[1])]:
@@ -77,10 +93,17 @@ def main(out: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         runs = load_runs(write_eval_runs(tmp))
-        paths = plot_gains(runs, "Vanilla GRPO", out / "example_gains",
-                           title="Example (synthetic records with Table 1's accuracies): gains over Vanilla GRPO")
-        paths += plot_dynamics(write_train_runs(tmp), out / "example_dynamics",
-                               title="Example (synthetic metrics): training reward and validation accuracy")
+        paths = plot_gains(
+            runs,
+            "Vanilla GRPO",
+            out / "example_gains",
+            title="Example (synthetic records with Table 1's accuracies): gains over Vanilla GRPO",
+        )
+        paths += plot_dynamics(
+            write_train_runs(tmp),
+            out / "example_dynamics",
+            title="Example (synthetic metrics): training reward and validation accuracy",
+        )
     for p in paths:  # the docs show PNGs; the PDFs are for papers
         if p.suffix == ".pdf":
             p.unlink()

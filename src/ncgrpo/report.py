@@ -123,8 +123,9 @@ def load_run(path: str | Path) -> Run:
     records = read_records(rec_file)
     if not records:
         raise ValueError(f"{rec_file}: no records")
-    return Run(path=path, name=str(info.get("name") or path.name), seed=info.get("seed"),
-               records=records, info=info)
+    return Run(
+        path=path, name=str(info.get("name") or path.name), seed=info.get("seed"), records=records, info=info
+    )
 
 
 def load_runs(dirs: Iterable[str | Path]) -> list[Run]:
@@ -134,8 +135,10 @@ def load_runs(dirs: Iterable[str | Path]) -> list[Run]:
     for r in runs:
         key = (r.name, r.seed)
         if key in seen:
-            raise ValueError(f"{seen[key]} and {r.path} are both {r.name!r} with seed {r.seed}; "
-                             "give seeds of one configuration distinct `seed` values in run.json")
+            raise ValueError(
+                f"{seen[key]} and {r.path} are both {r.name!r} with seed {r.seed}; "
+                "give seeds of one configuration distinct `seed` values in run.json"
+            )
         seen[key] = r.path
     return runs
 
@@ -156,10 +159,17 @@ def pair_seeds(method: Sequence[Run], baseline: Sequence[Run]) -> list[tuple[Run
     if common:
         return [(by_a[s], by_b[s]) for s in common]
     if len(method) == len(baseline):
-        return list(zip(sorted(method, key=lambda r: _seed_key(r.seed)),
-                        sorted(baseline, key=lambda r: _seed_key(r.seed)), strict=True))
-    raise ValueError(f"cannot pair seeds {sorted(by_a, key=_seed_key)} of {method[0].name!r} with seeds "
-                     f"{sorted(by_b, key=_seed_key)} of {baseline[0].name!r}")
+        return list(
+            zip(
+                sorted(method, key=lambda r: _seed_key(r.seed)),
+                sorted(baseline, key=lambda r: _seed_key(r.seed)),
+                strict=True,
+            )
+        )
+    raise ValueError(
+        f"cannot pair seeds {sorted(by_a, key=_seed_key)} of {method[0].name!r} with seeds "
+        f"{sorted(by_b, key=_seed_key)} of {baseline[0].name!r}"
+    )
 
 
 # --- the table model -------------------------------------------------------------------------
@@ -236,11 +246,23 @@ class ComparisonTable:
             return {
                 "title": t.title,
                 "columns": [c.__dict__ for c in t.columns],
-                "rows": [{"name": r.name, "n_seeds": r.n_seeds, "seed_pairs": r.seed_pairs,
-                          "cells": {k: {"mean": c.mean, "half_range": c.half_range, "bold": c.bold,
-                                        "test": c.test.to_dict() if c.test else None}
-                                    for k, c in r.cells.items()}}
-                         for r in t.rows],
+                "rows": [
+                    {
+                        "name": r.name,
+                        "n_seeds": r.n_seeds,
+                        "seed_pairs": r.seed_pairs,
+                        "cells": {
+                            k: {
+                                "mean": c.mean,
+                                "half_range": c.half_range,
+                                "bold": c.bold,
+                                "test": c.test.to_dict() if c.test else None,
+                            }
+                            for k, c in r.cells.items()
+                        },
+                    }
+                    for r in t.rows
+                ],
             }
 
         return {
@@ -249,10 +271,19 @@ class ComparisonTable:
             "family_size": len(self.tests),
             "main": table(self.main),
             "general": table(self.general),
-            "tests": [{"configuration": t.configuration, "scope": t.scope, "seed_pairs": t.seeds,
-                       **t.result.to_dict(), "holm_p": t.holm_p, "holm_reject": t.holm_reject,
-                       "bonferroni_p": t.bonferroni_p, "bonferroni_reject": t.bonferroni_reject}
-                      for t in self.tests],
+            "tests": [
+                {
+                    "configuration": t.configuration,
+                    "scope": t.scope,
+                    "seed_pairs": t.seeds,
+                    **t.result.to_dict(),
+                    "holm_p": t.holm_p,
+                    "holm_reject": t.holm_reject,
+                    "bonferroni_p": t.bonferroni_p,
+                    "bonferroni_reject": t.bonferroni_reject,
+                }
+                for t in self.tests
+            ],
         }
 
 
@@ -289,7 +320,9 @@ def _mark_bold(table: Table, decimals: int = 1) -> None:
     for col in table.columns:
         if col.kind == "pooled":
             continue
-        vals = [round(r.cells[col.key].mean, decimals) for r in table.rows if r.cells[col.key].mean is not None]
+        vals = [
+            round(r.cells[col.key].mean, decimals) for r in table.rows if r.cells[col.key].mean is not None
+        ]
         if len(vals) < 2:
             continue
         best = max(vals)
@@ -298,8 +331,18 @@ def _mark_bold(table: Table, decimals: int = 1) -> None:
             c.bold = c.mean is not None and round(c.mean, decimals) == best
 
 
-def _build(groups: dict[str, list[Run]], baseline: str, roles: dict[str, str], bms: list[str], *, title: str,
-           with_avg: bool, pooled_label: str, pooled_scope: str, tests: list[TestEntry]) -> Table:
+def _build(
+    groups: dict[str, list[Run]],
+    baseline: str,
+    roles: dict[str, str],
+    bms: list[str],
+    *,
+    title: str,
+    with_avg: bool,
+    pooled_label: str,
+    pooled_scope: str,
+    tests: list[TestEntry],
+) -> Table:
     """One table; ``tests`` collects every test made. The pooled test pools the OOD columns when
     ``with_avg`` (main table), else all columns (general table)."""
     columns = [Column(bm, benchmark_label(bm), "benchmark", roles[bm]) for bm in bms]
@@ -356,13 +399,39 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
     tests: list[TestEntry] = []
     main_bms = [b for b in roles if roles[b] == "in_domain"] + [b for b in roles if roles[b] == "ood"]
     gen_bms = [b for b in roles if roles[b] == "general"]
-    main = _build(groups, baseline, roles, main_bms, title="Reasoning benchmarks", with_avg=True,
-                  pooled_label="pooled p", pooled_scope="pooled OOD", tests=tests) if main_bms else None
+    main = (
+        _build(
+            groups,
+            baseline,
+            roles,
+            main_bms,
+            title="Reasoning benchmarks",
+            with_avg=True,
+            pooled_label="pooled p",
+            pooled_scope="pooled OOD",
+            tests=tests,
+        )
+        if main_bms
+        else None
+    )
     general = None
     if gen_bms:
-        gen_groups = {n: g for n, g in groups.items() if n == baseline or any(b in r.benchmarks for r in g for b in gen_bms)}
-        general = _build(gen_groups, baseline, roles, gen_bms, title="General capability", with_avg=False,
-                         pooled_label=f"Pooled vs. {baseline}", pooled_scope="pooled general", tests=tests)
+        gen_groups = {
+            n: g
+            for n, g in groups.items()
+            if n == baseline or any(b in r.benchmarks for r in g for b in gen_bms)
+        }
+        general = _build(
+            gen_groups,
+            baseline,
+            roles,
+            gen_bms,
+            title="General capability",
+            with_avg=False,
+            pooled_label=f"Pooled vs. {baseline}",
+            pooled_scope="pooled general",
+            tests=tests,
+        )
     if main is None:
         main = Table(title="Reasoning benchmarks", columns=[], rows=[])
     if tests:
@@ -422,7 +491,9 @@ def _cells(table: Table, row: Row, style: str) -> list[str]:
             continue
         text = _value(cell, pm)
         if cell.bold:
-            text = {"md": f"**{text}**", "latex": f"\\textbf{{{text}}}", "rich": f"[bold]{text}[/bold]"}[style]
+            text = {"md": f"**{text}**", "latex": f"\\textbf{{{text}}}", "rich": f"[bold]{text}[/bold]"}[
+                style
+            ]
         if cell.significant:
             text += {"md": "\\*", "latex": "$^*$", "rich": "[yellow]*[/yellow]"}[style]
         out.append(text)
@@ -434,15 +505,25 @@ def _legend(ct: ComparisonTable, table: Table, *, latex: bool = False) -> str:
     seeds = any(r.n_seeds > 1 for r in table.rows)
     if latex:
         base = latex_text(ct.baseline)
-        text = (f"Accuracy (\\%) vs.\\ {base}. Bold: best per column. $^*$: exact McNemar $p{{<}}{ALPHA}$ vs.\\ "
-                f"{base} on paired per-question outcomes")
-        text += " (OOD avg: pooled over the OOD questions). OOD avg: unweighted mean of the OOD benchmarks." \
-            if pooled else "; Pooled: one test over all questions of these benchmarks."
+        text = (
+            f"Accuracy (\\%) vs.\\ {base}. Bold: best per column. $^*$: exact McNemar $p{{<}}{ALPHA}$ vs.\\ "
+            f"{base} on paired per-question outcomes"
+        )
+        text += (
+            " (OOD avg: pooled over the OOD questions). OOD avg: unweighted mean of the OOD benchmarks."
+            if pooled
+            else "; Pooled: one test over all questions of these benchmarks."
+        )
         return text + (" $\\pm$: half-range over seeds." if seeds else "")
-    text = (f"Accuracy (%) vs. {ct.baseline}. Bold: best per column. *: exact McNemar p<{ALPHA} vs. "
-            f"{ct.baseline} on paired per-question outcomes")
-    text += " (OOD avg: pooled over the OOD questions). OOD avg: unweighted mean of the OOD benchmarks." \
-        if pooled else "; Pooled: one test over all questions of these benchmarks."
+    text = (
+        f"Accuracy (%) vs. {ct.baseline}. Bold: best per column. *: exact McNemar p<{ALPHA} vs. "
+        f"{ct.baseline} on paired per-question outcomes"
+    )
+    text += (
+        " (OOD avg: pooled over the OOD questions). OOD avg: unweighted mean of the OOD benchmarks."
+        if pooled
+        else "; Pooled: one test over all questions of these benchmarks."
+    )
     return text + (" ±: half-range over seeds." if seeds else "")
 
 
@@ -470,7 +551,8 @@ def tests_markdown(ct: ComparisonTable) -> str:
         lines.append(
             f"| {_md_escape(t.configuration)} | {_md_escape(t.scope)} | {seeds} | {r.n} | {r.n10} | {r.n01} | "
             f"{r.diff_pp:+.1f} | {r.p:.3g} | {'reject' if t.holm_reject else '—'} (p={t.holm_p:.3g}) | "
-            f"{'reject' if t.bonferroni_reject else '—'} (p={t.bonferroni_p:.3g}) |")
+            f"{'reject' if t.bonferroni_reject else '—'} (p={t.bonferroni_p:.3g}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -493,8 +575,18 @@ def to_markdown(ct: ComparisonTable, *, with_tests: bool = True) -> str:
     return "\n".join(parts)
 
 
-_LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
-                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
+_LATEX_SPECIAL = {
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "\\": r"\textbackslash{}",
+}
 
 
 def latex_text(text: str) -> str:
@@ -549,23 +641,44 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
         rows = [_cells(table, row, "rich") for row in table.rows]
         rt.add_column("Method", no_wrap=True)
         for col in table.columns:
-            rt.add_column(escape(_header(col)), justify="right", no_wrap=True,
-                          style="on grey15" if col.kind == "avg" else None)
+            rt.add_column(
+                escape(_header(col)),
+                justify="right",
+                no_wrap=True,
+                style="on grey15" if col.kind == "avg" else None,
+            )
         for row, cells in zip(table.rows, rows, strict=True):
             rt.add_row(escape(row.name), *cells)
         out.append(rt)
     if ct.tests:
-        tt = RichTable(title=f"Paired exact McNemar tests vs. {ct.baseline} "
-                             f"(Holm/Bonferroni over {len(ct.tests)} tests)")
-        for name, justify in [("Configuration", "left"), ("Test", "left"), ("n", "right"), ("n10", "right"),
-                              ("n01", "right"), ("Δ pp", "right"), ("p", "right"), ("Holm", "left"),
-                              ("Bonf.", "left")]:
+        tt = RichTable(
+            title=f"Paired exact McNemar tests vs. {ct.baseline} (Holm/Bonferroni over {len(ct.tests)} tests)"
+        )
+        for name, justify in [
+            ("Configuration", "left"),
+            ("Test", "left"),
+            ("n", "right"),
+            ("n10", "right"),
+            ("n01", "right"),
+            ("Δ pp", "right"),
+            ("p", "right"),
+            ("Holm", "left"),
+            ("Bonf.", "left"),
+        ]:
             tt.add_column(name, justify=justify)
         for t in ct.tests:
             r = t.result
-            tt.add_row(escape(t.configuration), escape(t.scope), str(r.n), str(r.n10), str(r.n01),
-                       f"{r.diff_pp:+.1f}", f"{r.p:.3g}", "reject" if t.holm_reject else "—",
-                       "reject" if t.bonferroni_reject else "—")
+            tt.add_row(
+                escape(t.configuration),
+                escape(t.scope),
+                str(r.n),
+                str(r.n10),
+                str(r.n01),
+                f"{r.diff_pp:+.1f}",
+                f"{r.p:.3g}",
+                "reject" if t.holm_reject else "—",
+                "reject" if t.bonferroni_reject else "—",
+            )
         out.append(tt)
     return out
 

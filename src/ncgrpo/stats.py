@@ -108,8 +108,9 @@ def mcnemar_exact(a: Any, b: Any) -> McNemarResult:
     p = 1.0 if n01 + n10 == 0 else float(binomtest(n10, n01 + n10, 0.5).pvalue)
     acc_a = float(a.mean())
     acc_b = float(b.mean())
-    return McNemarResult(n=n, n01=n01, n10=n10, p=min(p, 1.0), acc_a=acc_a, acc_b=acc_b,
-                         diff_pp=100.0 * (n10 - n01) / n)
+    return McNemarResult(
+        n=n, n01=n01, n10=n10, p=min(p, 1.0), acc_a=acc_a, acc_b=acc_b, diff_pp=100.0 * (n10 - n01) / n
+    )
 
 
 def mcnemar_pooled(pairs: Iterable[tuple[Any, Any]]) -> McNemarResult:
@@ -148,7 +149,9 @@ def _outcomes(records: Iterable[RecordLike], benchmark: str | None, side: str) -
             continue
         key = (r.benchmark, str(r.question_id))
         if key in out and out[key] != bool(r.correct):
-            raise AlignmentError(f"run {side}: question {key[0]}/{key[1]} appears twice with different outcomes")
+            raise AlignmentError(
+                f"run {side}: question {key[0]}/{key[1]} appears twice with different outcomes"
+            )
         out[key] = bool(r.correct)
     return out
 
@@ -159,7 +162,9 @@ def _name_some(keys: set[tuple[str, str]], limit: int = 5) -> str:
     return shown + (f", ... ({more} more)" if more > 0 else "")
 
 
-def align(records_a: Iterable[RecordLike], records_b: Iterable[RecordLike], *, benchmark: str | None = None) -> Paired:
+def align(
+    records_a: Iterable[RecordLike], records_b: Iterable[RecordLike], *, benchmark: str | None = None
+) -> Paired:
     """Pair two runs' records by ``(benchmark, question_id)`` (restricted to ``benchmark`` if given).
 
     Raises :class:`AlignmentError` naming some missing ids on each side, with counts, when the two
@@ -181,26 +186,32 @@ def align(records_a: Iterable[RecordLike], records_b: Iterable[RecordLike], *, b
             parts.append(f"missing from run b: {len(only_a)} ({_name_some(only_a)})")
         raise AlignmentError("; ".join(parts))
     keys = sorted(oa)
-    return Paired(keys=keys, a=np.array([oa[k] for k in keys], dtype=bool),
-                  b=np.array([ob[k] for k in keys], dtype=bool))
+    return Paired(
+        keys=keys,
+        a=np.array([oa[k] for k in keys], dtype=bool),
+        b=np.array([ob[k] for k in keys], dtype=bool),
+    )
 
 
-def per_benchmark(records_a: Sequence[RecordLike], records_b: Sequence[RecordLike],
-                  benchmarks: Iterable[str] | None = None) -> dict[str, McNemarResult]:
+def per_benchmark(
+    records_a: Sequence[RecordLike], records_b: Sequence[RecordLike], benchmarks: Iterable[str] | None = None
+) -> dict[str, McNemarResult]:
     """One exact McNemar test per benchmark (default: every benchmark either run has)."""
     if benchmarks is None:
         benchmarks = sorted({r.benchmark for r in records_a} | {r.benchmark for r in records_b})
     return {bm: align(records_a, records_b, benchmark=bm).test() for bm in benchmarks}
 
 
-def pooled(records_a: Sequence[RecordLike], records_b: Sequence[RecordLike],
-           benchmarks: Iterable[str]) -> McNemarResult:
+def pooled(
+    records_a: Sequence[RecordLike], records_b: Sequence[RecordLike], benchmarks: Iterable[str]
+) -> McNemarResult:
     """One test on the concatenated paired outcomes of all questions of ``benchmarks``."""
     return pooled_over_seeds([(records_a, records_b)], benchmarks)
 
 
-def pooled_over_seeds(seed_pairs: Sequence[tuple[Sequence[RecordLike], Sequence[RecordLike]]],
-                      benchmarks: Iterable[str]) -> McNemarResult:
+def pooled_over_seeds(
+    seed_pairs: Sequence[tuple[Sequence[RecordLike], Sequence[RecordLike]]], benchmarks: Iterable[str]
+) -> McNemarResult:
     """One test on the pairs of every (method seed i, baseline seed i) run pair and benchmark.
 
     Each question contributes once per seed pair, so two seeds of 10,671 questions give n = 21,342.

@@ -17,10 +17,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "compare",
         help="paper-style tables and paired exact McNemar tests from evaluation run directories",
         description="Compare evaluated checkpoints question by question. Runs with the same `name` in "
-                    "run.json are seeds of one configuration (mean ± half-range; tests pool seed pairs). "
-                    "Prints the tables; with --out also writes comparison.md, comparison.tex, comparison.json.",
+        "run.json are seeds of one configuration (mean ± half-range; tests pool seed pairs). "
+        "Prints the tables; with --out also writes comparison.md, comparison.tex, comparison.json.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="directories holding run.json and records.jsonl")
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="directories holding run.json and records.jsonl"
+    )
     p.add_argument("--baseline", required=True, metavar="NAME", help="configuration name to test against")
     p.add_argument("--benchmarks", metavar="A,B", help="comma-separated benchmarks (columns, in this order)")
     p.add_argument("--out", metavar="DIR", type=Path, help="write comparison.{md,tex,json} here")
