@@ -55,6 +55,11 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_rollout import SIZES as ROLLOUT_SIZES  # noqa: E402  (a sibling script, not a package)
+from bench_rollout import SMALL_VISION  # noqa: E402
+from bench_rollout import machine as rollout_machine  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Qwen2.5 text towers (random weights); "tiny" is tests/scripts/tiny_grpo.py's model as is.
@@ -67,17 +72,8 @@ SIZES = {
         num_attention_heads=4,
         num_key_value_heads=2,
     ),
-    "0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
+    "0.5b": ROLLOUT_SIZES["0.5b"],
 }
-SMALL_VISION = dict(vision_depth=4, vision_hidden_size=256, vision_intermediate_size=512, vision_num_heads=4)
 STEP_KEYS = ("generate", "seam", "nc_after_rewards", "prepare_inputs", "compute_loss", "rest")
 
 
@@ -158,9 +154,6 @@ def machine(device: torch.device) -> dict:
     """bench_rollout.py's machine description (same keys), plus trl / accelerate versions."""
     import accelerate
     import trl
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_rollout import machine as rollout_machine
 
     return {**rollout_machine(device), "trl": trl.__version__, "accelerate": accelerate.__version__}
 

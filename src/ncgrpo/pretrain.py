@@ -132,7 +132,7 @@ def sft_pool(
     Each family draws from its own stream ``ncgrpo-pretrain/{seed}/{family}``, distinct from the
     suite's ``ncgrpo-synthetic/...`` streams, so the pool does not change when the suite's sizes do.
     """
-    from ncgrpo.data.synthetic import FAMILIES, content_hash, family, render
+    from ncgrpo.data.synthetic import FAMILIES, content_hash, family, make_question
 
     known = {f.name for f in FAMILIES}
     unknown = set(counts) - known
@@ -157,25 +157,7 @@ def sft_pool(
             if key in seen:
                 continue
             seen.add(key)
-            pool.append(
-                Question(
-                    benchmark=f"synthetic/{name}",
-                    question_id=f"pretrain-{count:05d}",
-                    problem=item.problem,
-                    answer=item.answer,
-                    images=[render(item.spec["scene"])],
-                    choices=item.choices,
-                    answer_type=fam.answer_type,
-                    role=fam.role,
-                    metadata={
-                        "family": name,
-                        "split": "pretrain",
-                        "seed": seed,
-                        "hash": key,
-                        "spec": item.spec,
-                    },
-                )
-            )
+            pool.append(make_question(fam, item, key, split="pretrain", index=count, seed=seed))
             count += 1
     return pool
 

@@ -537,6 +537,21 @@ def content_hash(family_name: str, problem: str, spec: Mapping[str, Any]) -> str
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def make_question(fam: Family, item: Item, key: str, *, split: str, index: int, seed: int) -> Question:
+    """The :class:`Question` of a sampled item (image rendered from its spec); ``key`` is its content hash."""
+    return Question(
+        benchmark=f"synthetic/{fam.name}",
+        question_id=f"{split}-{index:05d}",
+        problem=item.problem,
+        answer=item.answer,
+        images=[render(item.spec["scene"])],
+        choices=item.choices,
+        answer_type=fam.answer_type,
+        role=fam.role,
+        metadata={"family": fam.name, "split": split, "seed": seed, "hash": key, "spec": item.spec},
+    )
+
+
 def build_suite(seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[str, list[Question]]:
     """Generate the suite: ``train`` (in-domain family only, ``sizes["train"]`` items), and
     ``validation`` / ``test`` (every family, ``sizes[split]`` items each). Splits share no item
@@ -563,25 +578,7 @@ def build_suite(seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[s
                 if key in seen:
                     continue
                 seen.add(key)
-                questions.append(
-                    Question(
-                        benchmark=f"synthetic/{fam.name}",
-                        question_id=f"{split}-{count:05d}",
-                        problem=item.problem,
-                        answer=item.answer,
-                        images=[render(item.spec["scene"])],
-                        choices=item.choices,
-                        answer_type=fam.answer_type,
-                        role=fam.role,
-                        metadata={
-                            "family": fam.name,
-                            "split": split,
-                            "seed": seed,
-                            "hash": key,
-                            "spec": item.spec,
-                        },
-                    )
-                )
+                questions.append(make_question(fam, item, key, split=split, index=count, seed=seed))
                 count += 1
         suite[split] = questions
     return {split: suite[split] for split in SPLITS}

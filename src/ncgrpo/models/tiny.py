@@ -331,6 +331,25 @@ def _special_config_fields(tokenizer, vocab_size: int | None) -> tuple[dict[str,
     return ids, vocab_size
 
 
+def _mrope_text_config(
+    ids: dict[str, int], *, hidden_size: int, num_attention_heads: int, rope_theta: float, **fields: Any
+) -> dict[str, Any]:
+    """Text-tower config of Qwen2-VL / Qwen2.5-VL: M-RoPE sections from the head dim, special ids."""
+    return dict(
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "mrope_section": _mrope_section(hidden_size // num_attention_heads),
+        },
+        bos_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+        **fields,
+    )
+
+
 def _vl_config_kwargs(
     text_config, vision_config, ids: dict[str, int], tie_word_embeddings: bool
 ) -> dict[str, Any]:
@@ -380,8 +399,8 @@ def tiny_qwen2_5_vl_config(
 
     tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
-    head_dim = hidden_size // num_attention_heads
-    text_config = dict(
+    text_config = _mrope_text_config(
+        ids,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -389,14 +408,7 @@ def tiny_qwen2_5_vl_config(
         num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": rope_theta,
-            "mrope_section": _mrope_section(head_dim),
-        },
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
+        rope_theta=rope_theta,
         tie_word_embeddings=tie_word_embeddings,
     )
     n_vis = vision_depth
@@ -443,8 +455,8 @@ def tiny_qwen2_vl_config(
 
     tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
-    head_dim = hidden_size // num_attention_heads
-    text_config = dict(
+    text_config = _mrope_text_config(
+        ids,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -452,14 +464,7 @@ def tiny_qwen2_vl_config(
         num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads,
         max_position_embeddings=max_position_embeddings,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": rope_theta,
-            "mrope_section": _mrope_section(head_dim),
-        },
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
+        rope_theta=rope_theta,
         tie_word_embeddings=tie_word_embeddings,
     )
     vision_config = dict(
