@@ -104,7 +104,7 @@ def machine(device: torch.device) -> dict:
 
 
 def build(args, device, dtype):
-    from ncgrpo.models.tiny import DEFAULT_CORPUS, build_processor, build_tokenizer, tiny_qwen2_5_vl
+    from ncgrpo.toy.model import DEFAULT_CORPUS, build_processor, build_tokenizer, tiny_qwen2_5_vl
 
     tok = build_tokenizer()
     proc = build_processor(tok, image_size=args.image_size)
@@ -133,8 +133,8 @@ def build(args, device, dtype):
 
 
 def main(argv=None) -> dict:
-    from ncgrpo.models.tiny import count_parameters
-    from ncgrpo.rollout import generate_groups
+    from ncgrpo.engines.rollout import generate_groups
+    from ncgrpo.toy.model import count_parameters
 
     args = parse_args(argv)
     device = torch.device(args.device)

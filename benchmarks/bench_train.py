@@ -266,7 +266,7 @@ def build(args, dtype: torch.dtype):
     """(model on CPU, processor, dataset): tiny_grpo's prompts/reward, a model of ``--size``."""
     from PIL import Image
 
-    from ncgrpo.models.tiny import build_processor, build_tokenizer, tiny_qwen2_5_vl
+    from ncgrpo.toy.model import build_processor, build_tokenizer, tiny_qwen2_5_vl
 
     tg = _tiny_grpo()
     if args.image_size == 56:
@@ -278,7 +278,7 @@ def build(args, dtype: torch.dtype):
         overrides.update(SMALL_VISION)
     model = tiny_qwen2_5_vl(processor=proc, seed=args.seed, **overrides).to(dtype=dtype)
     if not args.train_vision:
-        from ncgrpo.commands.train import freeze_vision_tower
+        from ncgrpo.training import freeze_vision_tower
 
         freeze_vision_tower(model)  # the paper's recipe (section 4.1); deep copies keep requires_grad
     n_prompts = args.prompts_per_step * args.steps  # every step of a run sees new prompts
@@ -399,7 +399,7 @@ def paired_ratio(runs: list[dict], method: str, key: str) -> float:
 
 
 def main(argv=None) -> dict:
-    from ncgrpo.models.tiny import count_parameters
+    from ncgrpo.toy.model import count_parameters
 
     args = parse_args(argv)
     device = torch.device(args.device)

@@ -61,7 +61,7 @@ def geo3k(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from ncgrpo.models.tiny import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+    from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
 
     proc = build_processor(build_tokenizer())
     return save_tiny(tiny_qwen2_5_vl(processor=proc), proc, tmp_path_factory.mktemp("tiny-vl"))
@@ -160,7 +160,7 @@ def test_refuses_folder_with_checkpoints_without_resume(tmp_path: Path, geo3k: P
 
 
 def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
-    from ncgrpo.commands.train import MetricsCallback
+    from ncgrpo.training import MetricsCallback
 
     path = tmp_path / "metrics.jsonl"
     cb = MetricsCallback(path)
@@ -186,11 +186,11 @@ def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
 
 
 def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
-    from ncgrpo.commands.train import load_model_and_processor
+    from ncgrpo.commands.train import load_model
 
     recipe = load_recipe(TINY_RECIPE, [f"model.name_or_path={tiny_vl}", "model.max_pixels=3136"])
-    model, processor, is_vl = load_model_and_processor(recipe)
-    assert is_vl and processor.image_processor is not None
+    model, processor = load_model(recipe)
+    assert processor.image_processor is not None
     assert processor.image_processor.size["longest_edge"] == 3136
     visual = {n for n, _ in model.model.visual.named_parameters(prefix="model.visual")}
     assert visual
@@ -198,27 +198,25 @@ def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
         assert p.requires_grad == (name not in visual), name
 
     recipe = load_recipe(TINY_RECIPE, [f"model.name_or_path={tiny_vl}", "model.freeze_vision_tower=false"])
-    model, _, _ = load_model_and_processor(recipe)
+    model, _ = load_model(recipe)
     assert all(p.requires_grad for p in model.parameters())
 
 
 def test_text_model_loads_with_tokenizer(tmp_path: Path) -> None:
-    from ncgrpo.commands.train import load_model_and_processor
-    from ncgrpo.models.tiny import build_tokenizer, save_tiny, tiny_text_model
+    from ncgrpo.commands.train import load_model
+    from tiny_models import build_tokenizer, save_tiny, tiny_text_model
 
     tok = build_tokenizer()
     path = save_tiny(tiny_text_model("qwen2", tokenizer=tok), tok, tmp_path / "tiny-text")
-    model, tokenizer, is_vl = load_model_and_processor(
-        load_recipe(TINY_RECIPE, [f"model.name_or_path={path}"])
-    )
-    assert not is_vl and hasattr(tokenizer, "apply_chat_template")
+    model, tokenizer = load_model(load_recipe(TINY_RECIPE, [f"model.name_or_path={path}"]))
+    assert hasattr(tokenizer, "apply_chat_template")
     assert all(p.requires_grad for p in model.parameters())
 
 
 def test_freeze_vision_tower_needs_a_tower() -> None:
     import torch
 
-    from ncgrpo.commands.train import freeze_vision_tower
+    from ncgrpo.training import freeze_vision_tower
 
     with pytest.raises(ValueError, match="no vision tower"):
         freeze_vision_tower(torch.nn.Linear(2, 2))

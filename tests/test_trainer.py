@@ -1,6 +1,6 @@
 """NCGRPOConfig / NCGRPOTrainer on TRL 1.16 with a tiny Qwen2.5-VL on the CPU.
 
-Fast: config validation, the engine-free planner, the importance-sampling policy, the first-token
+Fast: config validation, the importance-sampling policy, the first-token
 temperature control, vanilla == GRPOTrainer, latent(sigma0=0) == vanilla, latent/vanilla smoke runs,
 Proposition 2 on real rollouts, the image method's clean loss inputs. Slow (``-m slow``): every
 method trains two steps.
@@ -18,17 +18,14 @@ import torch
 from transformers import HfArgumentParser
 from trl import GRPOConfig, GRPOTrainer
 
-from ncgrpo import noise as nz
-from ncgrpo.advantages import decompose_advantages, group_advantages
-from ncgrpo.rollout import plan_group
+from ncgrpo.core import noise as nz
+from ncgrpo.core.advantages import decompose_advantages, group_advantages
+from ncgrpo.core.plan import plan_rows
 from ncgrpo.trainer import (
     NCGRPOConfig,
     NCGRPOTrainer,
     apply_noisy_importance_sampling,
     parse_noise_site,
-    plan_rows,
-    prompt_id_for,
-    row_noise,
 )
 
 _spec = importlib.util.spec_from_file_location(
@@ -131,59 +128,6 @@ def test_cli_keys_are_field_names(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# engine-free planning
-# ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("method", "mode"), [("latent", "independent"), ("antithetic", "antithetic")])
-def test_plan_rows_matches_rollout_plan_group(method, mode) -> None:
-    G, pids = 8, [11, 22, 33]
-    glob = [p for p in pids for _ in range(G)]
-    plans = plan_rows(range(len(glob)), glob, num_generations=G, method=method, seed=5, step=3)
-    got = [row_noise(p, 0.3, method) for p in plans]
-    want = [r for pid in pids for r in plan_group(G // 2, G // 2, 0.3, 5, 3, pid, mode)]
-    assert got == want
-    assert [p.noisy for p in plans] == [b >= G // 2 for _ in pids for b in range(G)]
-
-
-def test_plan_rows_independent_of_process_split() -> None:
-    """A group spanning processes: planning each process's slice = planning the global batch."""
-    G, L = 4, 2  # per-device batch 2, group of 4 -> every group spans two processes
-    glob = [7, 7, 7, 7, 9, 9, 9, 9]
-    for method in ("latent", "antithetic", "spsa", "image", "first_token_temperature"):
-        whole = plan_rows(range(8), glob, num_generations=G, method=method, seed=0, step=1)
-        parts = []
-        for p in range(4):
-            rows = range(p * L, (p + 1) * L)
-            parts += plan_rows(
-                rows, [glob[r] for r in rows], num_generations=G, method=method, seed=0, step=1
-            )
-        assert parts == whole
-
-
-def test_plan_rows_separate_grouping() -> None:
-    G = 8
-    plans = plan_rows(
-        range(16),
-        [1] * 8 + [2] * 8,
-        num_generations=G,
-        method="antithetic",
-        seed=0,
-        step=1,
-        antithetic_grouping="separate",
-    )
-    for g in range(4):
-        members = [p for p in plans if p.adv_group == g]
-        assert len(members) == G // 2
-        assert sum(p.noisy for p in members) == G // 4  # still a 50/50 mix
-        assert len({p.sign for p in members if p.noisy}) == 1  # no (+eps, -eps) pair shares a group
-        assert len({p.group for p in members}) == 1
-
-
-def test_prompt_id_is_stable() -> None:
-    assert prompt_id_for("q1") == prompt_id_for("q1") != prompt_id_for("q2")
-    assert prompt_id_for(None, [1, 2, 3]) == prompt_id_for(None, [1, 2, 3]) != prompt_id_for(None, [1, 2, 4])
-
-
-# ---------------------------------------------------------------------------------------------
 # importance sampling policy (TRL's vLLM path; no vLLM here, so on a constructed ratio)
 # ---------------------------------------------------------------------------------------------
 def test_noisy_importance_sampling() -> None:
@@ -205,7 +149,7 @@ def test_noisy_importance_sampling() -> None:
 # ---------------------------------------------------------------------------------------------
 def test_first_token_temperature_scales_only_flagged_prefill_logits() -> None:
     from ncgrpo.engines.controls import first_token_temperature
-    from ncgrpo.models.tiny import build_tokenizer, tiny_text_model
+    from tiny_models import build_tokenizer, tiny_text_model
 
     tok = build_tokenizer()
     model = tiny_text_model("qwen2", tokenizer=tok)
@@ -441,7 +385,7 @@ def test_text_model_without_question_id(tmp_path) -> None:
     """A text-only model and a dataset without question_id (prompt ids from token hashes)."""
     import datasets
 
-    from ncgrpo.models.tiny import build_tokenizer, tiny_text_model
+    from tiny_models import build_tokenizer, tiny_text_model
 
     tok = build_tokenizer()
     ds = datasets.Dataset.from_list(

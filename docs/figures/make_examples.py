@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ncgrpo.plots import plot_dynamics, plot_gains
-from ncgrpo.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
-from ncgrpo.report import load_runs
+from ncgrpo.eval.plots import plot_dynamics, plot_gains
+from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
+from ncgrpo.eval.report import load_runs
 
 N = 1000  # questions per benchmark
 BENCHMARKS = [

@@ -1,3 +1,35 @@
-"""ncgrpo: Noise-Contrastive GRPO (latent-space rollout diversification for RLVR)."""
+"""ncgrpo: Noise-Contrastive GRPO (latent-space rollout diversification for RLVR).
+
+Where things are (each folder is one layer; a layer imports only the ones above it):
+
+- ``ncgrpo.core``: the paper's math as pure tensor code (noise, schedule, advantages, image noise,
+  the one row plan). Imports no engine.
+- ``ncgrpo.engines``: thin adapters that apply the core inside an inference engine (transformers).
+- ``ncgrpo.trainer``: ``NCGRPOConfig`` / ``NCGRPOTrainer``, the TRL seam.
+- ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
+- ``ncgrpo.training``: run setup shared by every entry point (model loading, metrics, the run driver).
+- ``ncgrpo.eval``: greedy evaluation, records, statistics, tables, plots.
+- ``ncgrpo.toy``: the embedded default (synthetic suite, tiny base model, demo); the library never
+  imports it.
+- ``ncgrpo.commands`` / ``ncgrpo.cli``: argument parsing only; nothing imports them.
+
+``from ncgrpo import NCGRPOConfig, NCGRPOTrainer`` works (imported on first use: TRL is heavy).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["NCGRPOConfig", "NCGRPOTrainer", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("NCGRPOConfig", "NCGRPOTrainer"):
+        from ncgrpo import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'ncgrpo' has no attribute {name!r}")

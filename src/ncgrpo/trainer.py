@@ -18,18 +18,18 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
 3. Noise keys are ``NoiseKey(noise_seed or seed, k, prompt_id, j)`` with ``k = global_step + 1``
    (the optimizer step being generated for) and ``prompt_id`` a stable hash of the ``question_id``
    column (or, without one, of the prompt's token ids and images) and ``j`` the draw's index within
-   the noisy half (``branch - n``; an antithetic pair's index for paired methods, as
-   :func:`ncgrpo.rollout.plan_group`): a resumed run, a different
-   process count or a different batch layout draws exactly the same noise for the same rollout.
+   the noisy half (``branch - n``; an antithetic pair's index for paired methods), all from the one
+   row plan :func:`ncgrpo.core.plan.plan_rows`: a resumed run, a different process count or a
+   different batch layout draws exactly the same noise for the same rollout.
 4. Advantages are TRL's joint ``(r - mean) / (std + 1e-4)`` over the whole 2n group (the paper and
-   NoisyRollout), except ``antithetic_grouping="separate"`` (see :func:`plan_rows`).
+   NoisyRollout), except ``antithetic_grouping="separate"`` (see :func:`ncgrpo.core.plan.plan_rows`).
 5. No density correction for the noisy half (section 3.1). TRL 1.16 only corrects the
    sampler/trainer mismatch on its vLLM path (``vllm_importance_sampling_correction``); there
    ``noisy_importance_sampling="exclude"`` forces the noisy rows' ratio to 1 (they would otherwise be
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
    (:func:`apply_noisy_importance_sampling`). The vLLM engine hook is not part of this module yet:
-   hidden-noise methods refuse ``use_vllm=True``; :func:`plan_rows`, :func:`prompt_id_for` and
-   :func:`row_noise` are engine-free so the vLLM path can reuse them unchanged.
+   hidden-noise methods refuse ``use_vllm=True``; the row plan (:mod:`ncgrpo.core.plan`) is
+   engine-free so the vLLM path can reuse it unchanged.
 
 Methods (``rollout_method``):
 
@@ -60,35 +60,32 @@ import os
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from ncgrpo import noise as nz
-from ncgrpo.advantages import contrast_statistic, group_advantages
-from ncgrpo.noise import NoiseKey, RowNoise
+from ncgrpo.core import noise as nz
+from ncgrpo.core.advantages import contrast_statistic, group_advantages
+from ncgrpo.core.plan import (
+    HIDDEN_NOISE_METHODS,
+    PAIRED_METHODS,
+    ROLLOUT_METHODS,
+    TWO_PASS_METHODS,
+    RowPlan,
+    plan_rows,
+    prompt_id_for,
+    row_noise,
+)
 
 __all__ = [
-    "HIDDEN_NOISE_METHODS",
-    "ROLLOUT_METHODS",
-    "TWO_PASS_METHODS",
     "NCGRPOConfig",
     "NCGRPOTrainer",
-    "RowPlan",
     "StepRecord",
     "apply_noisy_importance_sampling",
     "parse_noise_site",
-    "plan_rows",
-    "prompt_id_for",
-    "row_noise",
 ]
 
-ROLLOUT_METHODS = ("vanilla", "latent", "image", "antithetic", "spsa", "first_token_temperature")
-TWO_PASS_METHODS = frozenset(ROLLOUT_METHODS) - {"vanilla"}
-HIDDEN_NOISE_METHODS = frozenset({"latent", "antithetic", "spsa"})
-PAIRED_METHODS = frozenset({"antithetic", "spsa"})
 STATE_FILE = "ncgrpo_state.pt"
 
 
@@ -261,124 +258,8 @@ class NCGRPOConfig(GRPOConfig):
 
 
 # ==================================================================================================
-# Engine-free planning (shared with the vLLM path)
+# Importance sampling policy
 # ==================================================================================================
-@dataclass(frozen=True)
-class RowPlan:
-    """What one rollout row of the global generation batch is.
-
-    ``group`` is TRL's group (``global_row // G``); ``branch = global_row % G``; ``noisy`` iff
-    ``branch >= n``. ``key`` names the row's noise draw (``None`` on clean rows and for the
-    first-token-temperature control); ``sign`` is ``-1`` for the second member of an antithetic pair
-    (which reuses its partner's key). ``adv_group`` is the advantage group the row is normalised in.
-    """
-
-    global_row: int
-    group: int
-    branch: int
-    noisy: bool
-    prompt_id: int
-    key: NoiseKey | None = None
-    sign: float = 1.0
-    adv_group: int = 0
-
-    def as_tuple(self) -> tuple:
-        k = self.key
-        return (
-            self.global_row,
-            self.branch,
-            self.noisy,
-            self.sign,
-            None if k is None else (k.seed, k.step, k.prompt_id, k.branch),
-            self.adv_group,
-        )
-
-
-def prompt_id_for(
-    question_id: Any = None, token_ids: Sequence[int] | None = None, images: Sequence[Any] | None = None
-) -> int:
-    """A stable 63-bit id naming a prompt: a hash of the ``question_id`` column when the dataset has one,
-    else :func:`ncgrpo.rollout.prompt_hash` of the prompt's token ids and image pixels (the id
-    ``generate_groups`` uses). Independent of batch layout, process and Python's hash seed."""
-    if question_id is not None:
-        return nz.noise_seed("question_id", str(question_id))
-    if token_ids is None:
-        raise ValueError("prompt_id_for needs a question_id or the prompt's token ids")
-    from ncgrpo.rollout import prompt_hash
-
-    return prompt_hash(list(token_ids), [im for im in (images or []) if im is not None])
-
-
-def plan_rows(
-    global_rows: Sequence[int],
-    prompt_ids: Sequence[int],
-    *,
-    num_generations: int,
-    method: str,
-    seed: int,
-    step: int,
-    antithetic_grouping: str = "joint",
-) -> list[RowPlan]:
-    """Plan the rows ``global_rows`` (indices into the global generation batch) for step ``step``.
-
-    Engine-free and deterministic: a row's plan depends only on its global index, its prompt id and
-    (seed, step) -- never on which process or engine holds it. ``branch = global_row % G``; the
-    noisy half is ``branch >= n``, and its ``j = branch - n``-th row draws as
-    :func:`ncgrpo.rollout.plan_group` lays a group out (keys index the draw within the noisy half,
-    as :class:`~ncgrpo.noise.NoiseKey` documents), so the trainer and ``generate_groups`` agree:
-
-    - clean rows: no key.
-    - ``latent``: ``key = NoiseKey(seed, step, prompt_id, j)``.
-    - ``antithetic`` / ``spsa``: pairs ``[+0, -0, +1, -1, ...]``: row ``j`` uses
-      ``NoiseKey(seed, step, prompt_id, j // 2)`` with ``sign = +1`` for even ``j``, ``-1`` for odd.
-    - ``image``: every noisy row of a prompt carries ``NoiseKey(seed, step, prompt_id, 0)``: one
-      distorted image per prompt, shared by its noisy half (NoisyRollout;
-      :func:`ncgrpo.image_noise.prompt_image_seed`).
-    - ``first_token_temperature``: noisy rows carry no key.
-
-    ``adv_group`` is ``group`` except for ``antithetic_grouping="separate"`` (paired methods), which
-    splits each 2n group into two advantage groups of n rows: group ``2*group`` holds clean branches
-    ``0 .. n/2-1`` and the ``+`` pair members, group ``2*group + 1`` clean branches ``n/2 .. n-1``
-    and the ``-`` members. Each keeps a 50/50 clean/noisy mix (so Prop. 2's contrast is still
-    there) and no ``(+eps, -eps)`` pair shares a baseline: the group mean no longer averages the pair
-    into its even part, the cancellation Lemma 1 describes for the joint group.
-    """
-    G = num_generations
-    if method not in ROLLOUT_METHODS:
-        raise ValueError(f"unknown rollout method {method!r}")
-    if len(global_rows) != len(prompt_ids):
-        raise ValueError("one prompt id per row")
-    n = G // 2
-    out = []
-    for row, pid in zip(global_rows, prompt_ids, strict=True):
-        row, pid = int(row), int(pid)
-        group, branch = divmod(row, G)
-        noisy = method in TWO_PASS_METHODS and branch >= n
-        key, sign, adv_group = None, 1.0, group
-        if noisy:
-            j = branch - n
-            if method == "latent":
-                key = NoiseKey(seed, step, pid, j)
-            elif method in PAIRED_METHODS:
-                key = NoiseKey(seed, step, pid, j // 2)
-                sign = 1.0 if j % 2 == 0 else -1.0
-            elif method == "image":
-                key = NoiseKey(seed, step, pid, 0)
-        if method in PAIRED_METHODS and antithetic_grouping == "separate":
-            first = (branch < n // 2) if not noisy else (sign > 0)
-            adv_group = 2 * group + (0 if first else 1)
-        out.append(RowPlan(row, group, branch, noisy, pid, key, sign, adv_group))
-    return out
-
-
-def row_noise(plan: RowPlan, sigma: float, method: str) -> RowNoise:
-    """The hidden-state instruction for one row (clean unless the method injects hidden noise)."""
-    if method not in HIDDEN_NOISE_METHODS or not plan.noisy or plan.key is None:
-        return RowNoise()
-    mode = {"latent": "independent", "antithetic": "antithetic", "spsa": "rank_one"}[method]
-    return RowNoise(sigma=float(sigma), key=plan.key, sign=plan.sign, mode=mode)
-
-
 def apply_noisy_importance_sampling(
     ratio: torch.Tensor, noisy: torch.Tensor, mode: str = "exclude"
 ) -> torch.Tensor:
@@ -499,7 +380,7 @@ class NCGRPOTrainer(GRPOTrainer):
         if bad:
             raise NotImplementedError(
                 f"rollout_method={self.method!r} runs on TRL's transformers generate path only; unset {bad}. "
-                "(The vLLM engine hook is future work: plan_rows / prompt_id_for / row_noise are engine-free for it.)"
+                "(The vLLM engine hook is future work: the row plan in ncgrpo.core.plan is engine-free for it.)"
             )
         from ncgrpo.engines.transformers import find_text_stack
 
@@ -530,7 +411,7 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def image_noise_t(self, k: int, K: int) -> int:
         """NoisyRollout's diffusion step at optimizer step ``k``: ``int(image_noise_step * decay_k)``."""
-        from ncgrpo.image_noise import image_noise_t
+        from ncgrpo.core.image_noise import image_noise_t
 
         a = self.args
         return image_noise_t(
@@ -642,7 +523,7 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def _distort_images(self, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
         """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies."""
-        from ncgrpo.image_noise import diffuse_images, prompt_image_seed
+        from ncgrpo.core.image_noise import diffuse_images, prompt_image_seed
 
         if (
             images is None

@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
+from ncgrpo.core.noise import NoiseKey, RowNoise
 from ncgrpo.engines.transformers import find_text_stack, prefill_noise
-from ncgrpo.models.tiny import build_tokenizer, tiny_qwen2_5_vl, tiny_qwen2_vl, tiny_qwen3_vl, tiny_text_model
-from ncgrpo.noise import NoiseKey, RowNoise
+from tiny_models import build_tokenizer, tiny_qwen2_5_vl, tiny_qwen2_vl, tiny_qwen3_vl, tiny_text_model
 
 PROMPTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20.", "A circle has radius r = 5"]
 GREEDY = dict(max_new_tokens=8, do_sample=False, output_scores=True, return_dict_in_generate=True)
@@ -34,12 +34,12 @@ def enc(tok, prompts):
     return tok(list(prompts), return_tensors="pt", padding=True)
 
 
-def key(prompt_id, branch=0, seed=7, step=3):
-    return NoiseKey(seed=seed, step=step, prompt_id=prompt_id, branch=branch)
+def key(prompt_id, draw=0, seed=7, step=3):
+    return NoiseKey(seed=seed, step=step, prompt_id=prompt_id, draw=draw)
 
 
-def noisy(prompt_id, sigma=1.0, branch=0, sign=1.0):
-    return RowNoise(sigma=sigma, key=key(prompt_id, branch), sign=sign)
+def noisy(prompt_id, sigma=1.0, draw=0, sign=1.0):
+    return RowNoise(sigma=sigma, key=key(prompt_id, draw), sign=sign)
 
 
 def gen(model, inputs, rows=None, **kw):
@@ -207,15 +207,15 @@ def test_same_key_same_noise_across_batch_position_and_padding(tok, qwen2):
     assert pads[0] == 0 and pads[1] > 0 and pads[2] != pads[1]  # the layouts really differ
     for e in eps[1:]:
         torch.testing.assert_close(e, eps[0], rtol=0, atol=1e-4)
-    # a different branch is a different draw
+    # a different draw index is a different draw
     x = enc(tok, [short])
-    _, _, hook = prefill_cache(qwen2, x, [noisy(42, sigma=0.5, branch=1)])
+    _, _, hook = prefill_cache(qwen2, x, [noisy(42, sigma=0.5, draw=1)])
     assert (recovered_eps(hook.last, 0, 0.5) - eps[0]).abs().max() > 0.1
 
 
 def test_antithetic_partners_are_exact_negations(tok, qwen2):
     x = enc(tok, [PROMPTS[1], PROMPTS[1], PROMPTS[0]])
-    rows = [noisy(5, sigma=0.7), noisy(5, sigma=0.7, sign=-1.0), noisy(5, sigma=0.7, branch=1)]
+    rows = [noisy(5, sigma=0.7), noisy(5, sigma=0.7, sign=-1.0), noisy(5, sigma=0.7, draw=1)]
     _, _, hook = prefill_cache(qwen2, x, rows, positions="all")
     rec = hook.last
     d_plus = rec.noisy_last[0] - rec.clean_last[0]

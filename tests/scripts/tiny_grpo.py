@@ -13,7 +13,7 @@ import datasets
 import numpy as np
 from PIL import Image
 
-from ncgrpo.models.tiny import build_processor, build_tokenizer, tiny_qwen2_5_vl
+from ncgrpo.toy.model import build_processor, build_tokenizer, tiny_qwen2_5_vl
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer
 
 _CACHE: dict[str, Any] = {}

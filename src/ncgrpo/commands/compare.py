@@ -31,8 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ncgrpo.records import atomic_write_json, atomic_write_text
-    from ncgrpo.report import compare, load_runs, print_rich, to_latex, to_markdown
+    from ncgrpo.eval.records import atomic_write_json, atomic_write_text
+    from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
 
     try:
         ct = compare(load_runs(args.runs), args.baseline, _split(args.benchmarks))

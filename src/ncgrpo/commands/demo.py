@@ -1,4 +1,4 @@
-"""``ncgrpo demo``: the paper's protocol in miniature on a CPU (flags only; the work is ncgrpo.demo)."""
+"""``ncgrpo demo``: the paper's protocol in miniature on a CPU (flags only; the work is ncgrpo.toy.demo)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _sigmas(text: str) -> tuple[float, ...]:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     import dataclasses
 
-    from ncgrpo.demo import DemoConfig  # light: ncgrpo.demo imports torch & co. only inside functions
+    from ncgrpo.toy.demo import DemoConfig  # light: ncgrpo.toy.demo imports torch & co. only inside functions
 
     d = {f.name: f.default for f in dataclasses.fields(DemoConfig)}  # one source of defaults
     p = subparsers.add_parser(
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     import datasets
     import transformers
 
-    from ncgrpo.demo import DemoConfig, run_demo
+    from ncgrpo.toy.demo import DemoConfig, run_demo
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

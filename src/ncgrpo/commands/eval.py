@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ncgrpo.evaluate import DecodingSettings, evaluate, model_id_of
-    from ncgrpo.models.loading import load_model_and_processor
+    from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
+    from ncgrpo.training import load_model_and_processor
 
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     questions = load_questions(names, _data_paths(args, names), args.split, args.limit)

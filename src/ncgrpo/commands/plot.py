@@ -46,8 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run_gains(args: argparse.Namespace) -> int:
-    from ncgrpo.plots import plot_gains
-    from ncgrpo.report import load_runs
+    from ncgrpo.eval.plots import plot_gains
+    from ncgrpo.eval.report import load_runs
 
     try:
         paths = plot_gains(
@@ -61,7 +61,7 @@ def run_gains(args: argparse.Namespace) -> int:
 
 
 def run_dynamics(args: argparse.Namespace) -> int:
-    from ncgrpo.plots import plot_dynamics
+    from ncgrpo.eval.plots import plot_dynamics
 
     try:
         paths = plot_dynamics(

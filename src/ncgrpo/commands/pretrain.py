@@ -1,7 +1,7 @@
 """``ncgrpo pretrain --out DIR [--seed N] [--steps N] [--eval/--no-eval]``: build the embedded base model.
 
 Supervised warm-up of a tiny Qwen2.5-VL on the synthetic suite's reasoning traces (see
-:mod:`ncgrpo.pretrain`), then (with ``--eval``) greedy accuracy per family on the suite's validation
+:mod:`ncgrpo.toy.pretrain`), then (with ``--eval``) greedy accuracy per family on the suite's validation
 split and the share of in-domain groups with mixed rewards, printed as a table and written to
 ``DIR/pretrain.json`` next to the model and processor.
 """
@@ -15,7 +15,7 @@ HELP = "build the embedded tiny base VL model by supervised warm-up on the synth
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from ncgrpo.pretrain import DEFAULT_STEPS, DEFAULT_VISION_WARMUP
+    from ncgrpo.toy.pretrain import DEFAULT_STEPS, DEFAULT_VISION_WARMUP
 
     p = sub.add_parser("pretrain", help=HELP, description=HELP)
     p.add_argument("--out", required=True, type=Path, help="output folder (model, processor, pretrain.json)")
@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--pool",
         default=None,
         metavar="FAMILY=N,...",
-        help="SFT pool items per family, e.g. geometry=1200,pope=300 (default: ncgrpo.pretrain.DEFAULT_POOL)",
+        help="SFT pool items per family, e.g. geometry=1200,pope=300 (default: ncgrpo.toy.pretrain.DEFAULT_POOL)",
     )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument(
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
     from tqdm.auto import tqdm
 
-    from ncgrpo.pretrain import MIXED_GROUP_TARGET, SIZES, TARGET_BAND, pretrain
+    from ncgrpo.toy.pretrain import MIXED_GROUP_TARGET, SIZES, TARGET_BAND, pretrain
 
     console = Console()
     if args.size not in SIZES:

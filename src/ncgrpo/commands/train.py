@@ -19,8 +19,6 @@ process writes files):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,11 +26,6 @@ from typing import Any
 from ncgrpo.config import Recipe, RecipeError, load_recipe
 
 CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-RUN_FILE = "run.json"
-
-#: Where VL models keep their vision tower, tried in order (Qwen2/2.5/3-VL: ``model.visual``).
-VISION_TOWER_PATHS = ("model.visual", "visual", "model.vision_tower", "vision_tower", "model.vision_model")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -103,7 +96,7 @@ def _questions(source, seed: int, output_dir: Path):
         # No exported folder given: generate the suite (seeded by the run seed) into the run folder once.
         path = output_dir / "synthetic-data"
         if not (path / "data").is_dir():
-            from ncgrpo.data.synthetic import build_suite, export_geo3k
+            from ncgrpo.toy.synthetic import build_suite, export_geo3k
 
             export_geo3k(build_suite(seed=seed), path)
     return load_geometry3k(path, source.split, limit=source.limit)
@@ -137,153 +130,20 @@ def reward_functions(names: list[str]) -> list:
     return [getattr(rewards, name) for name in names]
 
 
-def find_vision_tower(model) -> tuple[str, Any] | None:
-    for path in VISION_TOWER_PATHS:
-        node = model
-        for part in path.split("."):
-            node = getattr(node, part, None)
-            if node is None:
-                break
-        if node is not None:
-            return path, node
-    return None
-
-
-def freeze_vision_tower(model) -> str:
-    """Set ``requires_grad=False`` on the vision tower's parameters; returns where it was found."""
-    found = find_vision_tower(model)
-    if found is None:
-        raise ValueError(
-            f"{type(model).__name__}: no vision tower at any of {', '.join(VISION_TOWER_PATHS)}; "
-            "set model.freeze_vision_tower=false for a text-only model"
-        )
-    path, tower = found
-    for p in tower.parameters():
-        p.requires_grad_(False)
-    return path
-
-
-def _register_local_processor(name_or_path: str) -> None:
-    """Folders saved by ``ncgrpo.models.tiny`` name processor classes that module registers on import."""
-    cfg = Path(name_or_path) / "processor_config.json"
-    try:
-        cls = json.loads(cfg.read_text(encoding="utf-8")).get("processor_class", "")
-    except (OSError, ValueError):
-        return
-    if str(cls).startswith("Tiny"):
-        import ncgrpo.models.tiny  # noqa: F401 -- registers the Tiny* processors with AutoProcessor
-
-
-def load_model_and_processor(recipe: Recipe):
-    """(model, processor or tokenizer, is_vision_language)."""
-    import torch
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
-        AutoProcessor,
-        AutoTokenizer,
-    )
+def load_model(recipe: Recipe):
+    """(model, processor or tokenizer) for the recipe's model settings."""
+    from ncgrpo.training import load_model_and_processor
 
     m = recipe.model
-    config = AutoConfig.from_pretrained(m.name_or_path)
-    is_vl = getattr(config, "vision_config", None) is not None
-    kwargs: dict[str, Any] = {}
-    if m.torch_dtype != "auto":
-        kwargs["dtype"] = getattr(torch, m.torch_dtype)
-    else:
-        kwargs["dtype"] = "auto"
-    if m.attn_implementation:
-        kwargs["attn_implementation"] = m.attn_implementation
-    cls = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
-    model = cls.from_pretrained(m.name_or_path, **kwargs)
-    if is_vl:
-        _register_local_processor(m.name_or_path)
-        pixels = {
-            k: v for k, v in (("min_pixels", m.min_pixels), ("max_pixels", m.max_pixels)) if v is not None
-        }
-        processor = AutoProcessor.from_pretrained(m.name_or_path, **pixels)
-        if getattr(processor, "image_processor", None) is None:
-            raise ValueError(
-                f"{m.name_or_path}: AutoProcessor gave {type(processor).__name__}, which has no image processor; "
-                "a vision-language model needs its processor saved next to it"
-            )
-        if m.freeze_vision_tower:
-            freeze_vision_tower(model)
-    else:
-        processor = AutoTokenizer.from_pretrained(m.name_or_path)
-    return model, processor, is_vl
-
-
-# ------------------------------------------------------------------------------------- metrics
-def _metrics_callback_class():
-    from transformers import TrainerCallback
-
-    class MetricsCallback(TrainerCallback):
-        """Append each log call to ``metrics.jsonl`` as one JSON line with ``"step"`` (main process).
-
-        Each line is written, flushed and fsync'ed on its own, so a killed run leaves at most one torn
-        last line, which is cut at the next start. On resume, lines logged after the checkpoint's step
-        (work the restart repeats) are dropped so every step appears once.
-        """
-
-        def __init__(self, path: str | os.PathLike):
-            self.path = Path(path)
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                self._repair(state.global_step)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if not state.is_world_process_zero or not logs:
-                return
-            row = {"step": int(state.global_step)}
-            if state.epoch is not None:
-                row["epoch"] = float(state.epoch)
-            row.update({k: _jsonable(v) for k, v in logs.items()})
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row, sort_keys=False, allow_nan=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-
-        def _repair(self, resumed_step: int) -> None:
-            if not self.path.exists():
-                return
-            from ncgrpo.records import atomic_write_text
-
-            text = self.path.read_text(encoding="utf-8")
-            keep, changed = [], not text.endswith("\n") and bool(text)
-            for line in text.splitlines(keepends=True):
-                if not line.endswith("\n"):
-                    continue  # torn last line
-                try:
-                    step = int(json.loads(line).get("step", 0))
-                except (ValueError, AttributeError):
-                    changed = True
-                    continue
-                if step > resumed_step:
-                    changed = True
-                    continue
-                keep.append(line)
-            if changed:
-                atomic_write_text(self.path, "".join(keep))
-
-    return MetricsCallback
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return str(v)
-
-
-def MetricsCallback(path: str | os.PathLike):  # noqa: N802 -- a class built lazily (transformers import)
-    """A ``TrainerCallback`` writing ``path`` (see the class docstring)."""
-    return _metrics_callback_class()(path)
+    return load_model_and_processor(
+        m.name_or_path,
+        dtype=m.torch_dtype,
+        device=None,
+        attn_implementation=m.attn_implementation,
+        min_pixels=m.min_pixels,
+        max_pixels=m.max_pixels,
+        freeze_vision=m.freeze_vision_tower,
+    )
 
 
 # ----------------------------------------------------------------------------------------- run
@@ -323,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
 
     from accelerate import PartialState
 
-    from ncgrpo.records import atomic_write_json, atomic_write_text
+    from ncgrpo.eval.records import RUN_FILE, atomic_write_json, atomic_write_text
+    from ncgrpo.training import METRICS_FILE, MetricsCallback
 
     state = PartialState()
     if state.is_main_process:
@@ -346,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
 
-    model, processor, _ = load_model_and_processor(recipe)
+    model, processor = load_model(recipe)
     trainer = NCGRPOTrainer(
         model=model,
         reward_funcs=reward_functions(recipe.rewards),

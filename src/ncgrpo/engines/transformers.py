@@ -8,7 +8,7 @@ moves the first-token logits of the flagged rows and nothing else; every decode 
 evaluate: the INPUT of decoder layer ``l`` is perturbed at prefill, so the displacement reaches the
 KV cache of layer ``l`` and every layer above (several layers get depth-decayed scales).
 
-The noise itself comes from :mod:`ncgrpo.noise` (eq. 2 via :func:`~ncgrpo.noise.perturb_rows`); this
+The noise itself comes from :mod:`ncgrpo.core.noise` (eq. 2 via :func:`~ncgrpo.core.noise.perturb_rows`); this
 module only decides *where* and *when* it is applied::
 
     rows = [RowNoise(), RowNoise(0.2, NoiseKey(seed, step, prompt_id, 0))]
@@ -47,7 +47,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ncgrpo.noise import RowNoise, depth_decayed_sigmas, noise_seed, perturb_rows, reverse_positions
+from ncgrpo.core.noise import RowNoise, depth_decayed_sigmas, noise_seed, perturb_rows, reverse_positions
 
 __all__ = [
     "NoiseHook",
@@ -413,7 +413,7 @@ def prefill_noise(
 ) -> Iterator[NoiseHook]:
     """Perturb the prefill of ``model`` (eq. 2 at ``site``) for the rows flagged in ``rows``.
 
-    ``rows``: one :class:`~ncgrpo.noise.RowNoise` per row of the prefill batch (after
+    ``rows``: one :class:`~ncgrpo.core.noise.RowNoise` per row of the prefill batch (after
     ``num_return_sequences`` expansion). ``site``: ``"final_norm"`` (the paper's site) or a decoder
     layer index / list of indices (propagating variant; the top-most gets ``sigma``, the next
     ``sigma * layer_decay`` ...). ``steer``: eq. (6)'s ``mu`` ``# [d]`` added to noisy rows.

@@ -1,0 +1,256 @@
+"""The paper's figures, from saved files only (records and metrics; never a model).
+
+- :func:`plot_gains`: supplementary "gains" figure: per benchmark, the percentage-point difference
+  of each configuration vs. the baseline as grouped bars, the baseline's absolute accuracy beneath
+  each label, the OOD-average column shaded, ``*`` above bars with exact McNemar p < 0.05.
+- :func:`plot_dynamics`: training dynamics (Figure 1 / supplementary three-method plot): training
+  reward on top, validation accuracy below, against step, one line per training run.
+
+Both write ``<out_stem>.png`` and ``<out_stem>.pdf``. Figures are built with matplotlib's
+object API on the Agg canvas, so no display and no global pyplot state are involved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ncgrpo.eval.records import METRICS_FILE
+from ncgrpo.eval.report import ComparisonTable, Run, compare
+
+_COLORS = ["#3b6ea8", "#d9822b", "#4e9a4e", "#b04a4a", "#7d5ba6", "#8c6d46", "#c768a8", "#6b6b6b"]
+
+
+def _save(fig: Figure, out_stem: str | Path) -> list[Path]:
+    out_stem = Path(out_stem)
+    out_stem.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    paths = [out_stem.with_name(out_stem.name + ext) for ext in (".png", ".pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=200, bbox_inches="tight")
+    return paths
+
+
+# --- gains -----------------------------------------------------------------------------------
+
+
+def plot_gains(
+    table_or_runs: ComparisonTable | Sequence[Run],
+    baseline: str | None,
+    out_stem: str | Path,
+    *,
+    benchmarks: Sequence[str] | None = None,
+    title: str | None = None,
+) -> list[Path]:
+    """Grouped bars of accuracy difference (pp) vs. ``baseline`` per benchmark of the main table.
+
+    ``table_or_runs`` is a :class:`ComparisonTable` (its baseline is used) or runs to compare.
+    Returns the written paths (PNG, PDF).
+    """
+    if isinstance(table_or_runs, ComparisonTable):
+        ct = table_or_runs
+    else:
+        if baseline is None:
+            raise ValueError("plot_gains needs a baseline name when given runs")
+        ct = compare(list(table_or_runs), baseline, benchmarks)
+    table = ct.main
+    cols = [c for c in table.columns if c.kind in ("benchmark", "avg")]
+    base_row = next(r for r in table.rows if r.name == ct.baseline)
+    others = [r for r in table.rows if r.name != ct.baseline]
+    if not cols or not others:
+        raise ValueError("the gains figure needs at least one benchmark and one non-baseline configuration")
+
+    width = min(0.8 / len(others), 0.3)
+    fig = Figure(figsize=(max(5.0, 1.05 * len(cols) + 1.5), 3.6))
+    ax = fig.add_subplot(1, 1, 1)
+    diffs = [0.0]
+    for i, row in enumerate(others):
+        offset = (i - (len(others) - 1) / 2) * width
+        for j, col in enumerate(cols):
+            cell, base = row.cells[col.key], base_row.cells[col.key]
+            if cell.mean is None or base.mean is None:
+                continue
+            d = cell.mean - base.mean
+            diffs.append(d)
+            ax.bar(
+                j + offset,
+                d,
+                width * 0.92,
+                color=_COLORS[i % len(_COLORS)],
+                zorder=2,
+                label=row.name if j == 0 else None,
+            )
+            if cell.significant:  # star just beyond the bar's end, above or below
+                ax.annotate(
+                    "*",
+                    (j + offset, d),
+                    xytext=(0, 1 if d >= 0 else -14),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=12,
+                    fontweight="bold",
+                )
+    lo, hi = min(diffs), max(diffs)
+    pad = max(0.3, 0.15 * (hi - lo))
+    # headroom for stars and the legend; all-zero gains get a symmetric axis so "no change" reads as such
+    ax.set_ylim(lo - pad if lo < 0 or hi <= 0 else 0, hi + 2 * pad)
+    for j, col in enumerate(cols):
+        if col.kind == "avg":
+            ax.axvspan(j - 0.5, j + 0.5, color="0.9", zorder=0)
+    ax.axhline(0, color="0.25", linewidth=0.8, zorder=1)
+    # Drop a prefix every benchmark shares ("synthetic/geometry" -> "geometry") so labels fit.
+    names = [c.label for c in cols if c.kind == "benchmark"]
+    prefix = names[0].rsplit("/", 1)[0] + "/" if names and "/" in names[0] else ""
+    if not prefix or not all(n.startswith(prefix) for n in names):
+        prefix = ""
+    labels = []
+    for col in cols:
+        name = col.label[len(prefix) :] if prefix and col.kind == "benchmark" else col.label
+        label = f"{name} (ID)" if col.role == "in_domain" else name
+        base = base_row.cells[col.key].mean
+        labels.append(f"{label}\n{base:.1f}" if base is not None else label)
+    ax.set_xticks(
+        range(len(cols)), labels, fontsize=8.5 if max(len(lb.split("\n")[0]) for lb in labels) < 14 else 7.5
+    )
+    ax.set_xlim(-0.5, len(cols) - 0.5)
+    ax.set_ylabel(f"Δ accuracy vs. {ct.baseline} (pp)")
+    ax.grid(axis="y", color="0.85", linewidth=0.6, zorder=0)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.legend(frameon=False, fontsize=8.5, loc="upper left", ncol=min(len(others), 3))
+    ax.set_title(
+        title or f"Gains over {ct.baseline} (its accuracy beneath each label; * p<0.05)", fontsize=9.5
+    )
+    fig.tight_layout()
+    return _save(fig, out_stem)
+
+
+# --- dynamics --------------------------------------------------------------------------------
+
+
+def read_metrics(train_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of ``TRAIN_DIR/metrics.jsonl``; a torn last line (killed writer) is dropped."""
+    path = Path(train_dir) / METRICS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{train_dir}: no {METRICS_FILE}")
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) and not line.endswith("\n"):
+                break
+            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+    return rows
+
+
+def run_label(train_dir: str | Path) -> str:
+    """Legend label: ``name`` (or ``run_name``) from run.json / config.json / config.yaml, else the folder."""
+    d = Path(train_dir)
+    for fname in ("run.json", "config.json", "config.yaml", "config.yml"):
+        p = d / fname
+        if not p.exists():
+            continue
+        try:
+            if p.suffix == ".json":
+                cfg = json.loads(p.read_text(encoding="utf-8"))
+            else:
+                import yaml
+
+                cfg = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except Exception:  # noqa: BLE001 - a broken config only costs the nicer label
+            continue
+        if isinstance(cfg, dict):
+            for key in ("name", "run_name"):
+                if isinstance(cfg.get(key), str) and cfg[key]:
+                    return cfg[key]
+    return d.resolve().name
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    pts = {}
+    for row in rows:
+        v, step = row.get(key), row.get("step")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not isinstance(step, int | float):
+            continue
+        if math.isfinite(v):
+            pts[step] = float(v)  # a re-logged step keeps its last value
+    steps = sorted(pts)
+    return steps, [pts[s] for s in steps]
+
+
+def plot_dynamics(
+    train_dirs: Sequence[str | Path],
+    out_stem: str | Path,
+    reward_key: str = "reward",
+    val_key: str | Sequence[str] = "val/accuracy",
+    *,
+    title: str | None = None,
+) -> list[Path]:
+    """Training reward (top) and validation accuracy (below) against step, one line per run.
+
+    ``val_key`` may be several keys (one panel each). A key no run logs but that prefixes logged
+    keys (``val/accuracy`` with ``val/accuracy/<benchmark>`` logged) expands to one panel per
+    such key. Rows missing a key are skipped for that key only.
+    """
+    if not train_dirs:
+        raise ValueError("plot_dynamics needs at least one training directory")
+    runs = [(run_label(d), read_metrics(d)) for d in train_dirs]
+    logged = {k for _, rows in runs for row in rows for k in row}
+    keys = [reward_key]
+    for k in [val_key] if isinstance(val_key, str) else list(val_key):
+        if k in logged:
+            keys.append(k)
+        else:
+            keys += sorted(x for x in logged if x.startswith(k + "/"))
+    keys = list(dict.fromkeys(keys))
+    missing = [k for k in keys if k not in logged]
+    if missing or len(keys) == 1:
+        want = missing or ([val_key] if isinstance(val_key, str) else list(val_key))
+        raise ValueError(f"no run logs {want}; logged keys: {sorted(logged)}")
+
+    n = len(keys)
+    ncols = 1 if n <= 3 else 2
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(6.0 if ncols == 1 else 9.5, 2.3 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=True, squeeze=False).ravel()
+    for ax, key in zip(axes, keys, strict=False):
+        for i, (label, rows) in enumerate(runs):
+            steps, vals = _series(rows, key)
+            if steps:
+                ax.plot(
+                    steps,
+                    vals,
+                    color=_COLORS[i % len(_COLORS)],
+                    label=label,
+                    linewidth=1.4,
+                    marker="o" if len(steps) <= 12 else None,
+                    markersize=3.5,
+                )
+        ax.set_title(key, fontsize=9.5, loc="left")
+        ax.grid(color="0.88", linewidth=0.6)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    for ax in axes[max(0, n - ncols) : n]:
+        ax.set_xlabel("step")
+        ax.xaxis.set_tick_params(labelbottom=True)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(
+        handles, labels, loc="outside lower center", ncol=min(len(runs), 4), frameon=False, fontsize=8.5
+    )
+    return _save(fig, out_stem)

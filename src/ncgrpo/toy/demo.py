@@ -1,0 +1,826 @@
+"""``ncgrpo demo``: the paper's whole protocol in miniature, offline, on a CPU.
+
+The paper (section 4.1) trains Qwen2.5-VL-7B with vanilla GRPO and with NC-GRPO on Geometry3K for 60
+steps under the same hyperparameters, evaluates every checkpoint greedily with one rule-based scorer
+on the in-domain test set, on OOD benchmarks and on a general-capability battery, and compares each
+method with vanilla GRPO by per-question exact McNemar tests (Tables 1-2, Figure 1). The demo runs
+exactly that pipeline at toy scale, with the same code the full-scale runs use:
+
+1. the synthetic suite (:func:`ncgrpo.toy.synthetic.build_suite`) exported once in Geometry3K's
+   schema (:func:`~ncgrpo.toy.synthetic.export_geo3k`) into ``OUT/suite`` and read back through the
+   Geometry3K loader (:func:`ncgrpo.data.geometry3k.load_geometry3k`), so training data takes the
+   real-data path;
+2. the embedded base model (:func:`ncgrpo.toy.pretrain.ensure_base_model`: a tiny Qwen2.5-VL fine-tuned on
+   the suite's reasoning traces), or ``--model PATH``;
+3. one training run per configuration and seed with :class:`ncgrpo.trainer.NCGRPOTrainer` (TRL 1.16
+   GRPO underneath), reward :data:`ncgrpo.rewards.math_reward`, frozen vision tower, ``K = steps``
+   and the schedule's midpoint scaled as ``k_mid = 40/60 * K`` so eq. (3)'s anneal has the paper's
+   shape (``gamma = 30``, ``k_mid = 40`` of ``K = 60``); metrics go to ``RUN/metrics.jsonl``, with a
+   greedy validation accuracy (``val/accuracy`` and per role) every ``val_every`` steps;
+4. greedy, noise-free evaluation of every trained model on the test split (:func:`ncgrpo.eval.evaluate.evaluate`;
+   per-question records in ``OUT/eval/RUN``);
+5. the paper's tables with exact McNemar p-values per family and pooled OOD
+   (:func:`ncgrpo.eval.report.compare`), printed and written as Markdown, LaTeX and JSON, and the figures
+   (:func:`ncgrpo.eval.plots.plot_dynamics`, :func:`ncgrpo.eval.plots.plot_gains`).
+
+Reruns are cheap: the suite, each finished training run and each finished evaluation leave a marker
+file holding the settings that produced them; a rerun with the same settings skips them, a rerun
+with different settings into the same ``--out`` is refused (records of different runs must not mix).
+
+Noise site: the default is the paper's (``final_norm``), where the noise reaches only the first-token
+logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999 on
+test prompts of every family, measured on the shipped checkpoint), so at sigma0 = 0.2 that site changed no rollout in a
+60-step run: NC-GRPO's logged rewards, losses and lengths equalled vanilla GRPO's step for step and
+its test records were identical. The demo checks this after training and says so under the table
+(:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) does change
+rollouts.
+
+Threads: on a small CPU the default is one torch thread. Measured on this project's 2-core machine
+while other jobs ran, greedy generation of 64 questions took 1.5 s with one thread and 29 s with two
+(spinning OpenMP workers), and a GRPO step 1.7 s vs 8-32 s.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ncgrpo.eval.records import METRICS_FILE, RUN_FILE
+
+__all__ = [
+    "BASELINE",
+    "DEFAULT_STEPS",
+    "DemoConfig",
+    "DemoResult",
+    "MethodSpec",
+    "RunResult",
+    "first_per_family",
+    "run_demo",
+    "validation_accuracy",
+]
+
+#: The paper's training length, so the default schedule is eq. (3) with the paper's own K and k_mid.
+DEFAULT_STEPS = 60
+#: The paper's anneal: k_mid = 40 of K = 60 steps (section 4.1, NoisyRollout's setting).
+PAPER_K, PAPER_K_MID = 60, 40
+#: Display name of the baseline every test is against (the paper's "Vanilla GRPO").
+BASELINE = "Vanilla GRPO"
+
+SUITE_MARKER = "suite.json"
+EVAL_MARKER = "demo_eval.json"
+_DEVICES = ("cpu", "cuda", "auto")
+
+
+# ------------------------------------------------------------------------------------ configuration
+@dataclass(frozen=True)
+class MethodSpec:
+    """One trained configuration: its table name, folder slug and the NCGRPOConfig fields it sets."""
+
+    name: str
+    slug: str
+    rollout_method: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DemoConfig:
+    """Everything ``ncgrpo demo`` runs. Defaults fit the whole demo in 15 minutes on a 2-core CPU.
+
+    Training: ``steps`` optimizer steps per run, each on ``prompts_per_step`` prompts with
+    ``num_generations`` rollouts each (TRL's ``G``; the two-pass methods split it into ``G/2`` clean
+    and ``G/2`` noisy rollouts, vanilla samples all ``G`` clean), so TRL's
+    ``per_device_train_batch_size = prompts_per_step * num_generations``.
+    Evaluation: ``eval_limit`` test questions per family (None: the whole test split), greedy,
+    ``max_new_tokens`` each. Validation during training: the first ``val_limit`` validation
+    questions per family every ``val_every`` steps (None: about six times per run; ``val_limit=0``
+    turns it off).
+    """
+
+    out: Path = Path("runs/demo")
+    steps: int = DEFAULT_STEPS
+    seeds: int = 1
+    sigma0: tuple[float, ...] = (0.2,)
+    all_methods: bool = False
+    model: Path | None = None  # base model folder; None: ncgrpo.toy.pretrain.ensure_base_model()
+    cache_dir: Path | None = None  # where ensure_base_model builds/caches the base model
+    device: str = "cpu"
+    eval_limit: int | None = None
+    num_generations: int = 8
+    prompts_per_step: int = 4
+    max_completion_length: int = 48
+    max_new_tokens: int = 64
+    learning_rate: float = 3e-4
+    noise_site: str = "final_norm"
+    val_limit: int = 32
+    val_every: int | None = None
+    eval_batch_size: int = 64
+    suite_seed: int = 0
+    train_size: int = 2000
+    validation_size: int = 64
+    test_size: int = 200
+    num_threads: int | None = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.model is not None:
+            self.model = Path(self.model)
+            if not (self.model / "config.json").is_file():
+                raise ValueError(
+                    f"model: {self.model} has no config.json; pass a folder written by save_pretrained "
+                    "(config, weights, processor files)"
+                )
+        if self.cache_dir is not None:
+            self.cache_dir = Path(self.cache_dir)
+        if isinstance(self.sigma0, int | float):
+            self.sigma0 = (float(self.sigma0),)
+        self.sigma0 = tuple(float(s) for s in self.sigma0)
+        if not self.sigma0:
+            raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2,0.5")
+        bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
+        if bad:
+            raise ValueError(f"sigma0: every noise scale must be a finite number >= 0, got {bad}")
+        if len(set(self.sigma0)) != len(self.sigma0):
+            raise ValueError(f"sigma0: {list(self.sigma0)} lists a scale twice")
+        positive = {
+            "steps": self.steps,
+            "seeds": self.seeds,
+            "prompts_per_step": self.prompts_per_step,
+            "max_completion_length": self.max_completion_length,
+            "max_new_tokens": self.max_new_tokens,
+            "eval_batch_size": self.eval_batch_size,
+            "train_size": self.train_size,
+            "test_size": self.test_size,
+        }
+        for name, v in positive.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.validation_size, int) or self.validation_size < 0:
+            raise ValueError(f"validation_size must be an integer >= 0, got {self.validation_size!r}")
+        g = self.num_generations
+        if not isinstance(g, int) or g < 2 or g % 2:
+            raise ValueError(
+                f"num_generations must be even and >= 2 (NC-GRPO splits each group into G/2 clean and G/2 "
+                f"noisy rollouts), got {g!r}"
+            )
+        if self.all_methods and g % 4:
+            raise ValueError(
+                f"--all-methods includes the antithetic and SPSA probes, which pair the noisy half in "
+                f"(+eps, -eps), so num_generations must be a multiple of 4; got {g}"
+            )
+        if self.eval_limit is not None and (not isinstance(self.eval_limit, int) or self.eval_limit < 1):
+            raise ValueError(
+                f"eval_limit must be a positive number of questions per family (or None), got {self.eval_limit!r}"
+            )
+        if not isinstance(self.val_limit, int) or self.val_limit < 0:
+            raise ValueError(f"val_limit must be an integer >= 0 (0: no validation), got {self.val_limit!r}")
+        if self.val_limit > self.validation_size:
+            raise ValueError(
+                f"val_limit={self.val_limit} asks for more validation questions per family than the suite's "
+                f"validation_size={self.validation_size}"
+            )
+        if self.val_every is not None and (not isinstance(self.val_every, int) or self.val_every < 1):
+            raise ValueError(
+                f"val_every must be a positive number of steps (or None), got {self.val_every!r}"
+            )
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1 (or None: torch's default), got {self.num_threads}")
+        from ncgrpo.trainer import parse_noise_site
+
+        self.noise_site = str(self.noise_site).replace(" ", "")
+        parse_noise_site(self.noise_site)  # raises, saying what to write
+        dev = self.device.split(":")[0]
+        if dev not in _DEVICES:
+            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+
+    # -- derived ------------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """TRL's per_device_train_batch_size: completions per step (prompts x G)."""
+        return self.prompts_per_step * self.num_generations
+
+    @property
+    def k_mid(self) -> float:
+        """eq. (3)'s midpoint scaled to this run's K, so the anneal has the paper's shape."""
+        return PAPER_K_MID / PAPER_K * self.steps
+
+    @property
+    def validation_every(self) -> int:
+        return self.val_every if self.val_every is not None else max(1, round(self.steps / 6))
+
+    @property
+    def suite_sizes(self) -> dict[str, int]:
+        return {"train": self.train_size, "validation": self.validation_size, "test": self.test_size}
+
+    def methods(self) -> list[MethodSpec]:
+        """The configurations trained, baseline first (the paper's row order)."""
+        # the paper's site is unmarked; the propagating variant says where it acts
+        site = "" if self.noise_site == "final_norm" else f" @L{self.noise_site}"
+        tag = "" if self.noise_site == "final_norm" else "-L" + self.noise_site.replace(",", "_")
+        out = [MethodSpec(BASELINE, "grpo", "vanilla")]
+        for s in self.sigma0:
+            out.append(
+                MethodSpec(f"NC-GRPO σ0={s:g}{site}", f"ncgrpo-sigma{s:g}{tag}", "latent", {"sigma0": s})
+            )
+        if self.all_methods:
+            s = self.sigma0[0]
+            out += [
+                MethodSpec("NoisyRollout (image)", "image", "image"),
+                MethodSpec(
+                    f"Antithetic σ0={s:g}{site}", f"antithetic-sigma{s:g}{tag}", "antithetic", {"sigma0": s}
+                ),
+                MethodSpec(f"SPSA σ0={s:g}{site}", f"spsa-sigma{s:g}{tag}", "spsa", {"sigma0": s}),
+                MethodSpec("First-token T=2", "first-token-t2", "first_token_temperature"),
+            ]
+        return out
+
+    def seed_values(self) -> list[int]:
+        return list(range(self.seeds))
+
+
+@dataclass
+class RunResult:
+    """One (configuration, seed): where it trained and evaluated, and what this call did."""
+
+    name: str
+    method: str
+    seed: int
+    train_dir: Path
+    eval_dir: Path
+    trained: bool  # trained in this call (False: a finished run was found and skipped)
+    evaluated: bool  # evaluated in this call
+    train_time_s: float = 0.0
+    eval_time_s: float = 0.0
+    accuracy: dict[str, float] = field(default_factory=dict)  # benchmark -> accuracy on the test split
+    #: mean of ``noise/first_token_divergence`` over training (two-pass methods): how often a noisy
+    #: rollout's first token differed from the clean branch point's argmax. 0 with the final-norm site
+    #: means the noise never changed a rollout, i.e. the run was token-for-token vanilla GRPO.
+    first_token_divergence: float | None = None
+
+
+@dataclass
+class DemoResult:
+    out: Path
+    base_model: Path
+    runs: list[RunResult]
+    table: Any  # ncgrpo.eval.report.ComparisonTable
+    files: dict[str, Path]
+    stage_times_s: dict[str, float]
+    wall_time_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "base_model": str(self.base_model),
+            "wall_time_s": round(self.wall_time_s, 2),
+            "notes": list(self.notes),
+            "stage_times_s": {k: round(v, 2) for k, v in self.stage_times_s.items()},
+            "files": {k: str(v) for k, v in self.files.items()},
+            "runs": [
+                {
+                    **{k: v for k, v in asdict(r).items() if k not in ("train_dir", "eval_dir")},
+                    "train_dir": str(r.train_dir),
+                    "eval_dir": str(r.eval_dir),
+                }
+                for r in self.runs
+            ],
+        }
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _say(cfg: DemoConfig, msg: str) -> None:
+    if cfg.progress:
+        print(msg, flush=True)
+
+
+def first_per_family(questions: Sequence[Any], limit: int | None) -> list[Any]:
+    """The first ``limit`` questions of each family (benchmark), in order; all when ``limit`` is None."""
+    if limit is None:
+        return list(questions)
+    seen: dict[str, int] = {}
+    kept = []
+    for q in questions:
+        if seen.get(q.benchmark, 0) < limit:
+            seen[q.benchmark] = seen.get(q.benchmark, 0) + 1
+            kept.append(q)
+    return kept
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None  # a torn marker: the step it marks is redone
+
+
+def _check_settings(marker: Path, found: dict[str, Any], wanted: dict[str, Any]) -> None:
+    """Refuse to reuse a folder that a run with other settings finished."""
+    old = found.get("settings", {})
+    diff = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
+    if diff:
+        details = ", ".join(f"{k}: {old.get(k)!r} -> {wanted.get(k)!r}" for k in diff)
+        raise ValueError(
+            f"{marker}: this folder holds a finished run with other settings ({details}); use another --out "
+            "or delete the folder to redo it"
+        )
+
+
+def _write_marker(path: Path, settings: dict[str, Any], **extra: Any) -> None:
+    from ncgrpo.eval.records import atomic_write_json
+
+    atomic_write_json(path, {"settings": settings, **extra})
+
+
+def validation_accuracy(
+    model: Any, processor: Any, questions: Sequence[Any], *, max_new_tokens: int, batch_size: int
+) -> dict[str, float]:
+    """Greedy, noise-free accuracy on ``questions``: ``val/accuracy`` (all of them) and
+    ``val/accuracy/<role>`` per role present (in_domain, ood, general). Restores the model's mode."""
+    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
+    from ncgrpo.rewards import score
+
+    settings = DecodingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
+    was_training = model.training
+    model.eval()
+    by_role: dict[str, list[bool]] = {}
+    try:
+        questions = list(questions)
+        for start in range(0, len(questions), batch_size):
+            batch = questions[start : start + batch_size]
+            outputs = generate_greedy(model, processor, batch, settings)
+            for q, text in zip(batch, outputs, strict=True):
+                ok = bool(score(text, q.answer, choices=q.choices, answer_type=q.answer_type).correct)
+                by_role.setdefault(q.role, []).append(ok)
+    finally:
+        model.train(was_training)
+    everything = [ok for oks in by_role.values() for ok in oks]
+    out = {"val/accuracy": sum(everything) / len(everything)}
+    for role in ("in_domain", "ood", "general"):
+        if role in by_role:
+            out[f"val/accuracy/{role}"] = sum(by_role[role]) / len(by_role[role])
+    return out
+
+
+def _callbacks(
+    cfg: DemoConfig, name: str, model: Any, processor: Any, val_questions: list[Any], metrics_path: Path
+) -> list[Any]:
+    """MetricsCallback (``ncgrpo train``'s writer), periodic validation and a one-line progress bar."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    from ncgrpo.training import MetricsCallback
+
+    metrics = MetricsCallback(metrics_path)  # a second writer of the same file: validation lines only
+
+    class Validation(TrainerCallback):
+        """Greedy validation accuracy at step 0, every ``every`` steps and at the last step, written
+        through the metrics callback as its own line (``{"step": k, "val/accuracy": ...}``)."""
+
+        def __init__(self) -> None:
+            self.last: dict[str, float] = {}
+
+        def _run(self, args, state, control) -> None:
+            self.last = validation_accuracy(
+                model,
+                processor,
+                val_questions,
+                max_new_tokens=cfg.max_new_tokens,
+                batch_size=cfg.eval_batch_size,
+            )
+            metrics.on_log(args, state, control, logs=dict(self.last))
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if val_questions and state.global_step == 0:
+                self._run(args, state, control)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            k = state.global_step
+            if val_questions and (k % cfg.validation_every == 0 or k == state.max_steps):
+                self._run(args, state, control)
+
+    val = Validation()
+
+    class Progress(TrainerCallback):
+        """One tqdm bar per run with the latest reward, noise scale and validation accuracy."""
+
+        def __init__(self) -> None:
+            self.bar = None
+            self.post: dict[str, str] = {}
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.bar = tqdm(
+                total=state.max_steps,
+                initial=state.global_step,
+                desc=f"train {name}",
+                unit="step",
+                disable=not cfg.progress,
+            )
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.bar.update(state.global_step - self.bar.n)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "reward" in logs:
+                self.post["reward"] = f"{logs['reward']:.3f}"
+            if "noise/sigma_k" in logs:
+                self.post["sigma"] = f"{logs['noise/sigma_k']:.3f}"
+            if val.last:
+                self.post["val"] = f"{val.last['val/accuracy']:.3f}"
+            self.bar.set_postfix(self.post, refresh=False)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.close()
+
+    return [metrics, val, Progress()]
+
+
+def _mean_metric(train_dir: Path, key: str) -> float | None:
+    from ncgrpo.eval.plots import read_metrics
+
+    vals = [row[key] for row in read_metrics(train_dir) if isinstance(row.get(key), int | float)]
+    vals = [float(v) for v in vals if math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------- stages
+def _ensure_suite(cfg: DemoConfig) -> Path:
+    """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema)."""
+    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+
+    path = cfg.out / "suite"
+    marker = path / SUITE_MARKER
+    settings = {"seed": cfg.suite_seed, "sizes": cfg.suite_sizes}
+    found = _read_marker(marker)
+    if found is not None:
+        _check_settings(marker, found, settings)
+        return path
+    _say(cfg, f"building the synthetic suite (seed {cfg.suite_seed}, {cfg.suite_sizes}) -> {path}")
+    suite = build_suite(seed=cfg.suite_seed, sizes=cfg.suite_sizes)
+    export_geo3k(suite, path)
+    _write_marker(marker, settings, counts={k: len(v) for k, v in suite.items()})
+    return path
+
+
+def _base_model(cfg: DemoConfig) -> Path:
+    if cfg.model is not None:
+        return cfg.model
+    from ncgrpo.toy.pretrain import ensure_base_model
+
+    _say(cfg, "getting the embedded base model (built on first use, then cached)")
+    return ensure_base_model(cfg.cache_dir)
+
+
+def _dtype_for(device: str) -> str:
+    return "float32" if device == "cpu" else "auto"
+
+
+def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) -> dict[str, Any]:
+    """What a finished run's marker records; a rerun with other values is refused."""
+    return {
+        "method": spec.rollout_method,
+        **spec.fields,
+        "seed": seed,
+        "steps": cfg.steps,
+        "num_generations": cfg.num_generations,
+        "prompts_per_step": cfg.prompts_per_step,
+        "max_completion_length": cfg.max_completion_length,
+        "learning_rate": cfg.learning_rate,
+        # where the noise acts matters only to the hidden-noise methods
+        **({"noise_site": cfg.noise_site} if spec.rollout_method in ("latent", "antithetic", "spsa") else {}),
+        "schedule_k_mid": cfg.k_mid,
+        "base_model": base_id,
+        "suite_seed": cfg.suite_seed,
+        "suite_sizes": cfg.suite_sizes,
+        "val_limit": cfg.val_limit,
+        "val_every": cfg.validation_every,
+    }
+
+
+def _train(
+    cfg: DemoConfig,
+    spec: MethodSpec,
+    seed: int,
+    base: Path,
+    settings: dict[str, Any],
+    train_questions: list[Any],
+    val_questions: list[Any],
+    train_dir: Path,
+) -> tuple[Any, Any]:
+    """One run through :func:`ncgrpo.training.train_run` (``ncgrpo train``'s driver); returns the
+    trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
+    import torch
+
+    from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.rewards import math_reward
+    from ncgrpo.trainer import NCGRPOConfig
+    from ncgrpo.training import find_vision_tower, freeze_vision_tower, load_model_and_processor, train_run
+
+    model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
+    if find_vision_tower(model) is not None:
+        freeze_vision_tower(model)  # section 4.1: frozen vision tower
+    args = NCGRPOConfig(
+        output_dir=str(train_dir),
+        run_name=f"{spec.slug}-seed{seed}",
+        rollout_method=spec.rollout_method,
+        **spec.fields,
+        schedule_k_mid=cfg.k_mid,
+        noise_site=cfg.noise_site,
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.batch_size,
+        max_completion_length=cfg.max_completion_length,
+        max_steps=cfg.steps,
+        learning_rate=cfg.learning_rate,
+        seed=seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=cfg.device == "cpu",
+        bf16=next(model.parameters()).dtype == torch.bfloat16,
+        dataloader_num_workers=0,
+        disable_tqdm=True,  # the demo's own one-line bar instead of a dict per step
+    )
+    metrics_path = train_dir / METRICS_FILE
+    metrics_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
+    trainer = train_run(
+        args,
+        model,
+        processor,
+        to_trl_dataset(train_questions),
+        reward_funcs=[math_reward],
+        run_info={
+            "name": spec.name if cfg.seeds == 1 else f"{spec.name} (seed {seed})",
+            "method": spec.rollout_method,
+            "seed": seed,
+            "model": str(base),
+            "settings": settings,
+        },
+        callbacks=_callbacks(cfg, f"{spec.slug} s{seed}", model, processor, val_questions, metrics_path),
+        console_logs=False,
+    )
+    model = trainer.model
+    del trainer
+    return model, processor
+
+
+def _run_one(
+    cfg: DemoConfig,
+    spec: MethodSpec,
+    seed: int,
+    base: Path,
+    base_id: str,
+    train_questions: list[Any],
+    val_questions: list[Any],
+    test_questions: list[Any],
+) -> RunResult:
+    from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
+
+    run = f"{spec.slug}-seed{seed}"
+    train_dir, eval_dir = cfg.out / "train" / run, cfg.out / "eval" / run
+    settings = _train_settings(cfg, spec, seed, base_id)
+    eval_settings = {
+        **settings,
+        "eval_limit": cfg.eval_limit,
+        "max_new_tokens": cfg.max_new_tokens,
+        "questions": len(test_questions),
+    }
+    result = RunResult(spec.name, spec.rollout_method, seed, train_dir, eval_dir, False, False)
+
+    eval_marker = eval_dir / EVAL_MARKER
+    found = _read_marker(eval_marker)
+    if found is not None:
+        _check_settings(eval_marker, found, eval_settings)
+        result.accuracy = found.get("accuracy", {})
+        result.first_token_divergence = _mean_metric(train_dir, "noise/first_token_divergence")
+        _say(cfg, f"{run}: trained and evaluated already (skipped)")
+        return result
+
+    from ncgrpo.training import read_run_info
+
+    model = processor = None
+    found = read_run_info(train_dir)
+    if found is not None and found.get("finished"):
+        _check_settings(train_dir / RUN_FILE, found, settings)
+        _say(cfg, f"{run}: trained already (skipped); evaluating")
+    else:
+        _say(cfg, f"{run}: training {spec.name} (seed {seed}) for {cfg.steps} steps")
+        t0 = time.perf_counter()
+        model, processor = _train(cfg, spec, seed, base, settings, train_questions, val_questions, train_dir)
+        result.train_time_s = time.perf_counter() - t0
+        result.trained = True
+
+    result.first_token_divergence = _mean_metric(train_dir, "noise/first_token_divergence")
+    t0 = time.perf_counter()
+    if model is None:
+        from ncgrpo.training import load_model_and_processor
+
+        model, processor = load_model_and_processor(
+            train_dir, dtype=_dtype_for(cfg.device), device=cfg.device
+        )
+    summary = evaluate(
+        model,
+        processor,
+        test_questions,
+        eval_dir,
+        model_id=model_id_of(train_dir),
+        seed=seed,
+        name=spec.name,
+        method=spec.rollout_method,
+        settings=DecodingSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size),
+        progress=cfg.progress,
+    )
+    result.eval_time_s = time.perf_counter() - t0
+    result.evaluated = True
+    result.accuracy = dict(summary.accuracy)
+    _write_marker(
+        eval_marker, eval_settings, accuracy=result.accuracy, eval_time_s=round(result.eval_time_s, 2)
+    )
+    del model, processor
+    _free(cfg.device)
+    return result
+
+
+def _report(cfg: DemoConfig, runs: list[RunResult], console: Any = None) -> tuple[Any, dict[str, Path]]:
+    """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files."""
+    from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics
+    from ncgrpo.eval.records import atomic_write_json, atomic_write_text
+    from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
+
+    ct = compare(load_runs([r.eval_dir for r in runs]), BASELINE)
+    if cfg.progress:
+        print_rich(ct, console)
+    files = {
+        "table_md": cfg.out / "table.md",
+        "table_tex": cfg.out / "table.tex",
+        "table_json": cfg.out / "table.json",
+    }
+    atomic_write_text(files["table_md"], to_markdown(ct))
+    atomic_write_text(files["table_tex"], to_latex(ct))
+    atomic_write_json(files["table_json"], json.loads(json.dumps(ct.to_json(), default=str)))
+
+    plots = cfg.out / "plots"
+    if len({r.name for r in runs}) > 1:
+        for p in plot_gains(
+            ct, None, plots / "gains", title="Demo: gains over vanilla GRPO (* exact McNemar p<0.05)"
+        ):
+            files[f"gains{p.suffix}"] = p
+    logged = {k for r in runs for row in read_metrics(r.train_dir) for k in row}
+    val_keys = [
+        k for k in ("val/accuracy/in_domain", "val/accuracy/ood", "val/accuracy/general") if k in logged
+    ]
+    if val_keys:
+        for p in plot_dynamics(
+            [r.train_dir for r in runs],
+            plots / "dynamics",
+            reward_key="reward",
+            val_key=val_keys,
+            title="Demo: training reward and greedy validation accuracy",
+        ):
+            files[f"dynamics{p.suffix}"] = p
+    return ct, files
+
+
+_TRACE_KEYS = ("reward", "reward_std", "loss", "completions/mean_length")
+
+
+def _trace(train_dir: Path) -> list[tuple[Any, ...]]:
+    """Per-step (step, reward, reward_std, loss, mean length): equal traces mean equal rollouts."""
+    from ncgrpo.eval.plots import read_metrics
+
+    return [
+        tuple(row.get(k) for k in ("step", *_TRACE_KEYS))
+        for row in read_metrics(train_dir)
+        if "reward" in row
+    ]
+
+
+def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
+    """What the reader of the table must know to read it right.
+
+    A two-pass run whose every logged reward, reward spread, loss and completion length equals the
+    vanilla run of the same seed sampled exactly vanilla's rollouts: its noise changed nothing. At the
+    final-norm site this happens when the base model's first token is near-certain, because there the
+    noise reaches only the first-token logits (section 3.1: a branch-point intervention).
+    """
+    vanilla = {r.seed: r for r in runs if r.method == "vanilla"}
+    same = []
+    for r in runs:
+        base = vanilla.get(r.seed)
+        if r.method == "vanilla" or base is None:
+            continue
+        if _trace(r.train_dir) == _trace(base.train_dir):
+            div = "n/a" if r.first_token_divergence is None else f"{r.first_token_divergence:.4f}"
+            same.append(f"{r.name} (seed {r.seed}; mean noise/first_token_divergence {div})")
+    if not same:
+        return []
+    note = (
+        f"{'; '.join(same)}: every logged step (reward, reward std, loss, completion length) equals {BASELINE}'s "
+        "of the same seed, so the noisy half sampled exactly vanilla GRPO's rollouts and the two models are the "
+        "same (McNemar p = 1)."
+    )
+    if cfg.noise_site == "final_norm":
+        note += (
+            " At the final-norm site the noise reaches only the first-token logits (section 3.1), and this base "
+            "model's first token is a near-certain format token. The propagating variant, which reaches the KV "
+            "cache, is --noise-site <decoder layer index> (e.g. 1)."
+        )
+    return [note]
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run_demo(
+    cfg: DemoConfig, *, console: Any = None, on_stage: Callable[[str], None] | None = None
+) -> DemoResult:
+    """Run the whole protocol (see the module docstring) into ``cfg.out``; returns what it did.
+
+    ``on_stage(name)`` is called as each stage starts (suite, base_model, train_eval, report).
+    """
+    import torch
+
+    from ncgrpo.data.geometry3k import load_geometry3k
+    from ncgrpo.eval.evaluate import model_id_of
+    from ncgrpo.eval.records import atomic_write_json
+
+    t_start = time.perf_counter()
+    stage_times: dict[str, float] = {}
+    previous_threads = torch.get_num_threads()
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+
+        def stage(name: str, fn: Callable[[], Any]) -> Any:
+            if on_stage is not None:
+                on_stage(name)
+            t0 = time.perf_counter()
+            value = fn()
+            stage_times[name] = stage_times.get(name, 0.0) + time.perf_counter() - t0
+            return value
+
+        suite = stage("suite", lambda: _ensure_suite(cfg))
+        base = stage("base_model", lambda: _base_model(cfg))
+        base_id = model_id_of(base)
+
+        def load() -> tuple[list[Any], list[Any], list[Any]]:
+            train = load_geometry3k(suite, "train")
+            val = (
+                first_per_family(load_geometry3k(suite, "validation"), cfg.val_limit) if cfg.val_limit else []
+            )
+            test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
+            return train, val, test
+
+        train_q, val_q, test_q = stage("load_data", load)
+        specs, seeds = cfg.methods(), cfg.seed_values()
+        _say(
+            cfg,
+            f"{len(specs)} configuration(s) x {len(seeds)} seed(s), {cfg.steps} steps each "
+            f"({cfg.prompts_per_step} prompts x G={cfg.num_generations}); test: {len(test_q)} questions; "
+            f"base model: {base}",
+        )
+        runs: list[RunResult] = []
+
+        def train_all() -> None:
+            for spec in specs:
+                for seed in seeds:
+                    runs.append(_run_one(cfg, spec, seed, base, base_id, train_q, val_q, test_q))
+
+        stage("train_eval", train_all)
+        table, files = stage("report", lambda: _report(cfg, runs, console))
+        wall = time.perf_counter() - t_start
+        result = DemoResult(
+            out=cfg.out,
+            base_model=base,
+            runs=runs,
+            table=table,
+            files=files,
+            stage_times_s=stage_times,
+            wall_time_s=wall,
+            notes=_notes(cfg, runs),
+        )
+        files["summary"] = cfg.out / "summary.json"
+        summary = result.to_json()
+        summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        atomic_write_json(files["summary"], summary)
+        return result
+    finally:
+        torch.set_num_threads(previous_threads)

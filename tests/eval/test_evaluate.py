@@ -1,0 +1,185 @@
+"""The evaluation protocol: greedy records, resumability, kill -9 safety (issue: Evaluation, part 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
+from ncgrpo.eval.records import RECORDS_FILE, read_records
+from ncgrpo.toy.synthetic import build_suite, export_geo3k
+from ncgrpo.training import load_model_and_processor
+from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+
+
+@pytest.fixture(scope="module")
+def tiny_vl_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-vl")
+    tok = build_tokenizer()
+    proc = build_processor(tok)
+    save_tiny(tiny_qwen2_5_vl(processor=proc, seed=0), proc, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def suite_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("suite")
+    suite = build_suite(seed=0, sizes={"train": 2, "validation": 1, "test": 4})
+    export_geo3k(suite, out)
+    return out
+
+
+def _questions(suite_dir: Path):
+    from ncgrpo.commands.eval import load_questions
+
+    return load_questions(["synthetic"], {"synthetic": suite_dir}, "test", None)
+
+
+def test_evaluate_writes_one_record_per_question_and_resumes(tiny_vl_dir, suite_dir, tmp_path) -> None:
+    model, proc = load_model_and_processor(tiny_vl_dir, device="cpu")
+    qs = _questions(suite_dir)
+    settings = DecodingSettings(max_new_tokens=6, batch_size=3)
+    mid = model_id_of(tiny_vl_dir)
+    s1 = evaluate(model, proc, qs[:5], tmp_path, model_id=mid, settings=settings, progress=False, seed=3)
+    assert s1.newly_recorded == 5
+    s2 = evaluate(model, proc, qs, tmp_path, model_id=mid, settings=settings, progress=False, seed=3)
+    assert s2.newly_recorded == len(qs) - 5
+    recs = read_records(tmp_path / RECORDS_FILE)
+    assert sorted(r.key for r in recs) == sorted((q.benchmark, q.question_id) for q in qs)
+    lines = (tmp_path / RECORDS_FILE).read_text().splitlines()
+    assert len(lines) == len(qs)  # no duplicates on disk either
+    r = recs[0]
+    assert r.decoding["do_sample"] is False and r.decoding["max_new_tokens"] == 6
+    assert r.seed == 3 and r.model == mid and r.prompt_hash
+    # correctness is the shared scorer's verdict on the recorded output
+    from ncgrpo.rewards import score
+
+    by_key = {(q.benchmark, q.question_id): q for q in qs}
+    for rec in recs:
+        q = by_key[rec.key]
+        assert (
+            rec.correct == score(rec.output, q.answer, choices=q.choices, answer_type=q.answer_type).correct
+        )
+    assert set(s2.accuracy) == {q.benchmark for q in qs}
+
+
+def test_greedy_records_do_not_depend_on_batch_size(tiny_vl_dir, suite_dir, tmp_path) -> None:
+    model, proc = load_model_and_processor(tiny_vl_dir, device="cpu")
+    qs = _questions(suite_dir)[:4]
+    mid = model_id_of(tiny_vl_dir)
+    evaluate(
+        model,
+        proc,
+        qs,
+        tmp_path / "b1",
+        model_id=mid,
+        settings=DecodingSettings(max_new_tokens=6, batch_size=1),
+        progress=False,
+    )
+    evaluate(
+        model,
+        proc,
+        qs,
+        tmp_path / "b4",
+        model_id=mid,
+        settings=DecodingSettings(max_new_tokens=6, batch_size=4),
+        progress=False,
+    )
+    a = {r.key: r.output for r in read_records(tmp_path / "b1" / RECORDS_FILE)}
+    b = {r.key: r.output for r in read_records(tmp_path / "b4" / RECORDS_FILE)}
+    assert a == b
+
+
+def test_records_of_another_model_are_refused(tiny_vl_dir, suite_dir, tmp_path) -> None:
+    model, proc = load_model_and_processor(tiny_vl_dir, device="cpu")
+    qs = _questions(suite_dir)[:1]
+    evaluate(
+        model, proc, qs, tmp_path, model_id="a", settings=DecodingSettings(max_new_tokens=2), progress=False
+    )
+    with pytest.raises(ValueError, match="model"):
+        evaluate(
+            model,
+            proc,
+            qs,
+            tmp_path,
+            model_id="b",
+            settings=DecodingSettings(max_new_tokens=2),
+            progress=False,
+        )
+
+
+def test_torn_last_line_is_repaired_and_recomputed(tiny_vl_dir, suite_dir, tmp_path) -> None:
+    model, proc = load_model_and_processor(tiny_vl_dir, device="cpu")
+    qs = _questions(suite_dir)[:3]
+    settings = DecodingSettings(max_new_tokens=4, batch_size=1)
+    evaluate(model, proc, qs[:2], tmp_path, model_id="m", settings=settings, progress=False)
+    path = tmp_path / RECORDS_FILE
+    with open(path, "a") as f:
+        f.write('{"benchmark": "synthetic/x", "question_id": "tor')  # a write cut by a crash
+    evaluate(model, proc, qs, tmp_path, model_id="m", settings=settings, progress=False)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    assert all(json.loads(line) for line in lines)
+
+
+def _cli(model: Path, data: Path, out: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "ncgrpo",
+        "eval",
+        "--model",
+        str(model),
+        "--benchmarks",
+        "synthetic",
+        "--data",
+        f"synthetic={data}",
+        "--split",
+        "test",
+        "--out",
+        str(out),
+        "--batch-size",
+        "1",
+        "--max-new-tokens",
+        "24",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
+
+
+def test_kill_9_during_eval_then_rerun_loses_and_duplicates_nothing(tiny_vl_dir, suite_dir, tmp_path) -> None:
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        _cli(tiny_vl_dir, suite_dir, out), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    records = out / RECORDS_FILE
+    deadline = time.time() + 120
+    killed_at = None
+    while time.time() < deadline and proc.poll() is None:
+        if records.exists() and len(records.read_bytes().splitlines()) >= 3:
+            proc.send_signal(signal.SIGKILL)
+            killed_at = len(records.read_bytes().splitlines())
+            break
+        time.sleep(0.05)
+    proc.wait(timeout=60)
+    assert killed_at is not None, (
+        f"eval finished or failed before it could be killed: {proc.stderr.read()[-2000:]}"
+    )
+    n_total = len(_questions(suite_dir))
+    assert killed_at < n_total
+    done = subprocess.run(
+        _cli(tiny_vl_dir, suite_dir, out), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    raw = [json.loads(line) for line in records.read_text().splitlines()]
+    keys = [(r["benchmark"], r["question_id"]) for r in raw]
+    assert len(keys) == len(set(keys)) == n_total

@@ -1,0 +1,316 @@
+"""Paper-style tables (Tables 1 and 2 layout) from run directories, and the `compare` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ncgrpo.commands import compare as compare_cmd
+from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
+from ncgrpo.eval.report import compare, format_p, latex_text, load_runs, print_rich, to_latex, to_markdown
+from ncgrpo.eval.stats import AlignmentError, mcnemar_exact
+
+N = 1000  # questions per benchmark
+MAIN = [
+    ("geo3k", "in_domain"),
+    ("hallusionbench", "ood"),
+    ("mathvista", "ood"),
+    ("mathverse", "ood"),
+    ("mathvision", "ood"),
+    ("wemath", "ood"),
+]
+GENERAL = [
+    ("pope", "general"),
+    ("mmstar", "general"),
+    ("ai2d", "general"),
+    ("realworldqa", "general"),
+    ("chartqa", "general"),
+]
+
+
+def outcomes(base_pct: float, pct: float, losses: int) -> tuple[np.ndarray, np.ndarray]:
+    """(method, baseline) outcomes on N questions with the given accuracies.
+
+    The baseline answers the first kb questions; the method has n01 = losses + max(0, kb - km) and
+    n10 = losses + max(0, km - kb), so ``losses`` = 0 makes the change one-sided.
+    """
+    kb, km = round(base_pct * N / 100), round(pct * N / 100)
+    n01, n10 = losses + max(0, kb - km), losses + max(0, km - kb)
+    b = np.arange(N) < kb
+    a = b.copy()
+    a[:n01] = False
+    a[kb : kb + n10] = True
+    assert a.sum() == km
+    return a, b
+
+
+def write_run(root: Path, name: str, seed: int | None, columns: dict[str, tuple[str, np.ndarray]]) -> Path:
+    d = root / f"{name}-{seed}".replace(" ", "_").replace("=", "")
+    atomic_write_json(d / RUN_FILE, {"name": name, "method": name, "seed": seed, "model": "synthetic"})
+    with RecordWriter(d / RECORDS_FILE) as w:
+        for bm, (role, correct) in columns.items():
+            w.write(
+                EvalRecord(bm, f"q{i:04d}", role, "", "", None, "", bool(c), "synthetic", seed=seed)
+                for i, c in enumerate(correct)
+            )
+    return d
+
+
+# Paper Table 1. Losses per benchmark: 0 makes a one-sided change (p tiny, starred); 40 makes the
+# paper's small unstarred differences non-significant (e.g. Geo3K +1.0: 50 vs 40, p = 0.34).
+VANILLA = [52.9, 70.2, 70.7, 43.0, 27.1, 49.1]
+NC02 = ([53.9, 71.3, 70.1, 44.9, 28.4, 50.5], [40, 40, 40, 0, 40, 40])
+NC05 = ([53.7, 71.0, 71.2, 45.3, 27.6, 52.1], [40, 40, 40, 0, 40, 0])
+
+
+@pytest.fixture
+def table1_dirs(tmp_path: Path) -> list[Path]:
+    dirs = [
+        write_run(
+            tmp_path,
+            "Vanilla GRPO",
+            1,
+            {bm: (role, outcomes(v, v, 0)[1]) for (bm, role), v in zip(MAIN, VANILLA, strict=True)},
+        )
+    ]
+    for name, (accs, losses) in [("NC-GRPO σ0=0.2", NC02), ("NC-GRPO σ0=0.5", NC05)]:
+        cols = {
+            bm: (role, outcomes(v, acc, loss)[0])
+            for (bm, role), v, acc, loss in zip(MAIN, VANILLA, accs, losses, strict=True)
+        }
+        dirs.append(write_run(tmp_path, name, 1, cols))
+    return dirs
+
+
+def md_rows(md: str, section: str) -> list[list[str]]:
+    block = md.split(f"## {section}")[1].split("\n\n")[1]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in block.strip().splitlines()]
+
+
+def test_table1_layout_values_bold_and_stars(table1_dirs):
+    ct = compare(load_runs(table1_dirs), "Vanilla GRPO")
+    assert [c.label for c in ct.main.columns] == [
+        "Geo3K",
+        "Hallusion",
+        "MathVista",
+        "MathVerse",
+        "MathVision",
+        "WeMath",
+        "OOD avg",
+        "pooled p",
+    ]
+    assert [r.name for r in ct.main.rows] == ["Vanilla GRPO", "NC-GRPO σ0=0.2", "NC-GRPO σ0=0.5"]
+    assert ct.general is None
+    rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
+    assert rows[0] == [
+        "Method",
+        "Geo3K (ID)",
+        "Hallusion",
+        "MathVista",
+        "MathVerse",
+        "MathVision",
+        "WeMath",
+        "OOD avg",
+        "pooled p",
+    ]
+    assert all(len(r) == 9 for r in rows)
+    # OOD avg = unweighted mean of the five OOD accuracies: 52.02 -> 52.0, 53.04 -> 53.0, and
+    # 53.44 -> 53.4 for σ0=0.5 (the paper prints 53.5, averaged before rounding its benchmarks).
+    assert rows[2][:1] == ["Vanilla GRPO"]
+    assert rows[2][1:8] == ["52.9", "70.2", "70.7", "43.0", "27.1", "49.1", "52.0"]
+    assert rows[3][1:8] == ["**53.9**", "**71.3**", "70.1", "44.9\\*", "**28.4**", "50.5", "53.0\\*"]
+    assert rows[4][1:8] == ["53.7", "71.0", "**71.2**", "**45.3**\\*", "27.6", "**52.1**\\*", "**53.4**\\*"]
+    assert rows[2][8] == "—" and rows[3][8].startswith("p=") and rows[4][8] == "p<1e-4 (+)"
+
+
+def test_table1_latex_matches_paper_markup(table1_dirs):
+    tex = to_latex(compare(load_runs(table1_dirs), "Vanilla GRPO"))
+    assert "\\begin{tabular}{lcccccccc}" in tex and "\\toprule" in tex and "\\bottomrule" in tex
+    body = [ln.strip() for ln in tex.splitlines() if ln.strip().endswith("\\\\")]
+    assert all(ln.count("&") == 8 for ln in body)  # 9 columns in every row
+    assert body[0].startswith("Method & Geo3K (ID) & Hallusion")
+    assert body[2] == (
+        "NC-GRPO $\\sigma_0{=}0.2$ & \\textbf{53.9} & \\textbf{71.3} & 70.1 & 44.9$^*$ & "
+        "\\textbf{28.4} & 50.5 & 53.0$^*$ & $p{=}0.011$ (+) \\\\"
+    )
+    assert "\\textbf{45.3}$^*$" in body[3] and "$p{<}10^{-4}$ (+)" in body[3]
+
+
+def test_pooled_column_is_the_pooled_ood_test(table1_dirs):
+    runs = load_runs(table1_dirs)
+    ct = compare(runs, "Vanilla GRPO")
+    nc = ct.main.rows[1]
+    a = np.concatenate(
+        [
+            outcomes(v, acc, loss)[0]
+            for v, acc, loss in zip(VANILLA[1:], NC02[0][1:], NC02[1][1:], strict=True)
+        ]
+    )
+    b = np.concatenate([outcomes(v, v, 0)[1] for v in VANILLA[1:]])
+    assert nc.cells["pooled"].test == mcnemar_exact(a, b) == nc.cells["ood_avg"].test
+    assert nc.cells["pooled"].test.n == 5 * N  # OOD only: the in-domain benchmark is not pooled
+    # Listed tests: 6 per-benchmark + 1 pooled per configuration, Holm <= Bonferroni adjusted.
+    assert len(ct.tests) == 14
+    assert [t.scope for t in ct.tests[:7]] == [bm for bm, _ in MAIN] + ["pooled OOD"]
+    assert all(t.holm_p <= t.bonferroni_p for t in ct.tests)
+    mv = next(t for t in ct.tests if t.configuration == "NC-GRPO σ0=0.2" and t.scope == "mathverse")
+    assert (mv.result.n10, mv.result.n01) == (19, 0) and mv.holm_reject and mv.bonferroni_reject
+
+
+def test_general_table_layout(tmp_path):
+    # Paper Table 2 (vanilla and σ0=0.5 rows): ties bold together (66.3 twice in the paper's RealWorldQA).
+    van = [86.8, 62.9, 81.1, 65.9, 80.3]
+    nc = [85.9, 63.3, 79.7, 66.3, 80.4]
+    van_cols = {bm: (role, outcomes(v, v, 0)[1]) for (bm, role), v in zip(GENERAL, van, strict=True)}
+    # One-sided changes: pooled n10 = 4 + 4 + 1 = 9, n01 = 9 + 14 = 23 -> a significant regression.
+    nc_cols = {bm: (role, outcomes(v, x, 0)[0]) for (bm, role), v, x in zip(GENERAL, van, nc, strict=True)}
+    ir_cols = {
+        bm: (role, outcomes(v, x, 5)[0])
+        for (bm, role), v, x in zip(GENERAL, van, [86.5, 63.9, 81.0, 66.3, 80.6], strict=True)
+    }
+    dirs = [
+        write_run(tmp_path, "Vanilla GRPO", 0, van_cols),
+        write_run(tmp_path, "NC", 0, nc_cols),
+        write_run(tmp_path, "Image", 0, ir_cols),
+    ]
+    ct = compare(load_runs(dirs), "Vanilla GRPO")
+    assert ct.main.columns == [] and ct.general is not None
+    assert [c.label for c in ct.general.columns] == [
+        "POPE",
+        "MMStar",
+        "AI2D",
+        "RealWorldQA",
+        "ChartQA",
+        "Pooled vs. Vanilla GRPO",
+    ]
+    md = to_markdown(ct)
+    assert "## Reasoning benchmarks" not in md
+    rows = md_rows(md, "General capability")
+    assert all(len(r) == 7 for r in rows)
+    assert rows[3][4] == "**66.3**" and rows[4][4] == "**66.3**"  # tie at display precision
+    assert rows[2][1] == "**86.8**" and rows[3][1] == "85.9\\*"  # regression of 9 one-sided questions
+    pooled = ct.general.rows[1].cells["pooled"].test
+    assert pooled.n == 5 * N and pooled.diff_pp < 0
+    assert rows[3][6].endswith("(−)")
+    tex = to_latex(ct)
+    assert "Pooled vs.\\ Vanilla GRPO" not in tex  # header is escaped text, not a sentence
+    assert "& Pooled vs. Vanilla GRPO \\\\" in tex and "($-$)" in tex
+
+
+def test_seeds_mean_half_range_and_seed_pairing(tmp_path):
+    # Two seeds per configuration, one OOD benchmark. Vanilla 51.8 / 52.0 -> 51.9 ± 0.1 (paper).
+    rng = np.random.default_rng(0)
+    dirs, arrays = [], {}
+    for seed, (bv, bn) in {1: (51.8, 52.8), 2: (52.0, 53.2)}.items():
+        a, b = outcomes(bv, bn, 30)
+        perm = rng.permutation(N)
+        a, b = a[perm], b[perm]
+        arrays[seed] = (a, b)
+        dirs.append(write_run(tmp_path, "Vanilla", seed, {"mathvista": ("ood", b)}))
+        dirs.append(write_run(tmp_path, "NC", seed, {"mathvista": ("ood", a)}))
+    ct = compare(load_runs(dirs), "Vanilla")
+    van, nc = ct.main.rows
+    assert van.cells["mathvista"].mean == pytest.approx(51.9) and van.cells[
+        "mathvista"
+    ].half_range == pytest.approx(0.1)
+    assert nc.cells["ood_avg"].mean == pytest.approx(53.0) and nc.cells[
+        "ood_avg"
+    ].half_range == pytest.approx(0.2)
+    assert nc.seed_pairs == [(1, 1), (2, 2)]
+    direct = mcnemar_exact(
+        np.concatenate([arrays[1][0], arrays[2][0]]), np.concatenate([arrays[1][1], arrays[2][1]])
+    )
+    assert nc.cells["mathvista"].test == direct and direct.n == 2 * N
+    rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
+    assert rows[2][1] == "51.9 ± 0.1"
+    assert "$\\pm$" in to_latex(ct)
+
+
+def test_misaligned_runs_are_refused(tmp_path):
+    b = np.ones(10, dtype=bool)
+    d1 = write_run(tmp_path, "Vanilla", 0, {"mathvista": ("ood", b)})
+    d2 = write_run(tmp_path, "NC", 0, {"mathvista": ("ood", b[:7])})
+    with pytest.raises(AlignmentError, match=r"missing from run a: 3 \(mathvista/q0007"):
+        compare(load_runs([d1, d2]), "Vanilla")
+
+
+def test_input_errors(tmp_path, table1_dirs):
+    with pytest.raises(ValueError, match="baseline 'nope'"):
+        compare(load_runs(table1_dirs), "nope")
+    with pytest.raises(ValueError, match="not in any run"):
+        compare(load_runs(table1_dirs), "Vanilla GRPO", ["mathvista", "nope"])
+    with pytest.raises(ValueError, match="both 'Vanilla GRPO' with seed 1"):
+        load_runs([table1_dirs[0], table1_dirs[0]])
+    with pytest.raises(FileNotFoundError, match="no records.jsonl"):
+        load_runs([tmp_path / "empty"])
+
+
+def test_benchmark_subset_and_missing_benchmark(tmp_path, table1_dirs):
+    ct = compare(load_runs(table1_dirs), "Vanilla GRPO", ["wemath", "geo3k"])
+    assert [c.key for c in ct.main.columns] == ["geo3k", "wemath", "ood_avg", "pooled"]  # ID first
+    assert ct.main.rows[0].cells["ood_avg"].mean == pytest.approx(49.1)
+    # A configuration that skipped a benchmark shows a dash there, and no OOD avg / pooled test.
+    partial = write_run(tmp_path, "Partial", 1, {"geo3k": ("in_domain", outcomes(52.9, 52.9, 0)[1])})
+    ct = compare(load_runs([*table1_dirs, partial]), "Vanilla GRPO")
+    row = md_rows(to_markdown(ct), "Reasoning benchmarks")[-1]
+    assert row[0] == "Partial" and row[1] == "52.9" and row[2:] == ["—"] * 7
+
+
+@pytest.mark.parametrize(
+    "p,plain,latex",
+    [
+        (0.67, "=0.67", "{=}0.67"),
+        (0.0007, "=0.00070", "{=}0.00070"),
+        (0.090, "=0.090", "{=}0.090"),
+        (1.0, "=1.00", "{=}1.00"),
+        (5e-5, "<1e-4", "{<}10^{-4}"),
+    ],
+)
+def test_format_p(p, plain, latex):
+    assert format_p(p) == plain and format_p(p, latex=True) == latex
+
+
+def test_latex_text():
+    assert latex_text("NC-GRPO σ0=0.5") == "NC-GRPO $\\sigma_0{=}0.5$"
+    assert latex_text("a_b & 50% σ") == "a\\_b \\& 50\\% $\\sigma$"
+
+
+def test_rich_output_has_every_number_untruncated(table1_dirs):
+    from rich.console import Console
+
+    console = Console(width=60, record=True, color_system=None)
+    print_rich(compare(load_runs(table1_dirs), "Vanilla GRPO"), console)
+    text = console.export_text()
+    for value in ["52.9", "53.9", "44.9*", "53.4*", "p<1e-4 (+)", "MathVision", "reject"]:
+        assert value in text
+    assert "…" not in text.split("Paired")[0]
+
+
+def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
+    parser = argparse.ArgumentParser()
+    compare_cmd.add_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "report"
+    args = parser.parse_args(
+        ["compare", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+    )
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert "Reasoning benchmarks" in printed and "53.0*" in printed
+    md = (out / "comparison.md").read_text()
+    assert "| NC-GRPO σ0=0.2 | **53.9** |" in md and "## Paired tests" in md
+    assert "\\textbf{53.4}$^*$" in (out / "comparison.tex").read_text()
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["family_size"] == 14 and data["baseline"] == "Vanilla GRPO"
+    t = next(
+        t for t in data["tests"] if t["scope"] == "pooled OOD" and t["configuration"] == "NC-GRPO σ0=0.5"
+    )
+    assert t["n"] == 5 * N and t["p"] < 1e-4 and t["holm_reject"] is True
+    # Errors are reported, not raised.
+    args = parser.parse_args(["compare", str(table1_dirs[0]), "--baseline", "nope"])
+    assert args.func(args) == 2
+    assert "baseline 'nope'" in capsys.readouterr().err

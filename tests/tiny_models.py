@@ -1,0 +1,304 @@
+"""Tiny random models for the tests, built from configs (no download): Qwen2-VL, Qwen3-VL and the
+text-only Qwen2 / Qwen3 / Llama, plus ``load_tiny`` / ``tiny_bundle`` conveniences.
+
+The embedded model's own builders (tokenizer, processor, tiny Qwen2.5-VL) are library code in
+:mod:`ncgrpo.toy.model`; this module adds the architectures only the tests exercise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedModel
+
+import ncgrpo.processors  # noqa: F401  (registers the torchvision-free processors with AutoProcessor)
+from ncgrpo.toy.model import *  # noqa: F403  (the tests import every builder from here)
+from ncgrpo.toy.model import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    _generation_config,
+    _instantiate,
+    _mrope_section,
+    _mrope_text_config,
+    _special_config_fields,
+    _token_ids,
+    _tokenizer_of,
+    _vl_config_kwargs,
+    build_processor,
+    build_tokenizer,
+    tiny_qwen2_5_vl,
+    tiny_vl_model,
+)
+
+
+def tiny_qwen2_vl_config(
+    *,
+    vocab_size: int | None = None,
+    hidden_size: int = 32,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    vision_depth: int = 2,
+    vision_embed_dim: int = 32,
+    vision_num_heads: int = 4,
+    patch_size: int = 14,
+    spatial_merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    rope_theta: float = 1e4,
+    max_position_embeddings: int = 4096,
+    tie_word_embeddings: bool = False,
+    tokenizer=None,
+    **overrides: Any,
+):
+    """A `Qwen2VLConfig` at toy scale (same conventions as `tiny_qwen2_5_vl_config`)."""
+    from transformers import Qwen2VLConfig
+
+    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
+    text_config = _mrope_text_config(
+        ids,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        rope_theta=rope_theta,
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    vision_config = dict(
+        depth=vision_depth,
+        embed_dim=vision_embed_dim,
+        hidden_size=hidden_size,
+        mlp_ratio=2,
+        num_heads=vision_num_heads,
+        patch_size=patch_size,
+        spatial_merge_size=spatial_merge_size,
+        temporal_patch_size=temporal_patch_size,
+    )
+    kw = _vl_config_kwargs(text_config, vision_config, ids, tie_word_embeddings)
+    kw.update(overrides)
+    return Qwen2VLConfig(**kw)
+
+
+def tiny_qwen3_vl_config(
+    *,
+    vocab_size: int | None = None,
+    hidden_size: int = 32,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int | None = None,
+    vision_depth: int = 2,
+    vision_hidden_size: int = 32,
+    vision_intermediate_size: int = 32,
+    vision_num_heads: int = 4,
+    patch_size: int = 16,
+    spatial_merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    rope_theta: float = 1e4,
+    max_position_embeddings: int = 4096,
+    tie_word_embeddings: bool = False,
+    tokenizer=None,
+    **overrides: Any,
+):
+    """A `Qwen3VLConfig` at toy scale (same conventions as `tiny_qwen2_5_vl_config`)."""
+    try:
+        from transformers import Qwen3VLConfig
+    except ImportError as e:  # pragma: no cover - 5.23 has it
+        raise NotImplementedError("this transformers version has no Qwen3-VL") from e
+
+    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
+    head_dim = head_dim or hidden_size // num_attention_heads
+    text_config = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "mrope_section": _mrope_section(head_dim),
+            "mrope_interleaved": True,
+        },
+        bos_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    vision_config = dict(
+        depth=vision_depth,
+        hidden_size=vision_hidden_size,
+        intermediate_size=vision_intermediate_size,
+        num_heads=vision_num_heads,
+        out_hidden_size=hidden_size,
+        patch_size=patch_size,
+        spatial_merge_size=spatial_merge_size,
+        temporal_patch_size=temporal_patch_size,
+        num_position_embeddings=64,
+        deepstack_visual_indexes=[0],
+    )
+    kw: dict[str, Any] = dict(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=tie_word_embeddings,
+    )
+    kw.update(overrides)
+    return Qwen3VLConfig(**kw)
+
+
+def tiny_qwen2_vl(*, tokenizer=None, processor=None, seed: int = 0, **overrides: Any):
+    """Tiny random `Qwen2VLForConditionalGeneration` (float32, sdpa attention, fixed seed)."""
+    return tiny_vl_model(
+        "Qwen2VLForConditionalGeneration",
+        tiny_qwen2_vl_config,
+        tokenizer=tokenizer,
+        processor=processor,
+        seed=seed,
+        **overrides,
+    )
+
+
+def tiny_qwen3_vl(*, tokenizer=None, processor=None, seed: int = 0, **overrides: Any):
+    """Tiny random `Qwen3VLForConditionalGeneration`; use `build_processor(kind="qwen3_vl")` (16px patches)."""
+    return tiny_vl_model(
+        "Qwen3VLForConditionalGeneration",
+        tiny_qwen3_vl_config,
+        tokenizer=tokenizer,
+        processor=processor,
+        seed=seed,
+        **overrides,
+    )
+
+
+TextArch = Literal["qwen2", "qwen3", "llama"]
+
+
+def tiny_text_config(
+    arch: TextArch,
+    *,
+    vocab_size: int | None = None,
+    hidden_size: int = 32,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    rope_theta: float = 1e4,
+    max_position_embeddings: int = 4096,
+    tie_word_embeddings: bool = False,
+    tokenizer=None,
+    **overrides: Any,
+):
+    """Config for a tiny Qwen2 / Qwen3 / Llama causal LM (special ids from `tokenizer`)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
+    kw: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=ids[PAD_TOKEN],
+        eos_token_id=ids[EOS_TOKEN],
+        pad_token_id=ids[PAD_TOKEN],
+    )
+    if arch == "qwen3":
+        kw["head_dim"] = hidden_size // num_attention_heads
+    kw.update(overrides)
+    return cls(**kw)
+
+
+def tiny_text_model(
+    arch: TextArch = "qwen2",
+    *,
+    vocab_size: int | None = None,
+    tokenizer=None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    **overrides: Any,
+) -> PreTrainedModel:
+    """Tiny random causal LM (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` or `LlamaForCausalLM`)."""
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+    tok = _tokenizer_of(tokenizer) if tokenizer is not None else build_tokenizer()
+    config = tiny_text_config(arch, vocab_size=vocab_size, tokenizer=tok, **overrides)
+    cls = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}[arch]
+    model = _instantiate(cls, config, seed=seed, dtype=dtype, attn_implementation=attn_implementation)
+    model.generation_config = _generation_config(_token_ids(tok))
+    return model
+
+
+def load_tiny(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32):
+    """Load what `save_tiny` wrote through the Auto classes: `(model, processor)` or `(model, tokenizer)`.
+
+    Only a convenience: importing this module (which registers the torchvision-free processors) and
+    calling `AutoProcessor` / `AutoModelForImageTextToText` (or `AutoTokenizer` / `AutoModelForCausalLM`)
+    yourself does the same. Caveat: a process that has NOT imported `ncgrpo.toy.model` gets a bare
+    tokenizer back from `AutoProcessor.from_pretrained(path)` (transformers' fallback), not a processor.
+    """
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoProcessor,
+        AutoTokenizer,
+    )
+
+    path = Path(path)
+    if (path / "processor_config.json").exists():
+        proc = AutoProcessor.from_pretrained(path)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+    else:
+        proc = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.eval(), proc
+
+
+def tiny_bundle(
+    kind: Literal["qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2", "qwen3", "llama"] = "qwen2_5_vl",
+    *,
+    seed: int = 0,
+    corpus: Iterable[str] | None = None,
+    **overrides: Any,
+):
+    """One call for a matched pair: `(model, processor)` for VL kinds, `(model, tokenizer)` for text kinds."""
+    tok = build_tokenizer(corpus)
+    if kind in _VL_BUILDERS:
+        proc = build_processor(tok, kind=kind)
+        return _VL_BUILDERS[kind](processor=proc, seed=seed, **overrides), proc
+    return tiny_text_model(kind, tokenizer=tok, seed=seed, **overrides), tok
+
+
+def _check_mrope(config) -> None:  # used in tests
+    tc = config.get_text_config()
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    sec = tc.rope_parameters["mrope_section"]
+    assert sum(sec) * 2 == head_dim, (sec, head_dim)
+    assert math.prod(sec) > 0
+
+
+_VL_BUILDERS = {"qwen2_5_vl": tiny_qwen2_5_vl, "qwen2_vl": tiny_qwen2_vl, "qwen3_vl": tiny_qwen3_vl}

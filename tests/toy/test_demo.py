@@ -1,0 +1,226 @@
+"""``ncgrpo demo``: configuration checks, the method roster, and a miniature end-to-end run.
+
+The end-to-end test runs the real pipeline (suite export -> Geometry3K loader -> NCGRPOTrainer ->
+evaluate -> compare -> plots) with a micro random Qwen2.5-VL, 2 steps, G=4 and 2 test questions per
+family, then reruns it to check that finished runs are skipped and that changed settings are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from ncgrpo.toy.demo import BASELINE, DemoConfig, first_per_family, run_demo
+
+FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "pope")
+
+
+# ------------------------------------------------------------------------------------- configuration
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(steps=0), "steps must be a positive integer"),
+        (dict(seeds=0), "seeds must be a positive integer"),
+        (dict(num_generations=3), "num_generations must be even"),
+        (dict(num_generations=6, all_methods=True), "multiple of 4"),
+        (dict(sigma0=()), "at least one noise scale"),
+        (dict(sigma0=(0.2, -0.1)), r"finite number >= 0, got \[-0.1\]"),
+        (dict(sigma0=(0.2, 0.2)), "twice"),
+        (dict(eval_limit=0), "eval_limit"),
+        (dict(val_limit=100), "val_limit=100"),
+        (dict(val_every=0), "val_every"),
+        (dict(learning_rate=0.0), "learning_rate"),
+        (dict(device="tpu"), "device must be"),
+        (dict(num_threads=0), "num_threads"),
+        (dict(noise_site="last"), "final_norm"),
+    ],
+)
+def test_config_rejects_bad_values_and_says_what_to_fix(kw, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        DemoConfig(**kw)
+
+
+def test_config_names_a_model_folder_without_config(tmp_path) -> None:
+    with pytest.raises(ValueError, match=f"{tmp_path}.*config.json"):
+        DemoConfig(model=tmp_path)
+
+
+def test_roster_schedule_and_batch() -> None:
+    cfg = DemoConfig()
+    assert [(m.name, m.rollout_method, m.fields) for m in cfg.methods()] == [
+        (BASELINE, "vanilla", {}),
+        ("NC-GRPO σ0=0.2", "latent", {"sigma0": 0.2}),
+    ]
+    assert cfg.k_mid == 40.0  # the paper's k_mid for K = 60
+    assert DemoConfig(steps=30).k_mid == 20.0  # scaled: the anneal keeps its shape
+    assert cfg.batch_size == cfg.prompts_per_step * cfg.num_generations
+    everything = DemoConfig(sigma0=(0.2, 0.5), all_methods=True, seeds=3)
+    methods = [m.rollout_method for m in everything.methods()]
+    assert methods == [
+        "vanilla",
+        "latent",
+        "latent",
+        "image",
+        "antithetic",
+        "spsa",
+        "first_token_temperature",
+    ]
+    assert len({m.slug for m in everything.methods()}) == 7
+    assert everything.seed_values() == [0, 1, 2]
+    # the propagating variant is named by its site, in the table and in the run folders
+    layered = DemoConfig(noise_site="1", all_methods=True).methods()
+    assert [m.name for m in layered][1] == "NC-GRPO σ0=0.2 @L1" and layered[1].slug == "ncgrpo-sigma0.2-L1"
+    assert [m.name for m in layered][2] == "NoisyRollout (image)"  # no hidden noise: no site
+
+
+def test_first_per_family_keeps_order_and_limit() -> None:
+    class Q:
+        def __init__(self, benchmark, i):
+            self.benchmark, self.i = benchmark, i
+
+    qs = [Q("a", 0), Q("b", 1), Q("a", 2), Q("a", 3), Q("b", 4)]
+    assert [q.i for q in first_per_family(qs, 2)] == [0, 1, 2, 4]
+    assert [q.i for q in first_per_family(qs, None)] == [0, 1, 2, 3, 4]
+
+
+def test_cli_flags_reach_the_config(monkeypatch, tmp_path) -> None:
+    from ncgrpo.commands import demo as cmd
+
+    parser = argparse.ArgumentParser()
+    cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(
+        ["demo", "--out", str(tmp_path), "--steps", "7", "--seeds", "3", "--sigma0", "0.2,0.5", "--all-methods",
+         "--eval-limit", "5", "--device", "cpu", "--noise-site", "1", "--threads", "0"]
+    )  # fmt: skip
+    seen = {}
+
+    def fake_run_demo(cfg):
+        seen["cfg"] = cfg
+        raise ValueError("stop here")
+
+    monkeypatch.setattr("ncgrpo.toy.demo.run_demo", fake_run_demo)
+    assert args.func(args) == 2  # the ValueError is reported, not raised
+    cfg = seen["cfg"]
+    assert (cfg.out, cfg.steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (tmp_path, 7, 3, (0.2, 0.5), True)
+    assert (cfg.eval_limit, cfg.noise_site, cfg.num_threads) == (5, "1", None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--sigma0", "0.2,x"])
+
+
+# ---------------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def micro_model(tmp_path_factory) -> Path:
+    from ncgrpo.toy.synthetic import IMAGE_SIZE
+    from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+
+    proc = build_processor(build_tokenizer(), image_size=IMAGE_SIZE)
+    model = tiny_qwen2_5_vl(
+        processor=proc, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vision_depth=1, vision_hidden_size=32, vision_intermediate_size=32,
+        vision_num_heads=2,
+    )  # fmt: skip
+    return save_tiny(model, proc, tmp_path_factory.mktemp("micro") / "model")
+
+
+def _tiny_cfg(out: Path, model: Path, **kw) -> DemoConfig:
+    base = dict(
+        out=out, model=model, steps=2, num_generations=4, prompts_per_step=1, max_completion_length=8,
+        max_new_tokens=8, eval_limit=2, val_limit=1, val_every=1, train_size=8, validation_size=2, test_size=2,
+        eval_batch_size=8, progress=False,
+    )  # fmt: skip
+    base.update(kw)
+    return DemoConfig(**base)
+
+
+def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -> None:
+    from ncgrpo.eval.records import read_records
+
+    out = tmp_path / "demo"
+    cfg = _tiny_cfg(out, micro_model)
+    result = run_demo(cfg)
+
+    # 1. the suite went through the Geometry3K schema
+    assert sorted(p.name for p in (out / "suite" / "data").glob("*.parquet")) == [
+        "test-00000-of-00001.parquet", "train-00000-of-00001.parquet", "validation-00000-of-00001.parquet",
+    ]  # fmt: skip
+    # 3./4. one trained and evaluated run per configuration, every family recorded
+    assert [(r.name, r.method, r.trained, r.evaluated) for r in result.runs] == [
+        (BASELINE, "vanilla", True, True),
+        ("NC-GRPO σ0=0.2", "latent", True, True),
+    ]
+    for r in result.runs:
+        recs = read_records(r.eval_dir / "records.jsonl")
+        assert len(recs) == 2 * len(FAMILIES)
+        assert {x.benchmark for x in recs} == {f"synthetic/{f}" for f in FAMILIES}
+        assert {x.role for x in recs} == {"in_domain", "ood", "general"}
+        assert json.loads((r.eval_dir / "run.json").read_text())["name"] == r.name
+        rows = [json.loads(line) for line in (r.train_dir / "metrics.jsonl").read_text().splitlines()]
+        assert all("step" in row for row in rows)
+        assert {row["step"] for row in rows if "val/accuracy" in row} == {0, 1, 2}
+        assert {row["step"] for row in rows if "reward" in row} == {1, 2}
+        assert (r.train_dir / "model.safetensors").is_file()
+    latent_rows = (result.runs[1].train_dir / "metrics.jsonl").read_text()
+    assert (
+        "noise/sigma_k" in latent_rows
+        and "noise/sigma_k" not in (result.runs[0].train_dir / "metrics.jsonl").read_text()
+    )
+    # 5. tables and figures
+    for key in ("table_md", "table_tex", "table_json", "gains.png", "dynamics.png", "summary"):
+        assert result.files[key].is_file() and result.files[key].stat().st_size > 0, key
+    assert result.files["gains.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = result.files["table_md"].read_text()
+    assert "pooled OOD" in md and "synthetic/geometry" in md and "NC-GRPO σ0=0.2" in md
+    assert "\\begin{tabular}" in result.files["table_tex"].read_text()
+    tests = {t.scope for t in result.table.tests}
+    assert {"pooled OOD", "synthetic/geometry", "synthetic/pope"} <= tests
+    summary = json.loads(result.files["summary"].read_text())
+    assert summary["wall_time_s"] > 0 and summary["config"]["steps"] == 2
+
+    # 6. rerun: nothing retrained or re-evaluated, same records, same table
+    again = run_demo(cfg)
+    assert [(r.trained, r.evaluated) for r in again.runs] == [(False, False), (False, False)]
+    assert [r.accuracy for r in again.runs] == [r.accuracy for r in result.runs]
+    assert len(read_records(again.runs[0].eval_dir / "records.jsonl")) == 2 * len(FAMILIES)
+    assert again.files["table_md"].read_text() == md
+
+    # a finished run is never silently reused with other settings
+    with pytest.raises(ValueError, match="steps: 2 -> 3"):
+        run_demo(_tiny_cfg(out, micro_model, steps=3))
+
+
+def test_demo_resumes_evaluation_of_a_trained_run(micro_model, tmp_path) -> None:
+    """A run killed after training (train marker written, no eval marker) is evaluated, not retrained."""
+    out = tmp_path / "demo"
+    cfg = _tiny_cfg(out, micro_model, sigma0=(0.5,), val_limit=0, steps=1)
+    first = run_demo(cfg)
+    victim = first.runs[1]
+    (victim.eval_dir / "demo_eval.json").unlink()
+    (victim.eval_dir / "records.jsonl").unlink()
+    again = run_demo(cfg)
+    assert [(r.trained, r.evaluated) for r in again.runs] == [(False, False), (False, True)]
+    assert again.runs[1].accuracy == first.runs[1].accuracy
+    assert "dynamics.png" not in again.files  # no validation logged: no dynamics panel to draw
+
+
+def test_note_flags_a_noisy_run_identical_to_vanilla(tmp_path) -> None:
+    """Equal per-step traces mean the noise changed no rollout: the report must say so."""
+    from ncgrpo.toy.demo import RunResult, _notes
+
+    def run(name, method, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return RunResult(name, method, 0, d, tmp_path / "eval", False, False, first_token_divergence=0.0)
+
+    rows = [{"step": k, "reward": 0.1 * k, "reward_std": 0.2, "loss": 0.01, "completions/mean_length": 20.0}
+            for k in (1, 2)]  # fmt: skip
+    vanilla = run("v", "vanilla", [{"step": 0, "val/accuracy": 0.5}, *rows])
+    same = run("same", "latent", [{"step": 0, "val/accuracy": 0.5}, *rows, {"step": 2, "val/accuracy": 0.5}])
+    moved = run("moved", "latent", [rows[0], {**rows[1], "reward": 0.3}])
+    (note,) = _notes(DemoConfig(), [vanilla, same, moved])
+    assert note.startswith("same (seed 0; mean noise/first_token_divergence 0.0000)") and "moved" not in note
+    assert "--noise-site" in note
+    assert _notes(DemoConfig(), [vanilla, moved]) == []

@@ -1,0 +1,369 @@
+"""The embedded base model: SFT warm-up (ncgrpo.toy.pretrain), its CLI, the committed checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import threading
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from ncgrpo.toy import pretrain as pt
+from ncgrpo.toy.synthetic import build_suite, corpus, reasoning_trace
+from tiny_models import EOS_TOKEN, build_processor, build_tokenizer
+
+# A miniature of the real recipe: small suite, small pool, the "micro" model.
+SMALL = dict(
+    size="micro",
+    suite_sizes={"train": 16, "validation": 4, "test": 4},
+    pool={"geometry": 24, "counting": 4, "pope": 4},
+    batch_size=8,
+    vision_warmup_steps=3,
+)
+
+
+def _weights(path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pretrain") / "a"
+    report = pt.pretrain(out, seed=3, steps=5, run_eval=True, eval_limit=2, group_size=2, **SMALL)
+    return out, report
+
+
+# ------------------------------------------------------------------------------------------ pool
+
+
+def test_sft_pool_is_disjoint_from_the_suite_and_deterministic():
+    suite = build_suite(0, {"train": 30, "validation": 8, "test": 8})
+    hashes = {q.metadata["hash"] for qs in suite.values() for q in qs}
+    counts = {"geometry": 12, "compare": 6, "pope": 6}
+    a = pt.sft_pool(0, counts, exclude=hashes)
+    b = pt.sft_pool(0, counts, exclude=hashes)
+    assert [q.metadata["hash"] for q in a] == [q.metadata["hash"] for q in b]
+    assert {q.metadata["family"] for q in a} == set(counts)
+    assert len(a) == sum(counts.values())
+    assert not hashes & {q.metadata["hash"] for q in a}
+    assert len({q.metadata["hash"] for q in a}) == len(a)
+    # A hash in `exclude` is never drawn: excluding the first item of a pool skips exactly that item.
+    c = pt.sft_pool(0, {"geometry": 3}, exclude={a[0].metadata["hash"]})
+    assert a[0].metadata["hash"] not in {q.metadata["hash"] for q in c}
+
+
+def test_sft_pool_rejects_unknown_families_and_negative_counts():
+    with pytest.raises(ValueError, match="unknown families.*'geometri'"):
+        pt.sft_pool(0, {"geometri": 3})
+    with pytest.raises(ValueError, match="'pope' must be >= 0"):
+        pt.sft_pool(0, {"pope": -1})
+
+
+def test_encode_example_masks_the_prompt_and_uses_the_generation_prompt():
+    suite = build_suite(0, {"train": 4, "validation": 2, "test": 2})
+    proc = build_processor(build_tokenizer(corpus(suite), vocab_size=512), image_size=84)
+    q = suite["validation"][0]
+    ex = pt.encode_example(proc, q)
+    prompt = pt._prompt_text(proc, q)
+    enc = proc(text=[prompt], images=[q.images], return_tensors="pt")
+    # The prompt part is exactly what generation feeds the model (image pads expanded).
+    assert torch.equal(ex.input_ids[: ex.prompt_len], enc["input_ids"][0])
+    assert torch.equal(ex.pixel_values, enc["pixel_values"])
+    tok = proc.tokenizer
+    assert tok.decode(ex.input_ids[ex.prompt_len :]) == reasoning_trace(q) + EOS_TOKEN
+
+    batch = pt.collate([ex, pt.encode_example(proc, suite["validation"][1])], tok.pad_token_id)
+    labels, ids, mask = batch["labels"], batch["input_ids"], batch["attention_mask"]
+    assert labels.shape == ids.shape == mask.shape
+    row = labels[0]
+    assert (row[: ex.prompt_len] == -100).all()
+    n = int(ex.input_ids.shape[0])
+    assert torch.equal(row[ex.prompt_len : n], ex.input_ids[ex.prompt_len :])
+    assert (row[n:] == -100).all() and (mask[0, n:] == 0).all()
+    assert batch["image_grid_thw"].shape == (2, 3)
+    # 84 px images: a 6 x 6 patch grid merged 2 x 2 -> 9 image tokens per row, marked for M-RoPE.
+    assert batch["mm_token_type_ids"].sum(dim=1).tolist() == [9, 9]
+
+
+def test_sft_forward_sees_the_positions_generation_uses():
+    """Training must use Qwen2.5-VL's 3-D M-RoPE positions, as ``generate`` does with the processor's
+    output; dropping ``mm_token_type_ids`` silently falls back to 1-D positions (a real bug we hit)."""
+    from tiny_models import tiny_qwen2_5_vl
+
+    suite = build_suite(0, {"train": 4, "validation": 2, "test": 2})
+    proc = build_processor(build_tokenizer(corpus(suite), vocab_size=512), image_size=84)
+    model = tiny_qwen2_5_vl(
+        processor=proc, seed=0, **{k: v for k, v in pt.SIZES["micro"].items() if k != "vocab_size"}
+    )
+    q = suite["validation"][0]
+    ex = pt.encode_example(proc, q)
+    batch = pt.collate([ex], proc.tokenizer.pad_token_id)
+    gen_inputs = proc(text=[pt._prompt_text(proc, q)], images=[q.images], return_tensors="pt")
+    with torch.no_grad():
+        train_logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits  # (1, L, V)
+        gen_logits = model(**gen_inputs).logits  # (1, prompt_len, V)
+        flat = {k: v for k, v in batch.items() if k not in ("labels", "mm_token_type_ids")}
+        flat_logits = model(**flat).logits
+    last = ex.prompt_len - 1
+    torch.testing.assert_close(train_logits[0, last], gen_logits[0, last], rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(flat_logits[0, last], gen_logits[0, last], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- training
+
+
+def test_same_seed_gives_identical_weights(small_run, tmp_path):
+    out_a, _ = small_run
+    out_b = tmp_path / "b"
+    pt.pretrain(out_b, seed=3, steps=5, run_eval=False, **SMALL)
+    wa, wb = _weights(out_a), _weights(out_b)
+    assert wa.keys() == wb.keys() and wa
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    # ... and a different seed gives different weights.
+    out_c = tmp_path / "c"
+    pt.pretrain(out_c, seed=4, steps=5, run_eval=False, **SMALL)
+    wc = _weights(out_c)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_saved_folder_loads_and_generates(small_run):
+    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
+    from ncgrpo.training import load_model_and_processor
+
+    out, report = small_run
+    model, proc = load_model_and_processor(out, dtype="float32", device="cpu")
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert model.config.text_config.hidden_size == pt.SIZES["micro"]["hidden_size"]
+    assert len(proc.tokenizer) == report.dims["vocab_size"]
+    qs = build_suite(0, SMALL["suite_sizes"])["validation"][:2]
+    outs = generate_greedy(model, proc, qs, DecodingSettings(max_new_tokens=6, batch_size=2))
+    assert len(outs) == 2 and all(isinstance(o, str) for o in outs)
+
+
+def test_pretrain_json_records_the_run(small_run):
+    out, report = small_run
+    data = json.loads((out / pt.PRETRAIN_FILE).read_text())
+    assert data["seed"] == 3 and data["steps"] == 5 and data["size"] == "micro"
+    assert len(data["losses"]) == 5 and all(x > 0 for x in data["losses"])
+    assert data["pool"] == SMALL["pool"]
+    assert data["dims"]["hidden_size"] == pt.SIZES["micro"]["hidden_size"]
+    from ncgrpo import __version__
+
+    assert data["ncgrpo_version"] == __version__
+    assert data["parameters"]["total"] == sum(p.numel() for p in _weights(out).values())
+    # eval_limit=2: two validation questions per family, every family evaluated.
+    assert data["eval_questions"] == {f: 2 for f in data["accuracy"]}
+    assert len(data["accuracy"]) == 6 and all(0 <= v <= 1 for v in data["accuracy"].values())
+    assert set(data["mixed_share"]) == {"geometry"} and data["group_size"] == 2
+    assert len(data["eval_correct"]) == 12
+    lo, hi = data["target_band"]
+    assert data["in_band"] == (lo <= data["accuracy"]["geometry"] <= hi)
+    assert data["checkpoint_bytes"] > 0 and data["wall_time_s"] >= data["train_time_s"] > 0
+    assert pt.PretrainReport.load(out).to_dict() == report.to_dict()
+
+
+def test_loss_decreases(tmp_path):
+    r = pt.pretrain(tmp_path / "m", seed=0, steps=24, lr=3e-3, warmup=4, run_eval=False, **SMALL)
+    first, last = sum(r.losses[:4]) / 4, sum(r.losses[-4:]) / 4
+    assert last < 0.7 * first, r.losses
+
+
+def test_pretrain_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="unknown size 'huge'"):
+        pt.pretrain(tmp_path / "x", size="huge")
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        pt.pretrain(tmp_path / "x", steps=0)
+    small = {**SMALL, "suite_sizes": {"train": 2, "validation": 1, "test": 1}, "pool": {"geometry": 2}}
+    with pytest.raises(ValueError, match="vision_warmup_steps must be >= 0"):
+        pt.pretrain(tmp_path / "x", steps=1, run_eval=False, **{**small, "vision_warmup_steps": -1})
+    with pytest.raises(ValueError, match="vision_lr_scale must be > 0"):
+        pt.pretrain(tmp_path / "x", steps=1, run_eval=False, vision_lr_scale=0.0, **small)
+
+
+# -------------------------------------------------------------------------------- vision warm-up
+
+
+def test_vision_targets_are_the_corner_count_and_the_written_labels():
+    items = pt.sft_pool(0, {"geometry": 40, "pope": 3})
+    geo, corners, present = pt._vision_targets(items)
+    assert [items[i].metadata["family"] for i in geo] == ["geometry"] * 40
+    for r, i in enumerate(geo):
+        scene = items[i].metadata["spec"]["scene"]
+        assert int(corners[r]) == len(scene["vertices"]) - 3
+        assert int(present[r].sum()) == len({lab["text"] for lab in scene["labels"]})
+        kind = items[i].metadata["spec"]["ask"]["kind"]
+        if kind in ("sides", "angle_sum"):
+            assert present[r].sum() == 0  # unlabelled polygons
+        elif kind == "perimeter":
+            assert 1 <= present[r].sum() <= 3 and corners[r] == 0  # labelled triangles
+    assert set(corners.tolist()) == {0, 1, 2, 3}
+
+
+def test_vision_warmup_trains_only_the_vision_tower_and_lowers_its_loss():
+    suite = build_suite(0, {"train": 4, "validation": 2, "test": 2})
+    proc = build_processor(build_tokenizer(corpus(suite), vocab_size=512), image_size=84)
+    from tiny_models import tiny_qwen2_5_vl
+
+    dims = dict(pt.SIZES["micro"])
+    dims.pop("vocab_size")
+    model = tiny_qwen2_5_vl(processor=proc, seed=0, **dims)
+    items = pt.sft_pool(0, {"geometry": 24, "pope": 2})
+    examples = [pt.encode_example(proc, q) for q in items]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(123)
+    losses = pt._vision_warmup(model, items, examples, steps=30, lr=3e-3, batch_size=8, seed=0)
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(n.startswith("model.visual.") for n in changed), sorted(changed)
+    assert any("merger" in n for n in changed) and any("patch_embed" in n for n in changed)
+    assert pt._vision_warmup(model, items, examples, steps=0, lr=1e-3, batch_size=8, seed=0) == []
+
+
+# ------------------------------------------------------------------------------ ensure_base_model
+
+
+def test_ensure_base_model_builds_once_into_the_cache(tmp_path, monkeypatch):
+    calls = []
+    real = functools.partial(pt.pretrain, steps=2, run_eval=False, **SMALL)
+
+    def fake_pretrain(out, **kw):
+        calls.append(out)
+        return real(out, **kw)
+
+    monkeypatch.setattr(pt, "pretrain", fake_pretrain)
+    results: list = []
+    threads = [
+        threading.Thread(target=lambda: results.append(pt.ensure_base_model(tmp_path, use_asset=False)))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1  # the second caller waited on the lock and found the finished build
+    assert results[0] == results[1] and results[0].parent == tmp_path
+    assert results[0].name.startswith("base-") and pt._is_complete(results[0])
+    assert not list(tmp_path.glob(".base-build-*"))  # the temporary folder was renamed away
+    assert pt.ensure_base_model(tmp_path, use_asset=False) == results[0] and len(calls) == 1
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def _cli(argv: list[str]) -> int:
+    from ncgrpo.commands import pretrain as cmd
+
+    parser = argparse.ArgumentParser()
+    cmd.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["pretrain", *argv])
+    return args.func(args)
+
+
+def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "cli"
+    rc = _cli(["--out", str(out), "--size", "micro", "--steps", "2", "--pool", "geometry=8,pope=4",
+               "--eval-limit", "1", "--group-size", "2", "--vision-warmup-steps", "2",
+               "--no-progress"])  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "geometry" in text and "mixed groups" in text and "pope" in text
+    data = json.loads((out / pt.PRETRAIN_FILE).read_text())
+    assert data["steps"] == 2 and data["pool"] == {"geometry": 8, "pope": 4}
+    assert data["vision_warmup_steps"] == 2 and len(data["vision_losses"]) == 2
+    # a non-empty --out is refused, and so is a malformed --pool
+    assert _cli(["--out", str(out), "--size", "micro", "--steps", "1"]) == 2
+    assert _cli(["--out", str(tmp_path / "new"), "--pool", "geometry:3"]) == 2
+    assert "expected FAMILY=N" in capsys.readouterr().out
+    assert _cli(["--out", str(tmp_path / "new"), "--vision-warmup-steps", "-1"]) == 2
+    assert "--vision-warmup-steps must be >= 0" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ committed checkpoint
+
+committed = pytest.mark.skipif(not pt._is_complete(pt.ASSET_DIR), reason="no committed base checkpoint")
+
+
+@committed
+def test_committed_checkpoint_matches_the_recipe_and_the_band():
+    report = pt.PretrainReport.load(pt.ASSET_DIR)
+    assert report.size == "tiny" and report.steps == pt.DEFAULT_STEPS and report.pool == pt.DEFAULT_POOL
+    assert report.vision_warmup_steps == pt.DEFAULT_VISION_WARMUP
+    assert report.vision_lr_scale == pt.DEFAULT_VISION_LR_SCALE
+    assert len(report.vision_losses) == pt.DEFAULT_VISION_WARMUP
+    # The BPE trainer stops when the corpus runs out of merges, so the vocabulary may be smaller
+    # than asked; every other dimension is the recipe's.
+    wanted = dict(pt.SIZES["tiny"])
+    assert report.dims.pop("vocab_size") <= wanted.pop("vocab_size")
+    assert report.dims == wanted
+    lo, hi = pt.TARGET_BAND
+    assert lo <= report.accuracy["geometry"] <= hi and report.in_band
+    assert report.mixed_share["geometry"] >= pt.MIXED_GROUP_TARGET and report.mixed_ok
+    assert pt.ensure_base_model() == pt.ASSET_DIR
+    size = sum(f.stat().st_size for f in pt.ASSET_DIR.rglob("*") if f.is_file())
+    assert size <= 10 * 2**20
+    cfg = json.loads((pt.ASSET_DIR / "config.json").read_text())
+    dims = pt.SIZES["tiny"]
+    assert cfg["text_config"]["hidden_size"] == dims["hidden_size"]
+    assert cfg["text_config"]["num_hidden_layers"] == dims["num_hidden_layers"]
+    assert cfg["vision_config"]["depth"] == dims["vision_depth"]
+    assert cfg["text_config"]["vocab_size"] == pt.PretrainReport.load(pt.ASSET_DIR).dims["vocab_size"]
+
+
+@committed
+def test_committed_checkpoint_reproduces_its_recorded_greedy_answers():
+    """The first 16 in-domain validation questions, in one batch as pretrain evaluated them."""
+    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
+    from ncgrpo.rewards import score
+    from ncgrpo.training import load_model_and_processor
+
+    report = pt.PretrainReport.load(pt.ASSET_DIR)
+    model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(report.num_threads)  # the thread count pretrain evaluated with
+    suite = build_suite(report.suite_seed)
+    geo = [q for q in suite["validation"] if q.metadata["family"] == "geometry"][:16]
+    try:
+        outs = generate_greedy(model, proc, geo, DecodingSettings(max_new_tokens=64, batch_size=16))
+    finally:
+        torch.set_num_threads(threads)
+    got = {
+        q.uid: score(o, q.answer, answer_type=q.answer_type).correct for q, o in zip(geo, outs, strict=True)
+    }
+    want = {q.uid: report.eval_correct[q.uid] for q in geo}
+    assert got == want
+
+
+@committed
+def test_committed_checkpoint_reads_the_image():
+    """The failure this recipe fixes: a base model whose loss does not care which image it sees.
+
+    On held-out in-domain questions, the teacher-forced loss of the correct traces must rise when
+    the batch's images are shuffled across questions (same question text, another figure)."""
+    from ncgrpo.training import load_model_and_processor
+
+    report = pt.PretrainReport.load(pt.ASSET_DIR)
+    model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")
+    suite = build_suite(report.suite_seed)
+    geo = [q for q in suite["validation"] if q.metadata["family"] == "geometry"][:32]
+    examples = [pt.encode_example(proc, q) for q in geo]
+    batch = pt.collate(examples, proc.tokenizer.pad_token_id)
+    per_image = batch["pixel_values"].shape[0] // len(geo)  # same grid for every image
+    shuffled = dict(batch)
+    perm = torch.roll(torch.arange(len(geo)), 1)  # every question gets its neighbour's image
+    shuffled["pixel_values"] = batch["pixel_values"].view(len(geo), per_image, -1)[perm].flatten(0, 1)
+    with torch.no_grad():
+        real = float(model(**batch).loss)
+        other = float(model(**shuffled).loss)
+    assert other > real * 1.1, (real, other)
