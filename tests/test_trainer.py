@@ -74,6 +74,13 @@ def _cfg(tmp_path, **kw) -> NCGRPOConfig:
         (dict(first_token_temperature=0.0), "first_token_temperature"),
         (dict(image_noise_step=1000), "image_noise_step"),
         (dict(noisy_importance_sampling="mask"), "noisy_importance_sampling"),
+        (dict(schedule_unit="epoch"), "schedule_unit"),
+        (dict(spsa_min_sigma_ratio=2.0), "spsa_min_sigma_ratio"),
+        (dict(first_token_temperature=float("inf")), "first_token_temperature"),
+        (
+            dict(rollout_method="spsa", num_generations=4, per_device_train_batch_size=4, noise_site="1"),
+            "different directions",
+        ),
     ],
 )
 def test_config_validation_says_what_to_fix(tmp_path, kw, match) -> None:
@@ -248,7 +255,20 @@ def test_noise_moves_greedy_first_tokens(tmp_path) -> None:
     m = _last_metrics(tr)[0]
     assert m["noise/first_token_divergence_clean"] == 0.0
     assert m["noise/first_token_divergence"] > 0.0
+    assert m["noise/first_token_tv"] > 0.0
     assert m["noise/agreement"] < 1.0
+
+
+def test_agreement_metrics_follow_sigma(tmp_path) -> None:
+    """The logged branch-point statistics are model-dependent: no noise, full agreement; more, less."""
+    logged = {}
+    for sigma0 in (0.0, 0.5, 4.0):
+        tr = tiny.trainer(tmp_path / str(sigma0), rollout_method="latent", sigma0=sigma0, max_steps=1)
+        tr.train()
+        logged[sigma0] = _last_metrics(tr)[0]
+    assert logged[0.0]["noise/first_token_tv"] == 0.0 and logged[0.0]["noise/agreement"] == 1.0
+    assert logged[0.5]["noise/first_token_tv"] < logged[4.0]["noise/first_token_tv"]
+    assert logged[0.5]["noise/agreement"] > logged[4.0]["noise/agreement"]
 
 
 def test_proposition_2_on_real_rollouts(tmp_path) -> None:
@@ -345,6 +365,49 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
     ]
     g = ((1 - 0) * r[0] + (0 - 1) * r[1]) / 2 / (2 * 0.2) * u
     torch.testing.assert_close(tr.spsa_mu, 0.5 * g, rtol=1e-5, atol=1e-6)
+
+
+def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
+    """Below spsa_min_sigma_ratio * sigma0 eq. (6)'s 1/sigma_k step would explode: mu stays put."""
+    tr = tiny.trainer(tmp_path, rollout_method="spsa", num_generations=8, per_device_train_batch_size=8)
+    plans = plan_rows(range(8), [4] * 8, num_generations=8, method="spsa", seed=0, step=3)
+    rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])
+    sigma0 = tr.args.sigma0
+    assert not tr._spsa_step(plans, rewards, 0.01 * sigma0, 3)
+    assert torch.count_nonzero(tr.spsa_mu) == 0
+    assert tr._spsa_step(plans, rewards, 0.5 * sigma0, 3)
+    assert torch.count_nonzero(tr.spsa_mu) > 0
+
+
+def test_schedule_counts_optimizer_steps_or_generations(tmp_path) -> None:
+    """schedule_unit='generation': one rollout batch feeding m optimizer steps is one step of eq. (3)."""
+    tr = tiny.trainer(tmp_path, max_steps=60)
+    tr.state.max_steps = 60
+    assert tr.schedule_position(0) == (1, 60) and tr.schedule_position(59) == (60, 60)
+    tr = tiny.trainer(
+        tmp_path / "g",
+        max_steps=60,
+        schedule_unit="generation",
+        gradient_accumulation_steps=1,
+        steps_per_generation=4,
+    )
+    tr.state.max_steps = 60
+    assert [tr.schedule_position(s) for s in (0, 3, 4, 59)] == [(1, 15), (1, 15), (2, 15), (15, 15)]
+
+
+def test_first_token_temperature_anneals_on_the_noise_schedule(tmp_path) -> None:
+    tr = tiny.trainer(
+        tmp_path,
+        rollout_method="first_token_temperature",
+        first_token_temperature=3.0,
+        temperature=1.0,
+        sigma_schedule="sigmoid",
+        schedule_k_mid=40,
+    )
+    K = 60
+    assert tr.first_token_temperature_at(1, K) == pytest.approx(3.0, abs=1e-3)
+    assert tr.first_token_temperature_at(40, K) == pytest.approx(2.0)  # k_mid: half the excess
+    assert tr.first_token_temperature_at(60, K) == pytest.approx(1.0, abs=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------
