@@ -83,6 +83,8 @@ __all__ = [
     "NCGRPOTrainer",
     "StepRecord",
     "apply_noisy_importance_sampling",
+    "checkpoint_problem",
+    "last_complete_checkpoint",
     "parse_noise_site",
 ]
 
@@ -335,6 +337,63 @@ def _safetensors_files(checkpoint: str) -> list[str]:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         return [os.path.join(checkpoint, s) for s in shards]
     return []
+
+
+def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
+
+    Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
+    (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
+    exist (a safetensors file or index), ``optimizer.pt`` unless the state says nothing was saved
+    beyond the model, and, for every NC-GRPO method, ``ncgrpo_state.pt`` loads (it is written
+    first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
+    by a kill is incomplete; so is one whose files were torn.
+    """
+    import json
+
+    ckpt = str(checkpoint)
+    state_path = os.path.join(ckpt, "trainer_state.json")
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{state_path} is missing or torn ({type(e).__name__})"
+    if not _safetensors_files(ckpt) and not os.path.isfile(os.path.join(ckpt, "pytorch_model.bin")):
+        return f"{ckpt} has no model weights"
+    if not os.path.isfile(os.path.join(ckpt, "optimizer.pt")) and os.path.isfile(
+        os.path.join(ckpt, "scheduler.pt")
+    ):
+        return f"{ckpt} has a scheduler but no optimizer.pt"
+    if method is not None and method != "vanilla":
+        path = os.path.join(ckpt, STATE_FILE)
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable state file makes the checkpoint unusable
+            return f"{path} is missing or unreadable ({type(e).__name__})"
+    return None
+
+
+def last_complete_checkpoint(
+    output_dir: str | os.PathLike, method: str | None = None
+) -> tuple[str | None, list[str]]:
+    """``(newest complete checkpoint-N folder or None, [why each newer one was skipped])``."""
+    import re
+
+    out = str(output_dir)
+    if not os.path.isdir(out):
+        return None, []
+    steps = []
+    for name in os.listdir(out):
+        m = re.fullmatch(r"checkpoint-(\d+)", name)
+        if m and os.path.isdir(os.path.join(out, name)):
+            steps.append((int(m.group(1)), name))
+    skipped = []
+    for _, name in sorted(steps, reverse=True):
+        problem = checkpoint_problem(os.path.join(out, name), method)
+        if problem is None:
+            return os.path.join(out, name), skipped
+        skipped.append(f"{name}: {problem}")
+    return None, skipped
 
 
 @dataclass
@@ -782,11 +841,21 @@ class NCGRPOTrainer(GRPOTrainer):
 
     # -- NC-GRPO state in checkpoints ---------------------------------------------------------------
     def save_nc_state(self, checkpoint_dir: str) -> None:
-        """Write ``ncgrpo_state.pt`` (method, step, SPSA's ``mu``) into a checkpoint folder."""
-        torch.save(
-            {"rollout_method": self.method, "global_step": self.state.global_step, "spsa_mu": self.spsa_mu},
-            os.path.join(checkpoint_dir, STATE_FILE),
-        )
+        """Write ``ncgrpo_state.pt`` (method, step, SPSA's ``mu``) into a checkpoint folder, atomically
+        (a temporary file renamed into place), so it is either whole or absent."""
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        path = os.path.join(checkpoint_dir, STATE_FILE)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        state = {
+            "rollout_method": self.method,
+            "global_step": self.state.global_step,
+            "spsa_mu": self.spsa_mu,
+        }
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def load_nc_state(self, checkpoint: str) -> None:
         """Restore SPSA's ``mu`` from a checkpoint folder (other methods keep no state)."""
@@ -858,12 +927,15 @@ class NCGRPOTrainer(GRPOTrainer):
             logged[len(logged) - n_log + j] = float(adv[adv.numel() - n_log + j])
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # NC-GRPO's state goes in FIRST: transformers writes trainer_state.json after the model and
+        # optimizer and only then deletes older checkpoints (save_total_limit), so a checkpoint whose
+        # trainer state is valid is complete, and the last complete one is never deleted early.
         if self.method != "vanilla" and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             run_dir = self._get_output_dir(trial=trial)
             self.save_nc_state(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"))
+        super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """Resume model weights, also for models whose checkpoints use renamed keys.
