@@ -36,8 +36,9 @@ pixels' noise correlates 0.70 on a 300x220 image (upsampled ~2x), the noise std 
 exactly the processor's target (:class:`ResizePolicy`, ``smart_resize``), then adds the noise; the
 caller runs the processor with ``do_resize=False``. One small difference from their pipeline: their
 vLLM processor still re-rounds each side to a multiple of ``patch_size * merge_size`` after the
-noise (e.g. 597x438 -> 588x448), a resample of a few percent that leaves ~0.16 correlation between
-neighbours; here the noise lands on the model's pixels with none. RGBA: their ``convert("RGB")``
+noise (e.g. 597x438 -> 588x448), a resample of a few percent that, on the same mid-grey images, leaves
+0.16 correlation between neighbours and lowers the noise std to 0.28; here the noise lands on the
+model's pixels unresampled (correlation 0.00, std 0.36). RGBA: their ``convert("RGB")``
 drops the alpha channel, the Qwen processor that produces our clean images composites it on white;
 :func:`to_rgb` follows the processor so the noisy copy is the clean image plus noise (identical for
 opaque images).
