@@ -324,6 +324,61 @@ def test_image_method_generates_from_noisy_images_and_trains_on_clean(tmp_path) 
     assert _last_metrics(tr)[0]["image_noise/t"] == 500.0  # constant schedule: t = image_noise_step
 
 
+def _unpatchify(pv: torch.Tensor, grid: torch.Tensor, patch: int = 14, merge: int = 2) -> torch.Tensor:
+    """Qwen-VL ``pixel_values`` of one image -> ``# [3, H, W]`` (normalised pixels; temporal copy 0)."""
+    _, gh, gw = (int(v) for v in grid)
+    x = pv.reshape(gh // merge, gw // merge, merge, merge, 3, -1, patch, patch)[:, :, :, :, :, 0]
+    return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, gh * patch, gw * patch)
+
+
+def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
+    # NoisyRollout: RGB and resize to the processor's size first, then per-pixel noise, then the
+    # processor without a second resize. Distorting the original instead interpolated the noise:
+    # on these images (tiny processor, 784..3136 pixels) an upsampled 20x15 image's neighbouring
+    # pixels were correlated ~0.7 and an L image had identical noise on its three channels.
+    import numpy as np
+    from PIL import Image
+
+    from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
+
+    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1)
+    ip = tiny.processor().image_processor
+    policy = ResizePolicy.from_image_processor(ip)
+    imgs = [
+        Image.new("L", (20, 15), 128),  # smaller than min_pixels: upsampled
+        Image.new("RGB", (100, 70), (128, 128, 128)),  # larger than max_pixels: downsampled
+        Image.new("RGBA", (56, 56), (128, 128, 128, 255)),  # within
+    ]
+    G = tr.num_generations
+    images = [[im] for im in imgs for _ in range(G)]  # one prompt per image, G rows each
+    clean = ip(images=[row[0] for row in images], return_tensors="pt")
+    pids = [pid for pid in (10, 11, 12) for _ in range(G)]
+    plans = plan_rows(range(len(images)), pids, num_generations=G, method="image", seed=0, step=1)
+    fields = {"pixel_values": clean["pixel_values"], "image_grid_thw": clean["image_grid_thw"]}
+    out = tr._distort_images(images, fields, plans, 500)
+    pv, grid = out["pixel_values"], clean["image_grid_thw"]
+    offsets = [0, *torch.cumsum(grid.prod(-1), 0).tolist()]
+    for i, p in enumerate(plans):
+        rows = slice(offsets[i], offsets[i + 1])
+        if not p.noisy:
+            assert torch.equal(pv[rows], clean["pixel_values"][rows])
+            continue
+        seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
+        want = ip(images=distort_images(images[i], 500, seed, policy), do_resize=False, return_tensors="pt")
+        torch.testing.assert_close(pv[rows], want["pixel_values"], rtol=0, atol=0)
+        d = (_unpatchify(pv[rows], grid[i]) - _unpatchify(clean["pixel_values"][rows], grid[i])).double()
+        d = d * torch.tensor(ip.image_std, dtype=torch.float64)[:, None, None]  # back to [0, 1] units
+        nb = np.corrcoef(d[:, :, :-1].flatten(), d[:, :, 1:].flatten())[0, 1]
+        ch = np.corrcoef(d[0].flatten(), d[1].flatten())[0, 1]
+        assert abs(nb) < 0.1 and abs(ch) < 0.1, (i, nb, ch)
+        assert 0.3 < float(d.std()) < 0.42, (i, float(d.std()))  # clamped 0.505-std noise on mid-grey
+    assert torch.equal(tr._distort_images(images, fields, plans, 0)["pixel_values"], clean["pixel_values"])
+    # clean pixels from another size rule (a 1x2x2 grid each) cannot be matched: an error, not a mix
+    wrong = dict(fields, image_grid_thw=torch.tensor([[1, 2, 2]] * len(images)))
+    with pytest.raises(RuntimeError, match="patch grid"):
+        tr._distort_images(images, wrong, plans, 500)
+
+
 def test_separate_grouping_advantages(tmp_path) -> None:
     tr = tiny.trainer(
         tmp_path,

@@ -651,8 +651,14 @@ class NCGRPOTrainer(GRPOTrainer):
         return tv, agree
 
     def _distort_images(self, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
-        """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies."""
-        from ncgrpo.core.image_noise import diffuse_images, prompt_image_seed
+        """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies.
+
+        NoisyRollout's order (:func:`ncgrpo.core.image_noise.distort_images`): each clean image is
+        converted to RGB and resized exactly as the image processor resizes it, the noise is added to
+        those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
+        interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
+        """
+        from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
 
         if (
             images is None
@@ -668,6 +674,12 @@ class NCGRPOTrainer(GRPOTrainer):
         pv = pv if isinstance(pv, torch.Tensor) else torch.tensor(np.array(pv))
         grid = multimodal_fields["image_grid_thw"]
         grid = grid if isinstance(grid, torch.Tensor) else torch.tensor(np.array(grid))
+        out = dict(multimodal_fields)
+        out["pixel_values"] = pv
+        if int(t) == 0:  # fully annealed: the noisy half generates from the clean images
+            return out
+        image_processor = self.processing_class.image_processor
+        policy = ResizePolicy.from_image_processor(image_processor)
         sizes = grid.prod(-1).tolist()  # patches per image
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         new_pv = pv.clone()
@@ -679,18 +691,19 @@ class NCGRPOTrainer(GRPOTrainer):
                 lo, hi = offsets[img_idx], offsets[img_idx + len(row_imgs)]
                 if p.prompt_id not in done:
                     seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
-                    proc = self.processing_class.image_processor(
-                        images=diffuse_images(row_imgs, t, seed), return_tensors="pt"
+                    proc = image_processor(
+                        images=distort_images(row_imgs, t, seed, policy), do_resize=False, return_tensors="pt"
                     )
                     new_grid = torch.as_tensor(np.array(proc["image_grid_thw"]))
                     if not torch.equal(new_grid.cpu(), grid[img_idx : img_idx + len(row_imgs)].cpu()):
                         raise RuntimeError(
-                            "distorted images changed the patch grid; the image processor must keep sizes"
+                            f"distorted images have patch grid {new_grid.tolist()}, the clean ones "
+                            f"{grid[img_idx : img_idx + len(row_imgs)].tolist()}: the image processor's "
+                            f"size rule is not {policy}, so the noisy copy cannot match the clean image"
                         )
                     done[p.prompt_id] = torch.as_tensor(np.array(proc["pixel_values"])).to(new_pv.dtype)
                 new_pv[lo:hi] = done[p.prompt_id]
             img_idx += len(row_imgs)
-        out = dict(multimodal_fields)
         out["pixel_values"] = new_pv
         return out
 
