@@ -6,23 +6,35 @@ Paper, Algorithm 1 line 9: ``r_i = 1[extract(o_i) = y*]``. Here ``extract`` is :
 training reward and the evaluation metric cannot drift. :func:`math_reward` is NoisyRollout's
 shaped reward ``0.9 * accuracy + 0.1 * format`` (anchors.md), the one the GRPO recipes train on.
 
-Grading rules (what counts as ``=``), in the order :func:`grade` tries them:
+Grading rules (what counts as ``=``), in the order :func:`grade` tries them. They are meant to be
+un-gameable: an answer that names two answers, or a value the gold does not state, is wrong.
 
 1. multiple choice (``answer_type="choice"``, a ``choices`` list, or a bare gold letter A-E): the
-   gold names an option by its capital letter (the ``ncgrpo.data`` convention) or, failing that, by
-   its text (Geometry3K); the prediction names one by letter ("B", "(B)", "B.", "B: text",
-   "Option B"), and the letter decides; without a letter, the prediction is graded against the
-   gold option's text by rules 2-3 ("No", "\\sqrt{12}" for option "2\\sqrt{3}").
+   gold names an option by its capital letter (the ``ncgrpo.data`` convention, the letter of the
+   option's POSITION) or, failing that, by its text (Geometry3K). The prediction must name that
+   option and no other: by letter ("B", "(B)", "B.", "Option B"), where any text after the letter
+   must be that option's text ("B: 2\\sqrt{3}"); or by the option's text alone, where an option
+   spelled exactly wins over one equal by arithmetic ("0.2 - 0.4" is not "0.0 - 0.2"; "2" is not
+   "2√{3}"). Hedges ("(A) or (B)", "A, B") are wrong.
 2. yes/no (``answer_type="yesno"`` or a gold of yes/no): the leading yes/no word of the prediction,
-   case-insensitive ("Yes.", "\\text{No}", "no, because ...").
+   case-insensitive ("Yes.", "\\text{No}", "no, because ..."); an answer with both words ("Yes or
+   No", "yes/no") is wrong.
 3. everything else: both sides are normalised (``$``, ``\\text{}``, ``\\dfrac``, degrees, units after
-   a number, thousands commas, trailing period, ``x = `` prefix) and compared as strings; then as
-   numbers, with :data:`REL_TOL` / :data:`ABS_TOL`; then symbolically with ``math-verify``.
+   a number, thousands commas, trailing period, the radical as ``\\sqrt{}``/``√{}``/``√3``,
+   ``x = `` prefix) and compared as strings; relations side by side; then as numbers TO THE PRECISION
+   THE GOLD STATES: integers and fractions exactly (``15018`` is not ``15017``, ``0.333`` is not
+   ``1/3``), a decimal with d decimals accepts what rounds to it (``1.449`` for ``1.45``, not ``1.4``
+   or ``1.48``); closed forms (``2\\sqrt{3}``, ``4\\pi``) by exact value (float round-off only), so a
+   decimal approximation of a surd is wrong (``3.4641`` is not ``2\\sqrt{3}``); expressions with
+   variables symbolically with ``math-verify``. Ranges, orders and ratios of plain numbers
+   ("0.2 - 0.4", "5-4-3-2-1", "1:2") and text ("plants increase") are compared as written only.
 
-Decimal approximations of irrational golds count exactly when they pass the same tolerance as any
-other number: ``1.732`` and ``1.7321`` match ``\\sqrt{3}`` (relative error < 1e-4), ``1.73`` does not.
-There is no "rounded to the digits shown" rule, so a 3-significant-figure answer to a surd is wrong.
 Degrees and radians are not converted (``30^\\circ`` matches ``30``, not ``\\frac{\\pi}{6}``).
+Units are presentation and are ignored (``12 cm`` matches ``12``; so does ``12 cm^3``).
+
+``grader="mathruler"`` (:func:`score`, :func:`grade`, :func:`make_math_reward`) replaces all of the
+above by NoisyRollout's grader, the ``mathruler`` package's ``grade_answer(extract_boxed_content(o),
+gold)``, to compare with their numbers; it needs ``pip install mathruler``.
 
 Nothing here raises on any input text: :func:`grade`, :func:`score`, :func:`extract_boxed` and the
 reward functions turn every internal failure into "not correct". ``math-verify`` guards its sympy
