@@ -339,3 +339,47 @@ def test_hallusionbench_paper_split_keeps_the_last_row_of_each_noisyrollout_id(t
 def test_default_ood_splits_give_the_papers_count():
     ood = [spec for spec in BENCHMARKS.values() if spec.role == "ood"]
     assert sum(spec.expected_rows[spec.default_split] for spec in ood) == 10038
+
+
+def test_gold_letter_is_the_position_of_the_gold_option():
+    """MathVista stores the option text; options can look like letters ("(c)" first), and the gold
+    letter must be where the gold option is, not the letter its text spells (issue 13)."""
+    ctx = B.RowContext(benchmark="mathvista", label="mathvista", split="testmini")
+    options = ["(c)", "(a)", "(e)", "(b)"]
+    assert B.gold_letter("(b)", options, ctx, 0, by="text") == "D"
+    assert B.gold_letter("(c)", options, ctx, 0, by="text") == "A"
+    # benchmarks that store a letter keep reading it as a letter
+    assert B.gold_letter("B", ["x", "y"], ctx, 0) == "B"
+    assert B.gold_letter("y", ["x", "y"], ctx, 0) == "B"
+
+
+def test_mathverse_choice_block_spellings_and_two_answer_rows(tmp_path):
+    """Real MathVerse rows write 'Choice:' as well as 'Choices:', store some golds as the option's
+    text, and 'Choose 2 answers' rows store both letters ("C\\nD")."""
+    img = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(img)
+    base = {
+        "problem_index": "1",
+        "problem_version": "Text Lite",
+        "image": "a.png",
+        "question_type": "multi-choice",
+    }
+    rows = [
+        {**base, "sample_index": "1", "question": "Bearing?\nChoice:\nA. 090 T\nB. 180 T", "answer": "090 T"},
+        {**base, "sample_index": "2", "question": "Which?\nChoices:\nA:x\nB:y\nC:z", "answer": "A\nC"},
+    ]
+    (tmp_path / "testmini.json").write_text(json.dumps(rows))
+    one, two = load_benchmark("mathverse", tmp_path / "testmini.json")
+    assert (one.answer, one.answer_type, one.choices) == ("A", "choice", ["090 T", "180 T"])
+    assert (two.answer, two.answer_type, two.choices) == ("A, C", "free", None)
+    assert two.metadata["choices"] == ["x", "y", "z"]
+
+
+def test_wemath_full_width_option_marks():
+    assert B.split_inline_options("A. ①;B．②;C. ③; D. Cannot be determined; E. No correct answer") == [
+        "①",
+        "②",
+        "③",
+        "Cannot be determined",
+        "No correct answer",
+    ]

@@ -59,6 +59,7 @@ SOURCES: dict[str, tuple[tuple[str, ...], str, int]] = {
         "test",
         9000,
     ),
+    "chartqa": (("test_human.json", "test_augmented.json"), "test", 2500),
 }
 
 
@@ -94,6 +95,8 @@ def hub_rows(name: str, folder: Path) -> list[dict]:
                 row["image"] = image
             elif name == "wemath":
                 row["image_path"] = image
+            elif name == "chartqa":  # {imgname, query, label} per file; the hub has label lists
+                row = {**row, "image": image, "human_or_machine": fname.removesuffix(".json")[5:]}
             elif name == "pope":  # {question_id, image, text, label} -> lmms-lab/POPE fields
                 category = fname.removeprefix("coco_pope_").removesuffix(".json")
                 row = {
@@ -347,7 +350,10 @@ def main() -> None:
     root = annotations_root()
     print(f"annotations: {root}")
     print(f"{'benchmark':<16}{'rows':>6}{'gold ok/tried':>16}{'wrong accepted/tried':>22}")
+    only = [n for n in os.environ.get("ONLY", "").split(",") if n]
     for name in available():
+        if only and name not in only:
+            continue
         try:
             questions = load_real(name, root / name)
         except BenchmarkDataError as exc:
