@@ -184,7 +184,10 @@ NO_MATCH = [
     ("0.2 - 0.4", "0.0 - 0.2"),
     ("5-2-3-4-1", "5-4-3-2-1"),
     # text differing in one word is different text, not two symbols that "simplify" alike
-    ("The population of predatory insects would increase.", "The population of predatory insects would decrease."),
+    (
+        "The population of predatory insects would increase.",
+        "The population of predatory insects would decrease.",
+    ),
     ("plants decrease", "plants increase"),
     # hedges: two answers are no answer
     ("3 or 4", "3"),
