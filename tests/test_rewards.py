@@ -108,7 +108,7 @@ MATCH = [
     # a decimal gold accepts what rounds to it at the decimals it states (issue 13)
     ("1.449", "1.45"),
     ("1.4547", "1.45"),
-    ("131253.54", "131253.5"),
+    ("48211.54", "48211.5"),
     # ... and a value of a closed form that rounds to it (Geometry3K golds are rounded decimals)
     (r"\sqrt{31}", "5.6"),
     # an exact fraction gold: an exact decimal of it
@@ -129,7 +129,7 @@ MATCH = [
     # the radical in every notation the benchmarks use: \sqrt{3}, \sqrt 3, √{3} (MathVista), √3
     (r"2\sqrt{3}", "2√{3}"),
     ("2√3", r"2\sqrt{3}"),
-    (r"160\sqrt{3}", "160√{3}m"),
+    (r"90\sqrt{2}", "90√{2}m"),
     ("4π", r"4\pi"),
     # MathVision stores some \frac with "\f" read as a form feed
     (r"\frac{36}{13}", "\x0crac{36}{13}"),
@@ -156,15 +156,15 @@ NO_MATCH = [
     ("5", "-5"),
     # integers are exact, however large (relative tolerance once accepted these; issue 13)
     ("1001", "1000"),
-    ("15018", "15017"),
-    ("100000001", "100000000"),
+    ("27014", "27013"),
+    ("300000001", "300000000"),
     ("1000.01", "1000"),
     ("0.0000001", "0"),
     # a decimal gold: 1 and 3 units of its last stated digit, and fewer digits, are wrong
-    ("131253.8", "131253.5"),
-    ("2372.2", "2372.1"),
+    ("48211.8", "48211.5"),
+    ("5311.5", "5311.4"),
     ("1.4", "1.45"),
-    ("2372", "2372.1"),
+    ("5311", "5311.4"),
     # an exact fraction: a rounded decimal is not it
     ("0.333", r"\frac{1}{3}"),
     # decimals of an exact closed form are not it, however many digits (issue 9: a policy could
@@ -175,24 +175,24 @@ NO_MATCH = [
     ("12.566", r"4\pi"),
     # a radical dropped or changed, in the benchmarks' notation
     ("2", "2√{3}"),
-    ("160m", "160√{3}m"),
+    ("90m", "90√{2}m"),
     ("2√{2}", r"2\sqrt{3}"),
     # an inverted fraction
     (r"\frac{13}{36}", r"\frac{36}{13}"),
     ("3/7", "7/3"),
-    # ranges are not subtractions: 0.2 - 0.4 and 0.0 - 0.2 are both "-0.2" as arithmetic
-    ("0.2 - 0.4", "0.0 - 0.2"),
-    ("5-2-3-4-1", "5-4-3-2-1"),
+    # ranges are not subtractions: 0.5 - 1.0 and 0.0 - 0.5 are both "-0.5" as arithmetic
+    ("0.5 - 1.0", "0.0 - 0.5"),
+    ("4-1-3-2", "4-3-2-1"),
     # text differing in one word is different text, not two symbols that "simplify" alike
     (
-        "The population of predatory insects would increase.",
-        "The population of predatory insects would decrease.",
+        "The number of foxes in the wood would rise.",
+        "The number of foxes in the wood would fall.",
     ),
-    ("plants decrease", "plants increase"),
+    ("trees shrink", "trees grow"),
     # hedges: two answers are no answer
     ("3 or 4", "3"),
     # a chain of equalities is compared side by side, not by its last part
-    ("y_2=(x+1)^3=y_1(x+2)", "y_2=(x+2)^3=y_1(x+2)"),
+    ("a_1=(t+2)^2=b(t+1)", "a_1=(t+1)^2=b(t+1)"),
     # surd vs a different surd
     (r"3\sqrt{2}", r"2\sqrt{3}"),
     # degrees and radians are not converted
@@ -268,11 +268,11 @@ CHOICE_CASES = [
     ("2", "B", ["2", "2√{3}", "4"], "choice", False),
     ("2√{3}", "B", ["2", "2√{3}", "4"], "choice", True),
     (r"2\sqrt{3}", "B", ["2", "2√{3}", "4"], "choice", True),
-    ("0.2 - 0.4", "A", ["0.0 - 0.2", "0.2 - 0.4", "0.4 - 0.6"], "choice", False),
-    ("0.0 - 0.2", "A", ["0.0 - 0.2", "0.2 - 0.4", "0.4 - 0.6"], "choice", True),
+    ("0.5 - 1.0", "A", ["0.0 - 0.5", "0.5 - 1.0", "1.0 - 1.5"], "choice", False),
+    ("0.0 - 0.5", "A", ["0.0 - 0.5", "0.5 - 1.0", "1.0 - 1.5"], "choice", True),
     # options differing in one word
-    ("plants increase", "A", ["plants decrease", "plants increase"], "choice", False),
-    ("plants decrease", "A", ["plants decrease", "plants increase"], "choice", True),
+    ("trees grow", "A", ["trees shrink", "trees grow"], "choice", False),
+    ("trees shrink", "A", ["trees shrink", "trees grow"], "choice", True),
     # options that look like letters: the gold is the letter of the position ("(c)" is option A)
     ("A", "A", ["(c)", "(a)", "(b)"], "choice", True),
     ("C", "A", ["(c)", "(a)", "(b)"], "choice", False),
@@ -585,14 +585,14 @@ MATHRULER_GRADES = [
     ("30°", "30", False),
     ("12 cm", "12", True),
     # mathruler's sympy stage accepts a different range (both are -0.2 as arithmetic)
-    ("0.2 - 0.4", "0.0 - 0.2", True),
-    ("plants increase", "plants decrease", False),
+    ("0.5 - 1.0", "0.0 - 0.5", True),
+    ("trees grow", "trees shrink", False),
     ("x = 5", "5", True),
     (r"\text{B}", "B", True),
     ("1,000", "1000", True),
     ("None", "5", False),
-    ("15018", "15017", False),
-    ("131253.8", "131253.5", False),
+    ("27014", "27013", False),
+    ("48211.8", "48211.5", False),
     ("1.45", "1.449", False),
     (r"4\pi", "12.566", False),
     ("(1,2)", "(1, 2)", True),
@@ -629,8 +629,8 @@ def test_mathruler_reward_is_noisyrollouts():
     pytest.importorskip("mathruler.grader")
     reward = make_math_reward(grader="mathruler")
     assert reward.__name__ == "math_reward_mathruler"
-    texts = [GOOD, WRONG, BARE, "\n" + GOOD, "<think>t</think> \\boxed{0.2 - 0.4}"]
-    answer = ["4", "4", "4", "4", "0.0 - 0.2"]
+    texts = [GOOD, WRONG, BARE, "\n" + GOOD, "<think>t</think> \\boxed{0.5 - 1.0}"]
+    answer = ["4", "4", "4", "4", "0.0 - 0.5"]
     assert reward(texts, answer=answer) == pytest.approx([1.0, 0.1, 0.9, 0.9, 1.0])
     # ours on the same rows: the range is wrong
     assert math_reward(texts, answer=answer) == pytest.approx([1.0, 0.1, 0.9, 0.9, 0.1])

@@ -365,21 +365,21 @@ def test_mathverse_choice_block_spellings_and_two_answer_rows(tmp_path):
         "question_type": "multi-choice",
     }
     rows = [
-        {**base, "sample_index": "1", "question": "Bearing?\nChoice:\nA. 090 T\nB. 180 T", "answer": "090 T"},
+        {**base, "sample_index": "1", "question": "Bearing?\nChoice:\nA. 045 T\nB. 135 T", "answer": "045 T"},
         {**base, "sample_index": "2", "question": "Which?\nChoices:\nA:x\nB:y\nC:z", "answer": "A\nC"},
     ]
     (tmp_path / "testmini.json").write_text(json.dumps(rows))
     one, two = load_benchmark("mathverse", tmp_path / "testmini.json")
-    assert (one.answer, one.answer_type, one.choices) == ("A", "choice", ["090 T", "180 T"])
+    assert (one.answer, one.answer_type, one.choices) == ("A", "choice", ["045 T", "135 T"])
     assert (two.answer, two.answer_type, two.choices) == ("A, C", "free", None)
     assert two.metadata["choices"] == ["x", "y", "z"]
 
 
 def test_wemath_full_width_option_marks():
-    assert B.split_inline_options("A. ①;B．②;C. ③; D. Cannot be determined; E. No correct answer") == [
-        "①",
-        "②",
-        "③",
-        "Cannot be determined",
-        "No correct answer",
+    assert B.split_inline_options("A. ④;B．⑤;C. ⑥; D. Unknown; E. None of these") == [
+        "④",
+        "⑤",
+        "⑥",
+        "Unknown",
+        "None of these",
     ]
