@@ -6,23 +6,35 @@ Paper, Algorithm 1 line 9: ``r_i = 1[extract(o_i) = y*]``. Here ``extract`` is :
 training reward and the evaluation metric cannot drift. :func:`math_reward` is NoisyRollout's
 shaped reward ``0.9 * accuracy + 0.1 * format`` (anchors.md), the one the GRPO recipes train on.
 
-Grading rules (what counts as ``=``), in the order :func:`grade` tries them:
+Grading rules (what counts as ``=``), in the order :func:`grade` tries them. They are meant to be
+un-gameable: an answer that names two answers, or a value the gold does not state, is wrong.
 
 1. multiple choice (``answer_type="choice"``, a ``choices`` list, or a bare gold letter A-E): the
-   gold names an option by its capital letter (the ``ncgrpo.data`` convention) or, failing that, by
-   its text (Geometry3K); the prediction names one by letter ("B", "(B)", "B.", "B: text",
-   "Option B"), and the letter decides; without a letter, the prediction is graded against the
-   gold option's text by rules 2-3 ("No", "\\sqrt{12}" for option "2\\sqrt{3}").
+   gold names an option by its capital letter (the ``ncgrpo.data`` convention, the letter of the
+   option's POSITION) or, failing that, by its text (Geometry3K). The prediction must name that
+   option and no other: by letter ("B", "(B)", "B.", "Option B"), where any text after the letter
+   must be that option's text ("B: 2\\sqrt{3}"); or by the option's text alone, where an option
+   spelled exactly wins over one equal by arithmetic ("0.2 - 0.4" is not "0.0 - 0.2"; "2" is not
+   "2√{3}"). Hedges ("(A) or (B)", "A, B") are wrong.
 2. yes/no (``answer_type="yesno"`` or a gold of yes/no): the leading yes/no word of the prediction,
-   case-insensitive ("Yes.", "\\text{No}", "no, because ...").
+   case-insensitive ("Yes.", "\\text{No}", "no, because ..."); an answer with both words ("Yes or
+   No", "yes/no") is wrong.
 3. everything else: both sides are normalised (``$``, ``\\text{}``, ``\\dfrac``, degrees, units after
-   a number, thousands commas, trailing period, ``x = `` prefix) and compared as strings; then as
-   numbers, with :data:`REL_TOL` / :data:`ABS_TOL`; then symbolically with ``math-verify``.
+   a number, thousands commas, trailing period, the radical as ``\\sqrt{}``/``√{}``/``√3``,
+   ``x = `` prefix) and compared as strings; relations side by side; then as numbers TO THE PRECISION
+   THE GOLD STATES: integers and fractions exactly (``15018`` is not ``15017``, ``0.333`` is not
+   ``1/3``), a decimal with d decimals accepts what rounds to it (``1.449`` for ``1.45``, not ``1.4``
+   or ``1.48``); closed forms (``2\\sqrt{3}``, ``4\\pi``) by exact value (float round-off only), so a
+   decimal approximation of a surd is wrong (``3.4641`` is not ``2\\sqrt{3}``); expressions with
+   variables symbolically with ``math-verify``. Ranges, orders and ratios of plain numbers
+   ("0.2 - 0.4", "5-4-3-2-1", "1:2") and text ("plants increase") are compared as written only.
 
-Decimal approximations of irrational golds count exactly when they pass the same tolerance as any
-other number: ``1.732`` and ``1.7321`` match ``\\sqrt{3}`` (relative error < 1e-4), ``1.73`` does not.
-There is no "rounded to the digits shown" rule, so a 3-significant-figure answer to a surd is wrong.
 Degrees and radians are not converted (``30^\\circ`` matches ``30``, not ``\\frac{\\pi}{6}``).
+Units are presentation and are ignored (``12 cm`` matches ``12``; so does ``12 cm^3``).
+
+``grader="mathruler"`` (:func:`score`, :func:`grade`, :func:`make_math_reward`) replaces all of the
+above by NoisyRollout's grader, the ``mathruler`` package's ``grade_answer(extract_boxed_content(o),
+gold)``, to compare with their numbers; it needs ``pip install mathruler``.
 
 Nothing here raises on any input text: :func:`grade`, :func:`score`, :func:`extract_boxed` and the
 reward functions turn every internal failure into "not correct". ``math-verify`` guards its sympy
@@ -38,6 +50,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
@@ -45,11 +58,15 @@ from typing import Any
 FORMAT_WEIGHT = 0.1
 ACCURACY_WEIGHT = 1.0 - FORMAT_WEIGHT  # 0.9
 
-#: Numbers match when ``math.isclose(pred, gold, rel_tol=REL_TOL, abs_tol=ABS_TOL)``.
-REL_TOL = 1e-4
+#: Closed forms evaluated by sympy are "equal" within this relative error (float round-off only).
+EXACT_RTOL = 1e-9
+#: Imaginary parts below this (relative) count as zero when a closed form is evaluated.
 ABS_TOL = 1e-6
 
-#: NoisyRollout / verl ``geo3k`` format check, applied with ``re.fullmatch``.
+#: ``"ncgrpo"``: the rules in this module; ``"mathruler"``: NoisyRollout's ``grade_answer``.
+GRADERS = ("ncgrpo", "mathruler")
+
+#: NoisyRollout / verl ``geo3k`` format check, applied with ``re.fullmatch`` to the raw output.
 FORMAT_PATTERN = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
 
 #: Seconds math-verify may spend per parse / comparison (main thread only; see module docstring).
@@ -126,7 +143,9 @@ _TEXT_CMD_RE = re.compile(
 )
 _SPACING_RE = re.compile(r"\\[,;:!> ]|\\q?quad(?![A-Za-z])|~")
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![A-Za-z])")
-_DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\(?:circ|degree)(?![A-Za-z])|°|º")
+_DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\(?:circ|degree)(?![A-Za-z])|°|º|掳")  # 掳: ° mis-decoded
+_RADICAL_BRACED_RE = re.compile(r"√\s*\{")
+_RADICAL_BARE_RE = re.compile(r"√\s*(\d+(?:\.\d+)?|[A-Za-z])")
 _FRAC_SHORT_RE = re.compile(r"\\frac\s*(\d)\s*(\d)")
 _UNIT_WORDS = (
     r"(?:(?:square|sq\.?|cubic)\s*)?"
@@ -148,12 +167,15 @@ _SLASH_NUM_RE = re.compile(rf"({_NUM})/({_NUM})")
 
 def _normalize(s: str) -> str:
     """Strip presentation from an answer string; keeps LaTeX math that sympy can read."""
-    s = s.strip()
+    s = s.replace("\x0c", "\\f").strip()  # "\frac" read from JSON with "\f" as a form feed (MathVision)
     if "\\boxed" in s or "\\fbox" in s:
         inner = extract_boxed(s)
         if inner is not None:
             s = inner
     s = s.replace("\u2212", "-").replace("\\$", "").replace("$", "")
+    s = _RADICAL_BRACED_RE.sub(r"\\sqrt{", s)  # MathVista/MathVerse write 2√{3}; also √3, √x
+    s = _RADICAL_BARE_RE.sub(r"\\sqrt{\1}", s)
+    s = s.replace("π", "\\pi ")
     s = s.replace("\\(", "").replace("\\)", "").replace("\\[", "").replace("\\]", "")
     while True:
         t = _TEXT_CMD_RE.sub(r"\1", s)
@@ -166,6 +188,7 @@ def _normalize(s: str) -> str:
     s = _SPACING_RE.sub(" ", s)
     s = _DEGREE_RE.sub("", s)
     s = s.replace("\\%", "").replace("%", "").replace("{,}", ",")
+    s = re.sub(r"(?:\\+\s*)+$", "", s)  # a trailing LaTeX line break "\\" (MathVision options)
     s = re.sub(r"\s+", " ", s).strip().rstrip(".。").strip()
     for unit_re in (_UNIT_RE, _METRE_RE):
         m = unit_re.fullmatch(s)
@@ -192,24 +215,68 @@ def _key(s: str) -> str:
     return s.replace(" ", "").casefold()
 
 
-def _number(s: str) -> float | None:
-    """Value of a plain number, ``a/b`` or ``\\frac{a}{b}`` (may be inf); None for anything else."""
+@dataclass(frozen=True)
+class _Literal:
+    """An exact number as written: its value and the decimals it states (None: exact, as in 1/3)."""
+
+    value: Fraction
+    decimals: int | None
+
+
+_MAX_EXPONENT = 400  # 1e99999 is "too big to be anyone's answer", not a 100,000-digit integer
+
+
+def _literal(s: str) -> _Literal | None:
+    """A plain number, ``a/b`` or ``\\frac{a}{b}`` as an exact value; None for anything else."""
     s = s.replace(" ", "")
     if _NUM_RE.fullmatch(s):
-        return float(s)
-    m = _FRAC_NUM_RE.fullmatch(s)
+        mantissa, _, exponent = s.lower().partition("e")
+        if exponent and abs(int(exponent)) > _MAX_EXPONENT:
+            return None
+        decimals = None if exponent else len(mantissa.partition(".")[2])
+        return _Literal(Fraction(s), decimals)
+    m = _FRAC_NUM_RE.fullmatch(s) or _SLASH_NUM_RE.fullmatch(s)
     if m:
-        num, den = float(m.group(2)), float(m.group(3))
-        return None if den == 0 else (-num if m.group(1) == "-" else num) / den
-    m = _SLASH_NUM_RE.fullmatch(s)
-    if m:
-        num, den = float(m.group(1)), float(m.group(2))
-        return None if den == 0 else num / den
+        num, den = (_literal(x) for x in m.groups()[-2:])
+        if num is None or den is None or den.value == 0:
+            return None
+        sign = -1 if m.re is _FRAC_NUM_RE and m.group(1) == "-" else 1
+        return _Literal(sign * num.value / den.value, None)
     return None
 
 
-def _close(a: float, b: float) -> bool:
-    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+def _within_stated_precision(pred: Fraction | float, gold: _Literal) -> bool:
+    """``pred`` equals ``gold`` to the precision the gold states.
+
+    Integers and fractions are exact (``15017`` is not ``15018``; ``0.333`` is not ``1/3``); a decimal
+    with ``d`` decimals accepts what rounds to it at ``d`` decimals (``1.449`` for ``1.45``, not ``1.4``
+    or ``1.48``). A float ``pred`` (a closed form evaluated by sympy) is exact to 1e-9 relative.
+    """
+    if isinstance(pred, float):
+        if not math.isfinite(pred):
+            return False
+        g = float(gold.value)
+        slack = EXACT_RTOL * max(1.0, abs(g))
+        if gold.decimals:
+            slack += 0.5 * 10.0 ** (-gold.decimals)
+        return abs(pred - g) <= slack
+    if gold.decimals:
+        return abs(pred - gold.value) <= Fraction(1, 2 * 10**gold.decimals)
+    return pred == gold.value
+
+
+# Arithmetic of plain numbers that is NOT a value to compute: ranges ("0.2 - 0.4"), orders
+# ("5-4-3-2-1"), ratios ("1:2"), sums shown as answers ("2+4+3"). Compared as written.
+_LITERAL_EXPRESSION_RE = re.compile(
+    rf"{_NUM}(?:\s*(?:[-+*/:×·~–—]|\\cdot|\\times|to)\s*[-+]?{_NUM})+", re.IGNORECASE
+)
+# Words a formula may contain; any other run of 2+ letters makes an answer text, not math.
+_MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "arcsin", "arccos", "arctan"}
+
+
+def _is_math(s: str) -> bool:
+    words = re.findall(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", s))
+    return all(w.lower() in _MATH_WORDS for w in words)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +327,9 @@ def _numeric(expr: Any) -> float | None:
     return value.real if math.isfinite(value.real) else None
 
 
-def _grade_symbolic(pred: str, gold: str) -> bool:
+def _grade_symbolic(pred: str, gold: str, gold_literal: _Literal | None) -> bool:
+    """Closed forms: equal values (exact to 1e-9 relative, so ``3.4641`` is not ``2\\sqrt{3}``), or
+    math-verify's symbolic equality for expressions with variables (``x(x+2)`` and ``x^2+2x``)."""
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
@@ -268,9 +337,12 @@ def _grade_symbolic(pred: str, gold: str) -> bool:
         gold_parsed, pred_parsed = _parse(gold), _parse(pred)
         if not gold_parsed or not pred_parsed:
             return False
-        gv, pv = _numeric(gold_parsed[0]), _numeric(pred_parsed[0])
-        if gv is not None and pv is not None:
-            return _close(gv, pv)
+        pv = _numeric(pred_parsed[0])
+        if gold_literal is not None:
+            return pv is not None and _within_stated_precision(pv, gold_literal)
+        gv = _numeric(gold_parsed[0])
+        if gv is not None or pv is not None:
+            return gv is not None and pv is not None and abs(pv - gv) <= EXACT_RTOL * max(1.0, abs(gv))
         return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=_timeout()))
     except (Exception, TimeoutException):
         return False
@@ -292,41 +364,78 @@ def _grade_free(pred: str, gold: str) -> bool:
             return False
         if _key(p) == _key(g):
             return True
-    gv, pv = _number(g), _number(p)
-    if gv is not None and pv is not None:
-        return _close(gv, pv)
-    return _grade_symbolic(p, g)
+    if "=" in g:  # a relation or a chain (y_2=(x+2)^3=y_1(x+2)): side by side, never its last part
+        gs, ps = g.split("="), p.split("=")
+        return len(gs) == len(ps) and all(_grade_free(a, b) for a, b in zip(ps, gs, strict=True))
+    gl, pl = _literal(g), _literal(p)
+    if gl is not None and pl is not None:
+        return _within_stated_precision(pl.value, gl)
+    if _LITERAL_EXPRESSION_RE.fullmatch(g) or _LITERAL_EXPRESSION_RE.fullmatch(p):
+        return False  # ranges, orders, ratios: only the string rule above
+    if not (_is_math(g) and _is_math(p)):
+        return False  # text ("increase" / "decrease") is compared as text only
+    return _grade_symbolic(p, g, gl)
 
 
 _YESNO_RE = re.compile(r"\W*(yes|no)\b", re.IGNORECASE)
+_YESNO_WORD_RE = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
 
 
 def _yes_no(s: str) -> str | None:
-    m = _YESNO_RE.match(_normalize(s))
-    return m.group(1).lower() if m else None
+    """The yes/no the answer starts with; None if it names both ("Yes or No", "yes/no")."""
+    n = _normalize(s)
+    m = _YESNO_RE.match(n)
+    if not m or len({w.lower() for w in _YESNO_WORD_RE.findall(n)}) > 1:
+        return None
+    return m.group(1).lower()
 
 
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_LETTER_ONLY_RE = re.compile(r"\(?([A-Za-z])\)?")
-_LETTER_LEAD_RE = re.compile(r"\(([A-Z])\)|([A-Z])\s*[.:)](?:\s|$)")
-_LETTER_WORD_RE = re.compile(r"(?:option|choice|answer)\s*:?\s*\(?([A-Za-z])\)?(?:$|[\s.:)])", re.IGNORECASE)
+_LETTER_ONLY_RE = re.compile(r"\(?([A-Za-z])\)?[.:]?")
+_LETTER_LEAD_RE = re.compile(r"\(([A-Z])\)\s*[.:]?\s*(.*)|([A-Z])\s*[.:)](?:\s+(.*)|$)", re.DOTALL)
+_LETTER_WORD_RE = re.compile(
+    r"(?:option|choice|answer)\s*:?\s*\(?([A-Za-z])\)?(?:[.:)]\s*(.*)|\s+(.*)|$)", re.IGNORECASE | re.DOTALL
+)
+_OTHER_LETTER_RE = re.compile(r"(?<![A-Za-z])[A-H](?![A-Za-z])|\bor\b", re.IGNORECASE)
 
 
-def _choice_index(pred: str, choices: Sequence[str] | None, n: int) -> int | None:
-    """Option index named by letter: "B", "(B)", "B.", "B: text", "(B) text", "Option B".
+def _choice_letter(pred: str, choices: Sequence[str] | None, n: int) -> tuple[int, str] | None:
+    """(option index, text after the letter) for a prediction that names an option by letter:
+    "B", "(B)", "B.", "B: text", "(B) text", "Option B". None when it does not start with a letter.
 
     A bare lowercase letter ("b") is a letter too, unless it is literally one of the options' texts
     (AI2D labels diagram parts with letters): then it names that option by its text.
     """
     s = _normalize(pred)
     m = _LETTER_ONLY_RE.fullmatch(s)
-    if m and m.group(1).islower() and choices and any(_normalize(c) == m.group(1) for c in choices):
-        return None
-    m = m or _LETTER_LEAD_RE.match(s) or _LETTER_WORD_RE.match(s)
-    if not m:
-        return None
-    idx = _LETTERS.find(next(g for g in m.groups() if g).upper())
-    return idx if 0 <= idx < n else None
+    if m:
+        if m.group(1).islower() and choices and any(_normalize(c) == m.group(1) for c in choices):
+            return None
+        letter, rest = m.group(1), ""
+    else:
+        m = _LETTER_LEAD_RE.match(s) or _LETTER_WORD_RE.match(s)
+        if not m:
+            return None
+        groups = m.groups()
+        letter = next(g for g in groups if g is not None)
+        rest = next((g for g in groups[groups.index(letter) + 1 :] if g is not None), "")
+    idx = _LETTERS.find(letter.upper())
+    return (idx, rest.strip()) if 0 <= idx < n else None
+
+
+def _option_text_matches(pred: str, option: str) -> bool:
+    yn = _yes_no(option)
+    if yn is not None and _key(_normalize(option)) in ("yes", "no"):
+        return _yes_no(pred) == yn
+    return _grade_free(pred, option)
+
+
+def _options_named(pred: str, choices: Sequence[str]) -> set[int]:
+    """Options whose text ``pred`` is: the ones it spells exactly if any (so ``0.2 - 0.4`` is not
+    ``0.0 - 0.2`` and ``2`` is not ``2\\sqrt{3}``), else the ones it equals by the free-form rules."""
+    key = _key(_normalize(pred))
+    exact = {i for i, c in enumerate(choices) if _key(_normalize(c)) == key}
+    return exact or {i for i, c in enumerate(choices) if _option_text_matches(pred, c)}
 
 
 def _gold_index(gold: str, choices: Sequence[str] | None, n: int) -> int | None:
@@ -342,6 +451,29 @@ def _gold_index(gold: str, choices: Sequence[str] | None, n: int) -> int | None:
     return None
 
 
+def _grade_choice(pred: str, gi: int, choices: tuple[str, ...] | None, n: int) -> bool:
+    """The prediction names option ``gi`` and no other: by letter (any text after the letter must
+    be that option's text), or by the option's text alone. "(A) or (B)" names two: wrong."""
+    named = _choice_letter(pred, choices, n)
+    if named is not None:
+        idx, rest = named
+        if idx != gi:
+            return False
+        if not rest:
+            return True
+        if choices:
+            return _names_only(_options_named(rest, choices), gi, choices)
+        return _OTHER_LETTER_RE.search(rest) is None
+    if choices:
+        return _names_only(_options_named(pred, choices), gi, choices)
+    return False
+
+
+def _names_only(named: set[int], gi: int, choices: Sequence[str]) -> bool:
+    """``named`` is option ``gi`` alone, or copies of its text (MathVista repeats some options)."""
+    return gi in named and len({_key(_normalize(choices[i])) for i in named}) == 1
+
+
 _CACHE_MAX_CHARS = 512  # pred + gold longer than this are graded uncached
 
 
@@ -355,11 +487,7 @@ def _grade_cached(pred: str, gold: str, choices: tuple[str, ...] | None, answer_
         n = len(choices) if choices else 5
         gi = _gold_index(gold, choices, n)
         if gi is not None:
-            pi = _choice_index(pred, choices, n)
-            if pi is not None:
-                return pi == gi
-            if choices:  # the prediction may be the option's text ("No", "2\sqrt{3}")
-                return _grade_cached(pred, choices[gi], None, "free")
+            return _grade_choice(pred, gi, choices, n)
     if answer_type == "yesno" or _key(_normalize(gold)) in ("yes", "no"):
         gold_yn = _yes_no(gold)
         if gold_yn is not None:
@@ -373,16 +501,24 @@ def grade(
     *,
     choices: Sequence[str] | None = None,
     answer_type: str = "free",
+    grader: str = "ncgrpo",
 ) -> bool:
     """Whether the predicted answer ``pred`` equals the gold ``y*`` (Algorithm 1 line 9's ``=``).
 
     ``choices`` is the option list of a multiple-choice question (index 0 = A); ``answer_type`` is
     one of :data:`ANSWER_TYPES` (``ncgrpo.data.types.AnswerType``); unknown values act as "free".
-    Never raises; ``None`` (no box) is never correct.
+    ``grader="mathruler"`` is NoisyRollout's ``mathruler.grader.grade_answer(pred, gold)`` instead
+    (``choices``/``answer_type`` unused, as in theirs). Never raises on any text; ``None`` (no box)
+    is never correct; an unknown ``grader`` is a ValueError.
     """
+    _check_grader(grader)
+    if grader == "mathruler":
+        _mathruler()  # a missing package is an error, not a wrong answer
     try:
         if pred is None or gold is None:
             return False
+        if grader == "mathruler":
+            return _mathruler_grade(str(pred), str(gold))
         pred, gold = str(pred), str(gold)
         opts = tuple(str(c) for c in choices) if choices else None
         kind = answer_type if answer_type in ANSWER_TYPES else "free"
@@ -393,23 +529,65 @@ def grade(
         return False
 
 
+# ---------------------------------------------------------------------------------------------
+# NoisyRollout's grader (mathruler 0.1.0: extract_boxed_content + grade_answer), for comparison
+
+
+def _check_grader(grader: str) -> None:
+    if grader not in GRADERS:
+        raise ValueError(f"grader must be one of {GRADERS}, got {grader!r}")
+
+
+def _mathruler():
+    try:
+        from mathruler import grader as mathruler_grader
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "grader='mathruler' needs the mathruler package (NoisyRollout's grader): "
+            "pip install 'mathruler==0.1.0'"
+        ) from exc
+    return mathruler_grader
+
+
+def _mathruler_grade(pred: str, gold: str) -> bool:
+    try:
+        return bool(_mathruler().grade_answer(pred, gold))
+    except Exception:  # NoisyRollout's training would crash here; a wrong answer is the safe reading
+        return False
+
+
 def score(
     output: str,
     gold: str,
     *,
     choices: Sequence[str] | None = None,
     answer_type: str = "free",
+    grader: str = "ncgrpo",
 ) -> Score:
-    """Algorithm 1 line 9 for one output: ``Score(extract(o), 1[extract(o) = y*])``. Never raises."""
+    """Algorithm 1 line 9 for one output: ``Score(extract(o), 1[extract(o) = y*])``.
+
+    The training reward and ``ncgrpo eval`` both call this. ``grader="mathruler"`` reproduces
+    NoisyRollout's accuracy exactly: ``grade_answer(extract_boxed_content(output), gold)``.
+    Never raises on any text (an unknown ``grader`` is a ValueError).
+    """
+    _check_grader(grader)
+    if grader == "mathruler":
+        mr = _mathruler()
+        try:
+            content = mr.extract_boxed_content(output)
+        except Exception:
+            return Score(None, False)
+        extracted = None if content == "None" and "\\boxed{None}" not in output else content
+        return Score(extracted, grade(content, gold, grader="mathruler"))
     extracted = extract_boxed(output)
     return Score(extracted, grade(extracted, gold, choices=choices, answer_type=answer_type))
 
 
 def format_ok(output: str) -> bool:
-    """NoisyRollout's format check, on the output with surrounding whitespace stripped (a leading
-    newline is a detokenisation artefact, not a format choice)."""
+    """NoisyRollout's format check: ``re.fullmatch(FORMAT_PATTERN, output)`` on the raw output, so
+    a completion that starts with a newline or with text before ``<think>`` gets no format score."""
     try:
-        return isinstance(output, str) and FORMAT_PATTERN.fullmatch(output.strip()) is not None
+        return isinstance(output, str) and FORMAT_PATTERN.fullmatch(output) is not None
     except Exception:
         return False
 
@@ -467,7 +645,7 @@ def _row_choices(column: Sequence[Any] | None, i: int) -> list[str] | None:
         return None
 
 
-def _accuracies(completions, answer, choices, answer_type) -> list[float]:
+def _accuracies(completions, answer, choices, answer_type, grader: str = "ncgrpo") -> list[float]:
     out = []
     for i, completion in enumerate(completions):
         gold = _row(answer, i)
@@ -477,7 +655,8 @@ def _accuracies(completions, answer, choices, answer_type) -> list[float]:
         except Exception:
             text = ""
         correct = (
-            gold is not None and score(text, gold, choices=_row_choices(choices, i), answer_type=kind).correct
+            gold is not None
+            and score(text, gold, choices=_row_choices(choices, i), answer_type=kind, grader=grader).correct
         )
         out.append(1.0 if correct else 0.0)
     return out
@@ -499,22 +678,30 @@ def format_reward(completions, **kwargs) -> list[float]:
     return out
 
 
-def make_math_reward(format_weight: float = FORMAT_WEIGHT) -> Callable[..., list[float]]:
+def make_math_reward(
+    format_weight: float = FORMAT_WEIGHT, grader: str = "ncgrpo"
+) -> Callable[..., list[float]]:
     """NoisyRollout's shaped reward ``(1 - w) * accuracy + w * format`` as a TRL reward function.
 
-    TRL logs reward functions by ``__name__``: ``math_reward`` for the default weight,
-    ``math_reward_fmt{w}`` otherwise.
+    ``grader="mathruler"`` grades accuracy exactly as NoisyRollout does (``mathruler``'s
+    ``grade_answer`` on ``extract_boxed_content``); the default is this module's rules. TRL logs
+    reward functions by ``__name__``: ``math_reward`` for the defaults, ``math_reward_fmt{w}`` for
+    another weight, with ``_mathruler`` appended for that grader.
     """
     w = float(format_weight)
     if not 0.0 <= w <= 1.0:
         raise ValueError(f"format_weight must be in [0, 1], got {format_weight!r}")
+    _check_grader(grader)
+    if grader == "mathruler":
+        _mathruler()
 
     def reward(completions, answer, choices=None, answer_type=None, **kwargs) -> list[float]:
-        acc = _accuracies(completions, answer, choices, answer_type)
+        acc = _accuracies(completions, answer, choices, answer_type, grader)
         fmt = format_reward(completions)
         return [(1.0 - w) * a + w * f for a, f in zip(acc, fmt, strict=True)]
 
     name = "math_reward" if w == FORMAT_WEIGHT else f"math_reward_fmt{w:g}"
+    name += "" if grader == "ncgrpo" else f"_{grader}"
     reward.__name__ = reward.__qualname__ = name
     reward.__doc__ = f"{1.0 - w:g} * accuracy + {w:g} * format (NoisyRollout's reward)."
     return reward

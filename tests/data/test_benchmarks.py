@@ -24,10 +24,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # name -> (rows in the default split, {question_id: (answer, answer_type, choices or None)} for some rows)
 EXPECTED: dict[str, tuple[int, dict[str, tuple[str, str, list[str] | None]]]] = {
     "geo3k": (4, {"2": ("3", "number", None), "41": ("2\\sqrt{3}", "free", None)}),
-    "hallusionbench": (
-        3,
-        {"VD_illusion_0_0_0": ("yes", "yesno", None), "VD_illusion_0_1_0": ("no", "yesno", None)},
-    ),
+    # default split "image_paper": NoisyRollout's ids set_figure_question (distinct in the fixture)
+    "hallusionbench": (3, {"0_0_0": ("yes", "yesno", None), "0_1_0": ("no", "yesno", None)}),
     "mathvista": (
         4,
         {
@@ -313,6 +311,75 @@ def test_hallusionbench_json_release_with_filenames(tmp_path):
         "gt_answer": 0,
         "filename": "./VD/illusion/0_0.png",
     }
-    (tmp_path / "HallusionBench.json").write_text(json.dumps([row]))
-    (q,) = load_benchmark("hallusionbench", tmp_path / "HallusionBench.json")
+    no_image = {**row, "visual_input": "0", "filename": None, "question_id": 1}
+    (tmp_path / "HallusionBench.json").write_text(json.dumps([{**row, "visual_input": "1"}, no_image]))
+    (q,) = load_benchmark("hallusionbench", tmp_path / "HallusionBench.json", split="image")
     assert (q.question_id, q.answer, q.images[0].size) == ("VD_illusion_0_0_0", "no", (8, 8))
+
+
+def test_hallusionbench_paper_split_keeps_the_last_row_of_each_noisyrollout_id(tmp_path):
+    """The paper's n (10,038) counts HallusionBench by NoisyRollout's id set_figure_question,
+    which repeats across categories: one question per id, the last row in file order."""
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "a.png")
+    rows = [
+        {"category": c, "subcategory": sub, "visual_input": "1", "set_id": 0, "figure_id": f,
+         "question_id": 0, "question": f"Is {c} {sub} {f} right?", "gt_answer": g, "filename": "a.png"}
+        for c, sub, f, g in [("VD", "illusion", 0, "1"), ("VS", "chart", 0, "0"), ("VD", "math", 1, "1")]
+    ]  # fmt: skip
+    (tmp_path / "HallusionBench.json").write_text(json.dumps(rows))
+    qs = load_benchmark("hallusionbench", tmp_path / "HallusionBench.json")
+    assert [(q.question_id, q.answer, q.metadata["category"]) for q in qs] == [
+        ("0_0_0", "no", "VS"),
+        ("0_1_0", "yes", "VD"),
+    ]
+    assert len(load_benchmark("hallusionbench", tmp_path / "HallusionBench.json", split="image")) == 3
+
+
+def test_default_ood_splits_give_the_papers_count():
+    ood = [spec for spec in BENCHMARKS.values() if spec.role == "ood"]
+    assert sum(spec.expected_rows[spec.default_split] for spec in ood) == 10038
+
+
+def test_gold_letter_is_the_position_of_the_gold_option():
+    """MathVista stores the option text; options can look like letters ("(c)" first), and the gold
+    letter must be where the gold option is, not the letter its text spells (issue 13)."""
+    ctx = B.RowContext(benchmark="mathvista", label="mathvista", split="testmini")
+    options = ["(c)", "(a)", "(e)", "(b)"]
+    assert B.gold_letter("(b)", options, ctx, 0, by="text") == "D"
+    assert B.gold_letter("(c)", options, ctx, 0, by="text") == "A"
+    # benchmarks that store a letter keep reading it as a letter
+    assert B.gold_letter("B", ["x", "y"], ctx, 0) == "B"
+    assert B.gold_letter("y", ["x", "y"], ctx, 0) == "B"
+
+
+def test_mathverse_choice_block_spellings_and_two_answer_rows(tmp_path):
+    """Real MathVerse rows write 'Choice:' as well as 'Choices:', store some golds as the option's
+    text, and 'Choose 2 answers' rows store both letters ("C\\nD")."""
+    img = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(img)
+    base = {
+        "problem_index": "1",
+        "problem_version": "Text Lite",
+        "image": "a.png",
+        "question_type": "multi-choice",
+    }
+    rows = [
+        {**base, "sample_index": "1", "question": "Bearing?\nChoice:\nA. 045 T\nB. 135 T", "answer": "045 T"},
+        {**base, "sample_index": "2", "question": "Which?\nChoices:\nA:x\nB:y\nC:z", "answer": "A\nC"},
+    ]
+    (tmp_path / "testmini.json").write_text(json.dumps(rows))
+    one, two = load_benchmark("mathverse", tmp_path / "testmini.json")
+    assert (one.answer, one.answer_type, one.choices) == ("A", "choice", ["045 T", "135 T"])
+    assert (two.answer, two.answer_type, two.choices) == ("A, C", "free", None)
+    assert two.metadata["choices"] == ["x", "y", "z"]
+
+
+def test_wemath_full_width_option_marks():
+    assert B.split_inline_options("A. ④;B．⑤;C. ⑥; D. Unknown; E. None of these") == [
+        "④",
+        "⑤",
+        "⑥",
+        "Unknown",
+        "None of these",
+    ]

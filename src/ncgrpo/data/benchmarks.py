@@ -199,14 +199,29 @@ def infer_answer_type(answer: str) -> AnswerType:
 
 
 def gold_letter(
-    answer: Any, choices: Sequence[str], ctx: RowContext, index: int, name: str = "answer"
+    answer: Any,
+    choices: Sequence[str],
+    ctx: RowContext,
+    index: int,
+    name: str = "answer",
+    *,
+    by: str = "letter",
 ) -> str:
-    """The gold letter for ``answer``: a letter within range, or the text of one of ``choices``."""
+    """The gold letter for ``answer``, always the POSITION of the gold option in ``choices``.
+
+    ``by="letter"`` (benchmarks that store a letter: MathVision, MathVerse, WeMath, MMStar): a letter
+    within range, else the option whose text ``answer`` is. ``by="text"`` (benchmarks that store the
+    option's text: MathVista, Geometry3K): the position of that text, so options that look like
+    letters ("(c)", "(a)", ...) are never read as letters; a letter only if no option has the text.
+    """
     text = str(answer).strip()
-    letter = text.strip("().").upper()
-    if len(letter) == 1 and letter in LETTERS[: len(choices)]:
-        return letter
     stripped = [str(c).strip() for c in choices]
+    letter = text.strip("().").upper()
+    is_letter = len(letter) == 1 and letter in LETTERS[: len(choices)]
+    if by == "text" and text in stripped:
+        return LETTERS[stripped.index(text)]
+    if is_letter:
+        return letter
     if text in stripped:
         return LETTERS[stripped.index(text)]
     raise ctx.error(
@@ -245,7 +260,8 @@ def split_option_lines(text: str) -> tuple[str, list[str], str] | None:
 
 def split_inline_options(text: str) -> list[str] | None:
     """Options written on one line: ``"A: x, B: y, C: z"`` (MMStar) or ``"A. x; B. y"`` (WeMath)."""
-    marks = list(re.finditer(r"(?:^|(?<=[\s,;]))([A-H])\s*[.:：]\s*", text))
+    # WeMath mixes ASCII and full-width marks: "A. ①;B．②;C. ③"
+    marks = list(re.finditer(r"(?:^|(?<=[\s,;；]))([A-H])\s*[.:：．]\s*", text))
     # keep only marks that run A, B, C, ... in order
     picked: list[re.Match[str]] = []
     for m in marks:
@@ -256,7 +272,7 @@ def split_inline_options(text: str) -> list[str] | None:
     options = []
     for k, m in enumerate(picked):
         end = picked[k + 1].start() if k + 1 < len(picked) else len(text)
-        options.append(text[m.end() : end].strip().rstrip(",;").strip())
+        options.append(text[m.end() : end].strip().rstrip(",;；").strip())
     return options
 
 
@@ -276,9 +292,31 @@ def _convert_geo3k(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowContext) 
     return convert_geo3k_rows(rows, ctx)
 
 
+#: HallusionBench split that reproduces the paper's question count (docs/benchmarks-data.md,
+#: "Counts"): the ``image`` rows keyed by NoisyRollout's id ``set_figure_question``, which repeats
+#: across categories, so 951 rows collapse to 318; the LAST row of each id is kept (a dict filled in
+#: row order). 318 + 1000 + 3940 + 3040 + 1740 = 10,038, the paper's OOD n.
+HALLUSION_PAPER_SPLIT = "image_paper"
+
+
 def _convert_hallusionbench(rows, ctx: RowContext) -> list[Question]:
+    out = _convert_hallusionbench_rows(rows, ctx)
+    if ctx.split != HALLUSION_PAPER_SPLIT:
+        return out
+    by_id: dict[str, Question] = {}
+    for q in out:
+        m = q.metadata
+        q.question_id = f"{m['set_id']}_{m['figure_id']}_{m['question_id']}"
+        by_id.pop(q.question_id, None)  # keep the last row, at its own position
+        by_id[q.question_id] = q
+    return list(by_id.values())
+
+
+def _convert_hallusionbench_rows(rows, ctx: RowContext) -> list[Question]:
     out = []
     for i, row in rows:
+        if ctx.split != "non_image" and str(row.get("visual_input", "")) == "0":
+            continue  # the GitHub json holds both splits; its no-image rows are the non_image split
         question = ctx.text(row, i, "question")
         gt = ctx.text(row, i, "gt_answer")
         if gt not in {"0", "1"}:
@@ -304,6 +342,7 @@ def _convert_hallusionbench(rows, ctx: RowContext) -> list[Question]:
                     "subcategory": ctx.optional(row, "subcategory"),
                     "filename": ctx.optional(row, "filename"),
                     "question": question,
+                    **{k: str(ctx.optional(row, k, "")) for k in ("set_id", "figure_id", "question_id")},
                 },
             )
         )
@@ -343,7 +382,7 @@ def _convert_mathvista(rows, ctx: RowContext) -> list[Question]:
                     benchmark=ctx.benchmark,
                     question_id=pid,
                     problem=format_choice_problem(question, choices),
-                    answer=gold_letter(answer, choices, ctx, i),
+                    answer=gold_letter(answer, choices, ctx, i, by="text"),
                     images=[image],
                     choices=choices,
                     answer_type="choice",
@@ -374,7 +413,10 @@ def _convert_mathvista(rows, ctx: RowContext) -> list[Question]:
     return out
 
 
-_CHOICES_BLOCK = re.compile(r"\n?\s*Choices\s*:\s*\n?", re.IGNORECASE)
+# MathVerse writes "Choices:" and, in some rows, "Choice:" before the option lines.
+_CHOICES_BLOCK = re.compile(r"\n?\s*Choices?\s*:\s*\n?", re.IGNORECASE)
+# "Choose 2 answers" rows store every right letter, one a line ("C\nD").
+_MULTI_LETTER = re.compile(r"[A-H](?:\s*[\n,;]\s*[A-H])+")
 
 
 def _convert_mathverse(rows, ctx: RowContext) -> list[Question]:
@@ -394,6 +436,23 @@ def _convert_mathverse(rows, ctx: RowContext) -> list[Question]:
         if qtype == "multi-choice":
             parts = _CHOICES_BLOCK.split(question, maxsplit=1)
             parsed = split_option_lines(parts[1]) if len(parts) == 2 else None
+            if parsed is not None and _MULTI_LETTER.fullmatch(answer):
+                # several right options: graded as the letters, in order, e.g. "C, D"
+                stem, choices, _tail = parsed
+                stem = (parts[0] + ("\n" + stem if stem else "")).strip()
+                letters = ", ".join(re.findall(r"[A-H]", answer))
+                out.append(
+                    Question(
+                        benchmark=ctx.benchmark,
+                        question_id=sid,
+                        problem=format_choice_problem(stem, choices),
+                        answer=letters,
+                        images=images,
+                        answer_type="free",
+                        metadata={**meta, "choices": choices},
+                    )
+                )
+                continue
             if parsed is not None:
                 stem, choices, _tail = parsed
                 stem = (parts[0] + ("\n" + stem if stem else "")).strip()
@@ -690,6 +749,8 @@ class BenchmarkSpec:
     #: Columns holding images (so they are read undecoded and decoded here, with row-level errors).
     image_columns: tuple[str, ...] = ("image",)
     expected_rows: dict[str, int] = field(default_factory=dict)
+    #: Splits made from another stored split by the loader (``{"image_paper": "image"}``).
+    derived_splits: dict[str, str] = field(default_factory=dict)
 
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
@@ -713,13 +774,17 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec(
             name="hallusionbench",
             role="ood",
-            default_split="image",
+            default_split=HALLUSION_PAPER_SPLIT,
             hub_id="lmms-lab/HallusionBench",
             loader=_convert_hallusionbench,
-            expected_rows={"image": 951, "non_image": 178},
+            expected_rows={HALLUSION_PAPER_SPLIT: 318, "image": 951, "non_image": 178},
+            derived_splits={HALLUSION_PAPER_SPLIT: "image"},
             answer_convention=(
                 "Yes/no: `gt_answer` '1' -> 'yes', '0' -> 'no'. Problem is the text before the first '?' "
-                "plus NoisyRollout's suffix '? You final answer can only be \\boxed{yes} or \\boxed{no}.'"
+                "plus NoisyRollout's suffix '? You final answer can only be \\boxed{yes} or \\boxed{no}.' "
+                "Default split 'image_paper': the 'image' rows deduplicated by NoisyRollout's id "
+                "set_figure_question (last row kept), 318 questions, which gives the paper's OOD n = 10,038; "
+                "split 'image' keeps all 951."
             ),
         ),
         BenchmarkSpec(
@@ -948,10 +1013,12 @@ def load_benchmark(
     if limit is not None and limit < 0:
         raise ValueError("limit must be >= 0")
 
+    stored = spec.derived_splits.get(split, split)
     if path is None:
-        records, ctx = _from_hub(spec, split)
+        records, ctx = _from_hub(spec, stored)
     else:
-        records, ctx = _from_path(spec, Path(path), split)
+        records, ctx = _from_path(spec, Path(path), stored)
+    ctx.split = split
     questions = spec.loader(_rows(records, limit), ctx)
     for q in questions:
         if q.role != spec.role and not q.benchmark.startswith("synthetic/"):

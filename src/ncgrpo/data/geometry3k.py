@@ -81,7 +81,9 @@ def convert_geo3k_rows(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowConte
             choices = hub_choices
             gt = str(ground_truth or "").strip().upper()
             answer = (
-                gt if len(gt) == 1 and gt in LETTERS[: len(choices)] else gold_letter(answer, choices, ctx, i)
+                gt
+                if len(gt) == 1 and gt in LETTERS[: len(choices)]
+                else gold_letter(answer, choices, ctx, i, by="text")
             )
         elif answer_type == "yesno":
             answer = answer.lower()
