@@ -54,6 +54,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+from ncgrpo.data.types import LETTERS
+
 #: NoisyRollout's reward weights (anchors.md): ``0.9 * accuracy + 0.1 * format``.
 FORMAT_WEIGHT = 0.1
 ACCURACY_WEIGHT = 1.0 - FORMAT_WEIGHT  # 0.9
@@ -390,7 +392,6 @@ def _yes_no(s: str) -> str | None:
     return m.group(1).lower()
 
 
-_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LETTER_ONLY_RE = re.compile(r"\(?([A-Za-z])\)?[.:]?")
 _LETTER_LEAD_RE = re.compile(r"\(([A-Z])\)\s*[.:]?\s*(.*)|([A-Z])\s*[.:)](?:\s+(.*)|$)", re.DOTALL)
 _LETTER_WORD_RE = re.compile(
@@ -419,7 +420,7 @@ def _choice_letter(pred: str, choices: Sequence[str] | None, n: int) -> tuple[in
         groups = m.groups()
         letter = next(g for g in groups if g is not None)
         rest = next((g for g in groups[groups.index(letter) + 1 :] if g is not None), "")
-    idx = _LETTERS.find(letter.upper())
+    idx = LETTERS.find(letter.upper())
     return (idx, rest.strip()) if 0 <= idx < n else None
 
 
@@ -443,8 +444,8 @@ def _gold_index(gold: str, choices: Sequence[str] | None, n: int) -> int | None:
     choice questions), else the option whose text it is (Geometry3K keeps the option text)."""
     g = _normalize(gold)
     m = _LETTER_ONLY_RE.fullmatch(g)
-    if m and m.group(1).isupper() and _LETTERS.index(m.group(1)) < n:
-        return _LETTERS.index(m.group(1))
+    if m and m.group(1).isupper() and LETTERS.index(m.group(1)) < n:
+        return LETTERS.index(m.group(1))
     for i, option in enumerate(choices or ()):
         if _key(_normalize(option)) == _key(g):
             return i

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from published import PUBLISHED_ROWS
 
 from ncgrpo.data.benchmarks import BENCHMARKS, LETTERS, BenchmarkDataError, RowContext, load_benchmark
 from ncgrpo.data.types import Question
@@ -327,7 +328,7 @@ def test_hallusionbench_paper_split_gives_the_papers_ood_count():
     questions = spec.loader(enumerate(rows), ctx)
     assert len(questions) == 318
     assert len({q.question_id for q in questions}) == 318
-    sizes = {n: BENCHMARKS[n].expected_rows[BENCHMARKS[n].default_split] for n in BENCHMARKS}
+    sizes = {n: PUBLISHED_ROWS[n][BENCHMARKS[n].default_split] for n in BENCHMARKS}
     ood = [n for n in BENCHMARKS if BENCHMARKS[n].role == "ood"]
     assert sorted(ood) == ["hallusionbench", "mathverse", "mathvision", "mathvista", "wemath"]
     assert sum(sizes[n] for n in ood) == 10038

@@ -24,10 +24,10 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from ncgrpo.data.prompts import IMAGE_PLACEHOLDER
-from ncgrpo.data.types import AnswerType, Question, Role
+from ncgrpo.data.types import LETTERS, AnswerType, Question, Role
 
 __all__ = [
     "BENCHMARKS",
@@ -46,7 +46,8 @@ CHOICE_INSTRUCTION = "Answer with the letter of the correct option in \\boxed{}.
 #: theirs token for token; POPE uses the same suffix.
 YESNO_INSTRUCTION = "You final answer can only be \\boxed{yes} or \\boxed{no}."
 
-LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_ROLES = set(get_args(Role))
+_ANSWER_TYPES = set(get_args(AnswerType))
 _PARQUET = (".parquet",)
 _JSON = (".json", ".jsonl")
 
@@ -287,9 +288,76 @@ Converter = Callable[[Iterable[tuple[int, dict[str, Any]]], RowContext], list[Qu
 
 
 def _convert_geo3k(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowContext) -> list[Question]:
-    from ncgrpo.data.geometry3k import convert_geo3k_rows
+    """Rows in the geo3k schema (real or synthetic) to questions; errors name row and field.
 
-    return convert_geo3k_rows(rows, ctx)
+    The synthetic suite's extra columns ``family``, ``role`` and ``answer_type`` are read when present.
+    """
+
+    out = []
+    for i, row in rows:
+        images = ctx.images(row, i, "images")
+        if not images:
+            raise ctx.error(i, "field 'images' is empty")
+        problem = ctx.text(row, i, "problem")
+        answer = ctx.text(row, i, "answer")
+        n_marks = problem.count(IMAGE_PLACEHOLDER)
+        if n_marks and n_marks != len(images):
+            raise ctx.error(
+                i,
+                f"field 'problem' has {n_marks} '<image>' placeholders but field 'images' has {len(images)}",
+            )
+
+        family = ctx.optional(row, "family")
+        benchmark = f"synthetic/{family}" if family else ctx.benchmark
+        role = ctx.optional(row, "role", "in_domain")
+        if role not in _ROLES:
+            raise ctx.error(i, f"field 'role' should be one of {sorted(_ROLES)}, got {role!r}")
+        hub_choices = [str(c) for c in (ctx.optional(row, "choices") or [])]
+        ground_truth = ctx.optional(row, "ground_truth")
+
+        answer_type = ctx.optional(row, "answer_type") or infer_answer_type(answer)
+        if answer_type not in _ANSWER_TYPES:
+            raise ctx.error(
+                i, f"field 'answer_type' should be one of {sorted(_ANSWER_TYPES)}, got {answer_type!r}"
+            )
+        choices = None
+        if answer_type == "choice":
+            if not hub_choices:
+                raise ctx.error(i, "field 'choices' is empty but answer_type is 'choice'")
+            choices = hub_choices
+            gt = str(ground_truth or "").strip().upper()
+            answer = (
+                gt
+                if len(gt) == 1 and gt in LETTERS[: len(choices)]
+                else gold_letter(answer, choices, ctx, i, by="text")
+            )
+        elif answer_type == "yesno":
+            answer = answer.lower()
+            if answer not in {"yes", "no"}:
+                raise ctx.error(
+                    i, f"field 'answer' should be 'yes' or 'no' for answer_type 'yesno', got {answer!r}"
+                )
+
+        qid = ctx.optional(row, "question_id", ctx.optional(row, "id"))
+        out.append(
+            Question(
+                benchmark=str(benchmark),
+                question_id=str(qid) if qid is not None else str(i),
+                problem=problem,
+                answer=answer,
+                images=images,
+                choices=choices,
+                answer_type=answer_type,
+                role=role,
+                metadata={
+                    "split": ctx.split,
+                    "choices": hub_choices or None,
+                    "ground_truth": ground_truth,
+                    **({"family": family} if family else {}),
+                },
+            )
+        )
+    return out
 
 
 #: HallusionBench split that reproduces the paper's question count (docs/benchmarks-data.md,
@@ -721,7 +789,7 @@ def _convert_chartqa(rows, ctx: RowContext) -> list[Question]:
                 images=[ctx.image(row, i, "image")],
                 answer_type=atype,
                 role="general",
-                metadata={"source": source, "relaxed_tolerance": 0.05},
+                metadata={"source": source},
             )
         )
     return out
@@ -741,14 +809,12 @@ class BenchmarkSpec:
     default_split: str
     hub_id: str
     loader: Converter
-    answer_convention: str
     hub_config: str | None = None
     #: Extra file names/globs (relative to the data folder, ``{split}`` substituted) tried before the
     #: generic ``data/{split}-*.parquet`` / ``{split}.parquet`` / ``{split}.json[l]`` ones.
     files: tuple[str, ...] = ()
     #: Columns holding images (so they are read undecoded and decoded here, with row-level errors).
     image_columns: tuple[str, ...] = ("image",)
-    expected_rows: dict[str, int] = field(default_factory=dict)
     #: Splits made from another stored split by the loader (``{"image_paper": "image"}``).
     derived_splits: dict[str, str] = field(default_factory=dict)
 
@@ -763,13 +829,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub_id="hiyouga/geometry3k",
             loader=_convert_geo3k,
             image_columns=("images",),
-            expected_rows={"train": 2101, "validation": 300, "test": 601},
-            answer_convention=(
-                "Free-form, as NoisyRollout trains and scores it: the problem text is the hub's `problem` "
-                "(no option list) and the gold is the `answer` column (the text of the right choice); "
-                "answer_type 'number' when it parses as a number, else 'free'. The hub's `choices` and "
-                "`ground_truth` letter go to metadata. Synthetic exports may set `answer_type`='choice'."
-            ),
         ),
         BenchmarkSpec(
             name="hallusionbench",
@@ -777,15 +836,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             default_split=HALLUSION_PAPER_SPLIT,
             hub_id="lmms-lab/HallusionBench",
             loader=_convert_hallusionbench,
-            expected_rows={HALLUSION_PAPER_SPLIT: 318, "image": 951, "non_image": 178},
             derived_splits={HALLUSION_PAPER_SPLIT: "image"},
-            answer_convention=(
-                "Yes/no: `gt_answer` '1' -> 'yes', '0' -> 'no'. Problem is the text before the first '?' "
-                "plus NoisyRollout's suffix '? You final answer can only be \\boxed{yes} or \\boxed{no}.' "
-                "Default split 'image_paper': the 'image' rows deduplicated by NoisyRollout's id "
-                "set_figure_question (last row kept), 318 questions, which gives the paper's OOD n = 10,038; "
-                "split 'image' keeps all 951."
-            ),
         ),
         BenchmarkSpec(
             name="mathvista",
@@ -794,12 +845,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub_id="AI4Math/MathVista",
             loader=_convert_mathvista,
             image_columns=("decoded_image",),
-            expected_rows={"testmini": 1000, "test": 5141},
-            answer_convention=(
-                "multi_choice -> choice (gold letter = position of `answer` in `choices`); free_form -> "
-                "the hub's `query` (with its precision hint) as problem, answer_type 'number' for "
-                "integer/float answers, else 'free'."
-            ),
         ),
         BenchmarkSpec(
             name="mathverse",
@@ -809,12 +854,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub_config="testmini",
             loader=_convert_mathverse,
             files=("{split}.parquet", "{split}.json"),
-            expected_rows={"testmini": 3940},
-            answer_convention=(
-                "multi-choice -> choice with options parsed from the 'Choices:' block of `question` (gold "
-                "letter in `answer`); when the options live in the figure (Vision Only) choices is None "
-                "and the gold is still the letter. free-form -> number/free."
-            ),
         ),
         BenchmarkSpec(
             name="mathvision",
@@ -823,11 +862,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub_id="MathLLMs/MathVision",
             loader=_convert_mathvision,
             image_columns=("decoded_image",),
-            expected_rows={"test": 3040, "testmini": 304},
-            answer_convention=(
-                "`options` non-empty -> choice (gold letter in `answer`); else number/free. The "
-                "question's '<image1>' mark becomes the '<image>' placeholder."
-            ),
         ),
         BenchmarkSpec(
             name="wemath",
@@ -836,11 +870,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub_id="We-Math/We-Math",
             loader=_convert_wemath,
             image_columns=("image_path",),
-            expected_rows={"testmini": 1740},
-            answer_convention=(
-                "Choice: options parsed from the `option` string 'A. ...; B. ...'; gold letter in "
-                "`answer`; question_id is 'ID@key' as in NoisyRollout."
-            ),
         ),
         BenchmarkSpec(
             name="pope",
@@ -848,8 +877,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             default_split="test",
             hub_id="lmms-lab/POPE",
             loader=_convert_pope,
-            expected_rows={"test": 9000},
-            answer_convention="Yes/no from `answer`; the HallusionBench yes/no suffix is appended.",
         ),
         BenchmarkSpec(
             name="mmstar",
@@ -859,8 +886,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             hub_config="val",
             loader=_convert_mmstar,
             files=("mmstar.parquet",),
-            expected_rows={"val": 1500},
-            answer_convention="Choice: options parsed from 'Options: A: ..., B: ...' in `question`; gold letter.",
         ),
         BenchmarkSpec(
             name="ai2d",
@@ -868,8 +893,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             default_split="test",
             hub_id="lmms-lab/ai2d",
             loader=_convert_ai2d,
-            expected_rows={"test": 3088},
-            answer_convention="Choice: `options` list; `answer` is the 0-based index (as text) -> letter.",
         ),
         BenchmarkSpec(
             name="realworldqa",
@@ -877,11 +900,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             default_split="test",
             hub_id="xai-org/RealworldQA",
             loader=_convert_realworldqa,
-            expected_rows={"test": 765},
-            answer_convention=(
-                "Option lines 'A. ...' in `question` with a letter answer -> choice (the 'Please answer "
-                "directly ...' line is dropped); otherwise yes/no, number or free from `answer`."
-            ),
         ),
         BenchmarkSpec(
             name="chartqa",
@@ -889,12 +907,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             default_split="test",
             hub_id="HuggingFaceM4/ChartQA",
             loader=_convert_chartqa,
-            expected_rows={"test": 2500, "val": 1920, "train": 28299},
-            answer_convention=(
-                "`query` + first `label` (HuggingFaceM4) or `question` + `answer` (lmms-lab); number, "
-                "yes/no or free. ChartQA's own metric is relaxed accuracy (5% tolerance on numbers): "
-                "metadata['relaxed_tolerance']."
-            ),
         ),
     ]
 }

@@ -8,27 +8,23 @@ metadata.
 
 The synthetic suite exports the same schema with extra columns ``family``, ``role`` and
 ``answer_type``; rows with a ``family`` become benchmark ``"synthetic/<family>"``, so one loader
-serves real and synthetic data.
+serves real and synthetic data (the row converter is ``ncgrpo.data.benchmarks``' geo3k entry).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING
 
+from ncgrpo.data.benchmarks import load_benchmark
 from ncgrpo.data.prompts import build_messages
-from ncgrpo.data.types import MATH_PROMPT, AnswerType, Question, Role
+from ncgrpo.data.types import MATH_PROMPT, Question
 
 if TYPE_CHECKING:
     import datasets
 
-    from ncgrpo.data.benchmarks import RowContext
-
-__all__ = ["convert_geo3k_rows", "load_geometry3k", "to_trl_dataset", "trl_features"]
-
-_ROLES = set(get_args(Role))
-_ANSWER_TYPES = set(get_args(AnswerType))
+__all__ = ["load_geometry3k", "to_trl_dataset", "trl_features"]
 
 
 def load_geometry3k(
@@ -38,80 +34,7 @@ def load_geometry3k(
 
     ``path=None`` reads ``hiyouga/geometry3k`` from the ``datasets`` cache.
     """
-    from ncgrpo.data.benchmarks import load_benchmark
-
     return load_benchmark("geo3k", path, split=split, limit=limit)
-
-
-def convert_geo3k_rows(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowContext) -> list[Question]:
-    """Rows in the geo3k schema (real or synthetic) to questions; errors name row and field."""
-    from ncgrpo.data.benchmarks import IMAGE_PLACEHOLDER, LETTERS, gold_letter, infer_answer_type
-
-    out = []
-    for i, row in rows:
-        images = ctx.images(row, i, "images")
-        if not images:
-            raise ctx.error(i, "field 'images' is empty")
-        problem = ctx.text(row, i, "problem")
-        answer = ctx.text(row, i, "answer")
-        n_marks = problem.count(IMAGE_PLACEHOLDER)
-        if n_marks and n_marks != len(images):
-            raise ctx.error(
-                i,
-                f"field 'problem' has {n_marks} '<image>' placeholders but field 'images' has {len(images)}",
-            )
-
-        family = ctx.optional(row, "family")
-        benchmark = f"synthetic/{family}" if family else ctx.benchmark
-        role = ctx.optional(row, "role", "in_domain")
-        if role not in _ROLES:
-            raise ctx.error(i, f"field 'role' should be one of {sorted(_ROLES)}, got {role!r}")
-        hub_choices = [str(c) for c in (ctx.optional(row, "choices") or [])]
-        ground_truth = ctx.optional(row, "ground_truth")
-
-        answer_type = ctx.optional(row, "answer_type") or infer_answer_type(answer)
-        if answer_type not in _ANSWER_TYPES:
-            raise ctx.error(
-                i, f"field 'answer_type' should be one of {sorted(_ANSWER_TYPES)}, got {answer_type!r}"
-            )
-        choices = None
-        if answer_type == "choice":
-            if not hub_choices:
-                raise ctx.error(i, "field 'choices' is empty but answer_type is 'choice'")
-            choices = hub_choices
-            gt = str(ground_truth or "").strip().upper()
-            answer = (
-                gt
-                if len(gt) == 1 and gt in LETTERS[: len(choices)]
-                else gold_letter(answer, choices, ctx, i, by="text")
-            )
-        elif answer_type == "yesno":
-            answer = answer.lower()
-            if answer not in {"yes", "no"}:
-                raise ctx.error(
-                    i, f"field 'answer' should be 'yes' or 'no' for answer_type 'yesno', got {answer!r}"
-                )
-
-        qid = ctx.optional(row, "question_id", ctx.optional(row, "id"))
-        out.append(
-            Question(
-                benchmark=str(benchmark),
-                question_id=str(qid) if qid is not None else str(i),
-                problem=problem,
-                answer=answer,
-                images=images,
-                choices=choices,
-                answer_type=answer_type,
-                role=role,
-                metadata={
-                    "split": ctx.split,
-                    "choices": hub_choices or None,
-                    "ground_truth": ground_truth,
-                    **({"family": family} if family else {}),
-                },
-            )
-        )
-    return out
 
 
 def trl_features() -> datasets.Features:

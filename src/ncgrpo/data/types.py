@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+#: Option letters, by position: option i is LETTERS[i] (benchmarks, the scorer, the synthetic suite).
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
 Role = Literal["in_domain", "ood", "general"]
 AnswerType = Literal["choice", "yesno", "number", "free"]
 

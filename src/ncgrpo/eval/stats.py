@@ -214,7 +214,9 @@ def pooled_over_seeds(
 ) -> McNemarResult:
     """One test on the pairs of every (method seed i, baseline seed i) run pair and benchmark.
 
-    Each question contributes once per seed pair, so two seeds of 10,671 questions give n = 21,342.
+    Each question contributes once per seed pair: two seeds of 10,671 OOD questions (HallusionBench's full
+    image split) give the paper's n = 21,342, while its single-seed n = 10,038 is the deduplicated
+    ``image_paper`` split (docs/benchmarks-data.md, "Counts").
     """
     benchmarks = list(benchmarks)
     if not benchmarks:

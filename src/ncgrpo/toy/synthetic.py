@@ -34,6 +34,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from ncgrpo.data.types import LETTERS as ALL_LETTERS
 from ncgrpo.data.types import MATH_PROMPT, AnswerType, Question, Role
 
 __all__ = [
@@ -93,7 +94,7 @@ BAR_X0 = (16, 33, 50, 67)
 SPLITS = ("train", "validation", "test")
 #: train: in-domain items in all; validation and test: items per family.
 DEFAULT_SIZES = {"train": 2000, "validation": 64, "test": 200}
-LETTERS = "ABCD"
+LETTERS = ALL_LETTERS[:4]  # the suite's multiple-choice questions have four options
 
 
 # ----------------------------------------------------------------------------------------- rendering
