@@ -39,6 +39,7 @@ __all__ = [
     "execute_run",
     "find_vision_tower",
     "freeze_vision_tower",
+    "load_model",
     "load_model_and_processor",
     "prepare_run",
     "read_run_info",
@@ -677,12 +678,11 @@ def reward_functions(names: Sequence[str]) -> list:
     return [getattr(rewards, name) for name in names]
 
 
-def execute_run(plan: RunPlan):
-    """Load the model (vision tower frozen if asked) and train the plan through :func:`train_run`."""
-    if plan.training_args is None:
-        raise ValueError("a dry-run plan has no trainer settings; prepare it with dry_run=False")
-    m = plan.model_args
-    model, processor = load_model_and_processor(
+def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
+    """(model, processor or tokenizer) as :class:`ModelArguments` say, left where ``from_pretrained``
+    put it (the Trainer places it)."""
+    m = model_args
+    return load_model_and_processor(
         m.model_name_or_path,
         dtype=m.dtype,
         device=None,
@@ -691,6 +691,13 @@ def execute_run(plan: RunPlan):
         max_pixels=m.max_pixels,
         freeze_vision=m.freeze_vision_tower,
     )
+
+
+def execute_run(plan: RunPlan):
+    """Load the model (vision tower frozen if asked) and train the plan through :func:`train_run`."""
+    if plan.training_args is None:
+        raise ValueError("a dry-run plan has no trainer settings; prepare it with dry_run=False")
+    model, processor = load_model(plan.model_args)
     return train_run(
         plan.training_args,
         model,
