@@ -465,3 +465,12 @@ def test_every_field_has_help() -> None:
     for cls in (ScriptArguments, ModelArguments):
         for f in dataclasses.fields(cls):
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+def test_without_dataclasses_it_is_a_plain_argparse_parser(capsys) -> None:
+    parser = ConfigParser(prog="x")
+    parser.add_argument("--n", type=int)
+    assert parser.parse_args(["--n", "3"]).n == 3
+    with pytest.raises(SystemExit):  # argparse's own error handling, no --config
+        parser.parse_args(["--config", "a.yaml"])
+    assert "unrecognized arguments: --config a.yaml" in capsys.readouterr().err

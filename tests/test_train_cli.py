@@ -122,6 +122,34 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_dry_run_of_a_paper_recipe_needs_no_gpu(tmp_path: Path, geo3k: Path, capsys) -> None:
+    """bf16 recipes resolve and build their dataset on a CPU: the dry run does not build NCGRPOConfig."""
+    out = tmp_path / "run"
+    recipe = ROOT / "recipes" / "qwen2_5_vl_7b_image.yaml"
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(recipe),
+                "--output_dir",
+                str(out),
+                "--dataset_path",
+                str(geo3k),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
+    assert "noisyrollout-image (image), 4 training prompts" in capsys.readouterr().out
+    text = (out / "config.yaml").read_text()
+    assert "#   base: " in text and "geo3k_qwen2_5_vl_7b.yaml" in text
+    resolved = _parse(out / "config.yaml")
+    assert resolved.get("bf16") is True and resolved.get("rollout_method") == "image"
+    assert resolved.get("activation_checkpointing_kwargs") == {"use_reentrant": False}
+    assert "base" not in yaml.safe_load(text)  # the resolved config is flat
+
+
 def test_output_dir_defaults_to_runs_slash_run_name(tmp_path: Path, geo3k: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     args = [a for a in _args(tmp_path, geo3k, "/m", "--dry-run", "--run_name", "r1") if a != "--output_dir"]
