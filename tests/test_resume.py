@@ -91,3 +91,49 @@ def test_missing_state_file_is_an_error(tmp_path) -> None:
     tr = tiny.trainer(tmp_path, rollout_method="spsa")
     with pytest.raises(FileNotFoundError, match="steering vector"):
         tr._load_optimizer_and_scheduler(str(tmp_path))
+
+
+def test_only_complete_checkpoints_are_resumed_from(tmp_path) -> None:
+    """A checkpoint cut short (torn trainer state, missing NC-GRPO state) is skipped for the newest
+    complete one; with save_total_limit=1 the complete one survives until its successor is complete."""
+    import shutil
+
+    from ncgrpo.trainer import checkpoint_problem, last_complete_checkpoint
+
+    out = tmp_path / "run"
+    tr = tiny.trainer(out, save_strategy="steps", save_steps=1, save_total_limit=1, **{**RUN, "max_steps": 2})
+    tr.train()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert checkpoint_problem(out / "checkpoint-2", "spsa") is None
+    assert last_complete_checkpoint(out, "spsa") == (str(out / "checkpoint-2"), [])
+
+    torn = out / "checkpoint-3"
+    shutil.copytree(out / "checkpoint-2", torn)
+    state = (torn / "trainer_state.json").read_bytes()
+    (torn / "trainer_state.json").write_bytes(state[: len(state) // 2])  # a kill mid-write
+    best, skipped = last_complete_checkpoint(out, "spsa")
+    assert best == str(out / "checkpoint-2") and "checkpoint-3" in skipped[0] and "torn" in skipped[0]
+
+    (torn / "trainer_state.json").write_bytes(state)
+    (torn / STATE_FILE).unlink()
+    assert "ncgrpo_state.pt" in checkpoint_problem(torn, "spsa")
+    assert checkpoint_problem(torn, "vanilla") is None  # vanilla runs keep no NC-GRPO state
+    assert last_complete_checkpoint(tmp_path / "nothing") == (None, [])
+
+
+def test_nc_state_is_written_before_the_checkpoint_counts_as_complete(tmp_path, monkeypatch) -> None:
+    """ncgrpo_state.pt is in the folder before transformers writes trainer_state.json (and rotates)."""
+    from trl import GRPOTrainer
+
+    seen = []
+
+    def fake_save(self, model, trial):
+        ckpt = tmp_path / "run" / f"checkpoint-{self.state.global_step}"
+        seen.append(((ckpt / STATE_FILE).exists(), (ckpt / "trainer_state.json").exists()))
+
+    monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", fake_save)
+    tr = tiny.trainer(
+        tmp_path / "run", rollout_method="spsa", max_steps=1, save_strategy="steps", save_steps=1
+    )
+    tr.train()
+    assert seen == [(True, False)]

@@ -74,6 +74,13 @@ def _cfg(tmp_path, **kw) -> NCGRPOConfig:
         (dict(first_token_temperature=0.0), "first_token_temperature"),
         (dict(image_noise_step=1000), "image_noise_step"),
         (dict(noisy_importance_sampling="mask"), "noisy_importance_sampling"),
+        (dict(schedule_unit="epoch"), "schedule_unit"),
+        (dict(spsa_min_sigma_ratio=2.0), "spsa_min_sigma_ratio"),
+        (dict(first_token_temperature=float("inf")), "first_token_temperature"),
+        (
+            dict(rollout_method="spsa", num_generations=4, per_device_train_batch_size=4, noise_site="1"),
+            "different directions",
+        ),
     ],
 )
 def test_config_validation_says_what_to_fix(tmp_path, kw, match) -> None:
@@ -248,7 +255,20 @@ def test_noise_moves_greedy_first_tokens(tmp_path) -> None:
     m = _last_metrics(tr)[0]
     assert m["noise/first_token_divergence_clean"] == 0.0
     assert m["noise/first_token_divergence"] > 0.0
+    assert m["noise/first_token_tv"] > 0.0
     assert m["noise/agreement"] < 1.0
+
+
+def test_agreement_metrics_follow_sigma(tmp_path) -> None:
+    """The logged branch-point statistics are model-dependent: no noise, full agreement; more, less."""
+    logged = {}
+    for sigma0 in (0.0, 0.5, 4.0):
+        tr = tiny.trainer(tmp_path / str(sigma0), rollout_method="latent", sigma0=sigma0, max_steps=1)
+        tr.train()
+        logged[sigma0] = _last_metrics(tr)[0]
+    assert logged[0.0]["noise/first_token_tv"] == 0.0 and logged[0.0]["noise/agreement"] == 1.0
+    assert logged[0.5]["noise/first_token_tv"] < logged[4.0]["noise/first_token_tv"]
+    assert logged[0.5]["noise/agreement"] > logged[4.0]["noise/agreement"]
 
 
 def test_proposition_2_on_real_rollouts(tmp_path) -> None:
@@ -304,6 +324,61 @@ def test_image_method_generates_from_noisy_images_and_trains_on_clean(tmp_path) 
     assert _last_metrics(tr)[0]["image_noise/t"] == 500.0  # constant schedule: t = image_noise_step
 
 
+def _unpatchify(pv: torch.Tensor, grid: torch.Tensor, patch: int = 14, merge: int = 2) -> torch.Tensor:
+    """Qwen-VL ``pixel_values`` of one image -> ``# [3, H, W]`` (normalised pixels; temporal copy 0)."""
+    _, gh, gw = (int(v) for v in grid)
+    x = pv.reshape(gh // merge, gw // merge, merge, merge, 3, -1, patch, patch)[:, :, :, :, :, 0]
+    return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, gh * patch, gw * patch)
+
+
+def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
+    # NoisyRollout: RGB and resize to the processor's size first, then per-pixel noise, then the
+    # processor without a second resize. Distorting the original instead interpolated the noise:
+    # on these images (tiny processor, 784..3136 pixels) an upsampled 20x15 image's neighbouring
+    # pixels were correlated ~0.7 and an L image had identical noise on its three channels.
+    import numpy as np
+    from PIL import Image
+
+    from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
+
+    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1)
+    ip = tiny.processor().image_processor
+    policy = ResizePolicy.from_image_processor(ip)
+    imgs = [
+        Image.new("L", (20, 15), 128),  # smaller than min_pixels: upsampled
+        Image.new("RGB", (100, 70), (128, 128, 128)),  # larger than max_pixels: downsampled
+        Image.new("RGBA", (56, 56), (128, 128, 128, 255)),  # within
+    ]
+    G = tr.num_generations
+    images = [[im] for im in imgs for _ in range(G)]  # one prompt per image, G rows each
+    clean = ip(images=[row[0] for row in images], return_tensors="pt")
+    pids = [pid for pid in (10, 11, 12) for _ in range(G)]
+    plans = plan_rows(range(len(images)), pids, num_generations=G, method="image", seed=0, step=1)
+    fields = {"pixel_values": clean["pixel_values"], "image_grid_thw": clean["image_grid_thw"]}
+    out = tr._distort_images(images, fields, plans, 500)
+    pv, grid = out["pixel_values"], clean["image_grid_thw"]
+    offsets = [0, *torch.cumsum(grid.prod(-1), 0).tolist()]
+    for i, p in enumerate(plans):
+        rows = slice(offsets[i], offsets[i + 1])
+        if not p.noisy:
+            assert torch.equal(pv[rows], clean["pixel_values"][rows])
+            continue
+        seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
+        want = ip(images=distort_images(images[i], 500, seed, policy), do_resize=False, return_tensors="pt")
+        torch.testing.assert_close(pv[rows], want["pixel_values"], rtol=0, atol=0)
+        d = (_unpatchify(pv[rows], grid[i]) - _unpatchify(clean["pixel_values"][rows], grid[i])).double()
+        d = d * torch.tensor(ip.image_std, dtype=torch.float64)[:, None, None]  # back to [0, 1] units
+        nb = np.corrcoef(d[:, :, :-1].flatten(), d[:, :, 1:].flatten())[0, 1]
+        ch = np.corrcoef(d[0].flatten(), d[1].flatten())[0, 1]
+        assert abs(nb) < 0.1 and abs(ch) < 0.1, (i, nb, ch)
+        assert 0.3 < float(d.std()) < 0.42, (i, float(d.std()))  # clamped 0.505-std noise on mid-grey
+    assert torch.equal(tr._distort_images(images, fields, plans, 0)["pixel_values"], clean["pixel_values"])
+    # clean pixels from another size rule (a 1x2x2 grid each) cannot be matched: an error, not a mix
+    wrong = dict(fields, image_grid_thw=torch.tensor([[1, 2, 2]] * len(images)))
+    with pytest.raises(RuntimeError, match="patch grid"):
+        tr._distort_images(images, wrong, plans, 500)
+
+
 def test_separate_grouping_advantages(tmp_path) -> None:
     tr = tiny.trainer(
         tmp_path,
@@ -345,6 +420,49 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
     ]
     g = ((1 - 0) * r[0] + (0 - 1) * r[1]) / 2 / (2 * 0.2) * u
     torch.testing.assert_close(tr.spsa_mu, 0.5 * g, rtol=1e-5, atol=1e-6)
+
+
+def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
+    """Below spsa_min_sigma_ratio * sigma0 eq. (6)'s 1/sigma_k step would explode: mu stays put."""
+    tr = tiny.trainer(tmp_path, rollout_method="spsa", num_generations=8, per_device_train_batch_size=8)
+    plans = plan_rows(range(8), [4] * 8, num_generations=8, method="spsa", seed=0, step=3)
+    rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])
+    sigma0 = tr.args.sigma0
+    assert not tr._spsa_step(plans, rewards, 0.01 * sigma0, 3)
+    assert torch.count_nonzero(tr.spsa_mu) == 0
+    assert tr._spsa_step(plans, rewards, 0.5 * sigma0, 3)
+    assert torch.count_nonzero(tr.spsa_mu) > 0
+
+
+def test_schedule_counts_optimizer_steps_or_generations(tmp_path) -> None:
+    """schedule_unit='generation': one rollout batch feeding m optimizer steps is one step of eq. (3)."""
+    tr = tiny.trainer(tmp_path, max_steps=60)
+    tr.state.max_steps = 60
+    assert tr.schedule_position(0) == (1, 60) and tr.schedule_position(59) == (60, 60)
+    tr = tiny.trainer(
+        tmp_path / "g",
+        max_steps=60,
+        schedule_unit="generation",
+        gradient_accumulation_steps=1,
+        steps_per_generation=4,
+    )
+    tr.state.max_steps = 60
+    assert [tr.schedule_position(s) for s in (0, 3, 4, 59)] == [(1, 15), (1, 15), (2, 15), (15, 15)]
+
+
+def test_first_token_temperature_anneals_on_the_noise_schedule(tmp_path) -> None:
+    tr = tiny.trainer(
+        tmp_path,
+        rollout_method="first_token_temperature",
+        first_token_temperature=3.0,
+        temperature=1.0,
+        sigma_schedule="sigmoid",
+        schedule_k_mid=40,
+    )
+    K = 60
+    assert tr.first_token_temperature_at(1, K) == pytest.approx(3.0, abs=1e-3)
+    assert tr.first_token_temperature_at(40, K) == pytest.approx(2.0)  # k_mid: half the excess
+    assert tr.first_token_temperature_at(60, K) == pytest.approx(1.0, abs=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------

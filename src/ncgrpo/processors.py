@@ -14,7 +14,18 @@ The class names keep the ``Tiny`` prefix they were first saved under, so existin
 
 from __future__ import annotations
 
-__all__ = ["IMAGE_ONLY_PROCESSORS", "TinyQwen2VLProcessor", "TinyQwen2_5_VLProcessor", "TinyQwen3VLProcessor"]
+__all__ = [
+    "IMAGE_ONLY_PROCESSORS",
+    "TinyQwen2VLProcessor",
+    "TinyQwen2_5_VLProcessor",
+    "TinyQwen3VLProcessor",
+    "tokenizer_of",
+]
+
+
+def tokenizer_of(processor):
+    """The tokenizer behind a processor (or the tokenizer itself)."""
+    return getattr(processor, "tokenizer", processor)
 
 
 def _make_image_only(base):

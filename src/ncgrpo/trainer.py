@@ -83,6 +83,8 @@ __all__ = [
     "NCGRPOTrainer",
     "StepRecord",
     "apply_noisy_importance_sampling",
+    "checkpoint_problem",
+    "last_complete_checkpoint",
     "parse_noise_site",
 ]
 
@@ -140,7 +142,18 @@ class NCGRPOConfig(GRPOConfig):
         },
     )
     schedule_gamma: float = field(default=30.0, metadata={"help": "gamma of eq. (3)."})
-    schedule_k_mid: float = field(default=40.0, metadata={"help": "k_mid of eq. (3), in optimizer steps."})
+    schedule_k_mid: float = field(
+        default=40.0, metadata={"help": "k_mid of eq. (3), in the unit `schedule_unit` counts."}
+    )
+    schedule_unit: str = field(
+        default="optimizer_step",
+        metadata={
+            "help": "What k and K of eq. (3) count: 'optimizer_step' (k = global step + 1, K = max_steps) or "
+            "'generation' (k = the rollout batch being generated, K = the run's number of rollout batches, as "
+            "NoisyRollout/EasyR1 count a step when one rollout batch feeds several optimizer steps, i.e. "
+            "steps_per_generation > gradient_accumulation_steps)."
+        },
+    )
     noise_site: str = field(
         default="final_norm",
         metadata={
@@ -171,10 +184,21 @@ class NCGRPOConfig(GRPOConfig):
     )
     spsa_lr: float = field(default=0.1, metadata={"help": "eta of eq. (6), the SPSA steering step size."})
     spsa_mu_max: float = field(default=1.0, metadata={"help": "Projection radius mu_max of eq. (6)."})
+    spsa_min_sigma_ratio: float = field(
+        default=0.05,
+        metadata={
+            "help": "SPSA updates mu only while sigma_k >= spsa_min_sigma_ratio * sigma0: eq. (6) divides the "
+            "reward gap by 2 sigma_k, and once the noise has annealed away the gap is decode noise, not a "
+            "response to the perturbation, so the step would grow like 1/sigma_k along a random direction."
+        },
+    )
     first_token_temperature: float = field(
         default=2.0,
         metadata={
-            "help": "Temperature of the noisy half's first token (rollout_method='first_token_temperature')."
+            "help": "Starting temperature T0 of the noisy half's first token (rollout_method="
+            "'first_token_temperature'); it anneals to the sampling temperature T on the noise schedule, "
+            "T_k = T + (T0 - T) * sigma_k / sigma0. Match it to sigma0 with `ncgrpo probe` (equal mean "
+            "first-token total-variation distance)."
         },
     )
     image_noise_step: int = field(
@@ -237,10 +261,24 @@ class NCGRPOConfig(GRPOConfig):
                     "antithetic_grouping='separate' recomputes TRL's 'sum_then_normalize' advantages over the new "
                     "groups; set multi_objective_aggregation='sum_then_normalize'."
                 )
+        if self.schedule_unit not in ("optimizer_step", "generation"):
+            raise ValueError(
+                f"schedule_unit must be 'optimizer_step' or 'generation', got {self.schedule_unit!r}"
+            )
         if self.spsa_lr < 0 or self.spsa_mu_max < 0:
             raise ValueError(f"spsa_lr and spsa_mu_max must be >= 0, got {self.spsa_lr}, {self.spsa_mu_max}")
-        if not self.first_token_temperature > 0:
-            raise ValueError(f"first_token_temperature must be > 0, got {self.first_token_temperature}")
+        if not 0 <= self.spsa_min_sigma_ratio <= 1:
+            raise ValueError(f"spsa_min_sigma_ratio must be in [0, 1], got {self.spsa_min_sigma_ratio}")
+        if m == "spsa" and parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                "rollout_method='spsa' steers along the rank-one direction u_k of the final-norm state (eq. 6); "
+                f"noise_site={self.noise_site!r} would perturb decoder-layer inputs with per-layer draws, so the "
+                "perturbation and the mu update would use different directions. Use noise_site='final_norm'."
+            )
+        if not (math.isfinite(self.first_token_temperature) and self.first_token_temperature > 0):
+            raise ValueError(
+                f"first_token_temperature must be a finite number > 0, got {self.first_token_temperature}"
+            )
         if not 0 <= int(self.image_noise_step) < 1000 or int(self.image_noise_step) != self.image_noise_step:
             raise ValueError(
                 f"image_noise_step must be an integer diffusion step in [0, 999] (NoisyRollout uses 400-500), "
@@ -301,6 +339,63 @@ def _safetensors_files(checkpoint: str) -> list[str]:
     return []
 
 
+def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
+
+    Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
+    (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
+    exist (a safetensors file or index), ``optimizer.pt`` unless the state says nothing was saved
+    beyond the model, and, for every NC-GRPO method, ``ncgrpo_state.pt`` loads (it is written
+    first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
+    by a kill is incomplete; so is one whose files were torn.
+    """
+    import json
+
+    ckpt = str(checkpoint)
+    state_path = os.path.join(ckpt, "trainer_state.json")
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{state_path} is missing or torn ({type(e).__name__})"
+    if not _safetensors_files(ckpt) and not os.path.isfile(os.path.join(ckpt, "pytorch_model.bin")):
+        return f"{ckpt} has no model weights"
+    if not os.path.isfile(os.path.join(ckpt, "optimizer.pt")) and os.path.isfile(
+        os.path.join(ckpt, "scheduler.pt")
+    ):
+        return f"{ckpt} has a scheduler but no optimizer.pt"
+    if method is not None and method != "vanilla":
+        path = os.path.join(ckpt, STATE_FILE)
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable state file makes the checkpoint unusable
+            return f"{path} is missing or unreadable ({type(e).__name__})"
+    return None
+
+
+def last_complete_checkpoint(
+    output_dir: str | os.PathLike, method: str | None = None
+) -> tuple[str | None, list[str]]:
+    """``(newest complete checkpoint-N folder or None, [why each newer one was skipped])``."""
+    import re
+
+    out = str(output_dir)
+    if not os.path.isdir(out):
+        return None, []
+    steps = []
+    for name in os.listdir(out):
+        m = re.fullmatch(r"checkpoint-(\d+)", name)
+        if m and os.path.isdir(os.path.join(out, name)):
+            steps.append((int(m.group(1)), name))
+    skipped = []
+    for _, name in sorted(steps, reverse=True):
+        problem = checkpoint_problem(os.path.join(out, name), method)
+        if problem is None:
+            return os.path.join(out, name), skipped
+        skipped.append(f"{name}: {problem}")
+    return None, skipped
+
+
 @dataclass
 class StepRecord:
     """What NC-GRPO did at one generation (kept in ``trainer.nc_history``; identical on every rank).
@@ -332,12 +427,13 @@ class _LocalGen:
     total_steps: int
     sigma_k: float
     plans: list[RowPlan]
+    schedule_k: int = 0  # k of eq. (3) in `schedule_unit`
     image_t: int | None = None
+    first_token_temperature: float | None = None  # the control's T_k
     rel: torch.Tensor | None = None  # [L]
-    branch_state: torch.Tensor | None = (
-        None  # [L, d] final state at the last prompt token (what the logits see)
-    )
     branch_argmax: torch.Tensor | None = None  # [L] argmax of the logits at the branch point
+    branch_tv: torch.Tensor | None = None  # [L] first-token TV vs the clean partner (NaN: clean row)
+    branch_agreement: torch.Tensor | None = None  # [L] eq. (4) on first-token distributions
     first_token: torch.Tensor | None = None  # [L]
     gen_pixel_values: torch.Tensor | None = None  # what generate saw (image method; for tests)
 
@@ -350,6 +446,9 @@ class NCGRPOTrainer(GRPOTrainer):
     rows' ratio is forced to 1 (the paper applies no density correction to the perturbed half),
     ``"apply"`` keeps TRL's ratio for every row. ``nc_history`` holds one :class:`StepRecord` per
     generation; ``spsa_mu`` the steering vector (``spsa`` only).
+
+    Every private TRL / transformers method this class touches sits in the last section of the class
+    ("the TRL seam"), each a few lines that delegate to the NC-GRPO methods above it.
     """
 
     def __init__(self, model, reward_funcs, args: NCGRPOConfig | None = None, *rest, **kwargs):
@@ -368,6 +467,7 @@ class NCGRPOTrainer(GRPOTrainer):
         self._nc_inputs: list[dict] | None = None
         self._nc_gen: _LocalGen | None = None
         self._nc_rewards_per_func: torch.Tensor | None = None
+        self._nc_answers: list[str | None] | None = None
         if self.method == "vanilla":
             return
         unsupported = {
@@ -403,6 +503,22 @@ class NCGRPOTrainer(GRPOTrainer):
         cfg = self.accelerator.unwrap_model(self.model).config
         return int(cfg.get_text_config().hidden_size)
 
+    def schedule_position(self, global_step: int | None = None) -> tuple[int, int]:
+        """``(k, K)`` of eq. (3) for the generation that feeds optimizer step ``global_step + 1``.
+
+        ``schedule_unit="optimizer_step"``: ``k = global_step + 1``, ``K = max_steps``.
+        ``"generation"``: one rollout batch feeds ``m = steps_per_generation / gradient_accumulation_steps``
+        optimizer steps (TRL generates once per ``steps_per_generation`` micro-batches), so
+        ``k = global_step // m + 1`` and ``K = ceil(max_steps / m)``: NoisyRollout's count, where a step is
+        one rollout batch (512 prompts) updated in several mini-batches (4 x 128).
+        """
+        step = int(self.state.global_step if global_step is None else global_step)
+        K = max(int(self.state.max_steps), 1)
+        if self.args.schedule_unit == "optimizer_step":
+            return step + 1, K
+        m = max(1, int(self.args.steps_per_generation) // max(1, int(self.args.gradient_accumulation_steps)))
+        return step // m + 1, max(1, math.ceil(K / m))
+
     def _schedule(self, k: int, K: int, scale: float) -> float:
         a = self.args
         return nz.sigma_schedule(
@@ -410,7 +526,7 @@ class NCGRPOTrainer(GRPOTrainer):
         )
 
     def image_noise_t(self, k: int, K: int) -> int:
-        """NoisyRollout's diffusion step at optimizer step ``k``: ``int(image_noise_step * decay_k)``."""
+        """NoisyRollout's diffusion step at schedule position ``k``: ``int(image_noise_step * decay_k)``."""
         from ncgrpo.core.image_noise import image_noise_t
 
         a = self.args
@@ -418,39 +534,22 @@ class NCGRPOTrainer(GRPOTrainer):
             k, K, a.image_noise_step, kind=a.sigma_schedule, gamma=a.schedule_gamma, k_mid=a.schedule_k_mid
         )
 
-    # -- generation seam -------------------------------------------------------------------------
-    def _generate_and_score_completions(self, inputs):
-        if not self.model.training or self.method == "vanilla":
-            return super()._generate_and_score_completions(inputs)
-        self._nc_inputs = inputs
-        self._nc_gen = None
-        self._nc_rewards_per_func = None
-        try:
-            output = super()._generate_and_score_completions(inputs)
-            self._nc_after_rewards(output)
-        finally:
-            self._nc_inputs = None
-        return output
+    def first_token_temperature_at(self, k: int, K: int) -> float:
+        """The control's first-token temperature at ``k``: ``T + (T0 - T) * decay_k`` (eq. 3's decay), so
+        it anneals to the sampling temperature exactly as ``sigma_k`` anneals to 0."""
+        t, t0 = float(self.temperature), float(self.args.first_token_temperature)
+        return t + (t0 - t) * self._schedule(k, K, 1.0)
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self._nc_inputs is not None:
-            self._nc_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered by TRL
-        return rewards_per_func
-
-    def _generate_single_turn(
-        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
-    ):
-        if self._nc_inputs is None or self._nc_gen is not None:
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+    # -- generation (algorithm lines 1-7) --------------------------------------------------------
+    def _nc_generate(self, generate, prompt_ids, images, multimodal_fields, num_generations):
+        """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
+        generation) inside them; records what the branch point did in ``self._nc_gen``."""
         from ncgrpo.engines.controls import first_token_temperature
         from ncgrpo.engines.transformers import find_text_stack, prefill_noise
 
         a = self.args
-        k = int(self.state.global_step) + 1
-        K = max(int(self.state.max_steps), 1)
+        k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
+        k, K = self.schedule_position()
         L = len(prompt_ids)
         qids = (
             [x.get("question_id") for x in self._nc_inputs]
@@ -468,24 +567,26 @@ class NCGRPOTrainer(GRPOTrainer):
             num_generations=num_generations,
             method=self.method,
             seed=self.noise_base_seed,
-            step=k,
+            step=k_opt,
             antithetic_grouping=a.antithetic_grouping,
         )
         sigma_k = self._schedule(k, K, a.sigma0) if self.method in HIDDEN_NOISE_METHODS else 0.0
-        gen = _LocalGen(step=k, total_steps=K, sigma_k=sigma_k, plans=plans)
+        gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
         rows = [row_noise(p, sigma_k, self.method) for p in plans]
         if self.method == "image":
             gen.image_t = self.image_noise_t(k, K)
             multimodal_fields = self._distort_images(images, multimodal_fields, plans, gen.image_t)
             gen.gen_pixel_values = multimodal_fields.get("pixel_values")
+        if self.method == "first_token_temperature":
+            gen.first_token_temperature = self.first_token_temperature_at(k, K)
         model = self.accelerator.unwrap_model(self.model)
-        # argmax of the prefill logits (the branch point's preferred first token), read inside the
-        # forward so it also works where weights are only gathered during generate (ZeRO-3)
-        prefill_argmax: list[torch.Tensor] = []
+        # the prefill's last-position logits (the branch point), read inside the forward so it also
+        # works where weights are only gathered during generate (ZeRO-3); kept for this call only
+        prefill_logits: list[torch.Tensor] = []
 
         def _capture(module, args, output):
-            if not prefill_argmax:
-                prefill_argmax.append(output[:, -1].argmax(-1).cpu())
+            if not prefill_logits:
+                prefill_logits.append(output[:, -1].detach().float())
 
         with ExitStack() as stack:
             handle = find_text_stack(model)[0].lm_head.register_forward_hook(_capture)
@@ -506,24 +607,58 @@ class NCGRPOTrainer(GRPOTrainer):
                         model,
                         [p.noisy for p in plans],
                         temperature=self.temperature,
-                        first_token_temperature=a.first_token_temperature,
+                        first_token_temperature=gen.first_token_temperature,
                     )
                 )
-            completion_ids, logprobs = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            completion_ids, logprobs = generate(multimodal_fields)
         if hook.records:
-            rec = hook.records[0]  # the prefill
-            gen.rel = rec.rel.float()
-            gen.branch_state = rec.final_last.float()
-            gen.branch_argmax = prefill_argmax[0] if prefill_argmax else None
+            gen.rel = hook.records[0].rel.float()  # the prefill
+        if prefill_logits:
+            gen.branch_argmax = prefill_logits[0].argmax(-1).cpu()
+            gen.branch_tv, gen.branch_agreement = self._branch_point_stats(
+                plans, prefill_logits[0], gen.first_token_temperature
+            )
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
         return completion_ids, logprobs
 
+    def _branch_point_stats(
+        self, plans: list[RowPlan], logits: torch.Tensor, noisy_temperature: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per local row: TV between its first-token distribution and its clean partner's, and eq. (4)'s
+        kernel on the two (:mod:`ncgrpo.core.agreement`); NaN on clean rows and on noisy rows whose
+        group has no clean row on this rank. The control's noisy rows sample at their first-token
+        temperature, the rest at the sampling temperature."""
+        from ncgrpo.core.agreement import branch_point_agreement, first_token_tv
+
+        T = float(self.temperature)
+        tv = torch.full((len(plans),), float("nan"))
+        agree = torch.full((len(plans),), float("nan"))
+        clean_of: dict[int, int] = {}
+        for i, p in enumerate(plans):
+            if not p.noisy:
+                clean_of.setdefault(p.group, i)
+        pairs = [(i, clean_of[p.group]) for i, p in enumerate(plans) if p.noisy and p.group in clean_of]
+        if not pairs:
+            return tv, agree
+        idx = torch.tensor([i for i, _ in pairs])
+        cidx = torch.tensor([c for _, c in pairs])
+        noisy_z, clean_z = logits[idx.to(logits.device)], logits[cidx.to(logits.device)]
+        if noisy_temperature is not None:  # the control: the noisy rows' logits are the clean ones, rescaled
+            noisy_z = clean_z * (T / noisy_temperature)
+        tv[idx] = first_token_tv(noisy_z, clean_z, t_a=T, t_b=T).cpu()
+        agree[idx] = branch_point_agreement(clean_z, noisy_z, temperature=T).cpu()
+        return tv, agree
+
     def _distort_images(self, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
-        """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies."""
-        from ncgrpo.core.image_noise import diffuse_images, prompt_image_seed
+        """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies.
+
+        NoisyRollout's order (:func:`ncgrpo.core.image_noise.distort_images`): each clean image is
+        converted to RGB and resized exactly as the image processor resizes it, the noise is added to
+        those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
+        interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
+        """
+        from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
 
         if (
             images is None
@@ -539,6 +674,12 @@ class NCGRPOTrainer(GRPOTrainer):
         pv = pv if isinstance(pv, torch.Tensor) else torch.tensor(np.array(pv))
         grid = multimodal_fields["image_grid_thw"]
         grid = grid if isinstance(grid, torch.Tensor) else torch.tensor(np.array(grid))
+        out = dict(multimodal_fields)
+        out["pixel_values"] = pv
+        if int(t) == 0:  # fully annealed: the noisy half generates from the clean images
+            return out
+        image_processor = self.processing_class.image_processor
+        policy = ResizePolicy.from_image_processor(image_processor)
         sizes = grid.prod(-1).tolist()  # patches per image
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         new_pv = pv.clone()
@@ -550,22 +691,23 @@ class NCGRPOTrainer(GRPOTrainer):
                 lo, hi = offsets[img_idx], offsets[img_idx + len(row_imgs)]
                 if p.prompt_id not in done:
                     seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
-                    proc = self.processing_class.image_processor(
-                        images=diffuse_images(row_imgs, t, seed), return_tensors="pt"
+                    proc = image_processor(
+                        images=distort_images(row_imgs, t, seed, policy), do_resize=False, return_tensors="pt"
                     )
                     new_grid = torch.as_tensor(np.array(proc["image_grid_thw"]))
                     if not torch.equal(new_grid.cpu(), grid[img_idx : img_idx + len(row_imgs)].cpu()):
                         raise RuntimeError(
-                            "distorted images changed the patch grid; the image processor must keep sizes"
+                            f"distorted images have patch grid {new_grid.tolist()}, the clean ones "
+                            f"{grid[img_idx : img_idx + len(row_imgs)].tolist()}: the image processor's "
+                            f"size rule is not {policy}, so the noisy copy cannot match the clean image"
                         )
                     done[p.prompt_id] = torch.as_tensor(np.array(proc["pixel_values"])).to(new_pv.dtype)
                 new_pv[lo:hi] = done[p.prompt_id]
             img_idx += len(row_imgs)
-        out = dict(multimodal_fields)
         out["pixel_values"] = new_pv
         return out
 
-    # -- after rewards: regrouping, IS policy, metrics, SPSA ---------------------------------------
+    # -- after rewards: regrouping, IS policy, metrics, SPSA (algorithm lines 8-10) ---------------
     def _gather(self, t: torch.Tensor) -> torch.Tensor:
         return self.accelerator.gather(t.to(self.accelerator.device)).cpu()
 
@@ -603,10 +745,7 @@ class NCGRPOTrainer(GRPOTrainer):
             adv, _ = group_advantages(rewards, ids, scale=self.scale_rewards)
             dev = output["advantages"]
             output["advantages"] = adv[process_slice].to(dev.device, dev.dtype)
-            logged = self._logs["advantages"]
-            n_log = min(len(logged), adv.numel())
-            for j in range(n_log):  # TRL appended the joint advantages of this batch last
-                logged[len(logged) - n_log + j] = float(adv[adv.numel() - n_log + j])
+            self._replace_logged_advantages(adv)
             adv_global = adv
         else:
             adv_global = self._gather(output["advantages"].detach().float())
@@ -630,29 +769,33 @@ class NCGRPOTrainer(GRPOTrainer):
             metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
         if self.method == "image":
             metrics["image_noise/t"] = float(gen.image_t)
-        if gen.branch_state is not None and gen.branch_argmax is not None:
+        if self.method == "first_token_temperature":
+            metrics["control/first_token_temperature"] = float(gen.first_token_temperature)
+        if gen.branch_argmax is not None:
             argmax = self._gather(gen.branch_argmax)
             first = self._gather(gen.first_token)
-            states = self._gather(gen.branch_state)  # [N, d]
             clean_argmax = argmax.view(B, G)[:, ~noisy_mask_g][:, 0]  # [B] clean branch point's argmax
             differs = first.view(B, G) != clean_argmax[:, None]  # [B, G]
             metrics["noise/first_token_divergence"] = float(differs[:, noisy_mask_g].float().mean())
             metrics["noise/first_token_divergence_clean"] = float(differs[:, ~noisy_mask_g].float().mean())
-            sg = states.view(B, G, -1)
-            agree = []
-            for b in range(B):
-                kern = nz.agreement_kernel(sg[b])
-                agree.append(kern[~torch.eye(G, dtype=torch.bool)].mean())
-            metrics["noise/agreement"] = float(torch.stack(agree).mean())
+            tv = self._gather(gen.branch_tv)
+            agree = self._gather(gen.branch_agreement)
+            if torch.isfinite(tv).any():
+                metrics["noise/first_token_tv"] = float(torch.nanmean(tv))
+                metrics["noise/agreement"] = float(torch.nanmean(agree))
+        if self._nc_answers is not None and len(self._nc_answers) == len(plans):
+            from ncgrpo.core.agreement import answer_agreement
+
+            value = answer_agreement(self._nc_answers, noisy.tolist(), G)
+            if math.isfinite(value):
+                metrics["noise/answer_agreement"] = value
         mu_norm = None
         if self.method == "spsa":
             mu_norm = float(torch.linalg.vector_norm(self.spsa_mu))
             metrics["spsa/mu_norm"] = mu_norm
-            self._spsa_step(plans, rewards, gen.sigma_k, gen.step)
+            metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
 
-        mode = "train"
-        for name, v in metrics.items():
-            self._metrics[mode][name].append(v)
+        self._log_metrics(metrics)
         self.nc_history.append(
             StepRecord(
                 step=gen.step,
@@ -669,14 +812,23 @@ class NCGRPOTrainer(GRPOTrainer):
             )
         )
 
-    def _spsa_step(self, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> None:
-        """eq. (6): ``mu <- Pi(mu + eta * g)`` from the antithetic reward gaps of this step.
+    def _spsa_step(self, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
+        """eq. (6): ``mu <- Pi(mu + eta * g)`` from the antithetic reward gaps of this step; returns
+        whether ``mu`` was updated.
+
+        No update once ``sigma_k < spsa_min_sigma_ratio * sigma0``: the two-point estimate divides the
+        reward gap by ``2 sigma_k``, and the gap between two long stochastic decodes does not shrink with
+        the perturbation, so as the schedule anneals ``sigma_k`` to ~1e-5 the step ``eta * g`` grows
+        like ``1 / sigma_k`` (19, 535 and 2.3e4 at k = 45, 50, 60 of the paper's schedule against
+        ``mu_max = 1``) and throws ``mu`` to the ball's edge along that step's random direction.
 
         Pair ``p``'s branch-point displacement is ``sigma_k * r_p * u_k`` (+ the shared ``mu``), with
         ``r_p`` the rank-one scalar of its key at the last prompt token, so its gap is weighted by
         ``r_p`` (``spsa_gradient(..., r=...)``); NaN-reward pairs are dropped. Every rank runs this on
         the same gathered rewards, so ``mu`` stays identical across processes.
         """
+        if not sigma_k > 0 or sigma_k < self.args.spsa_min_sigma_ratio * self.args.sigma0:
+            return False
         d = self.spsa_mu.numel()
         u = nz.draw_direction(self.noise_base_seed, k, d)  # [d]
         plus: dict[tuple, float] = {}
@@ -695,27 +847,108 @@ class NCGRPOTrainer(GRPOTrainer):
             rm.append(vm)
             r.append(float(eps0 @ u) / uu)
         if not rp:
-            return
+            return False
         g = nz.spsa_gradient(rp, rm, sigma_k, u, r=r)
         self.spsa_mu = nz.spsa_update(self.spsa_mu, g, self.args.spsa_lr, self.args.spsa_mu_max).float()
+        return True
 
-    # -- checkpoints -----------------------------------------------------------------------------
+    # -- NC-GRPO state in checkpoints ---------------------------------------------------------------
+    def save_nc_state(self, checkpoint_dir: str) -> None:
+        """Write ``ncgrpo_state.pt`` (method, step, SPSA's ``mu``) into a checkpoint folder, atomically
+        (a temporary file renamed into place), so it is either whole or absent."""
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        path = os.path.join(checkpoint_dir, STATE_FILE)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        state = {
+            "rollout_method": self.method,
+            "global_step": self.state.global_step,
+            "spsa_mu": self.spsa_mu,
+        }
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def load_nc_state(self, checkpoint: str) -> None:
+        """Restore SPSA's ``mu`` from a checkpoint folder (other methods keep no state)."""
+        if self.method != "spsa":
+            return
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"{path} is missing: this checkpoint was not written by an NC-GRPO spsa run, so the steering vector "
+                "mu cannot be restored"
+            )
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state.get("spsa_mu") is None:
+            raise ValueError(
+                f"{path} holds no spsa_mu (written by rollout_method={state.get('rollout_method')!r})"
+            )
+        self.spsa_mu = state["spsa_mu"].float()
+
+    # ==============================================================================================
+    # The TRL seam: every private TRL / transformers method NC-GRPO touches, and nothing else.
+    # Each override is a few lines delegating to the methods above; upgrading TRL means reading this.
+    # ==============================================================================================
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training or self.method == "vanilla":
+            return super()._generate_and_score_completions(inputs)
+        self._nc_inputs = inputs
+        self._nc_gen = None
+        self._nc_rewards_per_func = None
+        self._nc_answers = None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            self._nc_after_rewards(output)
+        finally:
+            self._nc_inputs = None
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._nc_inputs is not None:
+            from accelerate.utils import gather_object
+
+            from ncgrpo.rewards import completion_text, extract_boxed
+
+            self._nc_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered by TRL
+            self._nc_answers = gather_object([extract_boxed(completion_text(c)) for c in completions])
+        return rewards_per_func
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        def generate(fields):
+            return super(NCGRPOTrainer, self)._generate_single_turn(
+                prompt_ids, images, fields, num_generations, has_tool_images
+            )
+
+        if self._nc_inputs is None or self._nc_gen is not None:
+            return generate(multimodal_fields)
+        return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
+
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        for name, v in metrics.items():
+            self._metrics["train"][name].append(v)
+
+    def _replace_logged_advantages(self, adv: torch.Tensor) -> None:
+        """TRL appended this batch's joint advantages to its completion log last; log the regrouped ones."""
+        logged = self._logs["advantages"]
+        n_log = min(len(logged), adv.numel())
+        for j in range(n_log):
+            logged[len(logged) - n_log + j] = float(adv[adv.numel() - n_log + j])
+
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # NC-GRPO's state goes in FIRST: transformers writes trainer_state.json after the model and
+        # optimizer and only then deletes older checkpoints (save_total_limit), so a checkpoint whose
+        # trainer state is valid is complete, and the last complete one is never deleted early.
         if self.method != "vanilla" and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            out = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            torch.save(
-                {
-                    "rollout_method": self.method,
-                    "global_step": self.state.global_step,
-                    "spsa_mu": self.spsa_mu,
-                },
-                os.path.join(out, STATE_FILE),
-            )
+            run_dir = self._get_output_dir(trial=trial)
+            self.save_nc_state(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"))
+        super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """Resume model weights, also for models whose checkpoints use renamed keys.
@@ -770,17 +1003,5 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or self.method != "spsa":
-            return
-        path = os.path.join(checkpoint, STATE_FILE)
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"{path} is missing: this checkpoint was not written by an NC-GRPO spsa run, so the steering vector "
-                "mu cannot be restored"
-            )
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if state.get("spsa_mu") is None:
-            raise ValueError(
-                f"{path} holds no spsa_mu (written by rollout_method={state.get('rollout_method')!r})"
-            )
-        self.spsa_mu = state["spsa_mu"].float()
+        if checkpoint is not None:
+            self.load_nc_state(checkpoint)

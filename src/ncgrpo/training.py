@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 from trl import ModelConfig
 
 from ncgrpo.eval.records import METRICS_FILE
+from ncgrpo.processors import tokenizer_of  # noqa: F401  (re-exported: the setup API)
 
 __all__ = [
     "CONFIG_FILE",
@@ -45,7 +46,6 @@ __all__ = [
     "read_run_info",
     "resolve_device",
     "resolve_dtype",
-    "tokenizer_of",
     "train_dataclasses",
     "train_run",
 ]
@@ -147,11 +147,6 @@ def load_model_and_processor(
     if dev is not None:
         model.to(dev).eval()
     return model, processor
-
-
-def tokenizer_of(processor: Any) -> Any:
-    """The tokenizer behind a processor (or the tokenizer itself)."""
-    return getattr(processor, "tokenizer", processor)
 
 
 def find_vision_tower(model) -> tuple[str, Any] | None:

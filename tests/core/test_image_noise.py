@@ -11,10 +11,12 @@ from PIL import Image
 
 from ncgrpo.core.image_noise import (
     NUM_DIFFUSION_STEPS,
+    ResizePolicy,
     alphas_cumprod,
     betas,
     diffuse,
     diffuse_images,
+    distort_images,
     image_noise_t,
     pil_to_tensor,
     prompt_image_seed,
@@ -190,3 +192,148 @@ def test_prompt_image_seed_keys() -> None:
 def test_seed_count_mismatch() -> None:
     with pytest.raises(ValueError, match="2 seeds for 1 images"):
         diffuse_images([_image()], 10, [1, 2])
+
+
+# -------------------------------------------------------- NoisyRollout's order: RGB, resize, noise
+# A small pixel budget keeps the tests fast; the rule is the one the 7B recipe uses at 262144..1e6.
+POLICY = ResizePolicy(min_pixels=112 * 112, max_pixels=200 * 200, factor=28)
+SIZES = {"smaller": (40, 30), "within": (150, 120), "larger": (400, 300)}  # (width, height)
+
+
+def _pil_processor(policy: ResizePolicy = POLICY):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        min_pixels=policy.min_pixels, max_pixels=policy.max_pixels, patch_size=14, merge_size=2
+    )
+
+
+def _textured(size: tuple[int, int], mode: str, seed: int = 0) -> Image.Image:
+    """Smooth gradients plus a few random blocks, in mode ``L``, ``RGB`` or opaque ``RGBA``."""
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(seed)
+    base = np.stack([(xx * 255 / w), (yy * 255 / h), ((xx + yy) * 127 / (w + h) + 64)], axis=-1)
+    for _ in range(4):
+        x0, y0 = rng.integers(0, w // 2), rng.integers(0, h // 2)
+        base[y0 : y0 + h // 4, x0 : x0 + w // 4] = rng.integers(0, 256, 3)
+    rgb = Image.fromarray(base.clip(0, 255).astype(np.uint8))
+    if mode == "L":
+        return rgb.convert("L")
+    if mode == "RGBA":
+        return rgb.convert("RGBA")  # alpha 255 everywhere
+    return rgb
+
+
+def _noisyrollout_reference(image: Image.Image, t: int, seed: int) -> Image.Image:
+    """NoisyRollout's transform written from its code, independently of ncgrpo.core.image_noise.
+
+    ``verl/utils/dataset.py: process_image`` resizes (PIL's default filter, bicubic) and then converts
+    to RGB; the processor's ``smart_resize`` (taken from transformers here) decides the size the model
+    sees. ``verl/utils/image_aug.py``: ``ToTensor``, ``q_x`` with betas ``sigmoid(linspace(-6, 6, 1000))
+    * (0.5e-2 - 1e-5) + 1e-5``, clamp to [0, 1], ``ToPILImage`` (``mul(255).byte()``). The only change:
+    ``randn_like`` draws from a generator seeded with ``seed`` so the comparison is exact.
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    h, w = smart_resize(
+        image.height, image.width, factor=28, min_pixels=POLICY.min_pixels, max_pixels=POLICY.max_pixels
+    )
+    if (w, h) != image.size:
+        image = image.resize((w, h))
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    x0 = torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255.0
+    b = torch.sigmoid(torch.linspace(-6, 6, 1000)) * (0.5e-2 - 1e-5) + 1e-5
+    abar = torch.cumprod(1 - b, dim=0)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+    x = torch.clamp(torch.sqrt(abar)[t] * x0 + torch.sqrt(1 - abar)[t] * noise, 0.0, 1.0)
+    return Image.fromarray(x.mul(255).byte().permute(1, 2, 0).numpy())
+
+
+def _noise_stats(noisy: np.ndarray, clean: np.ndarray) -> tuple[float, float, float]:
+    """(neighbour correlation, std, R-G channel correlation) of ``noisy - clean``, ``# [C, H, W]``."""
+    d = noisy.astype(np.float64) - clean.astype(np.float64)
+
+    def corr(a, b):
+        return float(np.corrcoef(a.ravel(), b.ravel())[0, 1])
+
+    nb = 0.5 * (corr(d[:, :, :-1], d[:, :, 1:]) + corr(d[:, :-1, :], d[:, 1:, :]))
+    return nb, float(d.std()), corr(d[0], d[1])
+
+
+@pytest.mark.parametrize("where", sorted(SIZES))
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+@pytest.mark.parametrize("t", [250, 500])
+def test_distort_images_matches_noisyrollout_reference(where: str, mode: str, t: int) -> None:
+    img = _textured(SIZES[where], mode)
+    seed = prompt_image_seed(3, step=7, prompt_id=11)
+    (ours,) = distort_images([img], t, [seed], POLICY)
+    ref = _noisyrollout_reference(img, t, seed)
+    assert ours.mode == "RGB" and ours.size == ref.size
+    w, h = ours.size
+    assert w % 28 == 0 and h % 28 == 0 and POLICY.min_pixels <= w * h <= POLICY.max_pixels
+    assert np.array_equal(np.asarray(ours), np.asarray(ref))
+
+
+def test_resize_policy_is_the_processors_smart_resize() -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    policies = [POLICY, ResizePolicy(262144, 1_000_000, 28), ResizePolicy(3136, 12845056, 28)]
+    policies.append(ResizePolicy(32 * 32, 256 * 256, 32))  # Qwen3-VL's 16-pixel patches
+    for pol in policies:
+        for h, w in [(30, 40), (220, 300), (600, 800), (1200, 1600), (27, 29), (1000, 13), (4000, 3000)]:
+            assert pol.target(h, w) == smart_resize(
+                h, w, factor=pol.factor, min_pixels=pol.min_pixels, max_pixels=pol.max_pixels
+            ), (pol, h, w)
+    assert ResizePolicy.from_image_processor(_pil_processor()) == POLICY
+    with pytest.raises(ValueError, match="does not expose"):
+        ResizePolicy.from_image_processor(object())
+    with pytest.raises(ValueError, match="bad resize policy"):
+        ResizePolicy(min_pixels=100, max_pixels=10, factor=28)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA-translucent", "P"])
+def test_t0_gives_exactly_the_processors_clean_pixels(mode: str) -> None:
+    # the noisy copy is the clean image the model sees plus noise: at t=0 the processor without its
+    # resize must give the same pixel_values as the processor on the original image (alpha is
+    # composited on white as the processor does)
+    ip = _pil_processor()
+    for size in SIZES.values():
+        img = _textured(size, "RGB")
+        if mode == "RGBA-translucent":
+            img = img.convert("RGBA")
+            img.putalpha(
+                Image.fromarray(np.tile(np.linspace(0, 255, size[0]).astype(np.uint8), (size[1], 1)))
+            )
+        elif mode != "RGB":
+            img = img.convert(mode)
+        (resized,) = distort_images([img], 0, 0, POLICY)
+        clean = ip(images=[img], return_tensors="np")
+        again = ip(images=[resized], do_resize=False, return_tensors="np")
+        assert np.array_equal(again["image_grid_thw"], clean["image_grid_thw"])
+        assert np.array_equal(again["pixel_values"], clean["pixel_values"])
+
+
+@pytest.mark.parametrize("where", sorted(SIZES))
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_noise_is_per_pixel_and_per_channel_at_the_models_resolution(where: str, mode: str) -> None:
+    # mid-grey: the clean image is constant, so the difference is the noise alone. Distorting the
+    # original before the processor resizes it gave neighbour correlation 0.70 (upsampled), std 0.21
+    # instead of 0.36 (downsampled) and channel correlation 1.00 for L images.
+    img = Image.new(mode, SIZES[where], 128 if mode == "L" else (128, 128, 128))
+    (clean_img,) = distort_images([img], 0, 0, POLICY)
+    (noisy_img,) = distort_images([img], 500, 1, POLICY)
+    clean = np.asarray(clean_img).transpose(2, 0, 1) / 255.0
+    assert clean.shape[0] == 3 and np.all(clean == 128 / 255)
+    noisy = np.asarray(noisy_img).transpose(2, 0, 1) / 255.0
+    nb, sd, ch = _noise_stats(noisy, clean)
+    assert abs(nb) < 0.03 and abs(ch) < 0.03
+    # std of clamp(0.863 * 0.502 + 0.505 * eps, 0, 1) after truncation to 1/255 steps, by quadrature
+    abar = alphas_cumprod()[500].item()
+    z = np.linspace(-8, 8, 200001)
+    pdf = np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
+    v = np.floor(np.clip(math.sqrt(abar) * 128 / 255 + math.sqrt(1 - abar) * z, 0, 1) * 255) / 255
+    m1 = np.trapezoid(v * pdf, z)
+    expected_sd = math.sqrt(np.trapezoid(v**2 * pdf, z) - m1**2)
+    assert sd == pytest.approx(expected_sd, rel=0.03)

@@ -382,3 +382,27 @@ def test_timing_records_hook_and_prefill_seconds(tok, qwen2):
     assert hook_state(qwen2) == before
     _, _, untimed = prefill_cache(qwen2, x, [noisy(0), RowNoise(), noisy(2)])
     assert untimed.last.hook_s != untimed.last.hook_s  # NaN when timing is off
+
+
+# --------------------------------------------------------------------------------------------------
+# right padding: an error on noisy rows, not silence
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hook_kw", [{}, {"positions": "all"}, {"site": 2}])
+def test_right_padded_noisy_row_is_an_error(tok, qwen2, hook_kw):
+    # the short prompt is right-padded: its last position is padding, so the position whose state
+    # reaches the first-token logits got no noise (rel 0) without any message
+    x = tok([PROMPTS[0], PROMPTS[1]], return_tensors="pt", padding=True, padding_side="right")
+    m = x["attention_mask"]
+    assert m[0, -1] == 0 and m[0, 0] == 1 and bool(m[1].all())
+    with pytest.raises(ValueError, match=r'padding_side = "left"') as err:
+        prefill_cache(qwen2, x, [noisy(0), RowNoise()], **hook_kw)
+    assert "noisy row 0" in str(err.value)
+    with pytest.raises(ValueError, match="right-padded"):
+        with prefill_noise(qwen2, [noisy(0), noisy(1)], **hook_kw):
+            qwen2.generate(**x, max_new_tokens=2, do_sample=False)
+    # a right-padded CLEAN row gets no noise by design; the full-length noisy row is perturbed
+    _, _, hook = prefill_cache(qwen2, x, [RowNoise(), noisy(1)], **hook_kw)
+    assert hook.last.rel[0] == 0 and hook.last.rel[1] > 0.1
+    # the same prompts left-padded: both noisy rows are perturbed
+    _, _, hook = prefill_cache(qwen2, enc(tok, [PROMPTS[0], PROMPTS[1]]), [noisy(0), noisy(1)], **hook_kw)
+    assert bool((hook.last.rel > 0.1).all())

@@ -23,12 +23,33 @@ Two deliberate differences from their code, neither of which changes a distorted
 
 Float -> uint8 conversion truncates (``(x * 255).to(uint8)``), as torchvision's ``ToPILImage`` does in
 their code.
+
+Order of operations (:func:`distort_images`). NoisyRollout never adds noise to an image the model
+will see at another resolution: its dataset (``verl/utils/dataset.py: process_image``) resizes each
+image into ``[min_pixels, max_pixels]`` and converts it to RGB when the data are loaded, and
+``image_aug.py`` adds the noise to that RGB image, independently per pixel and channel. Distorting
+the original and letting the processor resize afterwards instead interpolates the noise: measured at
+the model's pixel grid (Qwen2-VL processor, 262144..1e6 pixels, t=500, mid-grey image), neighbouring
+pixels' noise correlates 0.70 on a 300x220 image (upsampled ~2x), the noise std falls from 0.29 to
+0.21 on a 1600x1200 one (downsampled), and an ``L`` image gets the same noise on all three channels
+(correlation 1.00). :func:`distort_images` therefore converts to RGB as the processor does, resizes to
+exactly the processor's target (:class:`ResizePolicy`, ``smart_resize``), then adds the noise; the
+caller runs the processor with ``do_resize=False``. One small difference from their pipeline: their
+vLLM processor still re-rounds each side to a multiple of ``patch_size * merge_size`` after the
+noise (e.g. 597x438 -> 588x448), a resample of a few percent that, on the same mid-grey images, leaves
+0.16 correlation between neighbours and lowers the noise std to 0.28; here the noise lands on the
+model's pixels unresampled (correlation 0.00, std 0.36). RGBA: their ``convert("RGB")``
+drops the alpha channel, the Qwen processor that produces our clean images composites it on white;
+:func:`to_rgb` follows the processor so the noisy copy is the clean image plus noise (identical for
+opaque images).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,14 +62,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NUM_DIFFUSION_STEPS",
+    "ResizePolicy",
     "alphas_cumprod",
     "betas",
     "diffuse",
     "diffuse_images",
+    "distort_images",
     "image_noise_t",
     "pil_to_tensor",
     "prompt_image_seed",
     "tensor_to_pil",
+    "to_rgb",
 ]
 
 #: Length of NoisyRollout's diffusion schedule.
@@ -109,10 +133,10 @@ def diffuse(x0: torch.Tensor, t: int, generator: torch.Generator | None = None) 
     x = x0.float()
     if t == 0:
         return x.clone()
-    abar = _schedule()[1][t].item()
+    abar = _schedule()[1][t]  # 0-dim float32: the coefficients are rounded as in their code
     gen_device = generator.device if generator is not None else torch.device("cpu")
     eps = torch.randn(x.shape, generator=generator, dtype=torch.float32, device=gen_device).to(x.device)
-    return (abar**0.5 * x + (1.0 - abar) ** 0.5 * eps).clamp_(0.0, 1.0)
+    return (abar.sqrt() * x + (1 - abar).sqrt() * eps).clamp_(0.0, 1.0)
 
 
 def pil_to_tensor(image: Image.Image) -> torch.Tensor:
@@ -168,3 +192,94 @@ def diffuse_images(images: Sequence[Image.Image], t: int, seed: int | Sequence[i
         g.manual_seed(s)
         out.append(tensor_to_pil(diffuse(pil_to_tensor(image), t, g)))
     return out
+
+
+# ------------------------------------------------------------------------ NoisyRollout's order
+@dataclass(frozen=True)
+class ResizePolicy:
+    """The Qwen-VL image processors' size rule: ``smart_resize(h, w, factor, min_pixels, max_pixels)``.
+
+    ``factor = patch_size * merge_size`` (28 for Qwen2/2.5-VL, 32 for Qwen3-VL). Each side is rounded
+    to the nearest multiple of ``factor``; if the area then exceeds ``max_pixels`` (falls below
+    ``min_pixels``) both sides are scaled down (up) by the same ratio and floored (ceiled) to multiples
+    of ``factor``.
+    """
+
+    min_pixels: int
+    max_pixels: int
+    factor: int
+
+    def __post_init__(self) -> None:
+        if self.factor < 1 or self.min_pixels < 0 or self.max_pixels < max(self.min_pixels, 1):
+            raise ValueError(
+                f"bad resize policy: factor={self.factor}, min_pixels={self.min_pixels}, "
+                f"max_pixels={self.max_pixels}"
+            )
+
+    def target(self, height: int, width: int) -> tuple[int, int]:
+        """``(height, width)`` the processor resizes a ``height x width`` image to."""
+        f = self.factor
+        if max(height, width) / min(height, width) > 200:
+            raise ValueError(f"aspect ratio must be below 200, got {height}x{width}")
+        h, w = round(height / f) * f, round(width / f) * f
+        if h * w > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h = max(f, math.floor(height / beta / f) * f)
+            w = max(f, math.floor(width / beta / f) * f)
+        elif h * w < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h = math.ceil(height * beta / f) * f
+            w = math.ceil(width * beta / f) * f
+        return h, w
+
+    @classmethod
+    def from_image_processor(cls, image_processor) -> ResizePolicy:
+        """Read the policy off a Qwen-VL image processor (PIL or torchvision backend, transformers 4.x/5.x).
+
+        transformers 5 keeps the limits in ``size = {"shortest_edge": min_pixels, "longest_edge":
+        max_pixels}``; 4.x also had ``min_pixels`` / ``max_pixels`` attributes, which win when set.
+        """
+        size = getattr(image_processor, "size", None) or {}
+        get = size.get if isinstance(size, dict) else lambda k: getattr(size, k, None)
+        lo = getattr(image_processor, "min_pixels", None) or get("shortest_edge") or get("min_pixels")
+        hi = getattr(image_processor, "max_pixels", None) or get("longest_edge") or get("max_pixels")
+        patch = getattr(image_processor, "patch_size", None)
+        merge = getattr(image_processor, "merge_size", None)
+        if lo is None or hi is None or patch is None or merge is None:
+            raise ValueError(
+                f"{type(image_processor).__name__} does not expose min/max pixels, patch_size and "
+                "merge_size (a Qwen-VL style image processor is needed for rollout_method='image')"
+            )
+        return cls(min_pixels=int(lo), max_pixels=int(hi), factor=int(patch) * int(merge))
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB as the transformers image processors convert: transparency composited on white, else ``convert``."""
+    from PIL import Image
+
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def distort_images(
+    images: Sequence[Image.Image], t: int, seed: int | Sequence[int], policy: ResizePolicy
+) -> list[Image.Image]:
+    """NoisyRollout's distortion in its order: RGB, resize to the processor's target, then per-pixel noise.
+
+    Each image is converted with :func:`to_rgb`, resized (PIL bicubic, as the Qwen PIL image processor
+    does) to ``policy.target(h, w)``, and distorted with :func:`diffuse_images` (same seeding: an int
+    keys image ``i`` by its index, or pass one seed per image). The results are RGB images whose sides
+    are multiples of ``policy.factor``: give them to the image processor with ``do_resize=False`` so
+    the noise reaches the model's pixels without being interpolated. ``t=0`` returns the resized
+    clean images.
+    """
+    from PIL import Image
+
+    resized = []
+    for image in images:
+        rgb = to_rgb(image)
+        h, w = policy.target(rgb.height, rgb.width)
+        resized.append(rgb if (h, w) == (rgb.height, rgb.width) else rgb.resize((w, h), Image.BICUBIC))
+    return diffuse_images(resized, t, seed)

@@ -25,6 +25,9 @@ Rules:
   inert on a non-empty cache).
 - Inputs must be left-padded (what ``generate`` wants for decoder-only models); the 2-D attention
   mask is read from the top-level forward so that each prompt's noise depends only on its real tokens.
+  A noisy row with padding after its first real token (right padding) is a ``ValueError`` naming
+  ``tokenizer.padding_side = "left"``: its last position is padding, where no noise is drawn, so it
+  would otherwise sample from clean logits without a word.
 - ``positions="auto"`` (final-norm site) perturbs only the positions whose states reach the logits
   (``generate`` passes ``logits_to_keep=1``: the last prompt token). Because every position's noise
   depends only on (key, distance from the end of the prompt) this is bit-identical to
@@ -237,6 +240,26 @@ class NoiseHook:
                 "repeat_interleave order)"
             )
 
+    def _check_left_padded(self, mask: torch.Tensor) -> None:
+        """Refuse padding after a noisy row's first real token (right padding).
+
+        With right padding the last prompt position of a shorter row is padding: ``generate`` reads the
+        first-token logits there, and eq. (2) draws no noise on masked positions, so such a row would
+        silently sample from clean (and wrong) logits.
+        """
+        self._check_batch(mask.shape[0])
+        seen = mask.ne(0).long().cumsum(1) > 0
+        bad = (seen & mask.eq(0)).any(1).cpu().tolist()
+        rows = [b for b, (r, is_bad) in enumerate(zip(self.rows, bad, strict=True)) if r.noisy and is_bad]
+        if rows:
+            raise ValueError(
+                f"prefill_noise: noisy row {rows[0]} is right-padded (attention-mask zeros after its "
+                f"first real token; {len(rows)} noisy row(s) in all): generate would read its first-token "
+                "logits at a padding position, where eq. (2) draws no noise. Pad on the left: "
+                'tokenizer.padding_side = "left" (or processor.tokenizer.padding_side = "left"), as '
+                "generate expects for decoder-only models."
+            )
+
     def _mask_for(self, B: int, T: int, device: torch.device) -> torch.Tensor | None:
         m = self._mask
         if m is not None and tuple(m.shape) == (B, T):
@@ -285,6 +308,8 @@ class NoiseHook:
             return
         mask = kwargs.get("attention_mask")
         self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else self._top_mask
+        if self.any_noisy and self._mask is not None:
+            self._check_left_padded(self._mask)
         self._current = PrefillRecord(primary="final_norm" if self.layers is None else max(self.layers))
         if self.timing:
             self._current.hook_s = 0.0

@@ -29,8 +29,8 @@ from ncgrpo.eval.records import (
     atomic_write_json,
     iter_records,
 )
+from ncgrpo.processors import tokenizer_of
 from ncgrpo.rewards import score
-from ncgrpo.training import tokenizer_of
 
 
 @dataclass
