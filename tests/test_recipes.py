@@ -272,12 +272,15 @@ def test_dataclasses_are_built_on_first_use() -> None:
     assert (script.dataset_name, script.dataset_train_split) == ("synthetic", "test") and calls == [1]
 
 
-def test_parse_args_and_config_returns_the_dataclasses(tmp_path: Path) -> None:
-    script, config, model = ConfigParser(train_dataclasses()).parse_args_and_config(
+@pytest.mark.parametrize("method", ["parse_args_and_config", "parse_args_into_dataclasses"])
+def test_parse_args_and_config_returns_the_dataclasses(tmp_path: Path, method: str) -> None:
+    parser = ConfigParser(train_dataclasses())
+    script, config, model = getattr(parser, method)(
         ["--config", str(RECIPES / "tiny_cpu_latent.yaml"), "--output_dir", str(tmp_path), "--sigma0", "0.3"]
     )
     assert isinstance(script, ScriptArguments) and isinstance(model, ModelArguments)
     assert (config.sigma0, config.max_steps, str(config.output_dir)) == (0.3, 2, str(tmp_path))
+    assert script.dataset_name == "synthetic" and model.dtype == "float32"  # from the file
 
 
 # ------------------------------------------------------------------------------------ errors

@@ -399,6 +399,11 @@ class ConfigParser(TrlParser):
             out.append(argparse.Namespace(**rest))
         return tuple(out)
 
+    def parse_args_into_dataclasses(self, args=None, return_remaining_strings: bool = False, **kwargs: Any):
+        """HfArgumentParser's entry point, routed through :meth:`parse_args_and_config` (``--config``
+        included; ``.args`` files are not read)."""
+        return self.parse_args_and_config(args, return_remaining_strings=return_remaining_strings)
+
 
 def known_keys(parser: ConfigParser) -> Mapping[str, Any]:
     """Every config key the parser accepts (field name -> annotation)."""
