@@ -1,4 +1,5 @@
-"""Recipes (recipes/**/*.yaml) and their loader (ncgrpo.config): includes, overrides, validation."""
+"""Recipes (recipes/**/*.yaml) and their parser (ncgrpo.config.ConfigParser over the training dataclasses):
+flat TRL-style keys, base: includes, command-line flags, validation that names the file and the key."""
 
 from __future__ import annotations
 
@@ -8,14 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ncgrpo.config import (
-    NCGRPO_FIELDS,
-    RecipeError,
-    load_recipe,
-    parse_override,
-    parse_value,
-    trainer_field_types,
-)
+from ncgrpo.config import ConfigError, ConfigParser, ParsedConfig, load_config_file
+from ncgrpo.training import ModelArguments, ScriptArguments, train_dataclasses
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -26,12 +21,23 @@ ACCELERATE = RECIPES / "accelerate"
 PROMPTS_PER_STEP = 128  # paper, section 4.1
 
 
-def _config_class():
-    try:
-        from ncgrpo.trainer import NCGRPOConfig
-    except ImportError:
-        return None
-    return NCGRPOConfig
+def parse(path: Path | None, *flags: str) -> ParsedConfig:
+    args = (["--config", str(path)] if path is not None else []) + list(flags)
+    return ConfigParser(train_dataclasses).parse_args(args).parsed_config
+
+
+def trainer_values(parsed: ParsedConfig) -> dict:
+    """The explicit NCGRPOConfig keys of a recipe (what the old trainer: section held)."""
+    cls = train_dataclasses()[1]
+    return {k: v for k, v in parsed.values[cls].items() if k in parsed.explicit}
+
+
+def ncgrpo_only_fields() -> set[str]:
+    """The fields NCGRPOConfig adds to TRL's GRPOConfig (the perturbation settings)."""
+    from trl import GRPOConfig
+
+    cls = train_dataclasses()[1]
+    return {f.name for f in dataclasses.fields(cls)} - {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
 # ------------------------------------------------------------------------------- the recipe files
@@ -58,42 +64,43 @@ def test_recipes_exist() -> None:
 
 
 @pytest.mark.parametrize("path", ALL_RECIPES, ids=lambda p: str(p.relative_to(RECIPES)))
-def test_recipe_loads_and_validates(path: Path) -> None:
-    recipe = load_recipe(path)
-    assert recipe.model.name_or_path
-    assert recipe.rewards
-    # a full round trip: the resolved dump loads back to the same recipe
-    dumped = yaml.safe_load(recipe.to_yaml())
-    assert dumped == recipe.to_dict()
+def test_recipe_loads_and_validates(path: Path, tmp_path: Path) -> None:
+    parsed = parse(path)
+    script, model = parsed.build(ScriptArguments), parsed.build(ModelArguments)
+    assert model.model_name_or_path and script.reward_funcs
+    # a full round trip: the resolved dump loads back, with --config, to the same values
+    dumped = tmp_path / "config.yaml"
+    dumped.write_text(parsed.to_yaml())
+    again = parse(dumped)
+    assert again.to_dict() == parsed.to_dict()
+    for cls in parsed.types:
+        assert again.values[cls] == parsed.values[cls], cls.__name__
 
 
 @pytest.mark.parametrize("path", RUN_RECIPES, ids=lambda p: p.name)
 def test_recipe_builds_the_trainer_config(path: Path, tmp_path: Path) -> None:
-    """NCGRPOConfig (or TRL's GRPOConfig before it exists) accepts every runnable recipe's trainer block."""
-    recipe = load_recipe(path)
-    assert "rollout_method" in recipe.trainer, "runnable recipes name their method explicitly"
-    kwargs = recipe.trainer_kwargs(output_dir=str(tmp_path), bf16=False, use_cpu=True)
-    cls = _config_class()
-    if cls is None:
-        from trl import GRPOConfig as cls  # noqa: N813
-
-        kwargs = {k: v for k, v in kwargs.items() if k not in NCGRPO_FIELDS}
-    config = cls(**kwargs)
-    assert config.num_generations == recipe.trainer["num_generations"]
+    """NCGRPOConfig accepts every runnable recipe (bf16 off so it builds on a CPU)."""
+    parsed = parse(path, "--output_dir", str(tmp_path), "--bf16", "false", "--use_cpu")
+    assert "rollout_method" in parsed.explicit, "runnable recipes name their method explicitly"
+    config = parsed.build(train_dataclasses()[1])
+    assert config.num_generations == parsed.get("num_generations")
+    assert config.rollout_method == parsed.get("rollout_method")
 
 
 def test_run_names_are_unique() -> None:
-    names = [load_recipe(p).name for p in RUN_RECIPES]
-    assert len(names) == len(set(names))
+    names = [parse(p).get("run_name") for p in RUN_RECIPES]
+    assert len(names) == len(set(names)) and all(names)
 
 
 def test_paper_protocol_is_shared() -> None:
     """Section 4.1: every method shares every hyperparameter; only the perturbation differs."""
-    method_keys = set(NCGRPO_FIELDS) - {"sigma_schedule", "schedule_gamma", "schedule_k_mid"}
+    method_keys = (ncgrpo_only_fields() - {"sigma_schedule", "schedule_gamma", "schedule_k_mid"}) | {
+        "run_name"
+    }
     by_model: dict[str, dict] = {}
     for path in PAPER_RECIPES:
-        recipe = load_recipe(path)
-        t = recipe.trainer
+        parsed = parse(path)
+        t = trainer_values(parsed)
         assert t["max_steps"] == 60
         assert t["num_generations"] == 12
         assert t["max_completion_length"] == 2048
@@ -107,11 +114,12 @@ def test_paper_protocol_is_shared() -> None:
             1.0,
         )
         assert t["bf16"] is True
-        assert recipe.model.freeze_vision_tower is True
-        assert recipe.data.train.name == "geo3k" and recipe.data.train.split == "train"
-        assert recipe.rewards == ["math_reward"]
+        model, script = parsed.build(ModelArguments), parsed.build(ScriptArguments)
+        assert model.freeze_vision_tower is True
+        assert script.dataset_name == "geo3k" and script.dataset_train_split == "train"
+        assert script.reward_funcs == ["math_reward"]
         shared = {k: v for k, v in t.items() if k not in method_keys}
-        ref = by_model.setdefault(recipe.model.name_or_path, shared)
+        ref = by_model.setdefault(model.model_name_or_path, shared)
         assert shared == ref, f"{path.name} changes a shared hyperparameter"
     assert len(by_model) == 3
 
@@ -140,9 +148,21 @@ def test_paper_protocol_is_shared() -> None:
     ],
 )
 def test_method_settings(stem: str, expected: dict) -> None:
-    t = load_recipe(RECIPES / f"{stem}.yaml").trainer
+    t = trainer_values(parse(RECIPES / f"{stem}.yaml"))
     for k, v in expected.items():
         assert t[k] == v, k
+
+
+def test_model_variants_change_only_the_model() -> None:
+    p3 = parse(RECIPES / "qwen2_5_vl_3b_vanilla.yaml")
+    q3 = parse(RECIPES / "qwen3_vl_8b_thinking_vanilla.yaml")
+    assert p3.get("model_name_or_path") == "Qwen/Qwen2.5-VL-3B-Instruct" and p3.get("min_pixels") == 262144
+    assert q3.get("model_name_or_path") == "Qwen/Qwen3-VL-8B-Thinking"
+    assert q3.get("min_pixels") is None and q3.get("max_pixels") is None  # the base's values, nulled
+    assert p3.sources[1:] == [
+        str(RECIPES / "base" / "geo3k_qwen2_5_vl_3b.yaml"),
+        str(RECIPES / "base" / "geo3k_qwen2_5_vl_7b.yaml"),
+    ]
 
 
 # --------------------------------------------------------------------------- batch arithmetic
@@ -150,32 +170,31 @@ def _accelerate(name: str) -> dict:
     return yaml.safe_load((ACCELERATE / name).read_text())
 
 
-def _completions_per_step(trainer: dict, num_processes: int) -> int:
-    return trainer["per_device_train_batch_size"] * num_processes * trainer["gradient_accumulation_steps"]
+def _completions_per_step(parsed: ParsedConfig, num_processes: int) -> int:
+    return (
+        parsed.get("per_device_train_batch_size") * num_processes * parsed.get("gradient_accumulation_steps")
+    )
 
 
 @pytest.mark.parametrize("path", PAPER_RECIPES, ids=lambda p: p.name)
 def test_8gpu_step_is_128_prompts_times_12(path: Path) -> None:
     acc = _accelerate("zero3_8gpu.yaml")
-    t = load_recipe(path).trainer
-    per_step = _completions_per_step(t, acc["num_processes"])
-    assert per_step == PROMPTS_PER_STEP * t["num_generations"] == 1536
+    t = parse(path)
+    g = t.get("num_generations")
+    assert _completions_per_step(t, acc["num_processes"]) == PROMPTS_PER_STEP * g == 1536
     # TRL: generation_batch_size = per_device * processes * steps_per_generation (default: grad accum)
-    steps_per_generation = t.get("steps_per_generation") or t["gradient_accumulation_steps"]
-    generation_batch = t["per_device_train_batch_size"] * acc["num_processes"] * steps_per_generation
-    assert generation_batch % t["num_generations"] == 0
-    assert generation_batch // t["num_generations"] == PROMPTS_PER_STEP  # one generation per step
+    steps_per_generation = t.get("steps_per_generation") or t.get("gradient_accumulation_steps")
+    generation_batch = t.get("per_device_train_batch_size") * acc["num_processes"] * steps_per_generation
+    assert generation_batch % g == 0
+    assert generation_batch // g == PROMPTS_PER_STEP  # one generation per step
 
 
-def test_multinode_arithmetic_with_documented_override() -> None:
+def test_multinode_arithmetic_with_documented_flag() -> None:
     acc = _accelerate("zero3_2x8gpu.yaml")
     assert (acc["num_machines"], acc["num_processes"]) == (2, 16)
-    text = (ACCELERATE / "zero3_2x8gpu.yaml").read_text()
-    assert "trainer.gradient_accumulation_steps=24" in text
-    t = load_recipe(
-        RECIPES / "qwen2_5_vl_7b_latent_sigma0.2.yaml", ["trainer.gradient_accumulation_steps=24"]
-    ).trainer
-    assert _completions_per_step(t, acc["num_processes"]) == PROMPTS_PER_STEP * t["num_generations"]
+    assert "--gradient_accumulation_steps 24" in (ACCELERATE / "zero3_2x8gpu.yaml").read_text()
+    t = parse(RECIPES / "qwen2_5_vl_7b_latent_sigma0.2.yaml", "--gradient_accumulation_steps", "24")
+    assert _completions_per_step(t, acc["num_processes"]) == PROMPTS_PER_STEP * t.get("num_generations")
 
 
 @pytest.mark.parametrize("name", ["zero3_8gpu.yaml", "zero3_2x8gpu.yaml"])
@@ -192,76 +211,76 @@ def test_readme_shows_the_launch_command() -> None:
     assert "accelerate launch --config_file recipes/accelerate/zero3_8gpu.yaml -m ncgrpo.cli train" in text
 
 
-# ---------------------------------------------------------------------------------- overrides
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("3", 3),
-        ("-7", -7),
-        ("0.5", 0.5),
-        ("1e-6", 1e-6),  # plain PyYAML would give the string "1e-6"
-        ("5E3", 5000.0),
-        ("true", True),
-        ("False", False),
-        ("no", "no"),  # YAML 1.2: not a boolean (save_strategy=no)
-        ("null", None),
-        ("none", "none"),  # report_to=none
-        ("[1, 2.5, x]", [1, 2.5, "x"]),
-        ("{a: 1}", {"a": 1}),
-        ("final_norm", "final_norm"),
-        ('"14"', "14"),
-        ("10,14", "10,14"),
-        ("a=b", "a=b"),
-        ("[unclosed", "[unclosed"),
-    ],
-)
-def test_parse_value(text: str, value) -> None:
-    got = parse_value(text)
-    assert got == value and type(got) is type(value)
-
-
-def test_parse_override_dotted_keys() -> None:
-    assert parse_override("trainer.sigma0=0.5") == (["trainer", "sigma0"], 0.5)
-    assert parse_override("data.train.path=/x/y=z") == (["data", "train", "path"], "/x/y=z")
-    for bad in ("trainer.sigma0", "=3", "trainer..sigma0=1"):
-        with pytest.raises(RecipeError):
-            parse_override(bad)
-
-
-def test_overrides_apply_with_types() -> None:
-    r = load_recipe(
+# ------------------------------------------------------------------------------- flags and files
+def test_flags_override_the_file_with_the_fields_types() -> None:
+    p = parse(
         RECIPES / "qwen2_5_vl_7b_latent_sigma0.2.yaml",
-        [
-            "trainer.sigma0=0.5",
-            "trainer.max_steps=10",
-            "trainer.learning_rate=2e-6",
-            "trainer.bf16=false",
-            "trainer.reward_weights=[1.0]",
-            "trainer.noise_site=12",  # a number for a str field becomes the string "12"
-            "model.freeze_vision_tower=false",
-            "data.train.path=/data/geo3k",
-            "data.train.limit=16",
-            "name=custom",
-        ],
-    )
-    t = r.trainer
-    assert t["sigma0"] == 0.5 and t["max_steps"] == 10 and t["learning_rate"] == 2e-6
-    assert t["bf16"] is False and t["reward_weights"] == [1.0] and t["noise_site"] == "12"
-    assert r.model.freeze_vision_tower is False
-    assert r.data.train.path == "/data/geo3k" and r.data.train.limit == 16 and r.data.train.name == "geo3k"
-    assert r.name == "custom"
-    assert r.overrides[0] == "trainer.sigma0=0.5"
-    assert "#   override: trainer.sigma0=0.5" in r.to_yaml()
-    # everything else still comes from the base
-    assert t["num_generations"] == 12 and r.model.name_or_path == "Qwen/Qwen2.5-VL-7B-Instruct"
+        "--sigma0", "0.5",
+        "--max_steps", "10",
+        "--learning-rate", "2e-6",  # dash aliases, as HfArgumentParser gives
+        "--bf16", "false",
+        "--reward_weights", "1.0", "2.0",
+        "--noise_site", "12",
+        "--no_freeze_vision_tower",
+        "--dataset_path", "/data/geo3k",
+        "--dataset_train_limit", "16",
+        "--run_name", "custom",
+    )  # fmt: skip
+    assert (p.get("sigma0"), p.get("max_steps"), p.get("learning_rate")) == (0.5, 10, 2e-6)
+    assert p.get("bf16") is False and p.get("reward_weights") == [1.0, 2.0] and p.get("noise_site") == "12"
+    assert p.get("freeze_vision_tower") is False
+    assert p.get("dataset_path") == "/data/geo3k" and p.get("dataset_train_limit") == 16
+    assert p.get("run_name") == "custom" and p.get("dataset_name") == "geo3k"
+    # everything else still comes from the file and its base
+    assert p.get("num_generations") == 12 and p.get("model_name_or_path") == "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert "# command line: --sigma0 0.5 --max_steps 10" in p.to_yaml()
+    assert {"sigma0", "freeze_vision_tower", "reward_weights"} <= set(p.explicit)
 
 
-def test_override_can_set_a_list_section() -> None:
-    r = load_recipe(
-        RECIPES / "qwen2_5_vl_7b_vanilla.yaml",
-        ["data.eval=[{name: geo3k, split: validation, limit: 8}]"],
+def test_file_scalars_convert_like_flags(tmp_path: Path) -> None:
+    """One conversion rule: a YAML 1.1 string such as 1e-6 is a float for a float field, a number is a
+    string for a str field, null is None for an optional field."""
+    f = _write(tmp_path / "r.yaml", MINIMAL + "learning_rate: 1e-6\nnoise_site: 14\nmin_pixels: null\n")
+    p = parse(f)
+    assert p.get("learning_rate") == 1e-6 and isinstance(p.get("learning_rate"), float)
+    assert p.get("noise_site") == "14" and p.get("min_pixels") is None
+
+
+def test_lists_and_mappings_in_files(tmp_path: Path) -> None:
+    f = _write(
+        tmp_path / "r.yaml",
+        MINIMAL + "reward_funcs: accuracy_reward\neval_dataset_splits: [validation, test]\n"
+        "activation_checkpointing_kwargs: {use_reentrant: false}\n",
     )
-    assert len(r.data.eval) == 1 and r.data.eval[0].split == "validation" and r.data.eval[0].limit == 8
+    p = parse(f)
+    assert p.get("reward_funcs") == ["accuracy_reward"]  # a scalar for a list field is a one-item list
+    assert p.get("eval_dataset_splits") == ["validation", "test"]
+    assert p.get("activation_checkpointing_kwargs") == {"use_reentrant": False}
+
+
+def test_dataclasses_are_built_on_first_use() -> None:
+    calls = []
+
+    def types():
+        calls.append(1)
+        return (ScriptArguments,)
+
+    parser = ConfigParser(types)
+    assert calls == []
+    assert "--dataset_name" in parser.format_help() and calls == [1]
+    (script,) = parser.parse_args_and_config(["--dataset_name", "synthetic", "--dataset_train_split", "test"])
+    assert (script.dataset_name, script.dataset_train_split) == ("synthetic", "test") and calls == [1]
+
+
+@pytest.mark.parametrize("method", ["parse_args_and_config", "parse_args_into_dataclasses"])
+def test_parse_args_and_config_returns_the_dataclasses(tmp_path: Path, method: str) -> None:
+    parser = ConfigParser(train_dataclasses())
+    script, config, model = getattr(parser, method)(
+        ["--config", str(RECIPES / "tiny_cpu_latent.yaml"), "--output_dir", str(tmp_path), "--sigma0", "0.3"]
+    )
+    assert isinstance(script, ScriptArguments) and isinstance(model, ModelArguments)
+    assert (config.sigma0, config.max_steps, str(config.output_dir)) == (0.3, 2, str(tmp_path))
+    assert script.dataset_name == "synthetic" and model.dtype == "float32"  # from the file
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -272,141 +291,189 @@ def _write(path: Path, text: str) -> Path:
 
 
 MINIMAL = """\
-model: {name_or_path: /models/tiny}
-data: {train: {name: geo3k, path: /data/geo3k}}
-trainer:
-  rollout_method: latent
-  sigma0: 0.2
+model_name_or_path: /models/tiny
+dataset_name: geo3k
+dataset_path: /data/geo3k
+rollout_method: latent
+sigma0: 0.2
 """
-
-
-def test_unknown_trainer_key_names_file_key_and_suggestion(tmp_path: Path) -> None:
-    p = _write(tmp_path / "recipes" / "x.yaml", MINIMAL.replace("sigma0: 0.2", "sigma_0: 0.2"))
-    with pytest.raises(RecipeError) as e:
-        load_recipe(p)
-    msg = str(e.value)
-    assert msg.startswith(f"{p}: unknown key 'sigma_0'")
-    assert "(did you mean 'sigma0'?)" in msg
-    assert "'trainer'" in msg
 
 
 @pytest.mark.parametrize(
     ("bad", "key", "suggestion"),
     [
-        ("model: {name_or_path: /m, freeze_vision: true}", "freeze_vision", "freeze_vision_tower"),
-        ("data: {train: {name: geo3k, pth: /d}}", "pth", "path"),
-        ("trainers: {}", "trainers", "trainer"),
-        ("trainer: {learnin_rate: 1.0e-6}", "learnin_rate", "learning_rate"),
-        ("trainer: {rollout_methd: latent}", "rollout_methd", "rollout_method"),
+        ("freeze_vision: true", "freeze_vision", "freeze_vision_tower"),
+        ("dataset_pth: /d", "dataset_pth", "dataset_path"),
+        ("sigma_0: 0.2", "sigma_0", "sigma0"),
+        ("learnin_rate: 1.0e-6", "learnin_rate", "learning_rate"),
+        ("rollout_methd: latent", "rollout_methd", "rollout_method"),
+        ("dtyp: float32", "dtyp", "dtype"),
     ],
 )
-def test_unknown_keys_everywhere(tmp_path: Path, bad: str, key: str, suggestion: str) -> None:
+def test_unknown_keys_name_the_file_and_suggest(tmp_path: Path, bad: str, key: str, suggestion: str) -> None:
     _write(tmp_path / "base.yaml", MINIMAL)
     p = _write(tmp_path / "r.yaml", f"base: base.yaml\n{bad}\n")
-    with pytest.raises(RecipeError, match=rf"r\.yaml: unknown key '{key}'.*did you mean '{suggestion}'"):
-        load_recipe(p)
+    with pytest.raises(ConfigError) as e:
+        parse(p)
+    assert str(e.value).startswith(f"{p}: unknown key '{key}'")
+    assert f"(did you mean '{suggestion}'?)" in str(e.value)
 
 
 def test_unknown_key_without_close_match_has_no_suggestion(tmp_path: Path) -> None:
-    p = _write(tmp_path / "r.yaml", MINIMAL + "  zzzqqq: 1\n")
-    with pytest.raises(RecipeError) as e:
-        load_recipe(p)
+    with pytest.raises(ConfigError) as e:
+        parse(_write(tmp_path / "r.yaml", MINIMAL + "zzzqqq: 1\n"))
     assert "unknown key 'zzzqqq'" in str(e.value) and "did you mean" not in str(e.value)
 
 
-def test_unknown_override_key_names_the_override(tmp_path: Path) -> None:
+def test_old_nested_format_is_an_unknown_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'trainer'"):
+        parse(_write(tmp_path / "r.yaml", "trainer: {sigma0: 0.2}\n"))
+
+
+def test_unknown_flags_and_positionals(tmp_path: Path) -> None:
     p = _write(tmp_path / "r.yaml", MINIMAL)
-    with pytest.raises(RecipeError, match=r"override 'trainer.sigma_0=0.3': unknown key 'sigma_0'.*'sigma0'"):
-        load_recipe(p, ["trainer.sigma_0=0.3"])
-    with pytest.raises(RecipeError, match=r"override 'modle.x=1': unknown key 'modle'.*'model'"):
-        load_recipe(p, ["modle.x=1"])
+    with pytest.raises(ConfigError, match=r"unknown option --sigma_0 \(did you mean '--sigma0'\?\)"):
+        parse(p, "--sigma_0", "0.3")
+    with pytest.raises(ConfigError, match=r"unexpected argument 'trainer.sigma0=0.5'.*--sigma0 0.5"):
+        parse(p, "trainer.sigma0=0.5")
+    with pytest.raises(ConfigError, match="unknown option --learning"):  # no silent abbreviations
+        parse(p, "--learning", "1e-5")
 
 
 def test_error_in_base_names_the_base_file(tmp_path: Path) -> None:
-    _write(tmp_path / "base" / "b.yaml", MINIMAL.replace("sigma0", "sigmaa0"))
-    p = _write(tmp_path / "r.yaml", "base: base/b.yaml\nname: r\n")
-    with pytest.raises(RecipeError) as e:
-        load_recipe(p)
-    assert str(e.value).startswith(str((tmp_path / "base" / "b.yaml").resolve()))
+    base = _write(tmp_path / "base" / "b.yaml", MINIMAL.replace("sigma0", "sigmaa0"))
+    p = _write(tmp_path / "r.yaml", "base: base/b.yaml\nrun_name: r\n")
+    with pytest.raises(ConfigError) as e:
+        parse(p)
+    assert str(e.value).startswith(f"{base}: unknown key 'sigmaa0'")
 
 
-def test_type_errors(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("learning_rate: fast", r"r\.yaml: 'learning_rate': invalid float value 'fast'"),
+        ("max_steps: 1.5", r"r\.yaml: 'max_steps': invalid int value 1.5"),
+        ("bf16: [1]", r"r\.yaml: 'bf16' takes one value"),
+        ("dtype: int8", r"r\.yaml: 'dtype' must be one of auto, bfloat16, float16, float32; got 'int8'"),
+        ("dataset_name: mnist", r"r\.yaml: 'dataset_name' must be one of geo3k, synthetic"),
+        ("save_strategy: no", r"r\.yaml: 'save_strategy' is not a true/false field.*quote it"),
+        ("max_steps: null", r"r\.yaml: 'max_steps' cannot be null"),
+    ],
+)
+def test_bad_values_name_file_and_key(tmp_path: Path, line: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse(_write(tmp_path / "r.yaml", MINIMAL + line + "\n"))
+
+
+def test_bad_flag_values(tmp_path: Path) -> None:
     p = _write(tmp_path / "r.yaml", MINIMAL)
-    with pytest.raises(RecipeError, match=r"'trainer.learning_rate' should be float, got 'fast'"):
-        load_recipe(p, ["trainer.learning_rate=fast"])
-    with pytest.raises(RecipeError, match=r"'trainer.max_steps' should be int"):
-        load_recipe(p, ["trainer.max_steps=1.5"])
-    with pytest.raises(RecipeError, match=r"'trainer.bf16'"):
-        load_recipe(p, ["trainer.bf16=[1]"])
-    with pytest.raises(RecipeError, match=r"model.torch_dtype"):
-        load_recipe(p, ["model.torch_dtype=int8"])
-    with pytest.raises(RecipeError, match=r"data.train.name"):
-        load_recipe(p, ["data.train.name=mnist"])
-    with pytest.raises(RecipeError, match=r"unknown reward 'math_rewards'.*did you mean 'math_reward'"):
-        load_recipe(p, ["rewards=[math_rewards]"])
+    with pytest.raises(ConfigError, match=r"argument --learning_rate.*invalid float value: 'fast'"):
+        parse(p, "--learning_rate", "fast")
+    with pytest.raises(ConfigError, match=r"argument --dtype.*invalid choice: 'int8'"):
+        parse(p, "--dtype", "int8")
 
 
-def test_required_sections(tmp_path: Path) -> None:
-    with pytest.raises(RecipeError, match="model.name_or_path' is required"):
-        load_recipe(_write(tmp_path / "a.yaml", "data: {train: {name: geo3k}}\n"))
-    with pytest.raises(RecipeError, match="data.train' is required"):
-        load_recipe(_write(tmp_path / "b.yaml", "model: {name_or_path: /m}\n"))
-    with pytest.raises(RecipeError, match="mapping at the top level"):
-        load_recipe(_write(tmp_path / "c.yaml", "- 1\n- 2\n"))
-    with pytest.raises(RecipeError, match="invalid YAML"):
-        load_recipe(_write(tmp_path / "d.yaml", "model: [\n"))
-    with pytest.raises(RecipeError, match="does not exist"):
-        load_recipe(tmp_path / "missing.yaml")
+def test_dataclass_validation(tmp_path: Path) -> None:
+    p = _write(tmp_path / "r.yaml", MINIMAL)
+    with pytest.raises(
+        ValueError, match=r"unknown reward function 'math_rewards' \(did you mean 'math_reward'\?\)"
+    ):
+        parse(p, "--reward_funcs", "math_rewards").build(ScriptArguments)
+    with pytest.raises(ValueError, match="dataset_train_limit must be a positive"):
+        parse(p, "--dataset_train_limit", "0").build(ScriptArguments)
+    with pytest.raises(ValueError, match="synthetic suite has splits train, validation, test"):
+        parse(p, "--dataset_name", "synthetic", "--dataset_train_split", "dev").build(ScriptArguments)
+    with pytest.raises(ValueError, match="model_name_or_path is required"):
+        parse(None).build(ModelArguments)
+    with pytest.raises(ValueError, match="min_pixels=9 is above max_pixels=4"):
+        parse(p, "--min_pixels", "9", "--max_pixels", "4").build(ModelArguments)
+
+
+@pytest.mark.parametrize(
+    ("flags", "what"),
+    [
+        (["--use_peft"], "PEFT/LoRA"),
+        (["--load_in_4bit"], "4-bit"),
+        (["--load_in_8bit"], "8-bit"),
+        (["--model_revision", "v2"], "hub revisions"),
+    ],
+)
+def test_model_config_features_not_wired_are_refused(tmp_path: Path, flags: list, what: str) -> None:
+    p = parse(_write(tmp_path / "r.yaml", MINIMAL), *flags)
+    with pytest.raises(ValueError, match=f"ncgrpo does not support {what}"):
+        p.build(ModelArguments)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        parse(_write(tmp_path / "c.yaml", "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        parse(_write(tmp_path / "d.yaml", "model_name_or_path: [\n"))
+    with pytest.raises(ConfigError, match=r"missing\.yaml: config file does not exist"):
+        parse(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="--config needs a file"):
+        parse(None, "--config")
 
 
 # ------------------------------------------------------------------------------------ base:
-def test_base_merges_depth_first_and_replaces_lists(tmp_path: Path) -> None:
-    _write(
-        tmp_path / "root.yaml",
-        MINIMAL + "  max_steps: 60\n  reward_weights: [1.0, 2.0]\n" + "name: root\n",
-    )
-    _write(tmp_path / "mid" / "mid.yaml", "base: ../root.yaml\ntrainer: {max_steps: 30}\n")
-    p = _write(
+def test_base_chain_merges_base_first(tmp_path: Path) -> None:
+    _write(tmp_path / "root.yaml", MINIMAL + "max_steps: 60\nreward_weights: [1.0, 2.0]\nrun_name: root\n")
+    _write(tmp_path / "mid" / "mid.yaml", "base: ../root.yaml\nmax_steps: 30\n")
+    leaf = _write(
         tmp_path / "leaf.yaml",
-        "base: mid/mid.yaml\nname: leaf\ntrainer: {sigma0: 0.5, reward_weights: [3.0]}\nmodel: {torch_dtype: float32}\n",
+        "base: mid/mid.yaml\nrun_name: leaf\nsigma0: 0.5\nreward_weights: [3.0]\ndtype: float32\n",
     )
-    r = load_recipe(p)
-    assert r.name == "leaf"
-    assert r.trainer["max_steps"] == 30 and r.trainer["sigma0"] == 0.5
-    assert r.trainer["rollout_method"] == "latent"  # from root, through mid
-    assert r.trainer["reward_weights"] == [3.0]  # lists are replaced, not merged
-    assert r.model.name_or_path == "/models/tiny" and r.model.torch_dtype == "float32"
-    assert r.bases == [
-        str((tmp_path / "mid" / "mid.yaml").resolve()),
-        str((tmp_path / "root.yaml").resolve()),
+    p = parse(leaf)
+    assert p.get("run_name") == "leaf"
+    assert p.get("max_steps") == 30 and p.get("sigma0") == 0.5
+    assert p.get("rollout_method") == "latent"  # from root, through mid
+    assert p.get("reward_weights") == [3.0]  # a value of the extending file replaces the base's
+    assert p.get("model_name_or_path") == "/models/tiny" and p.get("dtype") == "float32"
+    assert p.sources == [
+        str(leaf),
+        str(tmp_path / "mid" / "mid.yaml"),
+        str(tmp_path / "mid" / ".." / "root.yaml"),
     ]
-
-
-def test_name_defaults_to_file_stem(tmp_path: Path) -> None:
-    assert load_recipe(_write(tmp_path / "my-run.yaml", MINIMAL)).name == "my-run"
+    f = load_config_file(leaf)
+    assert f.origin["max_steps"] == str(tmp_path / "mid" / "mid.yaml") and f.origin["sigma0"] == str(leaf)
 
 
 def test_base_cycle_and_missing_base(tmp_path: Path) -> None:
     _write(tmp_path / "a.yaml", "base: b.yaml\n")
     _write(tmp_path / "b.yaml", "base: a.yaml\n")
-    with pytest.raises(RecipeError, match="cycle"):
-        load_recipe(tmp_path / "a.yaml")
-    with pytest.raises(RecipeError, match="base recipe .*nope.yaml does not exist"):
-        load_recipe(_write(tmp_path / "c.yaml", "base: nope.yaml\n"))
+    with pytest.raises(ConfigError, match=r"include cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        parse(tmp_path / "a.yaml")
+    c = _write(tmp_path / "c.yaml", "base: nope.yaml\n")
+    with pytest.raises(ConfigError, match=rf"{c}: base file .*nope\.yaml does not exist"):
+        parse(c)
+    with pytest.raises(ConfigError, match="'base' must be a file path"):
+        parse(_write(tmp_path / "d.yaml", "base: [a.yaml]\n"))
 
 
-def test_env_vars_in_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_env_mapping_and_vars_in_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NCGRPO_TEST_DATA", "/data/g3k")
-    p = _write(tmp_path / "r.yaml", MINIMAL.replace("/data/geo3k", '"${NCGRPO_TEST_DATA}/train"'))
-    assert load_recipe(p).data.train.path == "/data/g3k/train"
+    monkeypatch.delenv("NCGRPO_TEST_ENV", raising=False)
+    f = _write(
+        tmp_path / "r.yaml",
+        MINIMAL.replace("/data/geo3k", '"${NCGRPO_TEST_DATA}/train"') + "env: {NCGRPO_TEST_ENV: on}\n",
+    )
+    p = parse(f)
+    assert p.build(ScriptArguments).dataset_path == "/data/g3k/train"
+    import os
+
+    assert os.environ["NCGRPO_TEST_ENV"] == "True"  # TRL's env: mapping, set when the file is read
 
 
-def test_trainer_fields_cover_config_names() -> None:
-    types = trainer_field_types()
-    for name in NCGRPO_FIELDS:
-        assert name in types
-    cls = _config_class()
-    if cls is not None:  # once NCGRPOConfig exists, its defaults are the ones config_names.md lists
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        for name, default in NCGRPO_FIELDS.items():
-            assert defaults[name] == default, name
+def test_every_field_has_help() -> None:
+    for cls in (ScriptArguments, ModelArguments):
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+def test_without_dataclasses_it_is_a_plain_argparse_parser(capsys) -> None:
+    parser = ConfigParser(prog="x")
+    parser.add_argument("--n", type=int)
+    assert parser.parse_args(["--n", "3"]).n == 3
+    with pytest.raises(SystemExit):  # argparse's own error handling, no --config
+        parser.parse_args(["--config", "a.yaml"])
+    assert "unrecognized arguments: --config a.yaml" in capsys.readouterr().err

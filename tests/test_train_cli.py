@@ -1,4 +1,5 @@
-"""``ncgrpo train``: recipe -> resolved config, dataset, model (frozen vision tower), metrics, resume.
+"""``ncgrpo train``: --config recipe + flags -> resolved config, dataset, model (frozen vision tower),
+metrics, resume.
 
 The end-to-end tests run the real ``NCGRPOTrainer`` (``ncgrpo.trainer``) on a tiny random Qwen2.5-VL
 saved to disk and a 4-row Geometry3K-schema parquet; they are skipped where that module is missing.
@@ -15,7 +16,6 @@ import pytest
 import yaml
 
 from ncgrpo.cli import main
-from ncgrpo.config import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny_cpu_latent.yaml"
@@ -68,36 +68,47 @@ def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _args(out: Path, geo3k: Path, model: str | Path, *extra: str) -> list[str]:
-    # argparse takes the KEY=VALUE overrides as one run of positionals: flags go before them
-    flags = [e for e in extra if e.startswith("--")]
-    overrides = [e for e in extra if not e.startswith("--")]
     return [
         "train",
         "--config",
         str(TINY_RECIPE),
-        "--output-dir",
+        "--output_dir",
         str(out),
-        *flags,
-        "data.train.name=geo3k",
-        f"data.train.path={geo3k}",
-        f"model.name_or_path={model}",
-        *overrides,
+        "--dataset_name",
+        "geo3k",
+        "--dataset_path",
+        str(geo3k),
+        "--model_name_or_path",
+        str(model),
+        *extra,
     ]
+
+
+def _parse(path: Path, *flags: str):
+    from ncgrpo.config import ConfigParser
+    from ncgrpo.training import train_dataclasses
+
+    return ConfigParser(train_dataclasses).parse_args(["--config", str(path), *flags]).parsed_config
 
 
 # ------------------------------------------------------------------------------- fast tests
 def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path, capsys) -> None:
     out = tmp_path / "run"
-    rc = main(_args(out, geo3k, "/no/model/needed", "--dry-run", "trainer.sigma0=0.5", "trainer.seed=7"))
+    rc = main(_args(out, geo3k, "/no/model/needed", "--dry-run", "--sigma0", "0.5", "--seed", "7"))
     assert rc == 0
     assert "4 training prompts" in capsys.readouterr().out
 
-    # the resolved config is a valid recipe again, with the overrides and the output folder in it
-    resolved = load_recipe(out / "config.yaml")
-    assert resolved.trainer["sigma0"] == 0.5 and resolved.trainer["output_dir"] == str(out)
-    assert resolved.data.train.path == str(geo3k) and resolved.model.name_or_path == "/no/model/needed"
+    # the resolved config is a valid config again, with the flags and the output folder in it
+    resolved = _parse(out / "config.yaml")
+    assert resolved.get("sigma0") == 0.5 and resolved.get("output_dir") == str(out)
+    assert resolved.get("run_name") == "tiny-latent" and resolved.get("max_steps") == 2
+    assert (
+        resolved.get("dataset_path") == str(geo3k)
+        and resolved.get("model_name_or_path") == "/no/model/needed"
+    )
     text = (out / "config.yaml").read_text()
-    assert text.startswith(f"# resolved from {TINY_RECIPE}") and "#   override: trainer.sigma0=0.5" in text
+    assert f"# from {TINY_RECIPE}" in text and "--sigma0 0.5 --seed 7" in text
+    assert "trainer" not in yaml.safe_load(text)  # flat: one key per field
 
     run = json.loads((out / "run.json").read_text())
     assert run == {
@@ -111,20 +122,55 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     assert not (out / "metrics.jsonl").exists()
 
 
-def test_build_datasets_in_trl_form(tmp_path: Path, geo3k: Path) -> None:
-    from ncgrpo.commands.train import build_datasets
-
-    recipe = load_recipe(
-        TINY_RECIPE,
-        [
-            "data.train.name=geo3k",
-            f"data.train.path={geo3k}",
-            "data.train.limit=3",
-            f"data.eval=[{{name: geo3k, path: {geo3k}, split: train, limit: 2}}]",
-            "data.system_prompt=Be brief.",
-        ],
+def test_dry_run_of_a_paper_recipe_needs_no_gpu(tmp_path: Path, geo3k: Path, capsys) -> None:
+    """bf16 recipes resolve and build their dataset on a CPU: the dry run does not build NCGRPOConfig."""
+    out = tmp_path / "run"
+    recipe = ROOT / "recipes" / "qwen2_5_vl_7b_image.yaml"
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(recipe),
+                "--output_dir",
+                str(out),
+                "--dataset_path",
+                str(geo3k),
+                "--dry-run",
+            ]
+        )
+        == 0
     )
-    train, ev = build_datasets(recipe, tmp_path)
+    assert "noisyrollout-image (image), 4 training prompts" in capsys.readouterr().out
+    text = (out / "config.yaml").read_text()
+    assert "#   base: " in text and "geo3k_qwen2_5_vl_7b.yaml" in text
+    resolved = _parse(out / "config.yaml")
+    assert resolved.get("bf16") is True and resolved.get("rollout_method") == "image"
+    assert resolved.get("activation_checkpointing_kwargs") == {"use_reentrant": False}
+    assert "base" not in yaml.safe_load(text)  # the resolved config is flat
+
+
+def test_output_dir_defaults_to_runs_slash_run_name(tmp_path: Path, geo3k: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in _args(tmp_path, geo3k, "/m", "--dry-run", "--run_name", "r1") if a != "--output_dir"]
+    args.remove(str(tmp_path))
+    assert main(args) == 0
+    assert (tmp_path / "runs" / "r1" / "config.yaml").exists()
+    assert "-> runs/r1" in capsys.readouterr().out
+
+
+def test_build_datasets_in_trl_form(tmp_path: Path, geo3k: Path) -> None:
+    from ncgrpo.training import ScriptArguments, build_datasets
+
+    script = ScriptArguments(
+        dataset_name="geo3k",
+        dataset_path=str(geo3k),
+        dataset_train_limit=3,
+        eval_dataset_splits=["train"],
+        eval_dataset_limit=2,
+        system_prompt="Be brief.",
+    )
+    train, ev = build_datasets(script, tmp_path)
     assert len(train) == 3 and len(ev) == 2
     row = train[0]
     assert row["answer"] == "2" and len(row["images"]) == 1 and row["images"][0].size == (56, 56)
@@ -134,22 +180,51 @@ def test_build_datasets_in_trl_form(tmp_path: Path, geo3k: Path) -> None:
     assert "\\boxed{}" in user["content"][1]["text"]  # the math prompt is appended
 
 
-def test_synthetic_without_path_generates_the_suite(tmp_path: Path) -> None:
-    from ncgrpo.commands.train import build_datasets
+def test_synthetic_without_path_generates_the_suite(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--config",
+        str(TINY_RECIPE),
+        "--output_dir",
+        str(out),
+        "--dry-run",
+        "--dataset_train_limit",
+        "4",
+    ]
+    assert main(argv) == 0
+    assert "4 training prompts" in capsys.readouterr().out
+    assert sorted(p.name for p in (out / "synthetic-data" / "data").iterdir())[0].startswith("test-")
 
-    recipe = load_recipe(TINY_RECIPE, ["data.train.limit=4"])
-    train, ev = build_datasets(recipe, tmp_path)
-    assert len(train) == 4 and ev is None
-    assert sorted(p.name for p in (tmp_path / "synthetic-data" / "data").iterdir())[0].startswith("test-")
+    from ncgrpo.training import ScriptArguments, build_datasets
+
+    train, ev = build_datasets(ScriptArguments(dataset_name="synthetic", dataset_train_limit=4), out, seed=0)
+    assert len(train) == 4 and ev is None  # the generated folder is reused
     assert all(b.startswith("synthetic/") for b in train["benchmark"])
+    with pytest.raises(ValueError, match="needs a suite generator"):
+        build_datasets(ScriptArguments(dataset_name="synthetic"), tmp_path / "elsewhere")
 
 
-def test_bad_key_exits_2_naming_file_and_suggestion(tmp_path: Path, geo3k: Path, capsys) -> None:
-    rc = main(_args(tmp_path / "run", geo3k, "/m", "--dry-run", "trainer.sigma_0=0.3"))
+def test_bad_flag_exits_2_with_suggestion(tmp_path: Path, geo3k: Path, capsys) -> None:
+    rc = main(_args(tmp_path / "run", geo3k, "/m", "--dry-run", "--sigma_0", "0.3"))
     assert rc == 2
     err = capsys.readouterr().err
-    assert "ncgrpo train: error:" in err and "unknown key 'sigma_0'" in err and "did you mean 'sigma0'" in err
+    assert err.startswith("ncgrpo train: error: unknown option --sigma_0 (did you mean '--sigma0'?)")
     assert not (tmp_path / "run").exists()
+
+
+def test_bad_key_in_file_exits_2_naming_file(tmp_path: Path, geo3k: Path, capsys) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"base: {TINY_RECIPE}\nsigma_0: 0.3\n")
+    rc = main(["train", "--config", str(recipe), "--output_dir", str(tmp_path / "run"), "--dry-run"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"ncgrpo train: error: {recipe}: unknown key 'sigma_0' (did you mean 'sigma0'?)" in err
+
+
+def test_old_override_style_is_explained(tmp_path: Path, geo3k: Path, capsys) -> None:
+    assert main(_args(tmp_path / "run", geo3k, "/m", "--dry-run", "trainer.sigma0=0.3")) == 2
+    assert "every setting is a flag, e.g. --sigma0 0.5" in capsys.readouterr().err
 
 
 def test_refuses_folder_with_checkpoints_without_resume(tmp_path: Path, geo3k: Path, capsys) -> None:
@@ -157,6 +232,22 @@ def test_refuses_folder_with_checkpoints_without_resume(tmp_path: Path, geo3k: P
     (out / "checkpoint-3").mkdir(parents=True)
     assert main(_args(out, geo3k, "/m")) == 2
     assert "already holds checkpoint-3; pass --resume" in capsys.readouterr().err
+
+
+def test_help_lists_every_field(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--config",
+        "--sigma0",
+        "--learning_rate",
+        "--model_name_or_path",
+        "--dataset_path",
+        "--resume",
+    ):
+        assert flag in text
 
 
 def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
@@ -186,10 +277,11 @@ def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
 
 
 def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
-    from ncgrpo.commands.train import load_model
+    from ncgrpo.training import ModelArguments, load_model
 
-    recipe = load_recipe(TINY_RECIPE, [f"model.name_or_path={tiny_vl}", "model.max_pixels=3136"])
-    model, processor = load_model(recipe)
+    model, processor = load_model(
+        ModelArguments(model_name_or_path=str(tiny_vl), dtype="float32", max_pixels=3136)
+    )
     assert processor.image_processor is not None
     assert processor.image_processor.size["longest_edge"] == 3136
     visual = {n for n, _ in model.model.visual.named_parameters(prefix="model.visual")}
@@ -197,18 +289,19 @@ def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
     for name, p in model.named_parameters():
         assert p.requires_grad == (name not in visual), name
 
-    recipe = load_recipe(TINY_RECIPE, [f"model.name_or_path={tiny_vl}", "model.freeze_vision_tower=false"])
-    model, _ = load_model(recipe)
+    model, _ = load_model(ModelArguments(model_name_or_path=str(tiny_vl), freeze_vision_tower=False))
     assert all(p.requires_grad for p in model.parameters())
 
 
 def test_text_model_loads_with_tokenizer(tmp_path: Path) -> None:
-    from ncgrpo.commands.train import load_model
+    from ncgrpo.training import ModelArguments, load_model
     from tiny_models import build_tokenizer, save_tiny, tiny_text_model
 
     tok = build_tokenizer()
     path = save_tiny(tiny_text_model("qwen2", tokenizer=tok), tok, tmp_path / "tiny-text")
-    model, tokenizer = load_model(load_recipe(TINY_RECIPE, [f"model.name_or_path={path}"]))
+    model, tokenizer = load_model(
+        _parse(TINY_RECIPE, "--model_name_or_path", str(path)).build(ModelArguments)
+    )
     assert hasattr(tokenizer, "apply_chat_template")
     assert all(p.requires_grad for p in model.parameters())
 
@@ -234,10 +327,14 @@ def _tiny_run(out: Path, geo3k: Path, tiny_vl: Path, *extra: str) -> list[str]:
         out,
         geo3k,
         tiny_vl,
-        "trainer.num_generations=2",
-        "trainer.per_device_train_batch_size=2",
-        "trainer.gradient_accumulation_steps=1",
-        "trainer.max_completion_length=8",
+        "--num_generations",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_completion_length",
+        "8",
         *extra,
     )
 
@@ -245,7 +342,7 @@ def _tiny_run(out: Path, geo3k: Path, tiny_vl: Path, *extra: str) -> list[str]:
 def test_config_rejection_exits_2_before_writing(tmp_path: Path, geo3k: Path, tiny_vl: Path, capsys) -> None:
     _needs_trainer()
     out = tmp_path / "run"
-    assert main(_tiny_run(out, geo3k, tiny_vl, "trainer.rollout_method=bogus")) == 2
+    assert main(_tiny_run(out, geo3k, tiny_vl, "--rollout_method", "bogus")) == 2
     assert "rejected by NCGRPOConfig" in capsys.readouterr().err
     assert not out.exists()
 
@@ -254,14 +351,14 @@ def test_train_one_step(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
     """One latent-noise step through the real trainer: files, metrics, final model."""
     _needs_trainer()
     out = tmp_path / "run"
-    assert main(_tiny_run(out, geo3k, tiny_vl, "trainer.max_steps=1")) == 0
+    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "1")) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows and all("step" in r for r in rows)
     step1 = next(r for r in rows if "loss" in r)
     assert step1["step"] == 1 and "reward" in step1 and "noise/sigma_k" in step1
     run = json.loads((out / "run.json").read_text())
     assert run["method"] == "latent" and run["global_step"] == 1
-    assert yaml.safe_load((out / "config.yaml").read_text())["trainer"]["max_steps"] == 1
+    assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 1
     assert (out / "model.safetensors").exists() and (out / "processor_config.json").exists()
 
 
@@ -270,10 +367,10 @@ def test_train_then_resume(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
     """Two steps with a checkpoint per step, then --resume to step 3: each step logged once."""
     _needs_trainer()
     out = tmp_path / "run"
-    common = ("trainer.save_strategy=steps", "trainer.save_steps=1")
-    assert main(_tiny_run(out, geo3k, tiny_vl, "trainer.max_steps=2", *common)) == 0
+    common = ("--save_strategy", "steps", "--save_steps", "1")
+    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "2", *common)) == 0
     assert (out / "checkpoint-2").is_dir()
-    assert main(_tiny_run(out, geo3k, tiny_vl, "trainer.max_steps=3", *common, "--resume")) == 0
+    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "3", *common, "--resume")) == 0
     assert (out / "checkpoint-3").is_dir()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     loss_steps = [

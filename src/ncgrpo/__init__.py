@@ -7,7 +7,10 @@ Where things are (each folder is one layer; a layer imports only the ones above 
 - ``ncgrpo.engines``: thin adapters that apply the core inside an inference engine (transformers).
 - ``ncgrpo.trainer``: ``NCGRPOConfig`` / ``NCGRPOTrainer``, the TRL seam.
 - ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
-- ``ncgrpo.training``: run setup shared by every entry point (model loading, metrics, the run driver).
+- ``ncgrpo.config``: ``ConfigParser``, TRL's ``--config file.yaml`` + one ``--flag`` per dataclass field,
+  with ``base:`` includes.
+- ``ncgrpo.training``: run setup shared by every entry point (model loading, metrics, the run driver,
+  ``ncgrpo train``'s argument dataclasses and pipeline).
 - ``ncgrpo.eval``: greedy evaluation, records, statistics, tables, plots.
 - ``ncgrpo.toy``: the embedded default (synthetic suite, tiny base model, demo); the library never
   imports it.

@@ -5,6 +5,10 @@ One error style for every command: bad input (a :class:`UsageError`, or a ``Valu
 ``ncgrpo <command>: error: <what, where, how to fix>`` on stderr and exit code 2, with no traceback
 unless ``--debug`` is given. Anything else is a bug: ``ncgrpo <command>: internal error: ...``, exit
 code 1, and ``--debug`` shows where.
+
+Commands whose settings are dataclasses parse them the TRL way (:class:`ncgrpo.config.ConfigParser`):
+``--config FILE.yaml`` plus one ``--flag`` per field, lists as space-separated values, flags with
+underscores and dash aliases; the parsed values arrive as ``args.parsed_config``.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the Python traceback of an error (also NCGRPO_DEBUG=1)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from ncgrpo.config import ConfigParser
+
+    # a subcommand gets dataclass-backed parsing by add_parser(..., dataclass_types=...); without them
+    # ConfigParser is a plain ArgumentParser
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ConfigParser)
     for name in COMMANDS:
         importlib.import_module(f"ncgrpo.commands.{name}").add_parser(sub)
     return parser
@@ -51,29 +59,38 @@ def _message(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+def _prog(name: str | None) -> str:
+    return f"ncgrpo {name}" if name else "ncgrpo"
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "func", None) is None:
-        parser.print_help()
-        return 2
-    debug = bool(args.debug or os.environ.get("NCGRPO_DEBUG"))
-    name = getattr(args, "command_name", None) or args.command
+    # known before parsing, so errors raised while parsing a command's config carry its name
+    name = next((a for a in argv if a in COMMANDS), None)
+    debug = "--debug" in argv[: argv.index(name) if name else len(argv)] or bool(
+        os.environ.get("NCGRPO_DEBUG")
+    )
     try:
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help()
+            return 2
+        name = getattr(args, "command_name", None) or args.command
         return int(args.func(args) or 0)
     except BAD_INPUT as e:
         if debug:
             raise
-        print(f"ncgrpo {name}: error: {_message(e)}", file=sys.stderr)
+        print(f"{_prog(name)}: error: {_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"ncgrpo {name}: interrupted", file=sys.stderr)
+        print(f"{_prog(name)}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - a bug: say so briefly; --debug shows where
         if debug:
             raise
         print(
-            f"ncgrpo {name}: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+            f"{_prog(name)}: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
             file=sys.stderr,
         )
         return 1

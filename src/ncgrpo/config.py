@@ -1,506 +1,411 @@
-"""Training recipes: YAML files that resolve to ``NCGRPOConfig`` keyword arguments plus model/data settings.
+"""Configuration the TRL way: ``--config FILE.yaml`` plus one ``--flag`` per dataclass field.
 
-A recipe is flat and TRL-like::
+:class:`ConfigParser` is ``trl.TrlParser`` (itself ``transformers.HfArgumentParser``) with four additions:
 
-    base: _geo3k_qwen2_5_vl_7b.yaml     # optional: a recipe this one extends (path relative to this file)
-    name: ncgrpo-sigma0.2               # run name (run.json); defaults to the file's stem
-    model:
-      name_or_path: Qwen/Qwen2.5-VL-7B-Instruct
-      torch_dtype: bfloat16
-      freeze_vision_tower: true
-      attn_implementation: sdpa
-    data:
-      train: {name: geo3k, path: data/geometry3k, split: train}
-      eval: [{name: geo3k, path: data/geometry3k, split: validation, limit: 64}]
-    rewards: [math_reward]              # functions of ncgrpo.rewards
-    trainer:                            # NCGRPOConfig fields (TRL's GRPOConfig + config_names.md)
-      rollout_method: latent
-      sigma0: 0.2
-      learning_rate: 1.0e-6
+* ``base:`` includes. A config file may name one other file it extends (``base: base/x.yaml``, relative
+  to the including file); the chain is merged base-first, a key of the extending file replacing the
+  base's value (lists and mappings included). TRL's own parser has no includes; the paper's recipes
+  share one protocol block and differ only in the perturbation, which ``base:`` states directly.
+* Errors that say where: an unknown key names the file that has it and the nearest known key; a value
+  that does not convert names the file and key; an include cycle or a missing base names the files.
+  An unknown ``--flag`` suggests the nearest one.
+* One conversion rule for files and command lines: a scalar from a file goes through the same argparse
+  type as the flag (``max_steps: 1.5`` is rejected like ``--max_steps 1.5``; ``noise_site: 14`` is the
+  string ``"14"``). YAML's boolean spellings (``no``, ``off``) are refused for non-boolean fields with a
+  hint to quote them.
+* Lazy dataclasses: ``dataclass_types`` may be a zero-argument callable, called the first time the
+  parser parses or prints help, so a command line with many commands imports heavy classes
+  (``NCGRPOConfig``) only for the command that runs.
 
-``base:`` chains are merged depth-first: mappings merge key by key, anything else (lists included)
-is replaced by the extending file. ``key=value`` overrides from the command line use dotted keys
-(``trainer.sigma0=0.5``, ``model.freeze_vision_tower=false``, ``data.train.path=/data/geo3k``) and
-YAML-typed values. Files and overrides read YAML 1.2 scalars: ``1e-6`` is a float and only
-true/false are booleans (``no``/``off`` stay strings), unlike PyYAML's YAML 1.1 defaults.
-
-Every key is checked: an unknown one is an error naming the file (or the override) and the key,
-with the nearest known key as a suggestion. Trainer keys are checked against
-``dataclasses.fields(NCGRPOConfig)`` (``ncgrpo.trainer``); where that class cannot be imported, against
-``trl.GRPOConfig``'s fields plus :data:`NCGRPO_FIELDS`.
+Command-line flags override the file. Besides the dataclass instances
+(:meth:`ConfigParser.parse_args_and_config`, as in TRL), parsing leaves a :class:`ParsedConfig` on the
+namespace (``namespace.parsed_config``) holding every field's value, which keys were set explicitly
+(in a file or as a flag), and :meth:`ParsedConfig.to_yaml`, the resolved config that loads back with
+``--config``. TRL's ``env:`` mapping (environment variables set before the run) is supported too.
 """
 
 from __future__ import annotations
 
-import copy
+import argparse
 import dataclasses
 import difflib
+import enum
 import os
-import re
+import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+from trl import TrlParser
 
-__all__ = [
-    "DATA_NAMES",
-    "NCGRPO_FIELDS",
-    "REWARD_NAMES",
-    "DataSource",
-    "ModelSettings",
-    "Recipe",
-    "RecipeError",
-    "apply_overrides",
-    "load_recipe",
-    "parse_override",
-    "parse_value",
-    "trainer_field_types",
-]
+__all__ = ["ConfigError", "ConfigParser", "ParsedConfig", "load_config_file"]
 
-#: The ncgrpo fields NCGRPOConfig adds to trl.GRPOConfig, with their defaults (.notes/config_names.md).
-#: Used to validate recipes only where ``ncgrpo.trainer.NCGRPOConfig`` cannot be imported.
-NCGRPO_FIELDS: dict[str, Any] = {
-    "rollout_method": "latent",
-    "sigma0": 0.2,
-    "sigma_schedule": "sigmoid",
-    "schedule_gamma": 30.0,
-    "schedule_k_mid": 40.0,
-    "noise_site": "final_norm",
-    "noise_layer_decay": 0.5,
-    "noise_positions": "auto",
-    "noise_seed": None,
-    "antithetic_grouping": "joint",
-    "spsa_lr": 0.1,
-    "spsa_mu_max": 1.0,
-    "first_token_temperature": 2.0,
-    "image_noise_step": 500,
-    "noisy_importance_sampling": "exclude",
-}
-
-#: ``data.*.name`` values: the real Geometry3K and the synthetic suite exported in its schema.
-DATA_NAMES = ("geo3k", "synthetic")
-#: ``rewards`` entries: reward functions of :mod:`ncgrpo.rewards`.
-REWARD_NAMES = ("math_reward", "accuracy_reward", "format_reward")
-
-_TOP_KEYS = ("base", "name", "model", "data", "rewards", "trainer")
+CONFIG_FLAG = "--config"
 
 
-class RecipeError(ValueError):
-    """A recipe or override that does not validate; the message names the file and the key."""
+class ConfigError(ValueError):
+    """A config file, value or flag that does not validate; the message names the file and the key."""
 
 
-# ----------------------------------------------------------------------------------- YAML typing
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 scalars: ``1e-6`` is a float (PyYAML needs a dot), and only
-    true/false are booleans (PyYAML 1.1 also reads yes/no/on/off, so ``save_strategy: no`` would be
-    False)."""
-
-
-_BOOL = "tag:yaml.org,2002:bool"
-_Loader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag != _BOOL]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
-def _yaml_load(text: str, where: str) -> Any:
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 -- a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{where}: invalid YAML: {e}") from e
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value as YAML: ``3`` int, ``1e-6`` float, ``true`` bool, ``[1, 2]`` list, ``null``.
-
-    Anything that does not parse as YAML stays a string.
-    """
-    try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506
-    except yaml.YAMLError:
-        return text
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``"trainer.sigma0=0.5"`` -> ``(["trainer", "sigma0"], 0.5)``."""
-    key, sep, value = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise RecipeError(f"override {item!r}: expected KEY=VALUE (e.g. trainer.sigma0=0.5)")
-    parts = key.split(".")
-    if any(not p for p in parts):
-        raise RecipeError(f"override {item!r}: empty component in key {key!r}")
-    return parts, parse_value(value)
-
-
-# ------------------------------------------------------------------------------- trainer fields
-#: Types of the NCGRPO_FIELDS for the fallback path (NCGRPOConfig's own annotations win once it exists).
-_NCGRPO_TYPES: dict[str, Any] = {
-    k: (type(v) if v is not None else int | None) for k, v in NCGRPO_FIELDS.items()
-}
-
-
-@cache
-def _config_class() -> type | None:
-    """``ncgrpo.trainer.NCGRPOConfig``, or None while that module/class does not exist."""
-    try:
-        from ncgrpo.trainer import NCGRPOConfig
-    except ImportError as e:
-        # Only a missing ncgrpo.trainer, or a missing NCGRPOConfig in it, falls back; an import error
-        # raised from inside the trainer module is a bug and propagates.
-        if e.name != "ncgrpo.trainer":
-            raise
-        return None
-    return NCGRPOConfig
-
-
-@cache
-def _trainer_fields() -> tuple[dict[str, Any], str]:
-    """(trainer key -> annotated type, where the names came from)."""
-    cls = _config_class()
-    origin = "NCGRPOConfig"
-    if cls is None:
-        from trl import GRPOConfig as cls  # noqa: N813
-
-        origin = "trl.GRPOConfig + NCGRPO_FIELDS"
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:
-        hints = {}
-    fields = {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(cls) if f.init}
-    if origin != "NCGRPOConfig":
-        for name, tp in _NCGRPO_TYPES.items():
-            fields.setdefault(name, tp)
-    return fields, origin
-
-
-def trainer_field_types() -> dict[str, Any]:
-    """Trainer key -> annotated type (a string where the annotation could not be resolved)."""
-    return dict(_trainer_fields()[0])
-
-
-def _type_ok(value: Any, tp: Any) -> bool | None:
-    """True/False where ``tp`` is a simple type we can check, None where we cannot tell."""
-    if tp is Any or isinstance(tp, str):
-        return None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        results = [_type_ok(value, a) for a in typing.get_args(tp)]
-        if any(r is True for r in results):
-            return True
-        return None if any(r is None for r in results) else False
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is str:
-        # TRL also takes legacy scalars for some str fields (scale_rewards: true); reject only containers
-        return not isinstance(value, (list, dict))
-    if origin in (list, Sequence) or tp is list:
-        return isinstance(value, list)
-    if origin in (dict, Mapping) or tp is dict:
-        return isinstance(value, dict)
-    return None
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-# ------------------------------------------------------------------------------------ settings
-@dataclass
-class ModelSettings:
-    """``model:`` section."""
-
-    name_or_path: str
-    torch_dtype: str = "bfloat16"  # "bfloat16" | "float16" | "float32" | "auto"
-    freeze_vision_tower: bool = True
-    attn_implementation: str | None = (
-        None  # "sdpa", "flash_attention_2", "eager"; None = transformers' default
-    )
-    #: Image processor pixel budget (NoisyRollout: min 262144, max 1e6); None keeps the processor's own.
-    min_pixels: int | None = None
-    max_pixels: int | None = None
-
-
-@dataclass
-class DataSource:
-    """One dataset: ``data.train`` or an entry of ``data.eval``."""
-
-    name: str = "geo3k"  # "geo3k" | "synthetic"
-    path: str | None = None  # folder in the hub layout or one parquet file; geo3k: None = hub cache
-    split: str = "train"
-    limit: int | None = None
-
-
-@dataclass
-class DataSettings:
-    """``data:`` section."""
-
-    train: DataSource
-    eval: list[DataSource] = field(default_factory=list)
-    system_prompt: str | None = None
-    math_prompt: str | None = None  # None: ncgrpo.data.types.MATH_PROMPT
-
-
-_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelSettings))
-_SOURCE_KEYS = tuple(f.name for f in dataclasses.fields(DataSource))
-_DATA_KEYS = tuple(f.name for f in dataclasses.fields(DataSettings))
-_DTYPES = ("bfloat16", "float16", "float32", "auto")
-
-
-@dataclass
-class Recipe:
-    """A resolved recipe: what ``ncgrpo train`` builds its run from."""
-
-    name: str
-    model: ModelSettings
-    data: DataSettings
-    rewards: list[str]
-    trainer: dict[str, Any]
-    source: str = ""  # the recipe file
-    bases: list[str] = field(default_factory=list)  # base files merged into it, outermost last
-    overrides: list[str] = field(default_factory=list)
-
-    @property
-    def method(self) -> str:
-        return str(self.trainer.get("rollout_method", NCGRPO_FIELDS["rollout_method"]))
-
-    @property
-    def seed(self) -> int:
-        return int(self.trainer.get("seed", 42))
-
-    def trainer_kwargs(self, **extra: Any) -> dict[str, Any]:
-        """``NCGRPOConfig(**recipe.trainer_kwargs(output_dir=...))``."""
-        return {**copy.deepcopy(self.trainer), **extra}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved recipe as a plain mapping (loads back with :func:`load_recipe`)."""
-        return {
-            "name": self.name,
-            "model": dataclasses.asdict(self.model),
-            "data": dataclasses.asdict(self.data),
-            "rewards": list(self.rewards),
-            "trainer": copy.deepcopy(self.trainer),
-        }
-
-    def to_yaml(self) -> str:
-        """Resolved config dump: a header naming where it came from, then the mapping."""
-        header = [f"# resolved from {self.source}" if self.source else "# resolved recipe"]
-        header += [f"#   base: {b}" for b in self.bases]
-        header += [f"#   override: {o}" for o in self.overrides]
-        return "\n".join(header) + "\n" + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
-
-
-# ------------------------------------------------------------------------------------- loading
-def _suggest(key: str, known: Sequence[str]) -> str:
-    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+def suggest(word: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the nearest of ``known``, or an empty string."""
+    match = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
-def _unknown(where: str, key: str, known: Sequence[str], section: str | None) -> RecipeError:
-    inside = f" in section '{section}'" if section else ""
-    return RecipeError(f"{where}: unknown key '{key}'{inside}{_suggest(key, known)}")
+# -------------------------------------------------------------------------------------- files
+@dataclass
+class ConfigFile:
+    """A config file with its ``base:`` chain merged: values, the file each key came from, the files."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, str] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # the file, then its bases, outermost last
 
 
-def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = _deep_merge(dict(out[k]), v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
+def load_config_file(path: str | os.PathLike, known: Iterable[str] | None = None) -> ConfigFile:
+    """Read ``path`` and its ``base:`` chain (relative to each including file) into one flat mapping.
+
+    ``known``: the valid keys; any other key is an error naming the file that has it. ``env:``
+    mappings set environment variables (base first), as TRL's parser does.
+    """
+    return _read(Path(path), (), None if known is None else set(known))
 
 
-def _read_mapping(path: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], list[str]]:
-    """The file's mapping with its ``base:`` chain merged in; also the base files, nearest first."""
-    where = str(path)
-    if path in chain:
-        cycle = " -> ".join(str(p) for p in (*chain, path))
-        raise RecipeError(f"{where}: 'base' include cycle: {cycle}")
+def _read(path: Path, chain: tuple[Path, ...], known: set[str] | None) -> ConfigFile:
+    if path.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ConfigError(f"{path}: 'base' include cycle: {cycle}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         if chain:
-            raise RecipeError(f"{chain[-1]}: base recipe {where} does not exist") from None
-        raise RecipeError(f"{where}: recipe file does not exist") from None
-    raw = _yaml_load(text, where)
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RecipeError(f"{where}: a recipe must be a mapping at the top level, got {type(raw).__name__}")
-    base = raw.pop("base", None)
-    _validate_sections(raw, where)  # each file's own keys, so an error names the file that has them
+            raise ConfigError(f"{chain[-1]}: base file {path} does not exist") from None
+        raise ConfigError(f"{path}: config file does not exist") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: a config file must be a YAML mapping (key: value), got {type(data).__name__}"
+        )
+    base = data.pop("base", None)
+    env = data.pop("env", None)
+    if env is not None and not isinstance(env, dict):
+        raise ConfigError(f"{path}: 'env' must be a mapping of environment variables")
+    if known is not None:
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"{path}: unknown key '{key}'{suggest(str(key), known)}")
     if base is None:
-        return raw, []
-    if not isinstance(base, str):
-        raise RecipeError(f"{where}: 'base' must be a path (relative to this file), got {base!r}")
-    base_path = (path.parent / base).resolve() if not Path(base).is_absolute() else Path(base)
-    merged_base, bases = _read_mapping(base_path, (*chain, path))
-    return _deep_merge(merged_base, raw), [str(base_path), *bases]
-
-
-def _validate_sections(raw: Mapping[str, Any], where: str) -> None:
-    """Key-level checks (no required-field checks: a base file may be partial)."""
-    for key in raw:
-        if key not in _TOP_KEYS or key == "base":
-            raise _unknown(where, str(key), [k for k in _TOP_KEYS if k != "base"], None)
-    model = raw.get("model")
-    if model is not None:
-        if not isinstance(model, Mapping):
-            raise RecipeError(f"{where}: 'model' must be a mapping")
-        for k in model:
-            if k not in _MODEL_KEYS:
-                raise _unknown(where, str(k), _MODEL_KEYS, "model")
-    data = raw.get("data")
-    if data is not None:
-        if not isinstance(data, Mapping):
-            raise RecipeError(f"{where}: 'data' must be a mapping")
-        for k in data:
-            if k not in _DATA_KEYS:
-                raise _unknown(where, str(k), _DATA_KEYS, "data")
-        sources = []
-        if data.get("train") is not None:
-            sources.append(("data.train", data["train"]))
-        ev = data.get("eval")
-        if ev is not None:
-            if not isinstance(ev, list):
-                raise RecipeError(f"{where}: 'data.eval' must be a list of datasets")
-            sources += [(f"data.eval[{i}]", s) for i, s in enumerate(ev)]
-        for label, src in sources:
-            if not isinstance(src, Mapping):
-                raise RecipeError(f"{where}: '{label}' must be a mapping with keys {list(_SOURCE_KEYS)}")
-            for k in src:
-                if k not in _SOURCE_KEYS:
-                    raise _unknown(where, str(k), _SOURCE_KEYS, label)
-    trainer = raw.get("trainer")
-    if trainer is not None:
-        if not isinstance(trainer, Mapping):
-            raise RecipeError(f"{where}: 'trainer' must be a mapping of NCGRPOConfig fields")
-        fields, _ = _trainer_fields()
-        for k in trainer:
-            if k not in fields:
-                raise _unknown(where, str(k), list(fields), "trainer")
-    rewards = raw.get("rewards")
-    if rewards is not None:
-        if not isinstance(rewards, list) or not rewards:
-            raise RecipeError(f"{where}: 'rewards' must be a non-empty list, e.g. [math_reward]")
-        for r in rewards:
-            if r not in REWARD_NAMES:
-                raise RecipeError(
-                    f"{where}: unknown reward '{r}' in 'rewards'{_suggest(str(r), REWARD_NAMES)}; "
-                    f"known: {', '.join(REWARD_NAMES)}"
-                )
-
-
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply ``key=value`` overrides to a recipe mapping (a new mapping; dotted keys create sections)."""
-    out = copy.deepcopy(raw)
-    for item in overrides:
-        parts, value = parse_override(item)
-        where = f"override '{item}'"
-        if parts[0] not in _TOP_KEYS or parts[0] == "base":
-            raise _unknown(where, parts[0], [k for k in _TOP_KEYS if k != "base"], None)
-        node: Any = out
-        for i, p in enumerate(parts[:-1]):
-            nxt = node.get(p) if isinstance(node, dict) else None
-            if nxt is None:
-                nxt = {}
-                node[p] = nxt
-            elif not isinstance(nxt, dict):
-                raise RecipeError(f"{where}: '{'.'.join(parts[: i + 1])}' is not a section")
-            node = nxt
-        node[parts[-1]] = value
-        _validate_sections(out, where)
+        out = ConfigFile(sources=[str(path)])
+    else:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: 'base' must be a file path (relative to this file), got {base!r}")
+        base_path = Path(os.path.expanduser(base))
+        if not base_path.is_absolute():
+            base_path = path.parent / base_path
+        out = _read(base_path, (*chain, path.resolve()), known)
+        out.sources.insert(0, str(path))
+    for key, value in (env or {}).items():
+        os.environ[str(key)] = str(value)
+    out.values.update(data)
+    out.origin.update({k: str(path) for k in data})
     return out
 
 
-def _source(raw: Any, where: str, label: str) -> DataSource:
-    src = DataSource(**raw)
-    if src.name not in DATA_NAMES:
-        raise RecipeError(f"{where}: '{label}.name' must be one of {list(DATA_NAMES)}, got {src.name!r}")
-    if src.name == "synthetic" and src.split not in ("train", "validation", "test"):
-        raise RecipeError(f"{where}: '{label}.split' of the synthetic suite must be train/validation/test")
-    if src.limit is not None and (not isinstance(src.limit, int) or src.limit < 1):
-        raise RecipeError(f"{where}: '{label}.limit' must be a positive integer or null, got {src.limit!r}")
-    if src.path is not None:
-        src.path = os.path.expandvars(os.path.expanduser(str(src.path)))
-    return src
+# --------------------------------------------------------------------------------- conversion
+def _allows(hint: Any, kind: type) -> bool:
+    """Whether the annotation ``hint`` admits values of ``kind`` (list/dict/bool/NoneType)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_allows(a, kind) for a in typing.get_args(hint))
+    if hint is kind or origin is kind:
+        return True
+    return kind is list and origin in (Sequence, tuple)
 
 
-def _check_types(trainer: dict[str, Any], where: str) -> None:
-    """Reject values of the wrong simple type; turn numbers given for ``str`` fields into strings
-    (``trainer.noise_site=14`` means the site ``"14"``)."""
-    tps = trainer_field_types()
-    for k, v in trainer.items():
-        tp = tps.get(k, Any)
-        if tp is str and isinstance(v, (int, float)) and not isinstance(v, bool):
-            trainer[k] = str(v)
-        elif _type_ok(v, tp) is False:
-            raise RecipeError(
-                f"{where}: 'trainer.{k}' should be {_type_name(tp)}, got {v!r} ({type(v).__name__})"
+def _plain(value: Any) -> Any:
+    """A value as YAML can write it (paths and enums as strings)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _without_config(argv: Sequence[str]) -> list[str]:
+    out, skip = [], False
+    for tok in argv:
+        if skip:
+            skip = False
+        elif tok == CONFIG_FLAG:
+            skip = True
+        elif not tok.startswith(CONFIG_FLAG + "="):
+            out.append(tok)
+    return out
+
+
+@dataclass
+class ParsedConfig:
+    """Every dataclass field's parsed value, before the dataclasses are built."""
+
+    types: list[type]
+    values: dict[type, dict[str, Any]]
+    explicit: list[str]  # keys set in the config file(s) or on the command line, in that order
+    config: str | None = None  # the --config file
+    sources: list[str] = field(default_factory=list)  # it and its bases
+    argv: list[str] = field(default_factory=list)
+
+    def owner(self, key: str) -> type:
+        for t in self.types:
+            if key in self.values[t]:
+                return t
+        raise KeyError(f"no field '{key}' in {', '.join(t.__name__ for t in self.types)}")
+
+    def get(self, key: str) -> Any:
+        return self.values[self.owner(key)][key]
+
+    def set(self, key: str, value: Any) -> None:
+        """Set a field's value and record it as explicit (it is written by :meth:`to_yaml`)."""
+        self.values[self.owner(key)][key] = value
+        if key not in self.explicit:
+            self.explicit.append(key)
+
+    def build(self, cls: type) -> Any:
+        """The dataclass instance (its ``__post_init__`` validates)."""
+        return cls(**self.values[cls])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explicit keys with their values, in dataclass field order."""
+        keys = set(self.explicit)
+        return {k: _plain(v) for t in self.types for k, v in self.values[t].items() if k in keys}
+
+    def to_yaml(self) -> str:
+        """The resolved config: a flat YAML mapping that loads back with ``--config``."""
+        header = ["# resolved config; rerun with --config THIS_FILE"]
+        if self.config:
+            header.append(f"# from {self.config}")
+            header += [f"#   base: {s}" for s in self.sources[1:]]
+        flags = _without_config(self.argv)
+        if flags:
+            header.append("# command line: " + " ".join(flags))
+        keys = set(self.explicit)
+        blocks = []
+        for t in self.types:
+            block = {k: _plain(v) for k, v in self.values[t].items() if k in keys}
+            if block:
+                body = yaml.safe_dump(block, sort_keys=False, allow_unicode=True, default_flow_style=False)
+                blocks.append(f"# {t.__name__}\n{body}")
+        return "\n".join(header) + "\n" + "".join(blocks)
+
+
+# ------------------------------------------------------------------------------------- parser
+class ConfigParser(TrlParser):
+    """``trl.TrlParser`` with ``base:`` includes, errors that name the file and key, and lazy dataclasses.
+
+    Without dataclass types it is a plain ``argparse.ArgumentParser`` (so a command line can use it as
+    the class of every subcommand parser). With them it adds ``--config FILE`` and, as an argparse
+    parser, raises :class:`ConfigError` instead of printing its (long) usage and exiting.
+    """
+
+    def __init__(
+        self,
+        dataclass_types: Iterable[type] | Callable[[], Iterable[type]] | type | None = None,
+        **kwargs: Any,
+    ):
+        pending = None
+        if callable(dataclass_types) and not isinstance(dataclass_types, type):
+            pending, dataclass_types = dataclass_types, None
+        self.configurable = dataclass_types is not None or pending is not None
+        if self.configurable:
+            kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+            kwargs.setdefault("allow_abbrev", False)  # --learning would silently mean --learning_rate
+        else:
+            kwargs.setdefault("formatter_class", argparse.HelpFormatter)
+        super().__init__(None, **kwargs)
+        self._pending = pending
+        if self.configurable:
+            self.add_argument(
+                CONFIG_FLAG,
+                metavar="YAML",
+                help="config file: one key per field below (flags given here override it); "
+                "'base: FILE' extends another file",
             )
+            if dataclass_types is not None:
+                self._add_types(dataclass_types)
 
+    # -- dataclasses ----------------------------------------------------------------------------
+    def _add_types(self, dataclass_types: Iterable[type] | type) -> None:
+        if dataclasses.is_dataclass(dataclass_types):
+            dataclass_types = [dataclass_types]
+        for t in dataclass_types:
+            if "config" in t.__dataclass_fields__:
+                raise ValueError(f"{t.__name__} has a field named 'config', which --config reserves")
+            self.dataclass_types.append(t)
+            self._add_dataclass_arguments(t)
 
-def _build(raw: Mapping[str, Any], where: str, default_name: str) -> Recipe:
-    _validate_sections(raw, where)
-    model_raw = raw.get("model")
-    if not isinstance(model_raw, Mapping) or not model_raw.get("name_or_path"):
-        raise RecipeError(f"{where}: 'model.name_or_path' is required")
-    model = ModelSettings(**model_raw)
-    model.name_or_path = os.path.expandvars(os.path.expanduser(str(model.name_or_path)))
-    if model.torch_dtype not in _DTYPES:
-        raise RecipeError(
-            f"{where}: 'model.torch_dtype' must be one of {list(_DTYPES)}, got {model.torch_dtype!r}"
+    def _materialize(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._add_types(pending())
+
+    def format_help(self) -> str:
+        self._materialize()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._materialize()
+        return super().format_usage()
+
+    def error(self, message: str):
+        if self.configurable:
+            raise ConfigError(message)
+        super().error(message)
+
+    # -- fields ---------------------------------------------------------------------------------
+    def _fields(self) -> dict[str, tuple[argparse.Action, Any]]:
+        """field name -> (its first argparse action, its annotation)."""
+        by_dest: dict[str, argparse.Action] = {}
+        for action in self._actions:
+            by_dest.setdefault(action.dest, action)
+        out = {}
+        for t in self.dataclass_types:
+            hints = typing.get_type_hints(t)
+            for f in dataclasses.fields(t):
+                if f.init:
+                    out[f.name] = (by_dest[f.name], hints[f.name])
+        return out
+
+    def _convert(self, key: str, value: Any, where: str, action: argparse.Action, hint: Any) -> Any:
+        if value is None:
+            if not _allows(hint, type(None)) and action.default is not None:
+                raise ConfigError(f"{where}: '{key}' cannot be null")
+            return None
+        if action.nargs in ("+", "*"):
+            items = value if isinstance(value, list) else [value]
+            return [self._scalar(key, v, where, action, hint) for v in items]
+        if isinstance(value, (list, dict)):
+            if _allows(hint, type(value)):
+                return value  # e.g. activation_checkpointing_kwargs: {use_reentrant: false}
+            raise ConfigError(f"{where}: '{key}' takes one value, got the {type(value).__name__} {value!r}")
+        return self._scalar(key, value, where, action, hint)
+
+    def _scalar(self, key: str, value: Any, where: str, action: argparse.Action, hint: Any) -> Any:
+        if isinstance(value, (list, dict)):
+            raise ConfigError(f"{where}: '{key}' takes a list of single values, got {value!r}")
+        if isinstance(value, bool) and not _allows(hint, bool):
+            raise ConfigError(
+                f"{where}: '{key}' is not a true/false field, but YAML read its value as the boolean "
+                f"{str(value).lower()} (yes/no/on/off are booleans in YAML); quote it, e.g. '{key}: \"no\"'"
+            )
+        convert = action.type or str
+        try:
+            out = convert(str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            name = getattr(convert, "__name__", "value")
+            raise ConfigError(f"{where}: '{key}': invalid {name} value {value!r}") from None
+        if action.choices is not None and out not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            raise ConfigError(f"{where}: '{key}' must be one of {choices}; got {value!r}")
+        return out
+
+    # -- parsing --------------------------------------------------------------------------------
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
+        self._materialize()
+        if not self.configurable:
+            return super().parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else args)
+        config = None
+        for i, tok in enumerate(argv):
+            if tok == CONFIG_FLAG:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise ConfigError(f"{CONFIG_FLAG} needs a file")
+                config = argv[i + 1]
+            elif tok.startswith(CONFIG_FLAG + "="):
+                config = tok.split("=", 1)[1]
+        fields = self._fields()
+        loaded = load_config_file(config, fields) if config else ConfigFile()
+        saved = []
+        try:
+            for key, value in loaded.values.items():
+                action, hint = fields[key]
+                converted = self._convert(key, value, loaded.origin[key], action, hint)
+                saved.append((action, action.default, action.required))
+                action.default, action.required = converted, False
+            ns, extras = super().parse_known_args(argv, namespace)
+        finally:
+            for action, default, required in reversed(saved):
+                action.default, action.required = default, required
+        if extras:
+            flag = next((e for e in extras if e.startswith("-")), None)
+            if flag is not None:
+                name = flag.split("=", 1)[0]
+                raise ConfigError(f"unknown option {name}{suggest(name, self._option_string_actions)}")
+            raise ConfigError(
+                f"unexpected argument {extras[0]!r}: every setting is a flag, e.g. --sigma0 0.5, "
+                "or a key in the --config file"
+            )
+        given = [
+            self._option_string_actions[tok.split("=", 1)[0]].dest
+            for tok in argv
+            if tok.startswith("--") and tok.split("=", 1)[0] in self._option_string_actions
+        ]
+        explicit = list(dict.fromkeys([*loaded.values, *(k for k in given if k in fields)]))
+        values = {}
+        for t in self.dataclass_types:
+            values[t] = {}
+            for f in dataclasses.fields(t):
+                if f.init:
+                    values[t][f.name] = getattr(ns, f.name)
+                    delattr(ns, f.name)
+        ns.parsed_config = ParsedConfig(
+            types=list(self.dataclass_types),
+            values=values,
+            explicit=explicit,
+            config=config,
+            sources=loaded.sources,
+            argv=argv,
         )
-    if not isinstance(model.freeze_vision_tower, bool):
-        raise RecipeError(f"{where}: 'model.freeze_vision_tower' must be true or false")
-    data_raw = raw.get("data")
-    if not isinstance(data_raw, Mapping) or data_raw.get("train") is None:
-        raise RecipeError(
-            f"{where}: 'data.train' is required (e.g. {{name: geo3k, path: ..., split: train}})"
-        )
-    data = DataSettings(
-        train=_source(data_raw["train"], where, "data.train"),
-        eval=[_source(s, where, f"data.eval[{i}]") for i, s in enumerate(data_raw.get("eval") or [])],
-        system_prompt=data_raw.get("system_prompt"),
-        math_prompt=data_raw.get("math_prompt"),
-    )
-    rewards = list(raw.get("rewards") or ["math_reward"])
-    trainer = dict(raw.get("trainer") or {})
-    _check_types(trainer, where)
-    name = raw.get("name") or default_name
-    if not isinstance(name, str):
-        raise RecipeError(f"{where}: 'name' must be a string")
-    return Recipe(name=name, model=model, data=data, rewards=rewards, trainer=trainer)
+        return ns, []
+
+    def parse_args_and_config(
+        self,
+        args: Iterable[str] | None = None,
+        return_remaining_strings: bool = False,
+        fail_with_unknown_args: bool = True,
+        separate_remaining_strings: bool = False,
+    ) -> tuple[Any, ...]:
+        """The dataclass instances, in the order of ``dataclass_types`` (TRL's API); then a namespace
+        with any non-dataclass arguments. Unknown arguments are always an error."""
+        if return_remaining_strings or not fail_with_unknown_args:
+            raise ValueError("ConfigParser rejects unknown arguments; remaining strings are not returned")
+        ns = self.parse_args(None if args is None else list(args))
+        parsed: ParsedConfig = ns.parsed_config
+        out = [parsed.build(t) for t in parsed.types]
+        rest = {k: v for k, v in vars(ns).items() if k != "parsed_config"}
+        if any(k != "config" for k in rest):
+            out.append(argparse.Namespace(**rest))
+        return tuple(out)
+
+    def parse_args_into_dataclasses(self, args=None, return_remaining_strings: bool = False, **kwargs: Any):
+        """HfArgumentParser's entry point, routed through :meth:`parse_args_and_config` (``--config``
+        included; ``.args`` files are not read)."""
+        return self.parse_args_and_config(args, return_remaining_strings=return_remaining_strings)
 
 
-def load_recipe(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Recipe:
-    """Load, merge (``base:``), override and validate a recipe. Raises :class:`RecipeError`."""
-    path = Path(path)
-    raw, bases = _read_mapping(path)
-    where = str(path)
-    if overrides:
-        raw = apply_overrides(raw, overrides)
-        where = f"{path} (with overrides {' '.join(overrides)})"
-    recipe = _build(raw, where, default_name=path.stem)
-    recipe.source = str(path)
-    recipe.bases = bases
-    recipe.overrides = list(overrides)
-    return recipe
+def known_keys(parser: ConfigParser) -> Mapping[str, Any]:
+    """Every config key the parser accepts (field name -> annotation)."""
+    parser._materialize()
+    return {k: hint for k, (_, hint) in parser._fields().items()}

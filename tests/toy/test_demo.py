@@ -7,7 +7,6 @@ family, then reruns it to check that finished runs are skipped and that changed 
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -34,7 +33,7 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
         (dict(val_every=0), "val_every"),
         (dict(learning_rate=0.0), "learning_rate"),
         (dict(device="tpu"), "device must be"),
-        (dict(num_threads=0), "num_threads"),
+        (dict(num_threads=-1), "num_threads"),
         (dict(noise_site="last"), "final_norm"),
     ],
 )
@@ -86,15 +85,9 @@ def test_first_per_family_keeps_order_and_limit() -> None:
     assert [q.i for q in first_per_family(qs, None)] == [0, 1, 2, 3, 4]
 
 
-def test_cli_flags_reach_the_config(monkeypatch, tmp_path) -> None:
-    from ncgrpo.commands import demo as cmd
+def test_cli_flags_reach_the_config(monkeypatch, tmp_path, capsys) -> None:
+    from ncgrpo.cli import main
 
-    parser = argparse.ArgumentParser()
-    cmd.add_parser(parser.add_subparsers())
-    args = parser.parse_args(
-        ["demo", "--out", str(tmp_path), "--steps", "7", "--seeds", "3", "--sigma0", "0.2,0.5", "--all-methods",
-         "--eval-limit", "5", "--device", "cpu", "--noise-site", "1", "--threads", "0"]
-    )  # fmt: skip
     seen = {}
 
     def fake_run_demo(cfg):
@@ -102,12 +95,40 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path) -> None:
         raise ValueError("stop here")
 
     monkeypatch.setattr("ncgrpo.toy.demo.run_demo", fake_run_demo)
-    assert args.func(args) == 2  # the ValueError is reported, not raised
+    argv = ["demo", "--out", str(tmp_path), "--steps", "7", "--seeds", "3", "--sigma0", "0.2", "0.5",
+            "--all-methods", "--eval_limit", "5", "--device", "cpu", "--noise-site", "1", "--threads", "0",
+            "--no_progress"]  # fmt: skip
+    assert main(argv) == 2  # the ValueError is reported, not raised
+    assert "ncgrpo demo: error: stop here" in capsys.readouterr().err
     cfg = seen["cfg"]
     assert (cfg.out, cfg.steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (tmp_path, 7, 3, (0.2, 0.5), True)
-    assert (cfg.eval_limit, cfg.noise_site, cfg.num_threads) == (5, "1", None)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["demo", "--sigma0", "0.2,x"])
+    assert (cfg.eval_limit, cfg.noise_site, cfg.num_threads, cfg.progress) == (5, "1", None, False)
+
+    # a config file, with flags overriding it
+    conf = tmp_path / "demo.yaml"
+    conf.write_text("steps: 9\nsigma0: [0.3]\nval_limit: 0\nmodel: null\n")
+    assert main(["demo", "--config", str(conf), "--steps", "11"]) == 2
+    cfg = seen["cfg"]
+    assert (cfg.steps, cfg.sigma0, cfg.val_limit, cfg.model) == (11, (0.3,), 0, None)
+
+    for bad, message in [
+        (["--sigma0", "0.2", "x"], "argument --sigma0: invalid float value: 'x'"),
+        (["--sigma0", "0.2,0.5"], "invalid float value: '0.2,0.5'"),
+        (["--num_generations", "3"], "num_generations must be even"),
+        (["--stepz", "3"], "unknown option --stepz (did you mean '--steps'?)"),
+    ]:
+        assert main(["demo", *bad]) == 2
+        assert message in capsys.readouterr().err
+    conf.write_text("stepz: 9\n")
+    assert main(["demo", "--config", str(conf)]) == 2
+    assert f"{conf}: unknown key 'stepz' (did you mean 'steps'?)" in capsys.readouterr().err
+
+
+def test_every_demo_field_is_a_documented_flag() -> None:
+    import dataclasses
+
+    for f in dataclasses.fields(DemoConfig):
+        assert f.metadata.get("help"), f"DemoConfig.{f.name} has no help text"
 
 
 # ---------------------------------------------------------------------------------------- end to end

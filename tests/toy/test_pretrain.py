@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -263,17 +262,14 @@ def test_ensure_base_model_builds_once_into_the_cache(tmp_path, monkeypatch):
 
 
 def _cli(argv: list[str]) -> int:
-    from ncgrpo.commands import pretrain as cmd
+    from ncgrpo.cli import main
 
-    parser = argparse.ArgumentParser()
-    cmd.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["pretrain", *argv])
-    return args.func(args)
+    return main(["pretrain", *argv])
 
 
 def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     out = tmp_path / "cli"
-    rc = _cli(["--out", str(out), "--size", "micro", "--steps", "2", "--pool", "geometry=8,pope=4",
+    rc = _cli(["--out", str(out), "--size", "micro", "--steps", "2", "--pool", "geometry=8", "pope=4",
                "--eval-limit", "1", "--group-size", "2", "--vision-warmup-steps", "2",
                "--no-progress"])  # fmt: skip
     assert rc == 0
@@ -282,12 +278,25 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     data = json.loads((out / pt.PRETRAIN_FILE).read_text())
     assert data["steps"] == 2 and data["pool"] == {"geometry": 8, "pope": 4}
     assert data["vision_warmup_steps"] == 2 and len(data["vision_losses"]) == 2
-    # a non-empty --out is refused, and so is a malformed --pool
+    # a non-empty --out is refused, and so are a malformed --pool and bad values, as `ncgrpo pretrain: error:`
+    capsys.readouterr()
     assert _cli(["--out", str(out), "--size", "micro", "--steps", "1"]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
     assert _cli(["--out", str(tmp_path / "new"), "--pool", "geometry:3"]) == 2
-    assert "expected FAMILY=N" in capsys.readouterr().out
+    assert "pool: expected FAMILY=N, got 'geometry:3'" in capsys.readouterr().err
     assert _cli(["--out", str(tmp_path / "new"), "--vision-warmup-steps", "-1"]) == 2
-    assert "--vision-warmup-steps must be >= 0" in capsys.readouterr().out
+    assert "ncgrpo pretrain: error: vision_warmup_steps must be >= 0" in capsys.readouterr().err
+    assert _cli(["--out", str(tmp_path / "new"), "--size", "huge"]) == 2
+    assert "argument --size: invalid choice: 'huge'" in capsys.readouterr().err
+    assert _cli(["--size", "micro"]) == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+    # the same settings from a config file, a flag overriding it
+    conf = tmp_path / "pretrain.yaml"
+    conf.write_text(f"out: {tmp_path / 'new'}\npool: [geometry=3]\nsteps: 5\n")
+    from ncgrpo.config import ConfigParser
+
+    (cfg,) = ConfigParser([pt.PretrainConfig]).parse_args_and_config(["--config", str(conf), "--steps", "7"])
+    assert (cfg.out, cfg.pool_counts(), cfg.steps) == (tmp_path / "new", {"geometry": 3}, 7)
 
 
 # ------------------------------------------------------------------------ committed checkpoint

@@ -102,30 +102,77 @@ class DemoConfig:
     turns it off).
     """
 
-    out: Path = Path("runs/demo")
-    steps: int = DEFAULT_STEPS
-    seeds: int = 1
-    sigma0: tuple[float, ...] = (0.2,)
-    all_methods: bool = False
-    model: Path | None = None  # base model folder; None: ncgrpo.toy.pretrain.ensure_base_model()
-    cache_dir: Path | None = None  # where ensure_base_model builds/caches the base model
-    device: str = "cpu"
-    eval_limit: int | None = None
-    num_generations: int = 8
-    prompts_per_step: int = 4
-    max_completion_length: int = 48
-    max_new_tokens: int = 64
-    learning_rate: float = 3e-4
-    noise_site: str = "final_norm"
-    val_limit: int = 32
-    val_every: int | None = None
-    eval_batch_size: int = 64
-    suite_seed: int = 0
-    train_size: int = 2000
-    validation_size: int = 64
-    test_size: int = 200
-    num_threads: int | None = 1
-    progress: bool = True
+    out: Path = field(
+        default=Path("runs/demo"),
+        metadata={"help": "output folder; rerunning into the same folder skips finished runs"},
+    )
+    steps: int = field(
+        default=DEFAULT_STEPS,
+        metadata={"help": "optimizer steps per run, K of eq. (3); k_mid = 40/60 K (60: the paper's)"},
+    )
+    seeds: int = field(
+        default=1, metadata={"help": "training seeds per configuration; 3 gives the 3-seed table"}
+    )
+    sigma0: list[float] = field(
+        default_factory=lambda: [0.2],
+        metadata={"help": "NC-GRPO noise scale(s), one run each, e.g. --sigma0 0.2 0.5 (the paper's two)"},
+    )
+    all_methods: bool = field(
+        default=False,
+        metadata={"help": "also train NoisyRollout (image), antithetic, SPSA and first-token temperature"},
+    )
+    model: Path | None = field(
+        default=None,
+        metadata={"help": "base model folder, e.g. a bigger one (null: the embedded tiny base model)"},
+    )
+    cache_dir: Path | None = field(
+        default=None,
+        metadata={
+            "help": "where the embedded base model is built and cached if not shipped (null: ~/.cache/ncgrpo)"
+        },
+    )
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto"})
+    eval_limit: int | None = field(
+        default=None,
+        metadata={"help": "test questions per family (null: the whole test split, 200 per family)"},
+    )
+    num_generations: int = field(
+        default=8,
+        metadata={"help": "rollouts per prompt, G; two-pass methods use G/2 clean + G/2 noisy"},
+    )
+    prompts_per_step: int = field(default=4, metadata={"help": "prompts per optimizer step"})
+    max_completion_length: int = field(default=48, metadata={"help": "rollout token budget"})
+    max_new_tokens: int = field(default=64, metadata={"help": "evaluation token budget"})
+    learning_rate: float = field(default=3e-4, metadata={"help": "constant learning rate"})
+    noise_site: str = field(
+        default="final_norm",
+        metadata={
+            "help": "where the hidden-noise methods perturb the prefill: final_norm (the paper's site) or "
+            "decoder-layer indices such as 1 or 0,2 (the propagating variant)"
+        },
+    )
+    val_limit: int = field(
+        default=32,
+        metadata={"help": "validation questions per family scored greedily during training; 0 turns it off"},
+    )
+    val_every: int | None = field(
+        default=None, metadata={"help": "validate every N steps (null: about six times per run)"}
+    )
+    eval_batch_size: int = field(default=64, metadata={"help": "prompts per batch of greedy evaluation"})
+    suite_seed: int = field(default=0, metadata={"help": "seed of the synthetic suite"})
+    train_size: int = field(default=2000, metadata={"help": "training questions in the suite"})
+    validation_size: int = field(default=64, metadata={"help": "validation questions per family"})
+    test_size: int = field(default=200, metadata={"help": "test questions per family"})
+    num_threads: int | None = field(
+        default=1,
+        metadata={
+            "help": "torch CPU threads (1: the fastest on a small busy CPU); 0 or null: torch's default",
+            "aliases": ["--threads"],
+        },
+    )
+    progress: bool = field(
+        default=True, metadata={"help": "progress bars and tables on the terminal (--no_progress: none)"}
+    )
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -140,9 +187,9 @@ class DemoConfig:
             self.cache_dir = Path(self.cache_dir)
         if isinstance(self.sigma0, int | float):
             self.sigma0 = (float(self.sigma0),)
-        self.sigma0 = tuple(float(s) for s in self.sigma0)
+        self.sigma0 = tuple(float(s) for s in self.sigma0)  # a list on the command line, kept as a tuple
         if not self.sigma0:
-            raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2,0.5")
+            raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2 0.5")
         bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
         if bad:
             raise ValueError(f"sigma0: every noise scale must be a finite number >= 0, got {bad}")
@@ -191,8 +238,10 @@ class DemoConfig:
             )
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        if self.num_threads == 0:
+            self.num_threads = None  # torch's default, as --threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1 (or None: torch's default), got {self.num_threads}")
+            raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
         from ncgrpo.trainer import parse_noise_site
 
         self.noise_site = str(self.noise_site).replace(" ", "")

@@ -60,11 +60,13 @@ __all__ = [
     "PRETRAIN_FILE",
     "SIZES",
     "TARGET_BAND",
+    "PretrainConfig",
     "PretrainReport",
     "encode_example",
     "ensure_base_model",
     "evaluate_base",
     "pretrain",
+    "run_pretrain",
     "sft_pool",
 ]
 
@@ -769,3 +771,106 @@ def ensure_base_model(cache_dir: str | os.PathLike | None = None, *, use_asset: 
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# ------------------------------------------------------------------------------------ command line
+@dataclass
+class PretrainConfig:
+    """What ``ncgrpo pretrain`` runs: :func:`pretrain`'s settings, one flag (and config key) each."""
+
+    out: Path = field(
+        metadata={"help": "output folder (model, processor, pretrain.json); must be new or empty"}
+    )
+    seed: int = field(default=0, metadata={"help": "initialisation / data-order / SFT-pool seed"})
+    steps: int = field(default=DEFAULT_STEPS, metadata={"help": "optimiser steps"})
+    size: str = field(
+        default="tiny",
+        metadata={
+            "help": "model size: tiny (the embedded base model) or micro (tests)",
+            "choices": list(SIZES),
+        },
+    )
+    pool: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "SFT pool items per family as FAMILY=N, e.g. --pool geometry=1200 pope=300 "
+            "(none: ncgrpo.toy.pretrain.DEFAULT_POOL)"
+        },
+    )
+    batch_size: int = field(default=16, metadata={"help": "examples per optimiser step"})
+    vision_warmup_steps: int = field(
+        default=DEFAULT_VISION_WARMUP,
+        metadata={"help": "steps of vision-tower pre-training on scene attributes before SFT; 0 skips it"},
+    )
+    lr: float | None = field(default=None, metadata={"help": "peak learning rate (null: pretrain's default)"})
+    suite_seed: int = field(default=0, metadata={"help": "seed of the synthetic suite evaluated on"})
+    eval: bool = field(
+        default=True, metadata={"help": "evaluate on the validation split after training (--no_eval: skip)"}
+    )
+    eval_limit: int | None = field(
+        default=None, metadata={"help": "at most N validation questions per family (null: all)"}
+    )
+    group_size: int = field(default=8, metadata={"help": "G for the share of groups with mixed rewards"})
+    num_threads: int = field(
+        default=1,
+        metadata={
+            "help": "torch intra-op threads (1: reproducible, fast on busy CPUs)",
+            "aliases": ["--threads"],
+        },
+    )
+    progress: bool = field(default=True, metadata={"help": "progress bar (--no_progress: none)"})
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.size not in SIZES:
+            raise ValueError(f"size {self.size!r} is unknown; choose one of {', '.join(sorted(SIZES))}")
+        for name in ("steps", "batch_size", "group_size", "num_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.vision_warmup_steps < 0:
+            raise ValueError(f"vision_warmup_steps must be >= 0, got {self.vision_warmup_steps}")
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise ValueError(f"eval_limit must be >= 1 or null, got {self.eval_limit}")
+        self.pool_counts()  # raises on a malformed entry
+
+    def pool_counts(self) -> dict[str, int] | None:
+        """``["geometry=1200", "pope=300"]`` -> ``{"geometry": 1200, "pope": 300}``; None: the default pool."""
+        if not self.pool:
+            return None
+        counts: dict[str, int] = {}
+        for item in self.pool:
+            name, sep, value = str(item).partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"pool: expected FAMILY=N, got {item!r}")
+            try:
+                counts[name.strip()] = int(value)
+            except ValueError:
+                raise ValueError(
+                    f"pool: count for {name.strip()!r} must be an integer, got {value!r}"
+                ) from None
+        return counts
+
+
+def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | None = None) -> PretrainReport:
+    """:func:`pretrain` with ``cfg``'s settings, into a new or empty ``cfg.out``."""
+    if cfg.out.exists() and any(cfg.out.iterdir()):
+        raise ValueError(f"{cfg.out} exists and is not empty; pass a new --out folder")
+    extra: dict[str, Any] = {} if cfg.lr is None else {"lr": cfg.lr}
+    pool = cfg.pool_counts()
+    if pool is not None:
+        extra["pool"] = pool
+    return pretrain(
+        cfg.out,
+        seed=cfg.seed,
+        steps=cfg.steps,
+        size=cfg.size,
+        batch_size=cfg.batch_size,
+        vision_warmup_steps=cfg.vision_warmup_steps,
+        suite_seed=cfg.suite_seed,
+        run_eval=cfg.eval,
+        eval_limit=cfg.eval_limit,
+        group_size=cfg.group_size,
+        num_threads=cfg.num_threads,
+        progress=progress,
+        **extra,
+    )
