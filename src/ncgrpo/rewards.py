@@ -710,3 +710,6 @@ def make_math_reward(
 
 #: ``ACCURACY_WEIGHT * accuracy + FORMAT_WEIGHT * format``; the GRPO recipes' reward.
 math_reward = make_math_reward(FORMAT_WEIGHT)
+
+#: The same reward graded exactly as NoisyRollout grades (the ``mathruler`` package; extra ``noisyrollout``).
+math_reward_mathruler = make_math_reward(FORMAT_WEIGHT, grader="mathruler")

@@ -313,7 +313,7 @@ def train_run(
 #: ``dataset_name`` values: the real Geometry3K and the synthetic suite exported in its schema.
 DATA_NAMES = ("geo3k", "synthetic")
 #: ``reward_funcs`` entries: reward functions of :mod:`ncgrpo.rewards`.
-REWARD_NAMES = ("math_reward", "accuracy_reward", "format_reward")
+REWARD_NAMES = ("math_reward", "math_reward_mathruler", "accuracy_reward", "format_reward")
 #: The resolved config in a run folder (flat YAML; ``ncgrpo train --config`` reads it back).
 CONFIG_FILE = "config.yaml"
 _SYNTHETIC_SPLITS = ("train", "validation", "test")
