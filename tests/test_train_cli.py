@@ -378,3 +378,85 @@ def test_train_then_resume(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
     ]
     assert loss_steps == [1, 2, 3] and max(steps) == 3
     assert json.loads((out / "run.json").read_text())["global_step"] == 3
+
+
+# -------------------------------------------------------------- faults: refused before anything is written
+def _fake_complete_checkpoint(folder: Path) -> None:
+    import torch
+
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    torch.save({"rollout_method": "latent", "spsa_mu": None}, folder / "ncgrpo_state.pt")
+
+
+def test_resume_with_changed_settings_is_refused_unless_forced(tmp_path: Path, geo3k: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, "/m", "--dry-run", "--sigma0", "0.2")) == 0
+    _fake_complete_checkpoint(out / "checkpoint-1")
+    before = (out / "config.yaml").read_text()
+    assert main(_args(out, geo3k, "/m", "--dry-run", "--resume", "--sigma0", "0.5", "--seed", "3")) == 2
+    err = capsys.readouterr().err
+    assert "ncgrpo train: error:" in err and "sigma0: 0.2 -> 0.5" in err and "seed: 0 -> 3" in err
+    assert (out / "config.yaml").read_text() == before  # the run's config was not overwritten
+    assert main(_args(out, geo3k, "/m", "--dry-run", "--resume", "--sigma0", "0.2")) == 0  # same run
+    assert main(_args(out, geo3k, "/m", "--dry-run", "--resume", "--sigma0", "0.5", "--force")) == 0
+    assert "changed settings (--force)" in capsys.readouterr().err
+
+
+def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Path) -> None:
+    from ncgrpo.config import ConfigParser
+    from ncgrpo.training import prepare_run, train_dataclasses
+
+    out = tmp_path / "run"
+    _fake_complete_checkpoint(out / "checkpoint-2")
+    (out / "checkpoint-3").mkdir()  # a kill while transformers was writing it
+    parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, "/m")[1:]).parsed_config
+    plan = prepare_run(parsed, resume=True, dry_run=True)
+    assert plan.checkpoint == str(out / "checkpoint-2")
+    assert any("checkpoint-3" in n for n in plan.notes)
+
+
+def test_finished_run_is_not_overwritten_without_the_flag(tmp_path: Path, geo3k: Path, capsys) -> None:
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"name": "x", "finished": True, "global_step": 60}))
+    assert main(_args(out, geo3k, "/no/model")) == 2
+    assert "holds a finished run" in capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["finished"] is True
+
+
+def test_checks_that_need_no_weights_run_before_the_model_loads(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, capsys
+) -> None:
+    # the tiny model has 2 decoder layers: layer 5 is caught from its config, before any weights load
+    out = tmp_path / "site"
+    assert main(_args(out, geo3k, tiny_vl, "--noise_site", "5")) == 2
+    assert "names layer 5" in capsys.readouterr().err and not (out / "run.json").exists()
+    # 4 training prompts, but one generation batch takes 8 (TRL would train 0 steps and save the base)
+    out = tmp_path / "small"
+    assert (
+        main(
+            _args(
+                out,
+                geo3k,
+                "/no/such/model",
+                "--per_device_train_batch_size",
+                "32",
+                "--gradient_accumulation_steps",
+                "1",
+            )
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "has 4 prompts but one generation batch takes 8" in err and not (out / "run.json").exists()
+
+
+def test_a_prompt_over_max_prompt_length_is_an_error(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, capsys
+) -> None:
+    out = tmp_path / "long"
+    assert main(_args(out, geo3k, tiny_vl, "--max_prompt_length", "8", "--max_steps", "1")) == 2
+    err = capsys.readouterr().err
+    assert "max_prompt_length=8" in err and "question_id" in err

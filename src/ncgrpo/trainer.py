@@ -208,6 +208,13 @@ class NCGRPOConfig(GRPOConfig):
             "t = int(image_noise_step * decay_k), 0 <= t < 1000."
         },
     )
+    max_prompt_length: int | None = field(
+        default=8192,
+        metadata={
+            "help": "Longest prompt, in tokens (image tokens included), that generation accepts; a longer one is "
+            "an error naming its question (truncating a math question changes what it asks). None: no limit."
+        },
+    )
     noisy_importance_sampling: str = field(
         default="exclude",
         metadata={
@@ -261,6 +268,10 @@ class NCGRPOConfig(GRPOConfig):
                     "antithetic_grouping='separate' recomputes TRL's 'sum_then_normalize' advantages over the new "
                     "groups; set multi_objective_aggregation='sum_then_normalize'."
                 )
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(
+                f"max_prompt_length must be >= 1 (or None for no limit), got {self.max_prompt_length}"
+            )
         if self.schedule_unit not in ("optimizer_step", "generation"):
             raise ValueError(
                 f"schedule_unit must be 'optimizer_step' or 'generation', got {self.schedule_unit!r}"
@@ -919,6 +930,8 @@ class NCGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
+        self._check_prompt_lengths(prompt_ids)
+
         def generate(fields):
             return super(NCGRPOTrainer, self)._generate_single_turn(
                 prompt_ids, images, fields, num_generations, has_tool_images
@@ -927,6 +940,20 @@ class NCGRPOTrainer(GRPOTrainer):
         if self._nc_inputs is None or self._nc_gen is not None:
             return generate(multimodal_fields)
         return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
+
+    def _check_prompt_lengths(self, prompt_ids) -> None:
+        limit = self.args.max_prompt_length
+        if limit is None:
+            return
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) > limit:
+                qid = None
+                if self._nc_inputs is not None and i < len(self._nc_inputs):
+                    qid = self._nc_inputs[i].get("question_id")
+                raise ValueError(
+                    f"prompt {i} of this batch{f' (question_id {qid!r})' if qid is not None else ''} has {len(ids)} "
+                    f"tokens, more than max_prompt_length={limit}; drop or shorten that row, or raise the limit"
+                )
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         for name, v in metrics.items():

@@ -578,12 +578,100 @@ class RunPlan:
         return sum(map(len, ev.values())) if isinstance(ev, dict) else len(ev)
 
 
-def _last_checkpoint(output_dir: Path) -> str | None:
-    if not output_dir.is_dir():
-        return None
-    from transformers.trainer_utils import get_last_checkpoint
+#: Settings that make a run what it is: resuming with any of them changed is refused unless forced.
+#: (Logging, saving, batch layout and the output folder may change between a run and its resume.)
+RUN_IDENTITY_KEYS = (
+    "model_name_or_path",
+    "dtype",
+    "freeze_vision_tower",
+    "min_pixels",
+    "max_pixels",
+    "dataset_name",
+    "dataset_path",
+    "dataset_train_split",
+    "dataset_train_limit",
+    "system_prompt",
+    "math_prompt",
+    "reward_funcs",
+    "rollout_method",
+    "sigma0",
+    "sigma_schedule",
+    "schedule_gamma",
+    "schedule_k_mid",
+    "schedule_unit",
+    "noise_site",
+    "noise_layer_decay",
+    "noise_positions",
+    "noise_seed",
+    "antithetic_grouping",
+    "spsa_lr",
+    "spsa_mu_max",
+    "spsa_min_sigma_ratio",
+    "first_token_temperature",
+    "image_noise_step",
+    "noisy_importance_sampling",
+    "branch_prefix",
+    "seed",
+    "num_generations",
+    "max_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "temperature",
+    "top_p",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "scale_rewards",
+    "max_completion_length",
+    "max_prompt_length",
+)
 
-    return get_last_checkpoint(str(output_dir))
+
+def changed_identity(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every :data:`RUN_IDENTITY_KEYS` entry that differs between two resolved
+    configs (flat mappings as ``config.yaml`` holds them)."""
+    out = []
+    for k in RUN_IDENTITY_KEYS:
+        a, b = old.get(k), new.get(k)
+        if a != b and not (a is None and k not in old and b is None):
+            out.append(f"{k}: {a!r} -> {b!r}")
+    return out
+
+
+def _text_layers(model_name_or_path: str) -> int | None:
+    """Decoder layers of the model's language stack, from its config alone (no weights); None if the
+    config cannot be read here (then the trainer checks once the model is loaded)."""
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(model_name_or_path)
+    except Exception:  # noqa: BLE001 - not readable without the model: the trainer checks later
+        return None
+    n = getattr(cfg.get_text_config(), "num_hidden_layers", None)
+    return int(n) if n is not None else None
+
+
+def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset) -> None:
+    """Checks that need no weights: the noise site against the model's config, and the dataset
+    against one generation batch (TRL would otherwise train 0 steps and save the base weights)."""
+    a = plan_args
+    site = a.noise_site_parsed
+    if site != "final_norm" and a.rollout_method in ("latent", "antithetic", "spsa"):
+        n_layers = _text_layers(model_args.model_name_or_path)
+        if n_layers is not None and max(site) >= n_layers:
+            raise ValueError(
+                f"noise_site={a.noise_site!r} names layer {max(site)} but {model_args.model_name_or_path} has "
+                f"{n_layers} decoder layers (0..{n_layers - 1})"
+            )
+    per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
+    prompts_needed = per_generation // a.num_generations
+    if len(train_dataset) < prompts_needed:
+        raise ValueError(
+            f"the training set has {len(train_dataset)} prompts but one generation batch takes "
+            f"{prompts_needed} (per_device_train_batch_size {a.per_device_train_batch_size} x "
+            f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
+            f"{a.num_generations}); use more data or a smaller batch"
+        )
 
 
 def prepare_run(
@@ -591,16 +679,26 @@ def prepare_run(
     *,
     resume: bool = False,
     dry_run: bool = False,
+    force: bool = False,
+    overwrite: bool = False,
     synthetic: Callable[[Path, int], Any] | None = None,
 ) -> RunPlan:
     """Everything before the model: from a :class:`ncgrpo.config.ParsedConfig` of
     :func:`train_dataclasses` to a :class:`RunPlan`.
 
     ``run_name`` defaults to the config file's stem and ``output_dir`` to ``runs/<run_name>``; both are
-    recorded in the resolved config. A folder holding ``checkpoint-*`` is refused unless ``resume``
-    (or ``dry_run``). The trainer settings are checked by building ``NCGRPOConfig`` (skipped in a dry
-    run, which needs no accelerator for bf16 recipes). The main process writes ``config.yaml`` and
-    ``run.json``; the datasets are built on the main process first.
+    recorded in the resolved config. Refused before anything is written:
+
+    - a folder holding ``checkpoint-*`` without ``resume`` (or ``dry_run``);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite``;
+    - ``resume`` with settings that change the run (:data:`RUN_IDENTITY_KEYS`) unless ``force``;
+    - trainer settings ``NCGRPOConfig`` rejects (not built in a dry run, which needs no accelerator);
+    - a noise site past the model's layers (read from its config, before the weights) and a training
+      set smaller than one generation batch.
+
+    ``resume`` continues from the newest COMPLETE checkpoint
+    (:func:`ncgrpo.trainer.last_complete_checkpoint`); newer incomplete ones are named in the notes.
+    Then the main process builds the datasets and writes ``config.yaml`` and ``run.json``.
     """
     from accelerate import PartialState
 
@@ -615,14 +713,43 @@ def prepare_run(
     parsed.set("output_dir", str(output_dir))
     method, seed = str(parsed.get("rollout_method")), int(parsed.get("seed"))
 
+    import yaml
+
+    from ncgrpo.trainer import last_complete_checkpoint
+
     notes = []
-    checkpoint = _last_checkpoint(output_dir)
-    if checkpoint is not None and not resume and not dry_run:
+    any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
+    if any_checkpoint and not resume and not dry_run:
         raise ValueError(
-            f"{output_dir} already holds {Path(checkpoint).name}; pass --resume or another --output_dir"
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume or another --output_dir"
         )
-    if resume and checkpoint is None:
-        notes.append(f"no checkpoint in {output_dir}; starting from scratch")
+    previous = read_run_info(output_dir)
+    if previous is not None and previous.get("finished") and not overwrite and not dry_run:
+        raise ValueError(
+            f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
+            "use another --output_dir, or --overwrite to train it again from scratch"
+        )
+    checkpoint = None
+    if resume:
+        checkpoint, skipped = last_complete_checkpoint(output_dir, method)
+        notes += [f"skipping incomplete {s}" for s in skipped]
+        if checkpoint is None:
+            notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")
+        old_config = output_dir / CONFIG_FILE
+        if checkpoint is not None and old_config.exists():
+            try:
+                old = yaml.safe_load(old_config.read_text(encoding="utf-8")) or {}
+            except (OSError, yaml.YAMLError) as e:
+                raise ValueError(f"{old_config}: cannot read the run's config to compare ({e})") from None
+            new = yaml.safe_load(parsed.to_yaml()) or {}
+            changed = changed_identity(old, new)
+            if changed and not force:
+                raise ValueError(
+                    f"--resume with settings that change the run in {output_dir}: {'; '.join(changed)}. "
+                    "Resume with the run's own settings, use another --output_dir, or pass --force"
+                )
+            if changed:
+                notes.append("resuming with changed settings (--force): " + "; ".join(changed))
 
     training_args = None
     if not dry_run:
@@ -644,18 +771,20 @@ def prepare_run(
         "output_dir": str(output_dir),
     }
     state = PartialState()
+    with state.main_process_first():
+        train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
+    if training_args is not None:
+        _check_before_the_model(training_args, model_args, train_ds)
     if state.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(output_dir / CONFIG_FILE, parsed.to_yaml())
         atomic_write_json(output_dir / RUN_FILE, run_info)
-    with state.main_process_first():
-        train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
     return RunPlan(
         name=name,
         method=method,
         seed=seed,
         output_dir=output_dir,
-        checkpoint=checkpoint if resume else None,
+        checkpoint=checkpoint,
         script_args=script_args,
         model_args=model_args,
         training_args=training_args,

@@ -32,6 +32,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--resume", action="store_true", help="continue from the last checkpoint in the run folder"
     )
     p.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: resume even if settings that change the run differ from the run's config.yaml",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="train into a folder whose run.json says the run finished (it is replaced)",
+    )
+    p.add_argument(
         "--dry-run",
         "--dry_run",
         action="store_true",
@@ -51,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from ncgrpo.training import execute_run, prepare_run
 
     plan = prepare_run(
-        args.parsed_config, resume=args.resume, dry_run=args.dry_run, synthetic=_synthetic_suite
+        args.parsed_config,
+        resume=args.resume,
+        dry_run=args.dry_run,
+        force=args.force,
+        overwrite=args.overwrite,
+        synthetic=_synthetic_suite,
     )
     if plan.main_process:
         for note in plan.notes:
