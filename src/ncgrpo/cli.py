@@ -53,7 +53,13 @@ def _message(e: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Dataclass-style commands (see ncgrpo.commands._dataclass_args) parse the rest of the line
+    # themselves; for the others anything unrecognised is an error, as with parse_args.
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "takes_rest", False):
+        args.rest = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ncgrpo.commands import compare as compare_cmd
+from ncgrpo import cli
 from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
 from ncgrpo.eval.report import compare, format_p, latex_text, load_runs, print_rich, to_latex, to_markdown
 from ncgrpo.eval.stats import AlignmentError, mcnemar_exact
@@ -292,13 +291,9 @@ def test_rich_output_has_every_number_untruncated(table1_dirs):
 
 
 def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
-    parser = argparse.ArgumentParser()
-    compare_cmd.add_parser(parser.add_subparsers(dest="command"))
     out = tmp_path / "report"
-    args = parser.parse_args(
-        ["compare", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
-    )
-    assert args.func(args) == 0
+    argv = ["compare", "--runs", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+    assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "Reasoning benchmarks" in printed and "53.0*" in printed
     md = (out / "comparison.md").read_text()
@@ -311,6 +306,5 @@ def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     )
     assert t["n"] == 5 * N and t["p"] < 1e-4 and t["holm_reject"] is True
     # Errors are reported, not raised.
-    args = parser.parse_args(["compare", str(table1_dirs[0]), "--baseline", "nope"])
-    assert args.func(args) == 2
-    assert "baseline 'nope'" in capsys.readouterr().err
+    assert cli.main(["compare", "--runs", str(table1_dirs[0]), "--baseline", "nope"]) == 2
+    assert "ncgrpo compare: error: baseline 'nope'" in capsys.readouterr().err
