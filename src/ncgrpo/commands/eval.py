@@ -170,36 +170,34 @@ def load_questions(names: list[str], paths: dict[str, Path | None], split: str |
 
 
 def run(args: EvalArgs) -> int:
+    import contextlib
+
     from rich.console import Console
     from rich.table import Table
 
-    from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
+    from ncgrpo.eval.evaluate import DecodingSettings, check_folder, evaluate, model_id_of, run_identity
+    from ncgrpo.eval.records import FolderLock
     from ncgrpo.training import load_model_and_processor
 
     out = Path(args.out)
     settings = DecodingSettings(
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, system_prompt=args.system_prompt
     )
+    model_id = model_id_of(args.model)
+    identity = dict(
+        model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.method,
+        settings=settings, split=args.splits(), benchmarks=args.benchmarks,
+    )  # fmt: skip
+    check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
     questions = load_questions(args.benchmarks, args.paths, args.split, args.limit)
-    try:
-        model, processor = load_model_and_processor(args.model, dtype=args.dtype, device=args.device)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--model {args.model}: cannot load it ({e})") from e
-    summary = evaluate(
-        model,
-        processor,
-        questions,
-        out,
-        model_id=model_id_of(args.model),
-        checkpoint=args.checkpoint,
-        seed=args.seed,
-        name=args.name,
-        method=args.method,
-        settings=settings,
-        split=args.splits(),
-        benchmarks=args.benchmarks,
-        progress=not args.no_progress,
-    )
+    # An existing folder is locked before the model loads, so a second eval into it fails at once;
+    # a new one is created (and locked) by evaluate only once everything has been checked.
+    with FolderLock(out, what="ncgrpo eval") if out.is_dir() else contextlib.nullcontext():
+        try:
+            model, processor = load_model_and_processor(args.model, dtype=args.dtype, device=args.device)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--model {args.model}: cannot load it ({e})") from e
+        summary = evaluate(model, processor, questions, out, progress=not args.no_progress, **identity)
     table = Table(title=f"{out} ({summary.newly_recorded} new of {summary.total})")
     table.add_column("benchmark")
     table.add_column("n", justify="right")

@@ -80,16 +80,44 @@ class EvalSummary:
 IDENTITY_KEYS = ("model", "checkpoint", "seed", "split", "benchmarks", "decoding")
 
 
-def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
-    """A folder holds the records of one identity (:data:`IDENTITY_KEYS`): refuse to mix.
+def run_identity(
+    *,
+    model_id: str,
+    checkpoint: str | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+    method: str | None = None,
+    settings: DecodingSettings | None = None,
+    split: str | dict[str, str] | None = None,
+    benchmarks: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The run.json content :func:`evaluate` writes for these arguments."""
+    settings = settings or DecodingSettings()
+    return {
+        "name": name or model_id,
+        "method": method,
+        "seed": seed,
+        "model": model_id,
+        "checkpoint": checkpoint,
+        "split": split,
+        "benchmarks": None if benchmarks is None else list(benchmarks),
+        "decoding": settings.identity(),
+        "batch_size": settings.batch_size,
+    }
 
-    Display fields (``name``, ``method``) given on a rerun are merged in; ``batch_size`` is the
-    last one used.
+
+def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | None:
+    """Refuse a folder whose run.json has another identity (:data:`IDENTITY_KEYS`) than ``run``.
+
+    Reads only: callers check before loading a model. Returns the folder's run.json, or None when
+    there is none yet (a new folder).
     """
-    path = out_dir / RUN_FILE
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is not a folder")
+    path = out / RUN_FILE
     if not path.exists():
-        atomic_write_json(path, run)
-        return
+        return None
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -102,9 +130,22 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
                 f"{path}: this folder holds records of {k}={old.get(k)!r}, not {run.get(k)!r}; "
                 "use another --out folder (records of different runs must not mix)"
             )
+    return old
+
+
+def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
+    """A folder holds the records of one identity (:data:`IDENTITY_KEYS`): refuse to mix.
+
+    Display fields (``name``, ``method``) given on a rerun are merged in; ``batch_size`` is the
+    last one used.
+    """
+    old = check_folder(out_dir, run)
+    if old is None:
+        atomic_write_json(out_dir / RUN_FILE, run)
+        return
     merged = {**old, **{k: v for k, v in run.items() if v is not None}}
     if merged != old:
-        atomic_write_json(path, merged)
+        atomic_write_json(out_dir / RUN_FILE, merged)
 
 
 def _render(processor: Any, messages: list[dict[str, Any]]) -> str:
@@ -210,19 +251,11 @@ def evaluate(
         dup = next(u for u in uids if uids.count(u) > 1)
         raise ValueError(f"question {dup[0]}/{dup[1]} appears twice in the evaluation set")
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out}: exists and is not a folder")
-    run_info = {
-        "name": name or model_id,
-        "method": method,
-        "seed": seed,
-        "model": model_id,
-        "checkpoint": checkpoint,
-        "split": split,
-        "benchmarks": None if benchmarks is None else list(benchmarks),
-        "decoding": settings.identity(),
-        "batch_size": settings.batch_size,
-    }
+    run_info = run_identity(
+        model_id=model_id, checkpoint=checkpoint, seed=seed, name=name, method=method,
+        settings=settings, split=split, benchmarks=benchmarks,
+    )  # fmt: skip
+    check_folder(out, run_info)
     with FolderLock(out, what="ncgrpo eval"):
         return _evaluate_locked(
             model, processor, questions, out, run_info, settings, model_id, checkpoint, seed, progress

@@ -235,18 +235,27 @@ class FolderLock:
     A second process fails at once with :class:`FolderBusyError` naming the holder's pid (written
     into the lock file). The kernel drops the lock when its holder dies, even by SIGKILL, so a
     stale lock file never blocks a rerun. The lock file stays; it holds only the last holder's pid.
+    Re-entrant within one process: an inner lock on a folder this process holds is a no-op.
     """
+
+    _held: dict[str, int] = {}  # resolved folder -> nesting depth, in this process
 
     def __init__(self, folder: str | os.PathLike, what: str = "ncgrpo"):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
         self.what = what
         self._fd: int | None = None
+        self._key: str | None = None
 
     def acquire(self) -> None:
         import fcntl
 
         self.folder.mkdir(parents=True, exist_ok=True)
+        key = str(self.folder.resolve())
+        if key in FolderLock._held:
+            FolderLock._held[key] += 1
+            self._key = key
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -263,8 +272,16 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} ({self.what})\n".encode(), 0)
         self._fd = fd
+        self._key = key
+        FolderLock._held[key] = 1
 
     def release(self) -> None:
+        if self._key is None:
+            return
+        FolderLock._held[self._key] -= 1
+        if FolderLock._held[self._key] == 0:
+            del FolderLock._held[self._key]
+        self._key = None
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
