@@ -308,3 +308,24 @@ def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     # Errors are reported, not raised.
     assert cli.main(["compare", "--runs", str(table1_dirs[0]), "--baseline", "nope"]) == 2
     assert "ncgrpo compare: error: baseline 'nope'" in capsys.readouterr().err
+
+
+def test_compare_cli_reads_a_config_file_and_flags_override_it(tmp_path, table1_dirs, capsys):
+    cfg = tmp_path / "compare.yaml"
+    cfg.write_text(
+        json.dumps({"runs": [str(d) for d in table1_dirs], "baseline": "nope", "benchmarks": ["mathvista"]})
+    )  # JSON is YAML
+    out = tmp_path / "o"
+    assert cli.main(["compare", "--config", str(cfg), "--baseline", "Vanilla GRPO", "--out", str(out)]) == 0
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["baseline"] == "Vanilla GRPO"
+    assert [c["key"] for c in data["main"]["columns"] if c["kind"] == "benchmark"] == ["mathvista"]
+    capsys.readouterr()
+    cfg.write_text("runs: [a]\nbaseline: x\nbatch: 3\n")
+    assert cli.main(["compare", "--config", str(cfg)]) == 2
+    assert "ncgrpo compare: error: --runs: a is not a folder" in capsys.readouterr().err
+    cfg.write_text(f"runs: [{table1_dirs[0]}]\nbaseline: x\nbatch: 3\n")
+    assert cli.main(["compare", "--config", str(cfg)]) == 2
+    assert "unrecognized arguments: --batch 3" in capsys.readouterr().err
+    assert cli.main(["compare", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: no such file" in capsys.readouterr().err
