@@ -423,3 +423,10 @@ def test_sigkill_at_random_points_then_rerun_fast(tiny_vl_dir, suite_dir, tmp_pa
 @pytest.mark.slow
 def test_sigkill_at_random_points_then_rerun_24_times(tiny_vl_dir, suite_dir, tmp_path) -> None:
     _kill_loop(tiny_vl_dir, suite_dir, tmp_path, kills=24, seed=1, budget_s=900)
+
+
+def test_a_list_option_given_twice_is_refused_not_truncated(tiny_vl_dir, suite_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    argv = [*_argv(tiny_vl_dir, suite_dir, out), "--data", f"synthetic={suite_dir}"]
+    assert cli.main(argv) == 2
+    assert "--data is given twice" in capsys.readouterr().err and not out.exists()

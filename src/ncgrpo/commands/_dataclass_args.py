@@ -30,6 +30,7 @@ def parse_dataclass(cls: type, argv: Sequence[str], *, prog: str, description: s
         if not Path(argv[i + 1]).is_file():
             raise UsageError(f"--config {argv[i + 1]}: no such file")
     parser = TrlParser(dataclass_types=[cls], prog=prog, description=description)
+    _refuse_repeated_lists(parser, argv)
     try:
         obj, rest = parser.parse_args_and_config(argv, return_remaining_strings=True)
     except TypeError as e:  # a config value of the wrong type reaching the dataclass
@@ -59,3 +60,21 @@ def add_dataclass_command(
 
     p.set_defaults(func=func, takes_rest=True, command_name=command_name)
     return p
+
+
+def _refuse_repeated_lists(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A list option given twice (``--data a=x --data b=y``) would keep only the last list: refuse."""
+    from ncgrpo.cli import UsageError
+
+    dest_of = {o: a.dest for a in parser._actions if a.nargs in ("+", "*") for o in a.option_strings}
+    seen: dict[str, str] = {}
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        dest = dest_of.get(flag)
+        if dest is None:
+            continue
+        if dest in seen:
+            raise UsageError(
+                f"{flag} is given twice; give all its values once, space-separated ({seen[dest]} A B ...)"
+            )
+        seen[dest] = flag
