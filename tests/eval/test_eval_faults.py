@@ -377,6 +377,7 @@ def _kill_loop(
     assert len(reference) == n
     records = out / RECORDS_FILE
     done_kills = 0
+    where = {"start-up": 0, "answering": 0, "left a torn tail": 0}
     deadline = time.time() + budget_s
     while done_kills < kills:
         assert time.time() < deadline, f"only {done_kills} kills in {budget_s:.0f} s"
@@ -387,7 +388,8 @@ def _kill_loop(
             before = 0
         batch = rng.choice(["1", "2", "3"])  # batch size may differ between reruns
         p = _popen([*_argv(tiny_vl_dir, suite_dir, out), "--batch_size", batch])
-        if rng.random() < 0.25:  # somewhere in start-up (imports, model load, lock, run.json)
+        phase = "start-up" if rng.random() < 0.25 else "answering"
+        if phase == "start-up":  # somewhere in imports, model load, lock, run.json
             time.sleep(rng.uniform(0.0, 6.0))
         else:  # while answering: after the first new record, a random moment later
             while p.poll() is None and len(_complete_lines(records)) <= before:
@@ -399,6 +401,8 @@ def _kill_loop(
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=60)
         done_kills += 1
+        where[phase] += 1
+        where["left a torn tail"] += bool(records.exists() and not records.read_bytes().endswith(b"\n"))
         if rng.random() < 0.3 and records.exists():  # and sometimes a disk-full torn write on top
             line = (_record("torn", True, output="ωωω").to_json() + "\n").encode()
             with open(records, "ab") as f:
@@ -413,7 +417,7 @@ def _kill_loop(
     rows = _complete_lines(records)
     assert len(rows) == n and _outcomes(rows) == reference
     assert records.read_bytes().endswith(b"\n")
-    print(f"{done_kills} kills, {time.time() - t0:.0f} s")
+    print(f"{done_kills} kills {where}, {time.time() - t0:.0f} s")
 
 
 def test_sigkill_at_random_points_then_rerun_fast(tiny_vl_dir, suite_dir, tmp_path) -> None:

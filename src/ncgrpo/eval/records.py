@@ -266,6 +266,11 @@ class FolderLock:
                 f"{self.folder} is being written by another process ({holder}, lock {self.path}); "
                 "wait for it to finish or use another output folder"
             ) from None
+        except OSError as e:  # e.g. a file system without flock support
+            os.close(fd)
+            raise OSError(
+                e.errno, f"{self.path}: cannot take the folder lock ({e.strerror}); use a local folder"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
