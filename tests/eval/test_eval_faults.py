@@ -208,7 +208,18 @@ def test_run_identity_split_seed_and_decoding_refused_batch_size_allowed(
             run(**kw)
         assert (tmp_path / RECORDS_FILE).read_bytes() == before  # nothing written
     assert run(test_qs, batch_size=1).newly_recorded == 1  # a smaller batch after an OOM: allowed
-    assert json.loads((tmp_path / RUN_FILE).read_text())["batch_size"] == 1
+    info = json.loads((tmp_path / RUN_FILE).read_text())
+    assert info["batch_size"] == 1 and info["name"] == "m"
+
+
+def test_rerun_without_name_keeps_the_folders_name(model_and_processor, suite_dir, tmp_path) -> None:
+    # Before, a rerun without --name renamed the run to its model id, regrouping it in tables.
+    model, proc = model_and_processor
+    qs = _questions(suite_dir)[:2]
+    s = DecodingSettings(max_new_tokens=2, batch_size=1)
+    evaluate(model, proc, qs[:1], tmp_path, model_id="m", name="vanilla", settings=s, progress=False)
+    evaluate(model, proc, qs, tmp_path, model_id="m", settings=s, progress=False)
+    assert json.loads((tmp_path / RUN_FILE).read_text())["name"] == "vanilla"
 
 
 def test_cli_refuses_another_split_or_benchmark_set(tiny_vl_dir, suite_dir, tmp_path, capsys) -> None:

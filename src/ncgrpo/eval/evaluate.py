@@ -91,10 +91,11 @@ def run_identity(
     split: str | dict[str, str] | None = None,
     benchmarks: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The run.json content :func:`evaluate` writes for these arguments."""
+    """The run.json content :func:`evaluate` writes for these arguments (``name`` None: the folder's
+    name is kept, or the model id for a new folder)."""
     settings = settings or DecodingSettings()
     return {
-        "name": name or model_id,
+        "name": name,
         "method": method,
         "seed": seed,
         "model": model_id,
@@ -141,7 +142,7 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
     """
     old = check_folder(out_dir, run)
     if old is None:
-        atomic_write_json(out_dir / RUN_FILE, run)
+        atomic_write_json(out_dir / RUN_FILE, {**run, "name": run["name"] or run["model"]})
         return
     merged = {**old, **{k: v for k, v in run.items() if v is not None}}
     if merged != old:
