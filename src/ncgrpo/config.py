@@ -336,6 +336,7 @@ class ConfigParser(TrlParser):
             elif tok.startswith(CONFIG_FLAG + "="):
                 config = tok.split("=", 1)[1]
         fields = self._fields()
+        self._refuse_repeated_lists(argv)
         loaded = load_config_file(config, fields) if config else ConfigFile()
         saved = []
         try:
@@ -379,6 +380,21 @@ class ConfigParser(TrlParser):
             argv=argv,
         )
         return ns, []
+
+    def _refuse_repeated_lists(self, argv: Sequence[str]) -> None:
+        """A list option given twice (``--data a=x --data b=y``) would keep only the last list: refuse."""
+        dest_of = {o: a.dest for a in self._actions if a.nargs in ("+", "*") for o in a.option_strings}
+        seen: dict[str, str] = {}
+        for token in argv:
+            flag = token.split("=", 1)[0]
+            dest = dest_of.get(flag)
+            if dest is None:
+                continue
+            if dest in seen:
+                raise ConfigError(
+                    f"{flag} is given twice; give all its values once, space-separated ({seen[dest]} A B ...)"
+                )
+            seen[dest] = flag
 
     def parse_args_and_config(
         self,

@@ -647,6 +647,9 @@ def _row_choices(column: Sequence[Any] | None, i: int) -> list[str] | None:
 
 
 def _accuracies(completions, answer, choices, answer_type, grader: str = "ncgrpo") -> list[float]:
+    for name, col in (("answer", answer), ("choices", choices), ("answer_type", answer_type)):
+        if col is not None and not isinstance(col, str) and len(col) != len(completions):
+            raise ValueError(f"{len(completions)} completions but {len(col)} entries in column {name!r}")
     out = []
     for i, completion in enumerate(completions):
         gold = _row(answer, i)

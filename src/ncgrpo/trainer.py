@@ -300,6 +300,35 @@ class NCGRPOConfig(GRPOConfig):
                 f"noisy_importance_sampling must be 'exclude' (no density correction, the paper) or 'apply', got "
                 f"{self.noisy_importance_sampling!r}"
             )
+        self._check_schedule()
+
+    # ---- eq. (3) schedule parameters (issue 10: refuse nonsense before any model is loaded) -------
+    def _check_schedule(self) -> None:
+        for name in ("schedule_gamma", "schedule_k_mid"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.schedule_gamma < 0:
+            raise ValueError(
+                f"schedule_gamma must be >= 0 (a negative gamma anneals backwards: the noise grows during "
+                f"training), got {self.schedule_gamma}"
+            )
+        if self.schedule_k_mid < 0:
+            raise ValueError(
+                f"schedule_k_mid is the step where eq. (3) halves sigma and must be >= 0, got {self.schedule_k_mid}"
+            )
+        K = self.max_steps
+        if self.sigma_schedule == "sigmoid" and K is not None and K > 0 and self.schedule_k_mid > K:
+            # Not refused: short smoke runs (max_steps=1..2) with the paper's k_mid=40 are common and
+            # then keep sigma near sigma0 for the whole run. Said once, loudly.
+            import warnings
+
+            warnings.warn(
+                f"schedule_k_mid={self.schedule_k_mid} is after the last step (max_steps={K}): the sigmoid "
+                f"schedule never anneals, sigma stays near sigma0 (the paper uses k_mid = 40/60 K)",
+                UserWarning,
+                stacklevel=3,
+            )
 
     @property
     def noise_site_parsed(self) -> str | list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ncgrpo.commands import plot as plot_cmd
+from ncgrpo import cli
 from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics, run_label
 from ncgrpo.eval.report import compare, load_runs
 
@@ -91,30 +90,53 @@ def test_run_label_from_config(tmp_path):
 
 def test_plot_cli(tmp_path, capsys):
     ex = _examples()
-    parser = argparse.ArgumentParser()
-    plot_cmd.add_parser(parser.add_subparsers(dest="command"))
     dirs = [str(d) for d in ex.write_eval_runs(tmp_path / "runs")]
-    args = parser.parse_args(
-        ["plot", "gains", *dirs, "--baseline", "Vanilla GRPO", "--out", str(tmp_path / "o")]
-    )
-    assert args.func(args) == 0
+    argv = ["plot", "gains", "--runs", *dirs, "--baseline", "Vanilla GRPO", "--out", str(tmp_path / "o")]
+    assert cli.main(argv) == 0
     assert (tmp_path / "o" / "gains.png").stat().st_size > 0 and (tmp_path / "o" / "gains.pdf").exists()
     train = [str(d) for d in ex.write_train_runs(tmp_path / "train")]
-    args = parser.parse_args(
-        [
-            "plot",
-            "dynamics",
-            *train,
-            "--out",
-            str(tmp_path / "o"),
-            "--val-key",
-            "val/accuracy/geo3k,val/accuracy/mathverse",
-        ]
-    )
-    assert args.func(args) == 0
+    o = str(tmp_path / "o")
+    argv = [
+        "plot",
+        "dynamics",
+        "--train-dirs",
+        *train,
+        "--out",
+        o,
+        "--val-key",
+        "val/accuracy/geo3k",
+        "val/accuracy/mathverse",
+    ]
+    assert cli.main(argv) == 0
     assert (tmp_path / "o" / "dynamics.png").stat().st_size > 0
-    args = parser.parse_args(["plot", "dynamics", *train, "--out", str(tmp_path / "o"), "--val-key", "nope"])
-    assert args.func(args) == 2 and "no run logs" in capsys.readouterr().err
+    assert cli.main(["plot", "dynamics", "--train_dirs", *train, "--out", o, "--val_key", "nope"]) == 2
+    assert "ncgrpo plot dynamics: error: no run logs" in capsys.readouterr().err
+
+
+def test_plot_dynamics_without_a_step_column_is_an_error(tmp_path, capsys):
+    d = tmp_path / "run"
+    d.mkdir()
+    rows = [{"reward": 0.1 * i, "val/accuracy": 0.5} for i in range(5)]  # no "step"
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match="numeric 'step'"):
+        plot_dynamics([d], tmp_path / "o" / "dyn")
+    assert not (tmp_path / "o").exists()
+    assert cli.main(["plot", "dynamics", "--train_dirs", str(d), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ncgrpo plot dynamics: error:") and str(d / "metrics.jsonl") in err
+
+
+def test_read_metrics_ignores_a_tail_torn_inside_a_utf8_character(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    good = json.dumps({"step": 1, "reward": 0.5, "note": "σ"}, ensure_ascii=False) + "\n"
+    torn = (json.dumps({"step": 2, "note": "σσ"}, ensure_ascii=False) + "\n").encode()
+    cut = torn.index("σ".encode()) + 1  # inside the two-byte character
+    (d / "metrics.jsonl").write_bytes(good.encode() + torn[:cut])
+    assert read_metrics(d) == [json.loads(good)]
+    (d / "metrics.jsonl").write_bytes(torn[:cut] + b"\n" + good.encode())  # the same bytes mid-file
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1: not UTF-8"):
+        read_metrics(d)
 
 
 def test_plots_use_no_pyplot_and_no_torch():

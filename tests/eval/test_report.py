@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ncgrpo.commands import compare as compare_cmd
+from ncgrpo import cli
 from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
 from ncgrpo.eval.report import compare, format_p, latex_text, load_runs, print_rich, to_latex, to_markdown
 from ncgrpo.eval.stats import AlignmentError, mcnemar_exact
@@ -292,13 +291,9 @@ def test_rich_output_has_every_number_untruncated(table1_dirs):
 
 
 def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
-    parser = argparse.ArgumentParser()
-    compare_cmd.add_parser(parser.add_subparsers(dest="command"))
     out = tmp_path / "report"
-    args = parser.parse_args(
-        ["compare", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
-    )
-    assert args.func(args) == 0
+    argv = ["compare", "--runs", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+    assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "Reasoning benchmarks" in printed and "53.0*" in printed
     md = (out / "comparison.md").read_text()
@@ -311,6 +306,26 @@ def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     )
     assert t["n"] == 5 * N and t["p"] < 1e-4 and t["holm_reject"] is True
     # Errors are reported, not raised.
-    args = parser.parse_args(["compare", str(table1_dirs[0]), "--baseline", "nope"])
-    assert args.func(args) == 2
-    assert "baseline 'nope'" in capsys.readouterr().err
+    assert cli.main(["compare", "--runs", str(table1_dirs[0]), "--baseline", "nope"]) == 2
+    assert "ncgrpo compare: error: baseline 'nope'" in capsys.readouterr().err
+
+
+def test_compare_cli_reads_a_config_file_and_flags_override_it(tmp_path, table1_dirs, capsys):
+    cfg = tmp_path / "compare.yaml"
+    cfg.write_text(
+        json.dumps({"runs": [str(d) for d in table1_dirs], "baseline": "nope", "benchmarks": ["mathvista"]})
+    )  # JSON is YAML
+    out = tmp_path / "o"
+    assert cli.main(["compare", "--config", str(cfg), "--baseline", "Vanilla GRPO", "--out", str(out)]) == 0
+    data = json.loads((out / "comparison.json").read_text())
+    assert data["baseline"] == "Vanilla GRPO"
+    assert [c["key"] for c in data["main"]["columns"] if c["kind"] == "benchmark"] == ["mathvista"]
+    capsys.readouterr()
+    cfg.write_text("runs: [a]\nbaseline: x\n")
+    assert cli.main(["compare", "--config", str(cfg)]) == 2
+    assert "ncgrpo compare: error: --runs: a is not a folder" in capsys.readouterr().err
+    cfg.write_text(f"runs: [{table1_dirs[0]}]\nbaseline: x\nbatch: 3\n")
+    assert cli.main(["compare", "--config", str(cfg)]) == 2
+    assert f"{cfg}: unknown key 'batch'" in capsys.readouterr().err
+    assert cli.main(["compare", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: config file does not exist" in capsys.readouterr().err

@@ -1,48 +1,86 @@
-"""``ncgrpo compare RUN_DIR... --baseline NAME``: the paper's tables with paired McNemar tests."""
+"""``ncgrpo compare --runs RUN_DIR... --baseline NAME``: the paper's tables with paired McNemar tests."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncgrpo.cli import UsageError
+from ncgrpo.commands._dataclass_args import add_dataclass_command
 
-def _split(text: str | None) -> list[str] | None:
-    return [b.strip() for b in text.split(",") if b.strip()] if text else None
+HELP = "paper-style tables and paired exact McNemar tests from evaluation run directories"
+DESCRIPTION = (
+    "Compare evaluated checkpoints question by question. Runs with the same `name` in run.json are seeds "
+    "of one configuration (mean ± half-range; tests pool seed pairs). Prints the tables; with --out also "
+    "writes comparison.md, comparison.tex, comparison.json."
+)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "compare",
-        help="paper-style tables and paired exact McNemar tests from evaluation run directories",
-        description="Compare evaluated checkpoints question by question. Runs with the same `name` in "
-        "run.json are seeds of one configuration (mean ± half-range; tests pool seed pairs). "
-        "Prints the tables; with --out also writes comparison.md, comparison.tex, comparison.json.",
+def names_list(values: list[str] | None, flag: str) -> list[str] | None:
+    """Space-separated names (commas also split); an empty name is an error."""
+    if values is None:
+        return None
+    out: list[str] = []
+    for item in values:
+        parts = [p.strip() for p in str(item).split(",")]
+        if not all(parts):
+            raise UsageError(f"{flag} {item!r}: empty name; give names separated by spaces")
+        out += parts
+    if not out:
+        raise UsageError(f"{flag} needs at least one name")
+    return out
+
+
+def run_dirs(values: list[str], flag: str = "--runs") -> list[str]:
+    """Run folders: each must be a folder (what it holds is checked when read)."""
+    if not values:
+        raise UsageError(f"{flag} needs at least one folder")
+    for v in values:
+        if not Path(v).is_dir():
+            raise UsageError(f"{flag}: {v} is not a folder")
+    return list(values)
+
+
+@dataclass
+class CompareArgs:
+    """Options of ``ncgrpo compare`` (checked in ``__post_init__``)."""
+
+    runs: list[str] = field(
+        metadata={"help": "evaluation run folders (run.json + records.jsonl), space-separated"}
     )
-    p.add_argument(
-        "runs", nargs="+", metavar="RUN_DIR", help="directories holding run.json and records.jsonl"
+    baseline: str = field(metadata={"help": "configuration name (run.json `name`) to test against"})
+    benchmarks: list[str] | None = field(
+        default=None, metadata={"help": "benchmarks to show (columns, in this order); none: all"}
     )
-    p.add_argument("--baseline", required=True, metavar="NAME", help="configuration name to test against")
-    p.add_argument("--benchmarks", metavar="A,B", help="comma-separated benchmarks (columns, in this order)")
-    p.add_argument("--out", metavar="DIR", type=Path, help="write comparison.{md,tex,json} here")
-    p.set_defaults(func=run)
-    return p
+    out: str | None = field(
+        default=None, metadata={"help": "write comparison.{md,tex,json} into this folder"}
+    )
+
+    def __post_init__(self) -> None:
+        self.runs = run_dirs(self.runs)
+        if not self.baseline.strip():
+            raise UsageError("--baseline is empty; give the name of the baseline configuration")
+        self.benchmarks = names_list(self.benchmarks, "--benchmarks")
+        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
+            raise UsageError(f"--out {self.out} exists and is not a folder")
 
 
-def run(args: argparse.Namespace) -> int:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    add_dataclass_command(subparsers, "compare", CompareArgs, run, help=HELP, description=DESCRIPTION)
+
+
+def run(args: CompareArgs) -> int:
     from ncgrpo.eval.records import atomic_write_json, atomic_write_text
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
 
-    try:
-        ct = compare(load_runs(args.runs), args.baseline, _split(args.benchmarks))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"ncgrpo compare: error: {e}", file=sys.stderr)
-        return 2
+    ct = compare(load_runs(args.runs), args.baseline, args.benchmarks)
     print_rich(ct)
     if args.out is not None:
-        atomic_write_text(args.out / "comparison.md", to_markdown(ct))
-        atomic_write_text(args.out / "comparison.tex", to_latex(ct))
-        atomic_write_json(args.out / "comparison.json", json.loads(json.dumps(ct.to_json(), default=str)))
-        print(f"wrote {args.out / 'comparison.md'}, comparison.tex, comparison.json")
+        out = Path(args.out)
+        atomic_write_text(out / "comparison.md", to_markdown(ct))
+        atomic_write_text(out / "comparison.tex", to_latex(ct))
+        atomic_write_json(out / "comparison.json", json.loads(json.dumps(ct.to_json(), default=str)))
+        print(f"wrote {out / 'comparison.md'}, comparison.tex, comparison.json")
     return 0

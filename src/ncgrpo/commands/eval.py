@@ -1,114 +1,204 @@
-"""``ncgrpo eval``: greedy, noise-free evaluation with crash-safe per-question records."""
+"""``ncgrpo eval``: greedy, noise-free evaluation with crash-safe per-question records.
+
+Options are the fields of :class:`EvalArgs` (``--config FILE.yaml`` and/or one ``--flag`` per field,
+see ``ncgrpo.commands._dataclass_args``). Every option is checked before the model is loaded and
+before anything is written: a bad value leaves no run folder behind.
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncgrpo.cli import UsageError
+from ncgrpo.commands._dataclass_args import add_dataclass_command
+
 HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (resumable)"
+DESCRIPTION = (
+    HELP + ". Rerunning into the same --out completes it: recorded questions are skipped. A folder holds "
+    "one model, checkpoint, seed, split, benchmark set and decoding setting (run.json); only the batch "
+    "size may change between reruns. One writer per folder at a time (an advisory lock)."
+)
+
+
+def _h(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class EvalArgs:
+    """Options of ``ncgrpo eval`` (checked in ``__post_init__``)."""
+
+    model: str = field(metadata=_h("model folder (save_pretrained layout) or cached hub id"))
+    benchmarks: list[str] = field(
+        metadata=_h(
+            "benchmark names, space-separated (geo3k hallusionbench mathvista mathverse mathvision wemath "
+            "pope mmstar ai2d realworldqa chartqa) or synthetic (an exported synthetic suite, see --data)"
+        )
+    )
+    out: str = field(metadata=_h("output folder: run.json + records.jsonl"))
+    data_dir: str | None = field(
+        default=None, metadata=_h("root folder holding one sub-folder per benchmark")
+    )
+    data: list[str] = field(
+        default_factory=list,
+        metadata=_h("data location per benchmark as NAME=PATH, space-separated (overrides --data_dir)"),
+    )
+    split: str | None = field(
+        default=None, metadata=_h("split to evaluate; none: each benchmark's own, e.g. testmini")
+    )
+    limit: int | None = field(default=None, metadata=_h("first N questions of each benchmark (smoke runs)"))
+    batch_size: int = field(default=8, metadata=_h("questions per generate call; may differ between reruns"))
+    max_new_tokens: int = field(default=2048, metadata=_h("answer token budget"))
+    system_prompt: str | None = field(default=None, metadata=_h("system message"))
+    name: str | None = field(default=None, metadata=_h("display name in tables; none: the model id"))
+    method: str | None = field(
+        default=None, metadata=_h("training method of the model, recorded in run.json")
+    )
+    seed: int | None = field(default=None, metadata=_h("training seed of the model, recorded per question"))
+    checkpoint: str | None = field(default=None, metadata=_h("checkpoint label recorded per question"))
+    device: str = field(default="auto", metadata=_h("cpu, cuda, cuda:N or auto"))
+    dtype: str = field(default="auto", metadata=_h("torch dtype of the weights, e.g. bfloat16"))
+    no_progress: bool = field(default=False, metadata=_h("no progress bar"))
+
+    def __post_init__(self) -> None:
+        from ncgrpo.data.benchmarks import BENCHMARKS
+
+        if not str(self.model).strip():
+            raise UsageError("--model is empty; give a model folder or hub id")
+        names: list[str] = []
+        for item in self.benchmarks:
+            parts = [p.strip() for p in str(item).split(",")]
+            if not all(parts):
+                raise UsageError(
+                    f"--benchmarks {item!r}: empty benchmark name; give names separated by spaces"
+                )
+            names += parts
+        if not names:
+            raise UsageError("--benchmarks needs at least one benchmark name")
+        known = ("synthetic", *BENCHMARKS)
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UsageError(f"--benchmarks: unknown benchmark(s) {unknown}; known: {', '.join(known)}")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise UsageError(f"--benchmarks names {dup} more than once")
+        self.benchmarks = names
+        self.paths = self._data_paths()
+        if self.split is not None and not self.split.strip():
+            raise UsageError("--split is empty; leave it out for each benchmark's default split")
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"--limit must be >= 1 (or left out for every question), got {self.limit}")
+        for flag in ("batch_size", "max_new_tokens"):
+            if getattr(self, flag) < 1:
+                raise UsageError(f"--{flag} must be >= 1, got {getattr(self, flag)}")
+        out = Path(self.out)
+        if not str(self.out).strip():
+            raise UsageError("--out is empty")
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a folder")
+
+    def _data_paths(self) -> dict[str, Path | None]:
+        explicit: dict[str, Path] = {}
+        for item in self.data:
+            k, sep, v = str(item).partition("=")
+            if not sep or not k.strip() or not v.strip():
+                raise UsageError(f"--data expects NAME=PATH, got {item!r}")
+            if k.strip() not in self.benchmarks:
+                raise UsageError(
+                    f"--data {item!r}: {k.strip()!r} is not among --benchmarks {self.benchmarks}"
+                )
+            path = Path(v.strip())
+            if not path.exists():
+                raise UsageError(f"--data {item!r}: {path} does not exist")
+            explicit[k.strip()] = path
+        data_dir = None if self.data_dir is None else Path(self.data_dir)
+        if data_dir is not None and not data_dir.is_dir():
+            raise UsageError(f"--data_dir {data_dir} is not a folder")
+        out: dict[str, Path | None] = {}
+        for n in self.benchmarks:
+            if n in explicit:
+                out[n] = explicit[n]
+            elif data_dir is not None and (data_dir / n).exists():
+                out[n] = data_dir / n
+            else:
+                out[n] = None
+        if "synthetic" in self.benchmarks and out["synthetic"] is None:
+            raise UsageError("benchmark 'synthetic' needs --data synthetic=FOLDER (an exported suite)")
+        return out
+
+    def splits(self) -> dict[str, str]:
+        """The split each benchmark is read from (recorded in run.json)."""
+        from ncgrpo.data.benchmarks import BENCHMARKS
+
+        return {
+            n: self.split or ("test" if n == "synthetic" else BENCHMARKS[n].default_split)
+            for n in self.benchmarks
+        }
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help=HELP, description=HELP)
-    p.add_argument("--model", required=True, help="model folder (save_pretrained layout) or cached hub id")
-    p.add_argument(
-        "--benchmarks",
-        required=True,
-        help="comma-separated benchmark names (geo3k, hallusionbench, mathvista, mathverse, mathvision, wemath, "
-        "pope, mmstar, ai2d, realworldqa, chartqa) or 'synthetic' (an exported synthetic suite, see --data)",
-    )
-    p.add_argument("--out", required=True, type=Path, help="output folder: run.json + records.jsonl")
-    p.add_argument(
-        "--data-dir", type=Path, default=None, help="root folder holding one sub-folder per benchmark"
-    )
-    p.add_argument(
-        "--data",
-        action="append",
-        default=[],
-        metavar="NAME=PATH",
-        help="data location of one benchmark (overrides --data-dir); repeatable",
-    )
-    p.add_argument(
-        "--split", default=None, help="split to evaluate (default: each benchmark's own, e.g. testmini)"
-    )
-    p.add_argument("--limit", type=int, default=None, help="first N questions of each benchmark (smoke runs)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=2048)
-    p.add_argument("--system-prompt", default=None)
-    p.add_argument("--name", default=None, help="display name of this run in tables (default: the model id)")
-    p.add_argument("--method", default=None, help="training method of the model, recorded in run.json")
-    p.add_argument("--seed", type=int, default=None, help="training seed of the model, recorded per question")
-    p.add_argument("--checkpoint", default=None, help="checkpoint label recorded per question")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=run)
-
-
-def _data_paths(args: argparse.Namespace, names: list[str]) -> dict[str, Path | None]:
-    explicit: dict[str, Path] = {}
-    for item in args.data:
-        if "=" not in item:
-            raise SystemExit(f"--data expects NAME=PATH, got {item!r}")
-        k, v = item.split("=", 1)
-        explicit[k.strip()] = Path(v)
-    unknown = set(explicit) - set(names)
-    if unknown:
-        raise SystemExit(f"--data names {sorted(unknown)} are not among --benchmarks {names}")
-    out: dict[str, Path | None] = {}
-    for n in names:
-        if n in explicit:
-            out[n] = explicit[n]
-        elif args.data_dir is not None and (args.data_dir / n).exists():
-            out[n] = args.data_dir / n
-        else:
-            out[n] = None
-    return out
+    add_dataclass_command(sub, "eval", EvalArgs, run, help=HELP, description=DESCRIPTION)
 
 
 def load_questions(names: list[str], paths: dict[str, Path | None], split: str | None, limit: int | None):
+    """The questions of ``names`` (benchmark -> data path or None for the ``datasets`` cache).
+
+    A benchmark that yields no question is an error naming where it was read.
+    """
     from ncgrpo.data.benchmarks import BENCHMARKS, load_benchmark
-    from ncgrpo.data.geometry3k import load_geometry3k
 
     questions = []
     for n in names:
         if n == "synthetic":
-            if paths[n] is None:
-                raise SystemExit("benchmark 'synthetic' needs --data synthetic=FOLDER (an exported suite)")
-            questions += load_geometry3k(paths[n], split or "test", limit=limit)
+            if paths.get(n) is None:
+                raise UsageError("benchmark 'synthetic' needs --data synthetic=FOLDER (an exported suite)")
+            got = load_benchmark("geo3k", paths[n], split=split or "test", limit=limit)
         elif n in BENCHMARKS:
-            questions += load_benchmark(n, paths[n], split=split, limit=limit)
+            got = load_benchmark(n, paths.get(n), split=split, limit=limit)
         else:
-            raise SystemExit(f"unknown benchmark {n!r}; known: synthetic, {', '.join(BENCHMARKS)}")
+            raise UsageError(f"unknown benchmark {n!r}; known: synthetic, {', '.join(BENCHMARKS)}")
+        if not got:
+            where = paths.get(n) or "the datasets cache"
+            raise UsageError(
+                f"benchmark {n!r}: no questions in {where} (split {split or 'default'}); "
+                "is the file empty or the split wrong?"
+            )
+        questions += got
     return questions
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: EvalArgs) -> int:
+    import contextlib
+
     from rich.console import Console
     from rich.table import Table
 
-    from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
+    from ncgrpo.eval.evaluate import DecodingSettings, check_folder, evaluate, model_id_of, run_identity
+    from ncgrpo.eval.records import FolderLock
     from ncgrpo.training import load_model_and_processor
 
-    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
-    questions = load_questions(names, _data_paths(args, names), args.split, args.limit)
-    model, processor = load_model_and_processor(args.model, dtype=args.dtype, device=args.device)
-    summary = evaluate(
-        model,
-        processor,
-        questions,
-        args.out,
-        model_id=model_id_of(args.model),
-        checkpoint=args.checkpoint,
-        seed=args.seed,
-        name=args.name,
-        method=args.method,
-        settings=DecodingSettings(
-            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, system_prompt=args.system_prompt
-        ),
-        progress=not args.no_progress,
+    out = Path(args.out)
+    settings = DecodingSettings(
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, system_prompt=args.system_prompt
     )
-    table = Table(title=f"{args.out} ({summary.newly_recorded} new of {summary.total})")
+    model_id = model_id_of(args.model)
+    identity = dict(
+        model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.method,
+        settings=settings, split=args.splits(), benchmarks=args.benchmarks,
+    )  # fmt: skip
+    check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
+    questions = load_questions(args.benchmarks, args.paths, args.split, args.limit)
+    # An existing folder is locked before the model loads, so a second eval into it fails at once;
+    # a new one is created (and locked) by evaluate only once everything has been checked.
+    with FolderLock(out, what="ncgrpo eval") if out.is_dir() else contextlib.nullcontext():
+        try:
+            model, processor = load_model_and_processor(args.model, dtype=args.dtype, device=args.device)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--model {args.model}: cannot load it ({e})") from e
+        summary = evaluate(model, processor, questions, out, progress=not args.no_progress, **identity)
+    table = Table(title=f"{out} ({summary.newly_recorded} new of {summary.total})")
     table.add_column("benchmark")
     table.add_column("n", justify="right")
     table.add_column("accuracy %", justify="right")

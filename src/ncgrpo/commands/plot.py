@@ -3,75 +3,118 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.commands.compare import _split
+from ncgrpo.cli import UsageError
+from ncgrpo.commands._dataclass_args import add_dataclass_command
+from ncgrpo.commands.compare import names_list, run_dirs
+
+GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"
+DYNAMICS_HELP = "training reward and validation accuracy against step"
+
+
+def _stem(name: str) -> str:
+    if not name.strip() or "/" in name or name in (".", ".."):
+        raise UsageError(f"--name {name!r}: give a plain file stem such as gains (no folder)")
+    return name
+
+
+def _out_folder(out: str) -> str:
+    if not str(out).strip():
+        raise UsageError("--out is empty")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    return out
+
+
+@dataclass
+class GainsArgs:
+    """Options of ``ncgrpo plot gains``."""
+
+    runs: list[str] = field(metadata={"help": "evaluation run folders, space-separated"})
+    baseline: str = field(metadata={"help": "configuration name (run.json `name`) to compare against"})
+    out: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf"})
+    benchmarks: list[str] | None = field(default=None, metadata={"help": "benchmarks to show, in this order"})
+    name: str = field(default="gains", metadata={"help": "file stem"})
+
+    def __post_init__(self) -> None:
+        self.runs = run_dirs(self.runs)
+        if not self.baseline.strip():
+            raise UsageError("--baseline is empty; give the name of the baseline configuration")
+        self.benchmarks = names_list(self.benchmarks, "--benchmarks")
+        self.out = _out_folder(self.out)
+        self.name = _stem(self.name)
+
+
+@dataclass
+class DynamicsArgs:
+    """Options of ``ncgrpo plot dynamics``."""
+
+    train_dirs: list[str] = field(
+        metadata={"help": "training run folders holding metrics.jsonl, space-separated"}
+    )
+    out: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf"})
+    reward_key: str = field(default="reward", metadata={"help": "metric plotted on top"})
+    val_key: list[str] = field(
+        default_factory=lambda: ["val/accuracy"],
+        metadata={
+            "help": "validation metric(s), one panel each, space-separated; a prefix such as val/accuracy "
+            "expands to val/accuracy/<benchmark> when only those are logged"
+        },
+    )
+    name: str = field(default="dynamics", metadata={"help": "file stem"})
+
+    def __post_init__(self) -> None:
+        self.train_dirs = run_dirs(self.train_dirs, "--train_dirs")
+        if not self.reward_key.strip():
+            raise UsageError("--reward_key is empty")
+        self.val_key = names_list(self.val_key, "--val_key")
+        self.out = _out_folder(self.out)
+        self.name = _stem(self.name)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser("plot", help="figures (gains vs. baseline, training dynamics) from saved files")
     sub = p.add_subparsers(dest="figure", metavar="FIGURE", required=True)
-
-    g = sub.add_parser(
+    add_dataclass_command(
+        sub,
         "gains",
-        help="accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05",
+        GainsArgs,
+        run_gains,
+        help=GAINS_HELP,
         description="Grouped bars of each configuration's accuracy difference vs. the baseline; "
-        "writes OUT/gains.png and OUT/gains.pdf.",
+        "writes OUT/NAME.png and OUT/NAME.pdf.",
+        command_name="plot gains",
     )
-    g.add_argument("runs", nargs="+", metavar="RUN_DIR", help="evaluation run directories")
-    g.add_argument("--baseline", required=True, metavar="NAME")
-    g.add_argument("--benchmarks", metavar="A,B", help="comma-separated benchmarks (in this order)")
-    g.add_argument("--out", required=True, type=Path, metavar="DIR")
-    g.add_argument("--name", default="gains", help="file stem (default: gains)")
-    g.set_defaults(func=run_gains)
-
-    d = sub.add_parser(
+    add_dataclass_command(
+        sub,
         "dynamics",
-        help="training reward and validation accuracy against step",
-        description="Reads TRAIN_DIR/metrics.jsonl of each run; writes OUT/dynamics.png and .pdf.",
+        DynamicsArgs,
+        run_dynamics,
+        help=DYNAMICS_HELP,
+        description="Reads TRAIN_DIR/metrics.jsonl of each run; writes OUT/NAME.png and OUT/NAME.pdf.",
+        command_name="plot dynamics",
     )
-    d.add_argument("train_dirs", nargs="+", metavar="TRAIN_DIR")
-    d.add_argument("--out", required=True, type=Path, metavar="DIR")
-    d.add_argument("--reward-key", default="reward", help="metric plotted on top (default: reward)")
-    d.add_argument(
-        "--val-key",
-        default="val/accuracy",
-        help="comma-separated validation metric(s), one panel each; a prefix such as val/accuracy "
-        "expands to val/accuracy/<benchmark> when only those are logged (default: val/accuracy)",
-    )
-    d.add_argument("--name", default="dynamics", help="file stem (default: dynamics)")
-    d.set_defaults(func=run_dynamics)
     return p
 
 
-def run_gains(args: argparse.Namespace) -> int:
+def run_gains(args: GainsArgs) -> int:
     from ncgrpo.eval.plots import plot_gains
     from ncgrpo.eval.report import load_runs
 
-    try:
-        paths = plot_gains(
-            load_runs(args.runs), args.baseline, args.out / args.name, benchmarks=_split(args.benchmarks)
-        )
-    except (ValueError, FileNotFoundError) as e:
-        print(f"ncgrpo plot gains: error: {e}", file=sys.stderr)
-        return 2
+    paths = plot_gains(
+        load_runs(args.runs), args.baseline, Path(args.out) / args.name, benchmarks=args.benchmarks
+    )
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
-def run_dynamics(args: argparse.Namespace) -> int:
+def run_dynamics(args: DynamicsArgs) -> int:
     from ncgrpo.eval.plots import plot_dynamics
 
-    try:
-        paths = plot_dynamics(
-            args.train_dirs,
-            args.out / args.name,
-            reward_key=args.reward_key,
-            val_key=_split(args.val_key) or "val/accuracy",
-        )
-    except (ValueError, FileNotFoundError) as e:
-        print(f"ncgrpo plot dynamics: error: {e}", file=sys.stderr)
-        return 2
+    paths = plot_dynamics(
+        args.train_dirs, Path(args.out) / args.name, reward_key=args.reward_key, val_key=args.val_key
+    )
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -263,6 +263,14 @@ class RowNoise:
     sign: float = 1.0
     mode: NoiseMode = "independent"
 
+    def __post_init__(self) -> None:
+        # NaN compares False with everything, so a NaN sigma would silently read as "clean" and an
+        # infinite one turn the states into NaN: both are refused here, as is a negative sigma.
+        if not math.isfinite(float(self.sigma)) or self.sigma < 0:
+            raise ValueError(f"RowNoise.sigma must be a finite number >= 0, got {self.sigma}")
+        if self.sign not in (1.0, -1.0):
+            raise ValueError(f"RowNoise.sign must be +1 or -1, got {self.sign}")
+
     @property
     def noisy(self) -> bool:
         return self.key is not None and self.sigma > 0
@@ -300,6 +308,8 @@ def perturb_rows(
     """
     if h.dim() != 3:
         raise ValueError(f"expected hidden states of shape [B, T, d], got {tuple(h.shape)}")
+    if not math.isfinite(sigma_scale) or sigma_scale < 0:
+        raise ValueError(f"sigma_scale must be a finite number >= 0, got {sigma_scale}")
     B, T, d = h.shape
     if len(rows) != B:
         raise ValueError(f"got {len(rows)} RowNoise entries for a batch of {B} rows")

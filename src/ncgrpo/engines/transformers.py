@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -425,6 +426,10 @@ def _normalize_site(site: Site, n_layers: int) -> list[int] | None:
     return layers
 
 
+#: Modules (the text model's top) a ``prefill_noise`` hook is active on: one at a time per model.
+_HOOKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
 @contextmanager
 def prefill_noise(
     model: nn.Module,
@@ -449,10 +454,20 @@ def prefill_noise(
     """
     if positions not in ("auto", "all"):
         raise ValueError(f"positions must be 'auto' or 'all', got {positions!r}")
+    bad = [i for i, r in enumerate(rows) if not isinstance(r, RowNoise)]
+    if bad:
+        raise TypeError(f"rows must be RowNoise entries; row {bad[0]} is {type(rows[bad[0]]).__name__}")
     top, stack, _ = find_text_stack(model)
+    if top in _HOOKED:
+        # A second hook would perturb the already-perturbed states: the noise applied twice.
+        raise RuntimeError(
+            "prefill_noise is already active on this model; nested hooks would apply the noise twice "
+            "(exit the outer `with prefill_noise(...)` first, or give both row sets to one call)"
+        )
     layers = _normalize_site(site, len(stack.layers))
     hook = NoiseHook(rows, layers, layer_decay, steer, positions, timing)
     handles = []
+    _HOOKED.add(top)
     try:
         handles.append(top.register_forward_pre_hook(hook.top_pre, with_kwargs=True))
         handles.append(stack.register_forward_pre_hook(hook.stack_pre, with_kwargs=True))
@@ -468,3 +483,4 @@ def prefill_noise(
         for h in handles:
             h.remove()
         hook._active = False
+        _HOOKED.discard(top)

@@ -25,9 +25,11 @@ from ncgrpo.eval.records import (
     RECORDS_FILE,
     RUN_FILE,
     EvalRecord,
+    FolderLock,
     RecordWriter,
     atomic_write_json,
     iter_records,
+    repair_torn_tail,
 )
 from ncgrpo.processors import tokenizer_of
 from ncgrpo.rewards import score
@@ -35,17 +37,33 @@ from ncgrpo.rewards import score
 
 @dataclass
 class DecodingSettings:
-    """Greedy decoding, as the paper evaluates (section 4.1)."""
+    """Greedy decoding, as the paper evaluates (section 4.1).
+
+    ``batch_size`` does not change greedy outputs (up to floating-point noise), so it is not part
+    of a run's identity: a rerun with a smaller batch (after running out of memory) may append.
+    """
 
     max_new_tokens: int = 2048
     batch_size: int = 8
     system_prompt: str | None = None
     math_prompt: str = MATH_PROMPT
 
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["do_sample"] = False
         d["num_beams"] = 1
+        return d
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that change outputs (all but ``batch_size``)."""
+        d = self.to_dict()
+        d.pop("batch_size")
         return d
 
 
@@ -58,22 +76,77 @@ class EvalSummary:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
-    """A folder holds the records of one model and one decoding setting: refuse to mix."""
-    path = out_dir / RUN_FILE
+#: run.json keys that say which outputs the records are; a rerun into the folder must match them.
+IDENTITY_KEYS = ("model", "checkpoint", "seed", "split", "benchmarks", "decoding")
+
+
+def run_identity(
+    *,
+    model_id: str,
+    checkpoint: str | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+    method: str | None = None,
+    settings: DecodingSettings | None = None,
+    split: str | dict[str, str] | None = None,
+    benchmarks: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The run.json content :func:`evaluate` writes for these arguments (``name`` None: the folder's
+    name is kept, or the model id for a new folder)."""
+    settings = settings or DecodingSettings()
+    return {
+        "name": name,
+        "method": method,
+        "seed": seed,
+        "model": model_id,
+        "checkpoint": checkpoint,
+        "split": split,
+        "benchmarks": None if benchmarks is None else list(benchmarks),
+        "decoding": settings.identity(),
+        "batch_size": settings.batch_size,
+    }
+
+
+def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | None:
+    """Refuse a folder whose run.json has another identity (:data:`IDENTITY_KEYS`) than ``run``.
+
+    Reads only: callers check before loading a model. Returns the folder's run.json, or None when
+    there is none yet (a new folder).
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out}: exists and is not a folder")
+    path = out / RUN_FILE
     if not path.exists():
-        atomic_write_json(path, run)
-        return
-    old = json.loads(path.read_text())
-    for k in ("model", "checkpoint", "decoding"):
+        return None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable run.json ({e}); use another --out folder") from None
+    if not isinstance(old, dict):
+        raise ValueError(f"{path}: not a run.json (a JSON object); use another --out folder")
+    for k in IDENTITY_KEYS:
         if old.get(k) != run.get(k):
             raise ValueError(
                 f"{path}: this folder holds records of {k}={old.get(k)!r}, not {run.get(k)!r}; "
                 "use another --out folder (records of different runs must not mix)"
             )
+    return old
+
+
+def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
+    """A folder holds the records of one identity (:data:`IDENTITY_KEYS`): refuse to mix.
+
+    Display fields (``name``, ``method``) given on a rerun are merged in; ``batch_size`` is the
+    last one used.
+    """
+    old = check_folder(out_dir, run)
+    if old is None:
+        atomic_write_json(out_dir / RUN_FILE, {**run, "name": run["name"] or run["model"]})
+        return
     merged = {**old, **{k: v for k, v in run.items() if v is not None}}
     if merged != old:
-        atomic_write_json(path, merged)
+        atomic_write_json(out_dir / RUN_FILE, merged)
 
 
 def _render(processor: Any, messages: list[dict[str, Any]]) -> str:
@@ -157,33 +230,56 @@ def evaluate(
     name: str | None = None,
     method: str | None = None,
     settings: DecodingSettings | None = None,
+    split: str | dict[str, str] | None = None,
+    benchmarks: Sequence[str] | None = None,
     progress: bool = True,
 ) -> EvalSummary:
     """Answer ``questions`` greedily and append one record per new question to ``out_dir``.
 
     Already-recorded questions (same benchmark and question id) are skipped, so rerunning after a
-    crash completes the folder without duplicates.
+    crash completes the folder without duplicates. The folder's identity -- model, checkpoint,
+    seed, ``split`` and ``benchmarks`` as given (e.g. the command line's names, so a rerun may add
+    questions of those benchmarks) and the decoding settings but the batch size -- is written to
+    ``run.json`` and must match on a rerun. The folder is locked
+    (:class:`~ncgrpo.eval.records.FolderLock`) while it is written; the arguments are checked
+    before the first byte is written.
     """
     settings = settings or DecodingSettings()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    decoding = settings.to_dict()
-    _check_run_file(
-        out,
-        {
-            "name": name or model_id,
-            "method": method,
-            "seed": seed,
-            "model": model_id,
-            "checkpoint": checkpoint,
-            "decoding": decoding,
-        },
-    )
+    if not questions:
+        raise ValueError("no questions to evaluate")
     uids = [(q.benchmark, q.question_id) for q in questions]
     if len(set(uids)) != len(uids):
         dup = next(u for u in uids if uids.count(u) > 1)
         raise ValueError(f"question {dup[0]}/{dup[1]} appears twice in the evaluation set")
+    out = Path(out_dir)
+    run_info = run_identity(
+        model_id=model_id, checkpoint=checkpoint, seed=seed, name=name, method=method,
+        settings=settings, split=split, benchmarks=benchmarks,
+    )  # fmt: skip
+    check_folder(out, run_info)
+    with FolderLock(out, what="ncgrpo eval"):
+        return _evaluate_locked(
+            model, processor, questions, out, run_info, settings, model_id, checkpoint, seed, progress
+        )
+
+
+def _evaluate_locked(
+    model: Any,
+    processor: Any,
+    questions: Sequence[Question],
+    out: Path,
+    run_info: dict[str, Any],
+    settings: DecodingSettings,
+    model_id: str,
+    checkpoint: str | None,
+    seed: int | None,
+    progress: bool,
+) -> EvalSummary:
+    _check_run_file(out, run_info)
+    decoding = settings.to_dict()
+    uids = [(q.benchmark, q.question_id) for q in questions]
     records_path = out / RECORDS_FILE
+    repair_torn_tail(records_path)
     done = {r.key for r in iter_records(records_path)} if records_path.exists() else set()
     todo = [q for q in questions if (q.benchmark, q.question_id) not in done]
 

@@ -137,21 +137,27 @@ def plot_gains(
 
 
 def read_metrics(train_dir: str | Path) -> list[dict[str, Any]]:
-    """Rows of ``TRAIN_DIR/metrics.jsonl``; a torn last line (killed writer) is dropped."""
+    """Rows of ``TRAIN_DIR/metrics.jsonl``; a torn tail (bytes after the last newline) is dropped."""
     path = Path(train_dir) / METRICS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{train_dir}: no {METRICS_FILE}")
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    data = path.read_bytes()
+    data = data[: data.rfind(b"\n") + 1]  # bytes after the last newline: a torn write, skipped
     rows = []
-    for i, line in enumerate(lines, start=1):
+    for i, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) and not line.endswith("\n"):
-                break
             raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i}: a metrics row must be a JSON object, got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
@@ -219,6 +225,15 @@ def plot_dynamics(
     if missing or len(keys) == 1:
         want = missing or ([val_key] if isinstance(val_key, str) else list(val_key))
         raise ValueError(f"no run logs {want}; logged keys: {sorted(logged)}")
+    for d, (_, rows) in zip(train_dirs, runs, strict=True):
+        if not any(_series(rows, k)[0] for k in keys):
+            raise ValueError(
+                f"{Path(d) / METRICS_FILE}: no row has a numeric 'step' with any of {keys}; "
+                "nothing to plot against step (is it a metrics.jsonl written by ncgrpo train?)"
+            )
+    empty = [k for k in keys if not any(_series(rows, k)[0] for _, rows in runs)]
+    if empty:
+        raise ValueError(f"no run logs {empty} at a numeric 'step'; nothing to plot for them")
 
     n = len(keys)
     ncols = 1 if n <= 3 else 2

@@ -32,6 +32,7 @@ from typing import Any
 
 from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, read_records
 from ncgrpo.eval.stats import (
+    AlignmentError,
     McNemarResult,
     bonferroni,
     holm,
@@ -119,7 +120,16 @@ def load_run(path: str | Path) -> Run:
     run_file, rec_file = path / RUN_FILE, path / RECORDS_FILE
     if not rec_file.exists():
         raise FileNotFoundError(f"{path}: no {RECORDS_FILE} (is this an `ncgrpo eval --out` directory?)")
-    info: dict[str, Any] = json.loads(run_file.read_text(encoding="utf-8")) if run_file.exists() else {}
+    info: dict[str, Any] = {}
+    if run_file.exists():
+        try:
+            info = json.loads(run_file.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{run_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{run_file}:{e.lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(info, dict):
+            raise ValueError(f"{run_file}: must hold a JSON object, got {type(info).__name__}")
     records = read_records(rec_file)
     if not records:
         raise ValueError(f"{rec_file}: no records")
@@ -331,6 +341,21 @@ def _mark_bold(table: Table, decimals: int = 1) -> None:
             c.bold = c.mean is not None and round(c.mean, decimals) == best
 
 
+def _paired_test(pairs: Sequence[tuple[Run, Run]], bms: list[str]) -> McNemarResult:
+    """The pooled McNemar test of ``pairs`` on ``bms``; an alignment error names both folders."""
+    try:
+        return pooled_over_seeds([(a.subset(bms), b.subset(bms)) for a, b in pairs], bms)
+    except AlignmentError:
+        for a, b in pairs:  # find the pair at fault and name its folders
+            try:
+                pooled_over_seeds([(a.subset(bms), b.subset(bms))], bms)
+            except AlignmentError as e:
+                raise AlignmentError(
+                    f"run a = {a.path} ({a.name!r}), run b = {b.path} ({b.name!r}): {e}"
+                ) from None
+        raise
+
+
 def _build(
     groups: dict[str, list[Run]],
     baseline: str,
@@ -359,11 +384,11 @@ def _build(
                 continue
             _fill(cell, [r.accuracy(bm) for r in runs])
             if pairs and _covers(base_runs, [bm]):
-                cell.test = pooled_over_seeds([(a.subset([bm]), b.subset([bm])) for a, b in pairs], [bm])
+                cell.test = _paired_test(pairs, [bm])
                 tests.append(TestEntry(name, bm, cell.test, row.seed_pairs))
         pooled_test = None
         if ood and pairs and _covers(runs, ood) and _covers(base_runs, ood):
-            pooled_test = pooled_over_seeds([(a.subset(ood), b.subset(ood)) for a, b in pairs], ood)
+            pooled_test = _paired_test(pairs, ood)
             tests.append(TestEntry(name, pooled_scope, pooled_test, row.seed_pairs))
         if with_avg:
             avg = row.cells["ood_avg"] = Cell(test=pooled_test)

@@ -1,0 +1,34 @@
+"""Commands whose options are one dataclass, parsed the TRL way.
+
+A command registered with :func:`add_dataclass_command` takes ``--config FILE.yaml`` (keys = field
+names, ``base:`` includes) plus one ``--flag`` per field (``--batch_size`` and the ``--batch-size``
+alias; list fields as space-separated values; flags override the file), with each field's
+``metadata["help"]`` as its help text and its ``__post_init__`` as the validation: the same
+:class:`ncgrpo.config.ConfigParser` as ``ncgrpo train``, ``demo`` and ``pretrain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+
+def add_dataclass_command(
+    sub: argparse._SubParsersAction,
+    name: str,
+    cls: type,
+    run: Callable[[Any], int],
+    *,
+    help: str,
+    description: str | None = None,
+    command_name: str | None = None,
+) -> argparse.ArgumentParser:
+    """Register ``name``; its ``func`` builds ``cls`` from the parsed values and calls ``run`` with it."""
+    p = sub.add_parser(name, help=help, description=description or help, dataclass_types=lambda: (cls,))
+
+    def func(args: argparse.Namespace) -> int:
+        return run(args.parsed_config.build(cls))
+
+    p.set_defaults(func=func, command_name=command_name or name)
+    return p
