@@ -52,6 +52,10 @@ class EvalArgs:
     batch_size: int = field(default=8, metadata=_h("questions per generate call; may differ between reruns"))
     max_new_tokens: int = field(default=2048, metadata=_h("answer token budget"))
     system_prompt: str | None = field(default=None, metadata=_h("system message"))
+    grader: str = field(
+        default="ncgrpo",
+        metadata=_h("answer grader: 'ncgrpo' (the shared exact scorer) or 'mathruler' (NoisyRollout's)"),
+    )
     name: str | None = field(default=None, metadata=_h("display name in tables; none: the model id"))
     method: str | None = field(
         default=None, metadata=_h("training method of the model, recorded in run.json")
@@ -181,7 +185,10 @@ def run(args: EvalArgs) -> int:
 
     out = Path(args.out)
     settings = DecodingSettings(
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, system_prompt=args.system_prompt
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        system_prompt=args.system_prompt,
+        grader=args.grader,
     )
     model_id = model_id_of(args.model)
     identity = dict(

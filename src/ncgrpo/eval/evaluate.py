@@ -47,8 +47,14 @@ class DecodingSettings:
     batch_size: int = 8
     system_prompt: str | None = None
     math_prompt: str = MATH_PROMPT
+    #: The answer grader (:data:`ncgrpo.rewards.GRADERS`); it changes outcomes, so it is part of the identity.
+    grader: str = "ncgrpo"
 
     def __post_init__(self) -> None:
+        from ncgrpo.rewards import GRADERS
+
+        if self.grader not in GRADERS:
+            raise ValueError(f"grader must be one of {', '.join(GRADERS)}, got {self.grader!r}")
         for name in ("max_new_tokens", "batch_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -303,7 +309,9 @@ def _evaluate_locked(
                 outputs = generate_greedy(model, processor, batch, settings)
                 recs = []
                 for q, text in zip(batch, outputs, strict=True):
-                    s = score(text, q.answer, choices=q.choices, answer_type=q.answer_type)
+                    s = score(
+                        text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader
+                    )
                     msgs = build_messages(
                         q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
                     )
