@@ -436,7 +436,9 @@ def check_plugin_active(llm) -> list[dict[str, Any]]:
     """
     try:
         status = llm.collective_rpc(_STATUS_METHOD)
-    except NotImplementedError as e:  # vLLM's answer when a worker lacks the method
+    except Exception as e:  # in-process workers raise NotImplementedError; multiprocess ones wrap it
+        if _STATUS_METHOD not in str(e):
+            raise
         raise RuntimeError(
             "the ncgrpo vLLM plugin is not active in the engine's workers: install ncgrpo in the environment "
             "that runs vLLM (it registers the 'vllm.general_plugins' entry point 'ncgrpo_noise') and do not "
