@@ -97,7 +97,7 @@ def test_steer_is_added_to_noisy_rows():
 def v1(reqs, scheduled, drafts=None):
     """reqs: {rid: (num_prompt_tokens, num_computed_tokens)} in batch order."""
     runner = SimpleNamespace(
-        input_batch=SimpleNamespace(req_ids=list(reqs)),
+        input_batch=SimpleNamespace(req_ids=list(reqs), req_id_to_index={r: i for i, r in enumerate(reqs)}),
         requests={
             r: SimpleNamespace(num_prompt_tokens=p, num_computed_tokens=c) for r, (p, c) in reqs.items()
         },
@@ -111,10 +111,12 @@ def test_v1_only_the_final_prefill_chunk_of_a_noisy_request_is_perturbed():
     specs = {"a": s, "b": s, "c": s}
     # a: final chunk (30 computed + 10 = 40 prompt); b: middle chunk; c: decode step; d: clean prefill
     runner, so = v1(
-        {"a": (40, 30), "b": (100, 32), "c": (12, 15), "d": (9, 0)}, {"a": 10, "b": 32, "c": 1, "d": 9}
+        {"d": (9, 0), "a": (40, 30), "b": (100, 32), "c": (12, 15)}, {"a": 10, "b": 32, "c": 1, "d": 9}
     )
-    assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(4, 2))] == [0]
+    assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(4, 2))] == [1]
+    assert specs == {"b": s}  # settled specs are consumed: later steps take vLLM's untouched path
     # the request after a speculative-decoding request with 2 drafts sits 3 rows further
+    specs = {"a": s}
     runner, so = v1({"c": (12, 15), "a": (40, 30)}, {"c": 3, "a": 10}, drafts={"c": [5, 6]})
     assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(4, 2))] == [3]
 
@@ -139,3 +141,4 @@ def test_v2_plan_reads_the_input_batch():
     )
     specs = {"a": (s, 40), "b": (s, 20)}  # a finishes its prompt this step, b does not
     assert [i for i, _ in _v2_plan(ib, specs, torch.zeros(5, 2))] == [3]
+    assert set(specs) == {"b"}

@@ -41,10 +41,12 @@ Which row is perturbed, and why that is right under every scheduler feature:
   recomputed in this step; the cached prefix only feeds attention, which is clean by construction.
 - mixed batches: the logit rows follow the runner's request order (``1 + num_draft_tokens`` rows per
   request under speculative decoding; a first-token step has no drafts); other rows are untouched.
-- preemption: a request resumed after it produced tokens re-prefills prompt + outputs; a chunk that
-  ends exactly at the prompt's end is then a partial prefill whose sample vLLM discards, so the
-  perturbation (clean KV, discarded logits) changes nothing. A request preempted before its first
-  token re-runs its prefill and gets the SAME noise: the draw is a pure function of the key.
+- preemption: a request's spec is consumed in the step that samples its first token, so a request
+  preempted after that and resumed (V1: a cached request with ``resumed_from_preemption``; V2: a
+  new request whose prefill holds prompt + outputs, whose spec is not captured) is never perturbed
+  again: its first token is kept, the rest is clean decoding. A request preempted before its first
+  token re-runs its prefill and gets the SAME noise: the draw is a pure function of the key. Once
+  consumed, decode steps take the untouched path (no per-step cost).
 - tensor parallelism: the final-norm output is replicated on every rank and the draw depends only on
   the key (CPU generator, then copied to the device), so every rank perturbs identically.
 - ``n > 1``: vLLM fans such a request into children that share one copy of ``extra_args``, so they
@@ -249,22 +251,43 @@ class _ArmedLogits:
 # V1 model runner (vllm/v1/worker/gpu_model_runner.py; CPUModelRunner subclasses it)
 # --------------------------------------------------------------------------------------------------
 def _v1_plan(runner, so, specs: dict[str, NoiseSpec], hs: torch.Tensor) -> list[tuple[int, NoiseSpec]]:
-    rows: list[tuple[int, NoiseSpec]] = []
+    """The logit rows to perturb in this step, as ``(row, spec)``; consumes the specs it settles.
+
+    A spec leaves ``specs`` once its request's prompt is fully computed (this step or before): its
+    first token is then sampled, so decode steps and resumed requests see an empty ``specs`` and
+    take the untouched path.
+    """
+    ib = runner.input_batch
+    req_ids = ib.req_ids
     drafts = so.scheduled_spec_decode_tokens or {}
-    row = 0
-    for rid in runner.input_batch.req_ids:
-        n_rows = 1 + len(drafts.get(rid, ()))
-        spec = specs.get(rid)
-        if spec is not None and spec.noisy:
-            st = runner.requests[rid]
-            if st.num_computed_tokens + so.num_scheduled_tokens[rid] == st.num_prompt_tokens and n_rows == 1:
-                rows.append((row, spec))
-        row += n_rows
-    if row != hs.shape[0]:
+    if drafts:  # speculative decoding: 1 + num_drafts rows per request, in batch order
+        first_row, row = {}, 0
+        for rid in req_ids:
+            first_row[rid] = row
+            row += 1 + len(drafts.get(rid, ()))
+        n_rows = row
+    else:
+        first_row, n_rows = None, len(req_ids)
+    if n_rows != hs.shape[0]:
         raise RuntimeError(
-            f"ncgrpo vLLM plugin: expected {row} logit rows for {len(runner.input_batch.req_ids)} requests, got "
-            f"{hs.shape[0]}; this vLLM version lays out logits differently, refusing to guess which row is whose"
+            f"ncgrpo vLLM plugin: expected {n_rows} logit rows for {len(req_ids)} requests, got {hs.shape[0]}; "
+            "this vLLM version lays out logits differently, refusing to guess which row is whose"
         )
+    rows: list[tuple[int, NoiseSpec]] = []
+    for rid, spec in list(specs.items()):
+        n_sched = so.num_scheduled_tokens.get(rid)
+        if n_sched is None:
+            continue
+        st = runner.requests[rid]
+        done = st.num_computed_tokens + n_sched
+        if done < st.num_prompt_tokens:
+            continue  # an earlier prefill chunk
+        del specs[rid]
+        if done == st.num_prompt_tokens and not drafts.get(rid):
+            row = first_row[rid] if first_row is not None else ib.req_id_to_index[rid]
+            if first_row is None and req_ids[row] != rid:
+                raise RuntimeError(f"ncgrpo vLLM plugin: request {rid!r} is not at batch index {row}")
+            rows.append((row, spec))
     return rows
 
 
@@ -302,7 +325,8 @@ def _wrap_v2_add_requests(orig):
         for req in scheduler_output.scheduled_new_reqs:
             sp = req.sampling_params
             spec = parse_noise_spec(sp.extra_args) if sp is not None else None
-            if spec is not None and spec.noisy:
+            resumed = req.prefill_token_ids is not None and len(req.prefill_token_ids) > req.prompt_len
+            if spec is not None and spec.noisy and not resumed:  # resumed: first token already sampled
                 specs[req.req_id] = (spec, int(req.prompt_len))
             else:
                 specs.pop(req.req_id, None)
@@ -323,21 +347,26 @@ def _wrap_v2_remove_request(orig):
 
 
 def _v2_plan(input_batch, specs, hs: torch.Tensor) -> list[tuple[int, NoiseSpec]]:
-    rows: list[tuple[int, NoiseSpec]] = []
+    """As :func:`_v1_plan`, from the V2 runner's ``InputBatch``; consumes the specs it settles."""
     cu = input_batch.cu_num_logits_np
-    for i, rid in enumerate(input_batch.req_ids):
+    req_ids = input_batch.req_ids
+    if int(cu[len(req_ids)]) != hs.shape[0]:
+        raise RuntimeError(
+            f"ncgrpo vLLM plugin: expected {int(cu[len(req_ids)])} logit rows, got {hs.shape[0]}; refusing to "
+            "guess which row is whose"
+        )
+    rows: list[tuple[int, NoiseSpec]] = []
+    for i, rid in enumerate(req_ids):
         ent = specs.get(rid)
         if ent is None:
             continue
         spec, prompt_len = ent
         done = int(input_batch.num_computed_tokens_np[i]) + int(input_batch.num_scheduled_tokens[i])
+        if done < prompt_len:
+            continue
+        del specs[rid]
         if done == prompt_len and int(cu[i + 1]) - int(cu[i]) == 1:
             rows.append((int(cu[i]), spec))
-    if int(cu[len(input_batch.req_ids)]) != hs.shape[0]:
-        raise RuntimeError(
-            f"ncgrpo vLLM plugin: expected {int(cu[-1])} logit rows, got {hs.shape[0]}; refusing to guess which "
-            "row is whose"
-        )
     return rows
 
 
