@@ -3,9 +3,12 @@ transformers engine on the same model. Run in .venv-vllm (scripts/setup_vllm.sh)
 
 One ``LLM`` (the ncgrpo plugin active, checked at start-up); each rollout is one ``LLM.generate``
 over P x G requests (n = 1 each, prompt duplicated G times, as TRL's colocate mode sends them).
-Vanilla: every request clean. NC-GRPO: the second half of each group carries its noise spec in
-``extra_args`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`). The two are interleaved
-(alternating which goes first) and medians are reported. Random weights: ``ignore_eos`` makes every
+Vanilla: every request clean, one shared SamplingParams. NC-GRPO: the second half of each group
+carries its noise spec in ``extra_args`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`).
+A third arm sends the NC-GRPO requests with sigma 0 (same per-request SamplingParams and
+extra_args, no perturbation) to separate vLLM's per-request cost from the plugin's. The arms are
+interleaved (rotating which goes first) and medians are reported, with the time the worker spent
+in the plugin's own code (read through the start-up check's RPC). Random weights: ``ignore_eos`` makes every
 row decode exactly ``--max-new-tokens`` tokens, so both sides do the same decode work. The
 transformers engine (:func:`ncgrpo.rollout.generate_groups`, hook on) runs the same rows with
 ``min_new_tokens`` for the engine comparison.
@@ -115,29 +118,31 @@ def main(argv=None) -> dict:
     requests = [{"prompt_token_ids": p} for p in ids for _ in range(G)]
     pids = [prompt_hash(p) for p in ids]
 
-    def params(nc: bool, step: int):
-        rows = plan_batch(pids, args.n, args.sigma if nc else 0.0, args.seed, step)
-        if not nc:
+    def params(arm: str, step: int):
+        if arm == "vanilla":
             return [base] * len(requests)
+        rows = plan_batch(pids, args.n, args.sigma if arm == "ncgrpo" else 0.0, args.seed, step)
         return sampling_params_for_rows(base, rows)
 
-    def timed_vllm(nc: bool, step: int) -> tuple[float, float]:
-        sp = params(nc, step)
+    def timed_vllm(arm: str, step: int) -> tuple[float, float]:
+        sp = params(arm, step)
         t, c = time.perf_counter(), time.process_time()
         outs = llm.generate(requests, sp, use_tqdm=False)
         wall = time.perf_counter() - t
         assert all(len(o.outputs[0].token_ids) == args.max_new_tokens for o in outs)
         return wall, time.process_time() - c
 
-    timed_vllm(False, 0)  # warm-up
-    timed_vllm(True, 0)
-    times = {"vanilla": [], "ncgrpo": []}
+    arms = ["vanilla", "ncgrpo", "sigma0"]
+    for arm in arms:
+        timed_vllm(arm, 0)  # warm-up
+    times = {a: [] for a in arms}
+    in_engine = {a: [] for a in arms}  # seconds spent in the plugin's code inside the worker
     for i in range(args.repeats):
-        order = [("vanilla", False), ("ncgrpo", True)]
-        if i % 2:
-            order.reverse()
-        for name, nc in order:
-            wall, _ = timed_vllm(nc, i + 1)
+        order = arms[i % 3 :] + arms[: i % 3]  # rotate which arm goes first
+        for name in order:
+            before = check_plugin_active(llm)[0]["plugin_seconds"]
+            wall, _ = timed_vllm(name, i + 1)
+            in_engine[name].append(check_plugin_active(llm)[0]["plugin_seconds"] - before)
             times[name].append(wall)
             print(f"repeat {i}: vLLM {name} {wall:.3f}s", file=sys.stderr, flush=True)
 
@@ -164,7 +169,24 @@ def main(argv=None) -> dict:
         hf_times.append(timed_hf(i + 1))
         print(f"repeat {i}: transformers ncgrpo {hf_times[-1]:.3f}s", file=sys.stderr, flush=True)
 
+    # the plugin's own work, measured in-process on the same shapes (robust to load on a shared CPU):
+    # the first-token step perturbs P*n rows of the [P*G, d] rows compute_logits receives
+    from ncgrpo.engines.vllm import _perturb_logit_rows, parse_noise_spec
+    from ncgrpo.engines.vllm import noise_extra_args as _nea
+
+    specs = [parse_noise_spec(_nea(r)) for r in plan_batch(pids, args.n, args.sigma, args.seed, 1)]
+    noisy_rows = [(i, s) for i, s in enumerate(specs) if s is not None]
+    hs = torch.randn(len(requests), model.config.hidden_size)
+    hook = []
+    for _ in range(20):
+        t = time.perf_counter()
+        _perturb_logit_rows(hs, noisy_rows)
+        hook.append(time.perf_counter() - t)
+    hook_s = statistics.median(hook)
+
     med = {k: statistics.median(v) for k, v in times.items()}
+    paired = statistics.median(a / b for a, b in zip(times["ncgrpo"], times["vanilla"], strict=True))
+    paired0 = statistics.median(a / b for a, b in zip(times["sigma0"], times["vanilla"], strict=True))
     hf_med = statistics.median(hf_times)
     result = {
         "machine": {
@@ -187,6 +209,13 @@ def main(argv=None) -> dict:
         "vllm_times_s": times,
         "vllm_median_s": med,
         "ratio_ncgrpo_over_vanilla": med["ncgrpo"] / med["vanilla"],
+        "paired_ratio_median": paired,
+        "ratio_sigma0_over_vanilla": med["sigma0"] / med["vanilla"],
+        "paired_ratio_sigma0_median": paired0,
+        "plugin_hook_s_per_rollout": hook_s,
+        "plugin_in_engine_s": in_engine,
+        "plugin_in_engine_median_s": {k: statistics.median(v) for k, v in in_engine.items()},
+        "plugin_hook_share_of_vanilla": hook_s / med["vanilla"],
         "transformers_ncgrpo_times_s": hf_times,
         "transformers_ncgrpo_median_s": hf_med,
         "speedup_vllm_over_transformers": hf_med / med["ncgrpo"],
@@ -199,10 +228,30 @@ def main(argv=None) -> dict:
         f"new_tokens={args.max_new_tokens} repeats={args.repeats} sigma={args.sigma}"
     )
     print(f"{'method':<34}{'median s':>10}{'min s':>10}{'max s':>10}")
-    for k, label in (("vanilla", "vLLM vanilla GRPO"), ("ncgrpo", "vLLM NC-GRPO (plugin)")):
+    for k, label in (
+        ("vanilla", "vLLM vanilla GRPO"),
+        ("ncgrpo", "vLLM NC-GRPO (plugin)"),
+        ("sigma0", "vLLM NC-GRPO requests, sigma 0"),
+    ):
         print(f"{label:<34}{med[k]:>10.3f}{min(times[k]):>10.3f}{max(times[k]):>10.3f}")
     print(f"{'transformers NC-GRPO (hook)':<34}{hf_med:>10.3f}{min(hf_times):>10.3f}{max(hf_times):>10.3f}")
-    print(f"ratio vLLM NC-GRPO / vanilla: {result['ratio_ncgrpo_over_vanilla']:.4f}")
+    print(
+        f"ratio vLLM NC-GRPO / vanilla: {result['ratio_ncgrpo_over_vanilla']:.4f} (ratio of medians), "
+        f"{paired:.4f} (median of paired ratios)"
+    )
+    print(
+        f"plugin work per rollout (eq. 2 on {len(noisy_rows)} rows, in-process): {1e3 * hook_s:.2f} ms = "
+        f"{100 * result['plugin_hook_share_of_vanilla']:.2f}% of the vanilla rollout"
+    )
+    print(
+        f"ratio sigma-0 requests / vanilla: {result['ratio_sigma0_over_vanilla']:.4f} (ratio of medians), "
+        f"{paired0:.4f} (median of paired ratios): per-request SamplingParams and extra_args, no noise"
+    )
+    pe = result["plugin_in_engine_median_s"]
+    print(
+        f"plugin code inside the worker per rollout: {1e3 * pe['ncgrpo']:.2f} ms NC-GRPO "
+        f"({100 * pe['ncgrpo'] / med['vanilla']:.2f}% of the vanilla rollout), {1e3 * pe['vanilla']:.3f} ms vanilla"
+    )
     print(f"vLLM speed-up over transformers (NC-GRPO): {result['speedup_vllm_over_transformers']:.2f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

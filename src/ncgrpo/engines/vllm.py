@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,6 +87,9 @@ _STATUS_METHOD = "ncgrpo_noise_status"
 _MARK = "_ncgrpo_noise_wrapped"
 _MODES = ("independent", "antithetic", "rank_one")
 _FIELDS = {"seed", "step", "prompt_id", "branch", "sigma", "sign", "mode", "steer", "site"}
+# time this process spent in the plugin's own code (spec parsing, row planning, eq. 2); reported by
+# the start-up check's RPC so benchmarks can measure the plugin's cost inside the engine itself
+_STATS = {"seconds": 0.0, "perturbed_rows": 0}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -230,10 +234,13 @@ class _ArmedLogits:
 
     def __call__(self, hidden_states, *args, **kwargs):
         if self.armed:
+            t = time.perf_counter()
             self.armed = False
             rows = self.plan(hidden_states)
             if rows:
                 hidden_states = _perturb_logit_rows(hidden_states, rows)
+                _STATS["perturbed_rows"] += len(rows)
+            _STATS["seconds"] += time.perf_counter() - t
         return self.orig(hidden_states, *args, **kwargs)
 
     def __enter__(self):
@@ -294,6 +301,7 @@ def _v1_plan(runner, so, specs: dict[str, NoiseSpec], hs: torch.Tensor) -> list[
 def _wrap_v1_execute_model(orig):
     @functools.wraps(orig)
     def execute_model(self, scheduler_output, *args, **kwargs):
+        t = time.perf_counter()
         specs: dict[str, NoiseSpec] = self.__dict__.setdefault("_ncgrpo_specs", {})
         for req in scheduler_output.scheduled_new_reqs:
             sp = req.sampling_params
@@ -304,6 +312,7 @@ def _wrap_v1_execute_model(orig):
                 specs.pop(req.req_id, None)
         for rid in scheduler_output.finished_req_ids:
             specs.pop(rid, None)
+        _STATS["seconds"] += time.perf_counter() - t
         if not specs or specs.keys().isdisjoint(scheduler_output.num_scheduled_tokens):
             return orig(self, scheduler_output, *args, **kwargs)  # inert: vLLM's code, untouched
         with _ArmedLogits(self.model, lambda hs: _v1_plan(self, scheduler_output, specs, hs)):
@@ -321,6 +330,7 @@ def _wrap_v2_add_requests(orig):
     @functools.wraps(orig)
     def add_requests(self, scheduler_output, *args, **kwargs):
         out = orig(self, scheduler_output, *args, **kwargs)
+        t = time.perf_counter()
         specs: dict[str, tuple[NoiseSpec, int]] = self.__dict__.setdefault("_ncgrpo_specs", {})
         for req in scheduler_output.scheduled_new_reqs:
             sp = req.sampling_params
@@ -330,6 +340,7 @@ def _wrap_v2_add_requests(orig):
                 specs[req.req_id] = (spec, int(req.prompt_len))
             else:
                 specs.pop(req.req_id, None)
+        _STATS["seconds"] += time.perf_counter() - t
         return out
 
     setattr(add_requests, _MARK, True)
@@ -426,7 +437,13 @@ def _status(worker) -> dict[str, Any]:
     else:
         patched = getattr(getattr(cls, "execute_model", None), _MARK, False)
         kind = "v1"
-    return {"runner": f"{cls.__module__}.{cls.__qualname__}", "kind": kind, "patched": bool(patched)}
+    return {
+        "runner": f"{cls.__module__}.{cls.__qualname__}",
+        "kind": kind,
+        "patched": bool(patched),
+        "plugin_seconds": _STATS["seconds"],
+        "perturbed_rows": _STATS["perturbed_rows"],
+    }
 
 
 def _mro_modules(cls) -> str:
@@ -460,7 +477,8 @@ def register() -> None:
 def check_plugin_active(llm) -> list[dict[str, Any]]:
     """Raise unless every worker of ``llm`` (a ``vllm.LLM``) runs a model runner patched by this plugin.
 
-    Returns each worker's ``{"runner", "kind", "patched"}``. Call once after building the engine: a
+    Returns each worker's ``{"runner", "kind", "patched", "plugin_seconds", "perturbed_rows"}`` (the
+    last two: time spent in the plugin's code and rows perturbed so far, in that worker). Call once after building the engine: a
     missing plugin would otherwise make every noisy row silently clean.
     """
     try:
