@@ -93,7 +93,14 @@ def hf(model_dir):
 def llm(model_dir):
     engine = LLM(model=model_dir, **ENGINE)
     yield engine
-    del engine
+    shutdown(engine)
+
+
+def shutdown(engine) -> None:
+    """Stop the engine's processes now, not at interpreter exit (when pytest has closed the log streams)."""
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
 
 
 def reference_logprobs(hf, prompt, row: RowNoise | None) -> torch.Tensor:
@@ -119,6 +126,9 @@ def assert_close_logprobs(got: dict[int, float], ref: torch.Tensor, atol=2e-4):
 def test_plugin_is_active_in_the_workers(llm):
     status = check_plugin_active(llm)
     assert status and all(s["patched"] for s in status)
+    rows = status[0]["perturbed_rows"]
+    run(llm, [LONG, SHORT], [greedy(noisy(21)), greedy()])  # LONG: three prefill chunks
+    assert check_plugin_active(llm)[0]["perturbed_rows"] == rows + 1  # one row, once: the final chunk's
 
 
 def test_n_greater_than_one_and_layer_sites_are_refused(llm):
@@ -249,8 +259,9 @@ def _gpu_engine(model_dir, **kw):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and vLLM's CUDA build")
-def test_gpu_v2_runner_cuda_graphs_and_single_token_final_chunk(model_dir, hf):
+def test_gpu_v2_runner_cuda_graphs_and_single_token_final_chunk(model_dir, hf, request):
     engine = _gpu_engine(model_dir, enforce_eager=False)  # CUDA graphs for the forward
+    request.addfinalizer(lambda: shutdown(engine))
     status = check_plugin_active(engine)
     assert all(s["patched"] for s in status)
     assert status[0]["kind"] == "v2", status  # 0.30-0.33 default to the V2 runner on GPUs
@@ -269,8 +280,9 @@ def test_gpu_v2_runner_cuda_graphs_and_single_token_final_chunk(model_dir, hf):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_gpu_tensor_parallel_2_draws_identically_on_both_ranks(model_dir, hf):
+def test_gpu_tensor_parallel_2_draws_identically_on_both_ranks(model_dir, hf, request):
     engine = _gpu_engine(model_dir, tensor_parallel_size=2)
+    request.addfinalizer(lambda: shutdown(engine))
     assert len(check_plugin_active(engine)) == 2
     row = noisy(3)
     out = run(engine, [LONG], greedy(row))[0]
