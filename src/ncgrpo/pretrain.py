@@ -191,7 +191,7 @@ def encode_example(processor: Any, q: Question) -> Example:
     tok = processor.tokenizer
     text = processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
     enc = processor(text=[text], images=[[im.convert("RGB") for im in q.images]], return_tensors="pt")
-    completion = tok(reasoning_trace(q) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")
+    completion = tok(reasoning_trace(q, variant=None) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
     n_completion = int(completion["input_ids"].shape[1])
     return Example(
