@@ -160,3 +160,66 @@ def test_inert_monitor_stays_quiet_when_the_noise_acts():
     assert m.update(1, 0.2, 0.0) is None
     assert m.update(2, 0.2, 0.3) is None
     assert all(m.update(k, 0.2, 0.0) is None for k in range(3, 10))
+
+
+# ------------------------------------------------------------------------------------ trainer wiring
+def _tiny_grpo():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "tiny_grpo" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_grpo"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["tiny_grpo"]
+
+
+@pytest.mark.parametrize("method", ["vanilla", "latent"])
+def test_trainer_branch_prefix_reaches_the_prompt_and_the_reward(tmp_path, method):
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    tiny = _tiny_grpo()
+    seen: dict[str, list] = {"prompts": [], "completions": []}
+
+    class Recording(NCGRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            seen["prompts"] += [list(p) for p in prompt_ids]
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+
+    def reward(completions, **kwargs):
+        seen["completions"] += list(completions)
+        return [float(len(str(c)) % 3) for c in completions]
+
+    args = tiny.config(tmp_path, rollout_method=method, max_steps=1, branch_prefix="<think>")
+    proc = tiny.processor()
+    tr = Recording(
+        model=tiny.model(0), reward_funcs=[reward], args=args, train_dataset=tiny.dataset(8),
+        processing_class=proc,
+    )  # fmt: skip
+    tr.train()
+    tok = proc.tokenizer
+    assert seen["prompts"] and all(
+        tok.decode(p).endswith("<|im_start|>assistant\n<think>") for p in seen["prompts"]
+    )
+    assert seen["completions"] and all(c[0]["content"].startswith("<think>") for c in seen["completions"])
+    # scoped: the processor the trainer saves keeps the plain template
+    assert tr.processing_class is proc and "branch_prefix" not in proc.chat_template
+
+
+def test_trainer_warns_once_when_the_noise_is_inert(tmp_path):
+    """Greedy decoding and a vanishing sigma: the noisy first tokens never leave the clean argmax."""
+    tiny = _tiny_grpo()
+    tr = tiny.trainer(
+        tmp_path, rollout_method="latent", sigma0=1e-7, sigma_schedule="constant", max_steps=3,
+        generation_kwargs={"do_sample": False},
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr.train()
+    inert = [w for w in caught if issubclass(w.category, InertNoiseWarning)]
+    assert len(inert) == 1, [str(w.message) for w in caught]
+    assert "ncgrpo probe" in str(inert[0].message) and "step 3" in str(inert[0].message)

@@ -80,6 +80,7 @@ NCGRPO_FIELDS: dict[str, Any] = {
     "first_token_temperature": 2.0,
     "image_noise_step": 500,
     "noisy_importance_sampling": "exclude",
+    "branch_prefix": "",
 }
 
 #: ``data.*.name`` values: the real Geometry3K and the synthetic suite exported in its schema.
