@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules under ncgrpo.commands, in the order --help lists them.
-COMMANDS: tuple[str, ...] = ("demo", "train", "eval", "compare", "plot", "pretrain")
+COMMANDS: tuple[str, ...] = ("demo", "train", "eval", "compare", "plot", "pretrain", "probe")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -118,6 +118,9 @@ class DemoConfig:
     max_new_tokens: int = 64
     learning_rate: float = 3e-4
     noise_site: str = "final_norm"
+    branch_prefix: str = (
+        ""  # appended to the generation prompt in training (ncgrpo.prefix); eval: plain prompt
+    )
     val_limit: int = 32
     val_every: int | None = None
     eval_batch_size: int = 64
@@ -510,6 +513,7 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
         # where the noise acts matters only to the hidden-noise methods
         **({"noise_site": cfg.noise_site} if spec.rollout_method in ("latent", "antithetic", "spsa") else {}),
         "schedule_k_mid": cfg.k_mid,
+        **({"branch_prefix": cfg.branch_prefix} if cfg.branch_prefix else {}),
         "base_model": base_id,
         "suite_seed": cfg.suite_seed,
         "suite_sizes": cfg.suite_sizes,
@@ -549,6 +553,7 @@ def _train(
         **spec.fields,
         schedule_k_mid=cfg.k_mid,
         noise_site=cfg.noise_site,
+        branch_prefix=cfg.branch_prefix,
         num_generations=cfg.num_generations,
         per_device_train_batch_size=cfg.batch_size,
         max_completion_length=cfg.max_completion_length,

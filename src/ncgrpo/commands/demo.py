@@ -65,6 +65,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--noise-site", default=d["noise_site"],
         help="where the hidden-noise methods perturb the prefill: final_norm (the paper's site) or decoder-layer "
              "indices such as 1 or 0,2 (the propagating variant) (default: %(default)s)")
+    add("--branch-prefix", default=d["branch_prefix"], metavar="TEXT",
+        help="text appended to the training generation prompt so the prefill ends where reasoning begins "
+             "(e.g. '<think>'); rewards see it in front of the completion; evaluation uses the plain prompt "
+             "(default: %(default)r)")
     add("--val-limit", type=int, default=d["val_limit"], metavar="N",
         help="validation questions per family scored greedily during training; 0 turns it off "
              "(default: %(default)s)")
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model, cache_dir=args.cache_dir, device=args.device, eval_limit=args.eval_limit,
             num_generations=args.num_generations, prompts_per_step=args.prompts_per_step,
             max_completion_length=args.max_completion_length, max_new_tokens=args.max_new_tokens,
-            learning_rate=args.learning_rate, noise_site=args.noise_site, val_limit=args.val_limit, val_every=args.val_every,
+            learning_rate=args.learning_rate, noise_site=args.noise_site, branch_prefix=args.branch_prefix, val_limit=args.val_limit, val_every=args.val_every,
             num_threads=args.threads or None, progress=not args.no_progress,
         )  # fmt: skip
         result = run_demo(cfg)
