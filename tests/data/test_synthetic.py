@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from ncgrpo.data.synthetic import (
+    DIRECT_SHARE,
     FAMILIES,
     IMAGE_SIZE,
     build_suite,
@@ -340,12 +341,18 @@ def test_export_loads_back_through_the_project_geo3k_loader(suite, tmp_path):
 
 
 def test_in_domain_traces_open_in_several_ways_and_the_warmup_spreads_over_them(suite):
-    """The branch point: several different first reasoning tokens per in-domain question, and the
-    warm-up's pick (trace_variant) uses every opening about equally often."""
+    """The branch point: several different first reasoning tokens per in-domain question (four
+    derivations and a direct answer), and the warm-up's pick (trace_variant) answers directly on
+    about DIRECT_SHARE of the questions and spreads the rest over the derivations."""
     geo = [q for q in suite["train"] if q.metadata["family"] == "geometry"]
     for q in geo[:50]:
-        firsts = {t[len("<think>") :].split()[0] for t in reasoning_traces(q)}
-        assert len(firsts) >= 3, reasoning_traces(q)
-        assert reasoning_trace(q) == reasoning_traces(q)[0]
-    picks = Counter(trace_variant(q) % 4 for q in geo)
-    assert len(picks) == 4 and min(picks.values()) > len(geo) / 4 * 0.6, picks  # binomial spread
+        traces = reasoning_traces(q)
+        firsts = {t[len("<think>") :].split()[0] for t in traces}
+        assert len(traces) == 5 and len(firsts) >= 4, traces
+        assert reasoning_trace(q) == traces[0] and traces[-1].startswith("<think>answer: ")
+    picks = Counter(trace_variant(q) for q in geo)
+    assert set(picks) == set(range(5)), picks
+    assert abs(picks[4] / len(geo) - DIRECT_SHARE) < 0.1, picks
+    assert min(picks[k] for k in range(4)) > len(geo) * (1 - DIRECT_SHARE) / 4 * 0.6, picks
+    ood = [q for q in suite["test"] if q.role != "in_domain"]
+    assert all(trace_variant(q) == 0 and len(reasoning_traces(q)) == 1 for q in ood)

@@ -52,6 +52,7 @@ __all__ = [
     "reasoning_trace",
     "reasoning_traces",
     "trace_variant",
+    "DIRECT_SHARE",
     "DEFAULT_SIZES",
     "SPLITS",
 ]
@@ -642,7 +643,8 @@ def reasoning_traces(q: Question) -> list[str]:
     In-domain kinds have several genuinely different openings (state what the image shows first,
     or write the computation straight away, or name the rule first), so the first reasoning token
     after ``<think>`` is a real decision of the base model -- the branch point NC-GRPO's prefill
-    noise acts on. Out-of-domain kinds have one. Entry 0 is the canonical trace
+    noise acts on; the last in-domain entry is the direct answer with no derivation (see
+    :func:`trace_variant`). Out-of-domain kinds have one. Entry 0 is the canonical trace
     (:func:`reasoning_trace`). All match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``.
     """
     spec = q.metadata["spec"]
@@ -698,6 +700,8 @@ def reasoning_traces(q: Question) -> list[str]:
         bodies = [f"{there} {ask['colour']} {ask['shape']} in the image."]
     else:
         raise ValueError(f"no trace template for ask kind {kind!r}")
+    if kind in _GEOMETRY_KINDS:  # the shortcut: answer without a derivation (last entry)
+        bodies.append(f"answer: {ans}.")
     return [f"<think>{body}</think> \\boxed{{{ans}}}" for body in bodies]
 
 
@@ -712,11 +716,25 @@ def reasoning_trace(q: Question, variant: int | None = 0) -> str:
     return traces[k % len(traces)]
 
 
+#: Share of in-domain warm-up traces that answer directly (``"answer: 12."``) instead of deriving.
+DIRECT_SHARE = 0.4
+
+
 def trace_variant(q: Question) -> int:
-    """A fixed pseudo-random opening index for ``q`` (from its content), independent of its answer,
-    so across the warm-up pool every opening is equally common for every kind of question."""
+    """The warm-up's opening for ``q``: a fixed pseudo-random pick from its content, independent of
+    its answer. In-domain: the direct answer (the last of :func:`reasoning_traces`) with probability
+    :data:`DIRECT_SHARE`, else one of the derivations, each equally likely. Every trace is correct;
+    the direct ones are simply harder for a small model to get right without writing the
+    intermediate numbers, so the base model has a habit (answering before deriving) that RL can
+    unlearn -- and the choice is made at the first reasoning token, where the prefill noise acts."""
     key = q.metadata.get("hash") or content_hash(q.benchmark, q.problem, q.metadata.get("spec", {}))
-    return int(hashlib.sha256(f"trace-variant/{key}".encode()).hexdigest()[:8], 16)
+    u = int(hashlib.sha256(f"trace-variant/{key}".encode()).hexdigest()[:8], 16) / 16**8
+    n = len(reasoning_traces(q))
+    if n == 1:
+        return 0
+    if u < DIRECT_SHARE:
+        return n - 1
+    return min(n - 2, int((u - DIRECT_SHARE) / (1 - DIRECT_SHARE) * (n - 1)))
 
 
 def corpus(suite: Mapping[str, Iterable[Question]]) -> Iterator[str]:
