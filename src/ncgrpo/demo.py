@@ -118,9 +118,9 @@ class DemoConfig:
     max_new_tokens: int = 64
     learning_rate: float = 3e-4
     noise_site: str = "final_norm"
-    branch_prefix: str = (
-        ""  # appended to the generation prompt in training (ncgrpo.prefix); eval: plain prompt
-    )
+    #: appended to the training generation prompt (ncgrpo.prefix) so the final-norm noise acts on the
+    #: first reasoning token instead of the near-certain "<think>"; evaluation uses the plain prompt
+    branch_prefix: str = "<think>"
     val_limit: int = 32
     val_every: int | None = None
     eval_batch_size: int = 64

@@ -113,7 +113,7 @@ DEFAULT_POOL: dict[str, int] = {
     "colour_choice": 200,
     "pope": 200,
 }
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 900
 #: Learning-rate multiplier of the vision tower and its patch merger relative to the language model.
 DEFAULT_VISION_LR_SCALE = 1.0
 #: Steps of vision-tower pre-training on scene attributes before SFT (see :func:`_vision_warmup`).
