@@ -367,35 +367,3 @@ def test_committed_checkpoint_reads_the_image():
         real = float(model(**batch).loss)
         other = float(model(**shuffled).loss)
     assert other > real * 1.1, (real, other)
-
-
-def test_scene_targets_read_objects_and_bars_from_the_spec():
-    from ncgrpo.data.synthetic import BAR_MAX, COLOURS, SHAPES
-
-    items = pt.sft_pool(0, {"geometry": 3, "counting": 5, "bar_chart": 5, "compare": 5, "pope": 5})
-    idx, t, m = pt._scene_targets(items)
-    fams = [items[i].metadata["family"] for i in idx]
-    assert "geometry" not in fams and len(idx) == 20
-    colours, shapes = list(COLOURS), list(SHAPES)
-    n_combo = len(colours) * len(shapes)
-    o_cmp = n_combo + 3 * 13
-    o_h = o_cmp + 1
-    o_c = o_h + 4 * BAR_MAX
-    for r, i in enumerate(idx):
-        scene = items[i].metadata["spec"]["scene"]
-        if scene["type"] == "objects":
-            present = {(ob["colour"], ob["shape"]) for ob in scene["objects"]}
-            got = {(colours[j // 3], shapes[j % 3]) for j in range(n_combo) if t[r, j] == 1}
-            assert got == present
-            for k, sh in enumerate(shapes):
-                assert int(t[r, n_combo + 13 * k : n_combo + 13 * (k + 1)].argmax()) == sum(
-                    ob["shape"] == sh for ob in scene["objects"]
-                )
-            assert m[r, o_h:].sum() == 0 and m[r, :o_cmp].sum() == o_cmp
-            assert m[r, o_cmp] == (items[i].metadata["family"] == "compare")
-        else:
-            bars = sorted(scene["bars"], key=lambda b: b["x0"])
-            for k, bar in enumerate(bars):
-                assert int(t[r, o_h + BAR_MAX * k : o_h + BAR_MAX * (k + 1)].argmax()) == bar["height"] - 1
-                assert colours[int(t[r, o_c + 6 * k : o_c + 6 * (k + 1)].argmax())] == bar["colour"]
-            assert m[r, :o_h].sum() == 0

@@ -191,9 +191,7 @@ def encode_example(processor: Any, q: Question) -> Example:
     tok = processor.tokenizer
     text = processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
     enc = processor(text=[text], images=[[im.convert("RGB") for im in q.images]], return_tensors="pt")
-    completion = tok(
-        reasoning_trace(q, variant=None) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt"
-    )
+    completion = tok(reasoning_trace(q, variant=None) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
     n_completion = int(completion["input_ids"].shape[1])
     return Example(
@@ -357,57 +355,6 @@ def _vision_targets(items: Sequence[Question]) -> tuple[list[int], torch.Tensor,
     return geo, corners, present
 
 
-def _scene_targets(items: Sequence[Question]) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-    """Scene attributes of the out-of-domain pool images (object scenes and bar charts), for the
-    vision warm-up: ``(index into items, multi-hot targets (N, D), mask (N, D))``.
-
-    Object scenes: which (colour, shape) pairs are present (18), how many objects of each shape
-    (3 x 0..12, one-hot), and for the two-object comparison scenes whether the left one is bigger;
-    bar charts: each bar's height (4 x 1..6) and colour (4 x 6). These are what the out-of-domain
-    traces read from the image; without them the tower only learns geometry (corner count, labels)
-    and the base model answers out-of-domain questions near the best constant answer."""
-    from ncgrpo.data.synthetic import BAR_MAX, COLOURS, SHAPES
-
-    colours, shapes = list(COLOURS), list(SHAPES)
-    n_combo, n_count, n_cmp = len(colours) * len(shapes), len(shapes) * 13, 1
-    n_height, n_bcol = 4 * BAR_MAX, 4 * len(colours)
-    o_count = n_combo
-    o_cmp = o_count + n_count
-    o_height = o_cmp + n_cmp
-    o_bcol = o_height + n_height
-    D = o_bcol + n_bcol
-    idx, rows, masks = [], [], []
-    for i, q in enumerate(items):
-        spec = q.metadata.get("spec") or {}
-        scene = spec.get("scene", {})
-        t = torch.zeros(D)
-        m = torch.zeros(D)
-        if scene.get("type") == "objects":
-            obs = scene["objects"]
-            for ob in obs:
-                t[colours.index(ob["colour"]) * len(shapes) + shapes.index(ob["shape"])] = 1.0
-            for k, sh in enumerate(shapes):
-                t[o_count + 13 * k + min(12, sum(ob["shape"] == sh for ob in obs))] = 1.0
-            m[:o_cmp] = 1.0
-            if spec.get("ask", {}).get("kind") == "compare" and len(obs) == 2:
-                left, right = sorted(obs, key=lambda ob: ob["x"])
-                t[o_cmp] = float(left["r"] > right["r"])
-                m[o_cmp] = 1.0
-        elif scene.get("type") == "bars":
-            for k, bar in enumerate(sorted(scene["bars"], key=lambda b: b["x0"])):
-                t[o_height + BAR_MAX * k + bar["height"] - 1] = 1.0
-                t[o_bcol + len(colours) * k + colours.index(bar["colour"])] = 1.0
-            m[o_height:] = 1.0
-        else:
-            continue
-        idx.append(i)
-        rows.append(t)
-        masks.append(m)
-    if not idx:
-        return [], torch.zeros((0, D)), torch.zeros((0, D))
-    return idx, torch.stack(rows), torch.stack(masks)
-
-
 def _vision_warmup(
     model: Any,
     items: Sequence[Question],
@@ -431,7 +378,6 @@ def _vision_warmup(
     weights carry over. Deterministic: the head is initialised and batches drawn from ``seed``.
     """
     geo, corners, present = _vision_targets(items)
-    ood, scene_t, scene_m = _scene_targets(items)
     if steps <= 0 or not geo:
         return []
     visual = model.model.visual
@@ -442,10 +388,7 @@ def _vision_warmup(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = torch.nn.Linear(width, 4 + present.shape[1])
-        scene_head = torch.nn.Linear(width, scene_t.shape[1]) if ood else None
     params = list(visual.parameters()) + list(head.parameters())
-    if scene_head is not None:
-        params += list(scene_head.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(f"ncgrpo-pretrain-vision/{seed}")
     losses = []
@@ -457,20 +400,6 @@ def _vision_warmup(
         loss = torch.nn.functional.cross_entropy(logits[:, :4], corners[idx])
         if present.shape[1]:
             loss = loss + torch.nn.functional.binary_cross_entropy_with_logits(logits[:, 4:], present[idx])
-        if scene_head is not None:  # out-of-domain scenes: masked multi-label loss
-            jdx = rng.sample(range(len(ood)), min(batch_size, len(ood)))
-            rows = [ood[j] for j in jdx]
-            f2 = _merged(
-                visual(
-                    torch.cat([examples[i].pixel_values for i in rows]),
-                    grid_thw=torch.cat([examples[i].image_grid_thw for i in rows]),
-                )
-            )
-            bce = torch.nn.functional.binary_cross_entropy_with_logits(
-                scene_head(f2.reshape(len(rows), width)), scene_t[jdx], reduction="none"
-            )
-            m = scene_m[jdx]
-            loss = loss + 4.0 * (bce * m).sum() / m.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
