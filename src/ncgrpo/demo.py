@@ -28,11 +28,14 @@ file holding the settings that produced them; a rerun with the same settings ski
 with different settings into the same ``--out`` is refused (records of different runs must not mix).
 
 Noise site: the default is the paper's (``final_norm``), where the noise reaches only the first-token
-logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999 on
-test prompts of every family, measured on the shipped checkpoint), so at sigma0 = 0.2 that site changed no rollout in a
-60-step run: NC-GRPO's logged rewards, losses and lengths equalled vanilla GRPO's step for step and
-its test records were identical. The demo checks this after training and says so under the table
-(:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) does change
+logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999), so
+without a prefix that site changes no rollout (measured: NC-GRPO's logged steps equalled vanilla's and
+the test records were identical). The demo therefore trains with ``branch_prefix="<think>"``
+(:mod:`ncgrpo.prefix`; evaluation keeps the plain prompt): the branch point is then the first reasoning
+token, where the base chooses among five openings (``ncgrpo probe``: first-token entropy 1.8 nats,
+6.4% of noisy rollouts differ from their common-random-number clean partner at sigma 0.2). The demo
+still checks after training whether the two runs were identical and says so under the table
+(:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) also changes
 rollouts.
 
 Threads: on a small CPU the default is one torch thread. Measured on this project's 2-core machine
