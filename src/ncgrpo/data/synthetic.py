@@ -723,10 +723,11 @@ DIRECT_SHARE = 0.4
 def trace_variant(q: Question) -> int:
     """The warm-up's opening for ``q``: a fixed pseudo-random pick from its content, independent of
     its answer. In-domain: the direct answer (the last of :func:`reasoning_traces`) with probability
-    :data:`DIRECT_SHARE`, else one of the derivations, each equally likely. Every trace is correct;
-    the direct ones are simply harder for a small model to get right without writing the
-    intermediate numbers, so the base model has a habit (answering before deriving) that RL can
-    unlearn -- and the choice is made at the first reasoning token, where the prefill noise acts."""
+    :data:`DIRECT_SHARE`, else one of the derivations, each equally likely. Every trace is correct.
+    The direct answer was meant as a habit RL could unlearn (harder without the intermediate
+    numbers); measured on a base built this way it is not: sampled at T = 1 on 48 training prompts,
+    direct answers were right 24% of the time, derivation openings 7-35%. What the mix does give is
+    a first reasoning token that is a real decision (entropy ~1.8 nats), where the prefill noise acts."""
     key = q.metadata.get("hash") or content_hash(q.benchmark, q.problem, q.metadata.get("spec", {}))
     u = int(hashlib.sha256(f"trace-variant/{key}".encode()).hexdigest()[:8], 16) / 16**8
     n = len(reasoning_traces(q))
