@@ -22,10 +22,10 @@ vllm = pytest.importorskip("vllm")
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
+from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args, sampling_params_for_rows  # noqa: E402
 from tiny_models import build_tokenizer, save_tiny, tiny_text_model  # noqa: E402
-from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 
 BUDGET = 32  # max_num_batched_tokens: prompts longer than this are prefilled in chunks
 TOPK = 8

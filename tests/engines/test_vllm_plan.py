@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 from ncgrpo.engines.vllm import (
     EXTRA_ARGS_KEY,
     _perturb_logit_rows,
@@ -21,7 +22,6 @@ from ncgrpo.engines.vllm import (
     noise_extra_args,
     parse_noise_spec,
 )
-from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 
 
 def row(sigma=0.5, branch=0, sign=1.0, mode="independent", prompt_id=11):
