@@ -74,6 +74,8 @@ def test_live_model_changes_rollouts_and_sigma_zero_changes_none(live_model, tok
     assert big.tv > 0.05 and big.changed > 0.02 and not big.verdict.startswith("inert")
     assert "sigma 2" in r.verdict and "sigma 0:" not in r.verdict
     assert big.n_rollouts == len(QUESTIONS) * 4
+    # the matched control: no noise -> the sampling temperature; noise -> a hotter first token
+    assert zero.matched_temperature == 1.0 and big.matched_temperature > 1.0
 
 
 def test_common_random_numbers_are_row_aligned(live_model, tok):

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ncgrpo.core.agreement import match_first_token_temperature
 from ncgrpo.core.noise import RowNoise, noise_seed
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, plan_group, prompt_noise_id
 from ncgrpo.data.prompts import build_messages
@@ -68,6 +69,9 @@ class SigmaProbe:
     n_prompts: int
     n_rollouts: int
     verdict: str = ""
+    #: the first-token temperature T0 whose mean first-token TV on these prompts equals ``tv``: the
+    #: matched control's starting value (``first_token_temperature``) for this sigma
+    matched_temperature: float = float("nan")
 
 
 @dataclass
@@ -259,6 +263,7 @@ def probe(
     chunks = [list(questions[i : i + batch_size]) for i in range(0, len(questions), batch_size)]
 
     ent, top1 = [], []
+    clean_first: list[torch.Tensor] = []  # one clean first-token logit row per prompt
     acc = {
         s: {"tv": [], "flip": [], "changed": [], "first": [], "rel": [], "diff": [], "rc": [], "rn": []}
         for s in sigmas
@@ -290,6 +295,7 @@ def probe(
             p_clean = torch.softmax(clean_logits / temperature, -1)  # [B, V]
             H = -(p_clean * torch.log(p_clean.clamp_min(1e-30))).sum(-1)
             ent += H[::R].tolist()
+            clean_first.append(clean_logits[::R].detach().float().cpu())
             top1 += p_clean.max(-1).values[::R].tolist()
             answers = [q.answer for q in qs for _ in range(R)]
             choices = [q.choices for q in qs for _ in range(R)]
@@ -346,6 +352,9 @@ def probe(
     for s in sigmas:
         a = acc[s]
         tv, changed = mean(a["tv"]), mean(a["changed"])
+        matched = match_first_token_temperature(
+            torch.cat(clean_first), min(max(tv, 0.0), 1.0), temperature=temperature
+        )
         result.rows.append(
             SigmaProbe(
                 sigma=s,
@@ -360,6 +369,7 @@ def probe(
                 n_prompts=len(questions),
                 n_rollouts=len(a["changed"]),
                 verdict=verdict(s, changed, tv),
+                matched_temperature=round(matched, 4),
             )
         )
     result.wall_s = round(time.perf_counter() - t0, 2)
@@ -378,7 +388,7 @@ def format_probe(result: ProbeResult) -> Any:
     )
     table = Table(title=title)
     for col in ("sigma", "rel", "first-token TV", "argmax flips %", "first token changed %",
-                "rollouts changed %", "reward clean", "reward noisy", "paired p", "verdict"):  # fmt: skip
+                "rollouts changed %", "reward clean", "reward noisy", "paired p", "matched T0", "verdict"):  # fmt: skip
         table.add_column(col, justify="left" if col == "verdict" else "right")
     for r in result.rows:
         table.add_row(
@@ -391,6 +401,7 @@ def format_probe(result: ProbeResult) -> Any:
             f"{r.reward_clean:.3f}",
             f"{r.reward_noisy:.3f}",
             f"{r.p_value:.3g}",
+            f"{r.matched_temperature:.3g}",
             r.verdict.split(" ", 1)[0],
         )
     lines = [
