@@ -409,6 +409,7 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
         per_device_train_batch_size=8,
         spsa_lr=0.5,
         spsa_mu_max=10.0,
+        spsa_max_step_ratio=None,  # eq. (6) as written
     )
     plans = plan_rows(range(8), [4] * 8, num_generations=8, method="spsa", seed=0, step=3)
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])  # pairs (+,-): (1, 0), (0, 1)
@@ -432,6 +433,11 @@ def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
     assert torch.count_nonzero(tr.spsa_mu) == 0
     assert tr._spsa_step(plans, rewards, 0.5 * sigma0, 3)
     assert torch.count_nonzero(tr.spsa_mu) > 0
+    # just above the threshold eq. (6)'s step is large (1 / sigma_k); it is bounded to 10% of mu_max
+    tr.spsa_mu.zero_()
+    assert tr._spsa_step(plans, rewards, 0.06 * sigma0, 3)
+    bound = tr.args.spsa_max_step_ratio * tr.args.spsa_mu_max
+    assert float(tr.spsa_mu.norm()) == pytest.approx(bound, rel=1e-5)
 
 
 def test_schedule_counts_optimizer_steps_or_generations(tmp_path) -> None:

@@ -195,6 +195,14 @@ class NCGRPOConfig(GRPOConfig):
             "response to the perturbation, so the step would grow like 1/sigma_k along a random direction."
         },
     )
+    spsa_max_step_ratio: float | None = field(
+        default=0.1,
+        metadata={
+            "help": "Bound on one SPSA step: ||spsa_lr * g_k|| <= spsa_max_step_ratio * spsa_mu_max, so no single "
+            "two-point estimate (one reward-gap sample) can throw mu across the ball, while a direction that "
+            "stays consistent for ~1/ratio steps still reaches its edge. None: eq. (6) unbounded."
+        },
+    )
     first_token_temperature: float = field(
         default=2.0,
         metadata={
@@ -290,6 +298,10 @@ class NCGRPOConfig(GRPOConfig):
             )
         if self.spsa_lr < 0 or self.spsa_mu_max < 0:
             raise ValueError(f"spsa_lr and spsa_mu_max must be >= 0, got {self.spsa_lr}, {self.spsa_mu_max}")
+        if self.spsa_max_step_ratio is not None and not self.spsa_max_step_ratio > 0:
+            raise ValueError(
+                f"spsa_max_step_ratio must be > 0 (or None: unbounded), got {self.spsa_max_step_ratio}"
+            )
         if not 0 <= self.spsa_min_sigma_ratio <= 1:
             raise ValueError(f"spsa_min_sigma_ratio must be in [0, 1], got {self.spsa_min_sigma_ratio}")
         if m == "spsa" and parse_noise_site(self.noise_site) != "final_norm":
@@ -906,7 +918,9 @@ class NCGRPOTrainer(GRPOTrainer):
         if not rp:
             return False
         g = nz.spsa_gradient(rp, rm, sigma_k, u, r=r)
-        self.spsa_mu = nz.spsa_update(self.spsa_mu, g, self.args.spsa_lr, self.args.spsa_mu_max).float()
+        a = self.args
+        max_step = None if a.spsa_max_step_ratio is None else a.spsa_max_step_ratio * a.spsa_mu_max
+        self.spsa_mu = nz.spsa_update(self.spsa_mu, g, a.spsa_lr, a.spsa_mu_max, max_step=max_step).float()
         return True
 
     # -- NC-GRPO state in checkpoints ---------------------------------------------------------------

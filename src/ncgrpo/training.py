@@ -607,6 +607,7 @@ RUN_IDENTITY_KEYS = (
     "spsa_lr",
     "spsa_mu_max",
     "spsa_min_sigma_ratio",
+    "spsa_max_step_ratio",
     "first_token_temperature",
     "image_noise_step",
     "noisy_importance_sampling",

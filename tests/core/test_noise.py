@@ -317,6 +317,11 @@ def test_projection_and_update() -> None:
     assert torch.equal(project_ball(mu, 10.0), mu)
     new = spsa_update(torch.zeros(2), torch.tensor([30.0, 40.0]), lr=0.1, mu_max=2.0)
     torch.testing.assert_close(new.norm(), torch.tensor(2.0))
+    # a bounded step keeps its direction and is cut to max_step; a small one is untouched
+    new = spsa_update(torch.zeros(2), torch.tensor([30.0, 40.0]), lr=0.1, mu_max=2.0, max_step=0.5)
+    torch.testing.assert_close(new, torch.tensor([0.3, 0.4]))
+    small = spsa_update(torch.zeros(2), torch.tensor([0.3, 0.4]), lr=0.1, mu_max=2.0, max_step=0.5)
+    torch.testing.assert_close(small, torch.tensor([0.03, 0.04]))
     with pytest.raises(ValueError):
         project_ball(mu, -1.0)
 

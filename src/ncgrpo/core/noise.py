@@ -387,9 +387,20 @@ def project_ball(mu: torch.Tensor, radius: float) -> torch.Tensor:
     return mu * (radius / n)
 
 
-def spsa_update(mu: torch.Tensor, grad: torch.Tensor, lr: float, mu_max: float) -> torch.Tensor:
-    """``mu_{k+1} = Pi_{||.|| <= mu_max}(mu_k + lr * g_k)``, eq. (6)."""
-    return project_ball(mu.float() + lr * grad.float(), mu_max)
+def spsa_update(
+    mu: torch.Tensor, grad: torch.Tensor, lr: float, mu_max: float, max_step: float | None = None
+) -> torch.Tensor:
+    """``mu_{k+1} = Pi_{||.|| <= mu_max}(mu_k + lr * g_k)``, eq. (6).
+
+    ``max_step``: if given, the step ``lr * g_k`` is first scaled down to that norm (a bounded update:
+    one two-point estimate, a single reward-gap sample, cannot move ``mu`` further than that).
+    """
+    step = lr * grad.float()
+    if max_step is not None:
+        norm = float(torch.linalg.vector_norm(step))
+        if norm > max_step:
+            step = step * (max_step / norm)
+    return project_ball(mu.float() + step, mu_max)
 
 
 # --------------------------------------------------------------------------------------------------
