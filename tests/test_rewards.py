@@ -641,3 +641,19 @@ def test_unknown_grader_is_an_error():
         grade("1", "1", grader="mathverify")
     with pytest.raises(ValueError, match="grader"):
         make_math_reward(grader="judge")
+
+
+def test_the_module_imports_without_mathruler() -> None:
+    """mathruler is an optional extra: importing ncgrpo.rewards (every training run does) must not need it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['mathruler'] = None; sys.modules['mathruler.grader'] = None\n"
+        "import ncgrpo.rewards as r\n"
+        "assert r.math_reward(['<think>a</think> \\\\boxed{2}'], ['2']) == [1.0]\n"
+        "try:\n    r.math_reward_mathruler(['x'], ['2'])\nexcept ImportError as e:\n    print('needs', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "needs" in out.stdout and "mathruler" in out.stdout

@@ -714,5 +714,13 @@ def make_math_reward(
 #: ``ACCURACY_WEIGHT * accuracy + FORMAT_WEIGHT * format``; the GRPO recipes' reward.
 math_reward = make_math_reward(FORMAT_WEIGHT)
 
-#: The same reward graded exactly as NoisyRollout grades (the ``mathruler`` package; extra ``noisyrollout``).
-math_reward_mathruler = make_math_reward(FORMAT_WEIGHT, grader="mathruler")
+
+@lru_cache(maxsize=1)
+def _math_reward_mathruler() -> Callable[..., list[float]]:
+    return make_math_reward(FORMAT_WEIGHT, grader="mathruler")
+
+
+def math_reward_mathruler(completions, answer, choices=None, answer_type=None, **kwargs) -> list[float]:
+    """:data:`math_reward` graded exactly as NoisyRollout grades (the ``mathruler`` package, extra
+    ``noisyrollout``). Built on first call, so importing this module never needs mathruler."""
+    return _math_reward_mathruler()(completions, answer, choices, answer_type, **kwargs)
