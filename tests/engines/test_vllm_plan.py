@@ -1,0 +1,144 @@
+"""The vLLM plugin's pure parts, without vLLM: the request schema, which logit row is perturbed in
+which step, and that the perturbation equals the transformers engine's at the last prompt token.
+
+These run in the default suite (CPU, no vLLM import); tests/engines/test_vllm.py runs the plugin
+inside a real vLLM engine.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from ncgrpo.engines.vllm import (
+    EXTRA_ARGS_KEY,
+    _perturb_logit_rows,
+    _v1_plan,
+    _v2_plan,
+    noise_extra_args,
+    parse_noise_spec,
+)
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
+
+
+def row(sigma=0.5, branch=0, sign=1.0, mode="independent", prompt_id=11):
+    return RowNoise(sigma, NoiseKey(3, 4, prompt_id, branch), sign, mode)
+
+
+@pytest.mark.parametrize("mode", ["independent", "antithetic", "rank_one"])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_schema_round_trip(mode, sign):
+    r = row(sign=sign, mode=mode)
+    spec = parse_noise_spec(noise_extra_args(r))
+    assert spec.row == r and spec.steer is None
+
+
+def test_clean_rows_send_nothing_and_parse_to_none():
+    assert noise_extra_args(RowNoise()) == {}
+    assert parse_noise_spec(None) is None
+    assert parse_noise_spec({"other": 1}) is None
+    assert not parse_noise_spec(noise_extra_args(row(sigma=0.0))).noisy
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"sigma": -1.0}, "sigma"),
+        ({"sigma": float("nan")}, "sigma"),
+        ({"seed": 1.5}, "seed"),
+        ({"sign": 0}, "sign"),
+        ({"mode": "gaussian"}, "mode"),
+        ({"site": 1}, "final-norm site"),
+        ({"sigmaa": 1.0}, "unknown fields"),
+        ({"steer": [[1.0]]}, "steer"),
+    ],
+)
+def test_malformed_specs_are_refused(bad, match):
+    spec = {**noise_extra_args(row())[EXTRA_ARGS_KEY], **bad}
+    with pytest.raises(ValueError, match=match):
+        parse_noise_spec({EXTRA_ARGS_KEY: spec})
+
+
+def test_perturbed_rows_equal_the_transformers_engines_last_token():
+    torch.manual_seed(0)
+    d = 24
+    hs = torch.randn(5, d)  # [R, d] the rows compute_logits receives
+    rows = [
+        (1, parse_noise_spec(noise_extra_args(row(branch=0)))),
+        (3, parse_noise_spec(noise_extra_args(row(branch=1, sign=-1.0)))),
+    ]
+    out = _perturb_logit_rows(hs, rows)
+    # transformers engine: a [B, T, d] prefill with the last prompt token at the end of each row
+    prompts = torch.randn(2, 7, d)
+    prompts[0, -1], prompts[1, -1] = hs[1], hs[3]
+    ref, _ = perturb_rows(prompts, [row(branch=0), row(branch=1, sign=-1.0)], last_k=1)
+    assert torch.equal(out[1], ref[0, -1]) and torch.equal(out[3], ref[1, -1])
+    for i in (0, 2, 4):
+        assert torch.equal(out[i], hs[i])  # other requests' rows untouched
+    assert not torch.equal(out[1], hs[1])
+
+
+def test_steer_is_added_to_noisy_rows():
+    d = 8
+    hs = torch.ones(2, d)
+    mu = torch.arange(d, dtype=torch.float32) / d
+    spec = parse_noise_spec(noise_extra_args(row(sigma=0.0 + 1e-9), steer=mu))
+    out = _perturb_logit_rows(hs, [(0, spec)])
+    ref, _ = perturb_rows(hs[:1, None], [spec.row], steer=mu)
+    assert torch.equal(out[0], ref[0, 0]) and torch.equal(out[1], hs[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# which row, which step: V1 runner state as vLLM keeps it (CachedRequestState, SchedulerOutput)
+# ------------------------------------------------------------------------------------------------
+def v1(reqs, scheduled, drafts=None):
+    """reqs: {rid: (num_prompt_tokens, num_computed_tokens)} in batch order."""
+    runner = SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=list(reqs), req_id_to_index={r: i for i, r in enumerate(reqs)}),
+        requests={
+            r: SimpleNamespace(num_prompt_tokens=p, num_computed_tokens=c) for r, (p, c) in reqs.items()
+        },
+    )
+    so = SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=drafts or {})
+    return runner, so
+
+
+def test_v1_only_the_final_prefill_chunk_of_a_noisy_request_is_perturbed():
+    s = parse_noise_spec(noise_extra_args(row()))
+    specs = {"a": s, "b": s, "c": s}
+    # a: final chunk (30 computed + 10 = 40 prompt); b: middle chunk; c: decode step; d: clean prefill
+    runner, so = v1(
+        {"d": (9, 0), "a": (40, 30), "b": (100, 32), "c": (12, 15)}, {"a": 10, "b": 32, "c": 1, "d": 9}
+    )
+    assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(4, 2))] == [1]
+    assert specs == {"b": s}  # settled specs are consumed: later steps take vLLM's untouched path
+    # the request after a speculative-decoding request with 2 drafts sits 3 rows further
+    specs = {"a": s}
+    runner, so = v1({"c": (12, 15), "a": (40, 30)}, {"c": 3, "a": 10}, drafts={"c": [5, 6]})
+    assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(4, 2))] == [3]
+
+
+def test_v1_a_resumed_request_is_not_renoised_and_a_layout_mismatch_is_refused():
+    s = parse_noise_spec(noise_extra_args(row()))
+    # preempted after 5 output tokens, re-prefilling prompt (20) + outputs: its chunk ends past the prompt
+    runner, so = v1({"a": (20, 0)}, {"a": 25})
+    assert _v1_plan(runner, so, {"a": s}, torch.zeros(1, 2)) == []
+    runner, so = v1({"a": (20, 0)}, {"a": 20})
+    with pytest.raises(RuntimeError, match="logit rows"):
+        _v1_plan(runner, so, {"a": s}, torch.zeros(2, 2))
+
+
+def test_v2_plan_reads_the_input_batch():
+    s = parse_noise_spec(noise_extra_args(row()))
+    ib = SimpleNamespace(
+        req_ids=["x", "a", "b"],
+        cu_num_logits_np=np.array([0, 3, 4, 5]),  # x verifies 2 drafts
+        num_computed_tokens_np=np.array([50, 30, 0]),
+        num_scheduled_tokens=np.array([3, 10, 8]),
+    )
+    specs = {"a": (s, 40), "b": (s, 20)}  # a finishes its prompt this step, b does not
+    assert [i for i, _ in _v2_plan(ib, specs, torch.zeros(5, 2))] == [3]
+    assert set(specs) == {"b"}
