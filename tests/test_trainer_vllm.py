@@ -131,3 +131,77 @@ def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_
         assert torch.equal(rec["ratio"][noisy], torch.ones_like(rec["ratio"][noisy]))
         assert torch.equal(rec["ratio"][~noisy], rec["raw_ratio"][~noisy])
         assert hist.metrics["noise/sigma_k"] == pytest.approx(8.0)
+
+
+def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:
+    """SPSA on vLLM: the noisy half goes out as (+eps, -eps) rank-one pairs sharing a key, and after the first
+    update the requests carry the trainer's mu as ``steer`` (eq. 6)."""
+    import ncgrpo.engines.vllm as engine
+
+    sent = []
+    orig = engine.sampling_params_for_rows
+
+    def recording(base, rows, *, steer=None):
+        out = orig(base, rows, steer=steer)
+        sent.append([(sp.extra_args or {}).get(engine.EXTRA_ARGS_KEY) for sp in out])
+        return out
+
+    monkeypatch.setattr(engine, "sampling_params_for_rows", recording)
+    path, tok = model_dir
+    mus = []
+
+    class Spsa(Recording):
+        def _nc_generate(self, *a, **kw):
+            mus.append(self.spsa_mu.clone())
+            return super()._nc_generate(*a, **kw)
+
+    args = _config(
+        tmp_path,
+        rollout_method="spsa",
+        sigma0=8.0,
+        sigma_schedule="constant",
+        spsa_lr=0.5,
+        spsa_min_sigma_ratio=0.0,
+    )
+    with cpu_weight_sync():
+        tr = Spsa(model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok)
+        tr.records = []
+        tr.train()
+    assert len(sent) == 2
+    for specs, mu in zip(sent, mus, strict=True):
+        assert specs[0] is None and specs[1] is None  # the clean half sends no spec
+        plus, minus = specs[2], specs[3]
+        assert plus["mode"] == minus["mode"] == "rank_one"
+        assert (plus["sign"], minus["sign"]) == (1, -1)
+        assert {k: plus[k] for k in ("seed", "step", "prompt_id", "draw")} == {
+            k: minus[k] for k in ("seed", "step", "prompt_id", "draw")
+        }
+        if float(mu.norm()) > 0:
+            assert torch.equal(torch.tensor(plus["steer"]), mu) and torch.equal(
+                torch.tensor(minus["steer"]), mu
+            )
+        else:
+            assert torch.equal(torch.tensor(plus["steer"]), torch.zeros_like(mu))
+    assert float(mus[1].norm()) > 0  # step 1's rewards moved mu, and step 2 sent it
+    rec = tr.records[0]
+    diff = (rec["old_logps"] - rec["sampling_logps"]) * rec["mask"]
+    assert diff[2:, 0].abs().min() > 1.0 and diff[:2, 0].abs().max() < TOL, diff[:, 0]
+
+
+def test_vanilla_with_vllm_is_trl_unchanged(model_dir, tmp_path) -> None:
+    """rollout_method='vanilla' with use_vllm: GRPOTrainer's path, no plugin check, no noise, no NC logging."""
+    path, tok = model_dir
+    args = _config(tmp_path, rollout_method="vanilla", max_steps=1)
+    with cpu_weight_sync():
+        tr = NCGRPOTrainer(
+            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+        )
+        llm = tr.vllm_generation.llm
+        before = _perturbed_rows(llm)
+        tr.train()
+    assert tr.nc_vllm_status is None and tr.nc_history == []
+    assert "generate" not in vars(llm)
+    assert _perturbed_rows(llm) == before
+    logged = tr.state.log_history[0]
+    assert "sampling/importance_sampling_ratio/mean" in logged
+    assert not any(k.startswith(("noise/", "reward/clean")) for k in logged)

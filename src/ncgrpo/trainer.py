@@ -540,6 +540,7 @@ class NCGRPOTrainer(GRPOTrainer):
         self._nc_gen: _LocalGen | None = None
         self._nc_rewards_per_func: torch.Tensor | None = None
         self._nc_answers: list[str | None] | None = None
+        self.nc_vllm_status: list[dict] | None = None
         if self.method == "vanilla":
             return
         unsupported = {
@@ -566,7 +567,8 @@ class NCGRPOTrainer(GRPOTrainer):
             self.spsa_mu = torch.zeros(self._hidden_size(), dtype=torch.float32)
         # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
         # noisy row would silently be clean, so its presence is checked once, now.
-        self.nc_vllm_status = self._nc_check_vllm_plugin() if self.use_vllm else None
+        if self.use_vllm:
+            self.nc_vllm_status = self._nc_check_vllm_plugin()
 
     # -- small helpers ---------------------------------------------------------------------------
     @property
