@@ -131,6 +131,7 @@ def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_
         assert torch.equal(rec["ratio"][noisy], torch.ones_like(rec["ratio"][noisy]))
         assert torch.equal(rec["ratio"][~noisy], rec["raw_ratio"][~noisy])
         assert hist.metrics["noise/sigma_k"] == pytest.approx(8.0)
+        assert hist.rel == [] and "noise/rel_perturbation" not in hist.metrics  # the engine measures none
 
 
 def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:

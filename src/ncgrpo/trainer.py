@@ -483,7 +483,7 @@ class StepRecord:
     ``rows``: the global plan (:meth:`RowPlan.as_tuple` per global row); ``local_rows``: the plan this
     rank's hook applied (its slice of ``rows``); ``rewards`` / ``advantages``: the global weighted
     rewards and the advantages TRL trains on; ``rel``: the measured relative perturbation per global
-    row (0 on clean rows), all in global row order.
+    row (0 on clean rows; empty with use_vllm, where the engine measures none), all in global row order.
     """
 
     step: int
@@ -934,7 +934,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 rewards=rewards.tolist(),
                 advantages=adv_global.tolist(),
                 local_rows=[p.as_tuple() for p in gen.plans],
-                rel=rel.tolist(),
+                rel=[] if self.use_vllm else rel.tolist(),  # the vLLM plugin measures none
                 mu_norm=mu_norm,
                 metrics=metrics,
             )
