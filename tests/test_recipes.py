@@ -18,6 +18,7 @@ ALL_RECIPES = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p
 RUN_RECIPES = sorted(RECIPES.glob("*.yaml"))  # runnable ones; recipes/base/ holds shared blocks
 PAPER_RECIPES = [p for p in RUN_RECIPES if not p.name.startswith("tiny")]
 ACCELERATE = RECIPES / "accelerate"
+ROLLOUT_PROMPTS = 512  # NoisyRollout's rollout batch
 PROMPTS_PER_STEP = 128  # paper, section 4.1
 
 
@@ -101,7 +102,8 @@ def test_paper_protocol_is_shared() -> None:
     for path in PAPER_RECIPES:
         parsed = parse(path)
         t = trainer_values(parsed)
-        assert t["max_steps"] == 60
+        # NoisyRollout's run: 60 rollout batches x 4 updates; eq. (3) counts rollout batches
+        assert (t["max_steps"], t["schedule_unit"]) == (240, "generation")
         assert t["num_generations"] == 12
         assert t["max_completion_length"] == 2048
         assert t["learning_rate"] == pytest.approx(1e-6)
@@ -186,13 +188,17 @@ def test_8gpu_step_is_128_prompts_times_12(path: Path) -> None:
     steps_per_generation = t.get("steps_per_generation") or t.get("gradient_accumulation_steps")
     generation_batch = t.get("per_device_train_batch_size") * acc["num_processes"] * steps_per_generation
     assert generation_batch % g == 0
-    assert generation_batch // g == PROMPTS_PER_STEP  # one generation per step
+    assert generation_batch // g == ROLLOUT_PROMPTS  # NoisyRollout's rollout batch of 512 prompts
+    assert steps_per_generation // t.get("gradient_accumulation_steps") == ROLLOUT_PROMPTS // PROMPTS_PER_STEP
+    # K of eq. (3) in rollout batches: 240 optimizer steps / 4 updates per rollout batch = 60
+    assert t.get("max_steps") * PROMPTS_PER_STEP // ROLLOUT_PROMPTS == 60
 
 
 def test_multinode_arithmetic_with_documented_flag() -> None:
     acc = _accelerate("zero3_2x8gpu.yaml")
     assert (acc["num_machines"], acc["num_processes"]) == (2, 16)
-    assert "--gradient_accumulation_steps 24" in (ACCELERATE / "zero3_2x8gpu.yaml").read_text()
+    text = (ACCELERATE / "zero3_2x8gpu.yaml").read_text()
+    assert "--gradient_accumulation_steps 24" in text and "--steps_per_generation 96" in text
     t = parse(RECIPES / "qwen2_5_vl_7b_latent_sigma0.2.yaml", "--gradient_accumulation_steps", "24")
     assert _completions_per_step(t, acc["num_processes"]) == PROMPTS_PER_STEP * t.get("num_generations")
 

@@ -146,7 +146,7 @@ def test_dry_run_of_a_paper_recipe_needs_no_gpu(tmp_path: Path, geo3k: Path, cap
     assert "#   base: " in text and "geo3k_qwen2_5_vl_7b.yaml" in text
     resolved = _parse(out / "config.yaml")
     assert resolved.get("bf16") is True and resolved.get("rollout_method") == "image"
-    assert resolved.get("activation_checkpointing_kwargs") == {"use_reentrant": False}
+    assert resolved.get("gradient_checkpointing_kwargs") == {"use_reentrant": False}
     assert "base" not in yaml.safe_load(text)  # the resolved config is flat
 
 

@@ -19,7 +19,7 @@ import os
 import sys
 
 # Subcommand modules under ncgrpo.commands, in the order --help lists them.
-COMMANDS: tuple[str, ...] = ("demo", "train", "eval", "compare", "plot", "pretrain")
+COMMANDS: tuple[str, ...] = ("demo", "train", "eval", "compare", "plot", "pretrain", "probe")
 
 
 class UsageError(Exception):

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -85,6 +86,8 @@ from ncgrpo.core.plan import (
     prompt_id_for,
     row_noise,
 )
+from ncgrpo.inert import InertNoiseMonitor, InertNoiseWarning
+from ncgrpo.prefix import branch_prefix_scope, prefix_completions
 
 __all__ = [
     "NCGRPOConfig",
@@ -228,6 +231,15 @@ class NCGRPOConfig(GRPOConfig):
         metadata={
             "help": "How TRL's sampler/trainer importance-sampling correction (vLLM path) treats noisy rows: "
             "'exclude' (ratio 1: no density correction, the paper) or 'apply' (TRL's correction on every row)."
+        },
+    )
+
+    branch_prefix: str = field(
+        default="",
+        metadata={
+            "help": "Text appended to the generation prompt (after the chat template's generation prompt), e.g. "
+            "'<think>' or '<think>\\n', so the prefill ends where reasoning begins; the rewards see the completion "
+            "with it in front. '' (default) is the paper. A departure from the paper: docs/equations.md."
         },
     )
 
@@ -549,6 +561,8 @@ class NCGRPOTrainer(GRPOTrainer):
         self._nc_rewards_per_func: torch.Tensor | None = None
         self._nc_answers: list[str | None] | None = None
         self.nc_vllm_status: list[dict] | None = None
+        # branch_prefix / inert-noise warning (ncgrpo.prefix, ncgrpo.inert)
+        self._inert = InertNoiseMonitor(site=str(args.noise_site), branch_prefix=args.branch_prefix)
         if self.method == "vanilla":
             return
         unsupported = {
@@ -923,6 +937,9 @@ class NCGRPOTrainer(GRPOTrainer):
             metrics["spsa/mu_norm"] = mu_norm
             metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
 
+        inert = self._inert.update(gen.step, gen.sigma_k, metrics.get("noise/first_token_divergence"))
+        if inert is not None and self.accelerator.is_main_process:
+            warnings.warn(inert, InertNoiseWarning, stacklevel=2)
         self._log_metrics(metrics)
         self.nc_history.append(
             StepRecord(
@@ -1020,6 +1037,10 @@ class NCGRPOTrainer(GRPOTrainer):
     # Each override is a few lines delegating to the methods above; upgrading TRL means reading this.
     # ==============================================================================================
     def _generate_and_score_completions(self, inputs):
+        with branch_prefix_scope(self, self.args.branch_prefix):
+            return self._nc_generate_and_score_completions(inputs)
+
+    def _nc_generate_and_score_completions(self, inputs):
         if not self.model.training or self.method == "vanilla":
             return super()._generate_and_score_completions(inputs)
         self._nc_inputs = inputs
@@ -1034,6 +1055,7 @@ class NCGRPOTrainer(GRPOTrainer):
         return output
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        completions = prefix_completions(completions, self.args.branch_prefix)  # rewards see the prefix
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self._nc_inputs is not None:
             from accelerate.utils import gather_object

@@ -22,10 +22,10 @@ vllm = pytest.importorskip("vllm")
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
+from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args, sampling_params_for_rows  # noqa: E402
 from tiny_models import build_tokenizer, save_tiny, tiny_text_model  # noqa: E402
-from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 
 BUDGET = 32  # max_num_batched_tokens: prompts longer than this are prefilled in chunks
 TOPK = 8
@@ -37,7 +37,9 @@ ENGINE = dict(
     max_num_batched_tokens=BUDGET,
     enable_chunked_prefill=True,
     enable_prefix_caching=True,
-    kv_cache_memory_bytes=1 << 26,
+    # 1 MiB of KV cache = 1024 tokens of this model (2 layers x K,V x 1 head x 64 x 4 bytes per
+    # token): room for every test's batch except the preemption test's, which must overflow it
+    kv_cache_memory_bytes=1 << 20,
 )
 if not torch.cuda.is_available():
     ENGINE["enforce_eager"] = True
@@ -194,6 +196,21 @@ def test_antithetic_partners_and_branches_get_their_own_draws(llm, hf):
     for out, row in zip(outs, rows, strict=True):
         assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, SHORT, row))
     assert len({tuple(sorted(first_logprobs(o).items())) for o in outs}) == 3
+
+
+def test_preempted_requests_are_not_renoised(llm):
+    """Eight 200-token requests overflow the 1024-token cache: vLLM preempts and resumes some. The
+    noisy ones still get exactly one perturbation each and the same tokens as when run alone."""
+    prompts = [list(range(100 + 7 * i, 180 + 7 * i)) for i in range(8)]  # 80 tokens, distinct
+    rows = [noisy(40 + i) if i % 2 else None for i in range(8)]
+    alone = [run(llm, [p], greedy(r, max_tokens=120))[0] for p, r in zip(prompts, rows, strict=True) if r]
+    before = check_plugin_active(llm)[0]
+    crowded = run(llm, prompts, [greedy(r, max_tokens=120) for r in rows])
+    after = check_plugin_active(llm)[0]
+    assert after["resumed_requests"] > before["resumed_requests"]  # preemption did happen
+    assert after["perturbed_rows"] - before["perturbed_rows"] == 4
+    for a, c in zip(alone, crowded[1::2], strict=True):
+        assert list(c.token_ids) == list(a.token_ids)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 from ncgrpo.engines.vllm import (
     EXTRA_ARGS_KEY,
     _perturb_logit_rows,
@@ -21,7 +22,6 @@ from ncgrpo.engines.vllm import (
     noise_extra_args,
     parse_noise_spec,
 )
-from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 
 
 def row(sigma=0.5, branch=0, sign=1.0, mode="independent", prompt_id=11):
@@ -142,3 +142,115 @@ def test_v2_plan_reads_the_input_batch():
     specs = {"a": (s, 40), "b": (s, 20)}  # a finishes its prompt this step, b does not
     assert [i for i, _ in _v2_plan(ib, specs, torch.zeros(5, 2))] == [3]
     assert set(specs) == {"b"}
+
+
+# ------------------------------------------------------------------------------------------------
+# the V2 runner's glue, on a fake runner that calls compute_logits the way vLLM's V2 runner does
+# (vllm/v1/worker/gpu/model_runner.py: sample() -> model.compute_logits(hidden[logits_indices]),
+# then compute_logits again for prompt logprobs). The real V2 runner needs a GPU.
+# ------------------------------------------------------------------------------------------------
+class _Model:
+    def __init__(self, d):
+        self.calls = []
+        self.w = torch.randn(d, 5)
+
+    def compute_logits(self, h):
+        self.calls.append(h.clone())
+        return h @ self.w
+
+
+class _V2Runner:
+    def __init__(self, d):
+        self.model = _Model(d)
+        self.batch_sharder = None
+        self.removed = []
+
+    def add_requests(self, scheduler_output):
+        pass
+
+    def _remove_request(self, req_id):
+        self.removed.append(req_id)
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        logits = self.model.compute_logits(hidden_states[input_batch.logits_indices])
+        self.model.compute_logits(hidden_states)  # prompt logprobs: must stay clean
+        return logits
+
+
+def _v2_class():
+    from ncgrpo.engines.vllm import _wrap_v2_add_requests, _wrap_v2_remove_request, _wrap_v2_sample
+
+    cls = type("PatchedV2Runner", (_V2Runner,), {})
+    cls.add_requests = _wrap_v2_add_requests(_V2Runner.add_requests)
+    cls._remove_request = _wrap_v2_remove_request(_V2Runner._remove_request)
+    cls.sample = _wrap_v2_sample(_V2Runner.sample)
+    return cls
+
+
+def _new_req(rid, prompt_len, r=None, outputs=0):
+    extra = noise_extra_args(r) if r is not None else None
+    toks = list(range(prompt_len + outputs))
+    return SimpleNamespace(
+        req_id=rid,
+        prompt_len=prompt_len,
+        prefill_token_ids=toks,
+        sampling_params=SimpleNamespace(extra_args=extra),
+    )
+
+
+def _batch(req_ids, computed, scheduled):
+    sched = np.array(scheduled)
+    qsl = np.concatenate([[0], np.cumsum(sched)])
+    return SimpleNamespace(
+        req_ids=req_ids,
+        num_computed_tokens_np=np.array(computed),
+        num_scheduled_tokens=sched,
+        cu_num_logits_np=np.arange(len(req_ids) + 1),
+        logits_indices=torch.tensor(qsl[1:] - 1),
+    )
+
+
+def test_v2_glue_perturbs_the_final_chunk_once_and_leaves_prompt_logprobs_clean():
+    d = 16
+    runner = _v2_class()(d)
+    r = row(sigma=1.0)
+    runner.add_requests(
+        SimpleNamespace(
+            scheduled_new_reqs=[
+                _new_req("clean", 6),
+                _new_req("noisy", 10, r),
+                _new_req("resumed", 10, row(sigma=1.0, branch=5), outputs=3),
+            ]
+        )
+    )
+    assert set(runner._ncgrpo_specs) == {"noisy"}  # a resumed request already has its first token
+    torch.manual_seed(1)
+    # step 1: noisy request's first chunk (4 of 10 tokens) beside a clean prefill
+    hs = torch.randn(10, d)
+    runner.sample(hs, _batch(["clean", "noisy"], [0, 0], [6, 4]), None)
+    assert torch.equal(runner.model.calls[0], hs[[5, 9]])  # nothing perturbed yet
+    # step 2: the final chunk (6 tokens): its last row is perturbed exactly as the core function does
+    hs = torch.randn(7, d)
+    runner.sample(hs, _batch(["clean", "noisy"], [6, 4], [1, 6]), None)
+    sampled, prompt_lp = runner.model.calls[2], runner.model.calls[3]
+    ref, _ = perturb_rows(hs[6][None, None], [r])
+    assert torch.equal(sampled[1], ref[0, 0]) and torch.equal(sampled[0], hs[0])
+    assert torch.equal(prompt_lp, hs)  # the second compute_logits call of the step is clean
+    assert "compute_logits" not in vars(runner.model)  # the wrapper is gone after the step
+    # step 3: decode; the spec was consumed, vLLM's code runs untouched
+    assert runner._ncgrpo_specs == {}
+    hs = torch.randn(2, d)
+    runner.sample(hs, _batch(["clean", "noisy"], [7, 10], [1, 1]), None)
+    assert torch.equal(runner.model.calls[4], hs)
+
+
+def test_v2_glue_forgets_removed_requests_and_refuses_the_sharded_sampler():
+    runner = _v2_class()(4)
+    runner.add_requests(
+        SimpleNamespace(scheduled_new_reqs=[_new_req("a", 3, row()), _new_req("b", 3, row())])
+    )
+    runner._remove_request("a")
+    assert set(runner._ncgrpo_specs) == {"b"} and runner.removed == ["a"]
+    runner.batch_sharder = object()
+    with pytest.raises(NotImplementedError, match="sharded sampler"):
+        runner.sample(torch.zeros(3, 4), _batch(["b"], [0], [3]), None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -79,7 +80,9 @@ def test_encode_example_masks_the_prompt_and_uses_the_generation_prompt():
     assert torch.equal(ex.input_ids[: ex.prompt_len], enc["input_ids"][0])
     assert torch.equal(ex.pixel_values, enc["pixel_values"])
     tok = proc.tokenizer
-    assert tok.decode(ex.input_ids[ex.prompt_len :]) == reasoning_trace(q) + EOS_TOKEN
+    assert (
+        tok.decode(ex.input_ids[ex.prompt_len :]) == reasoning_trace(q, variant=None) + EOS_TOKEN
+    )  # its opening
 
     batch = pt.collate([ex, pt.encode_example(proc, suite["validation"][1])], tok.pad_token_id)
     labels, ids, mask = batch["labels"], batch["input_ids"], batch["attention_mask"]
@@ -359,7 +362,11 @@ def test_committed_checkpoint_reads_the_image():
     """The failure this recipe fixes: a base model whose loss does not care which image it sees.
 
     On held-out in-domain questions, the teacher-forced loss of the correct traces must rise when
-    the batch's images are shuffled across questions (same question text, another figure)."""
+    the batch's images are shuffled across questions (same question text, another figure), and
+    greedy answers must be right more often with the real figures. The loss margin is 2%, not the
+    10% of the single-trace recipe: the traces now open in five ways (ncgrpo.toy.synthetic.
+    trace_variant), and the opening tokens, chosen independently of the image, dilute the mean
+    (measured on the shipped checkpoint: 0.3475 vs 0.3594, +3.4%; greedy 18 vs 13 of 64 right)."""
     from ncgrpo.training import load_model_and_processor
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
@@ -375,4 +382,17 @@ def test_committed_checkpoint_reads_the_image():
     with torch.no_grad():
         real = float(model(**batch).loss)
         other = float(model(**shuffled).loss)
-    assert other > real * 1.1, (real, other)
+    assert other > real * 1.02, (real, other)
+    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
+    from ncgrpo.rewards import score
+
+    geo64 = [q for q in suite["validation"] if q.metadata["family"] == "geometry"][:64]
+    swapped = [dataclasses.replace(q, images=geo64[(i + 1) % 64].images) for i, q in enumerate(geo64)]
+
+    def right(qs):
+        outs = generate_greedy(model, proc, qs, DecodingSettings(max_new_tokens=64, batch_size=64))
+        return sum(
+            score(o, q.answer, answer_type=q.answer_type).correct for q, o in zip(qs, outs, strict=True)
+        )
+
+    assert right(geo64) > right(swapped)

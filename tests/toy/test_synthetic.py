@@ -18,6 +18,7 @@ import pytest
 
 from ncgrpo.data.types import MATH_PROMPT
 from ncgrpo.toy.synthetic import (
+    DIRECT_SHARE,
     FAMILIES,
     IMAGE_SIZE,
     build_suite,
@@ -26,6 +27,8 @@ from ncgrpo.toy.synthetic import (
     export_geo3k,
     family,
     reasoning_trace,
+    reasoning_traces,
+    trace_variant,
 )
 
 try:  # tests/data may or may not be a package
@@ -173,9 +176,11 @@ def test_traces_score_correct_under_the_shared_scorer(suite):
     rewards = pytest.importorskip("ncgrpo.rewards")
     for qs in suite.values():
         for q in qs[::5]:
-            trace = reasoning_trace(q)
-            assert rewards.format_ok(trace)
-            assert rewards.score(trace, q.answer, choices=q.choices, answer_type=q.answer_type).correct, trace
+            for trace in reasoning_traces(q):
+                assert rewards.format_ok(trace)
+                assert rewards.score(trace, q.answer, choices=q.choices, answer_type=q.answer_type).correct, (
+                    trace
+                )
 
 
 def test_answer_values_cover_each_family(suite):
@@ -261,19 +266,19 @@ def test_reasoning_traces_are_short_correct_and_boxed(suite):
     fmt = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)  # NoisyRollout's format reward
     for split in suite.values():
         for q in split:
-            trace = reasoning_trace(q)
-            assert trace.endswith(f"\\boxed{{{q.answer}}}"), trace
-            assert fmt.fullmatch(trace)
-            assert len(re.findall(r"\w+|[^\w\s]", trace)) < 40, trace
-            for expr, value in re.findall(r"([\d()+*\- ]+[+*-][\d()+*\- ]*) = (\d+)", trace):
-                assert eval(expr) == int(value), trace  # noqa: S307 - digits and operators only
+            for trace in reasoning_traces(q):
+                assert trace.endswith(f"\\boxed{{{q.answer}}}"), trace
+                assert fmt.fullmatch(trace)
+                assert len(re.findall(r"\w+|[^\w\s]", trace)) < 40, trace
+                for expr, value in re.findall(r"([\d()+*\- ]+[+*-][\d()+*\- ]*) = (\d+)", trace):
+                    assert eval(expr) == int(value), trace  # noqa: S307 - digits and operators only
 
 
 def test_corpus_holds_problems_and_traces(suite):
     texts = list(corpus(suite))
     assert texts[0] == MATH_PROMPT
     n = sum(len(qs) for qs in suite.values())
-    assert len(texts) == 1 + 2 * n
+    assert len(texts) == 1 + n + sum(len(reasoning_traces(q)) for qs in suite.values() for q in qs)
     assert suite["test"][0].problem in texts and reasoning_trace(suite["test"][0]) in texts
     words = {w for t in texts for w in re.findall(r"[a-z]+", t)}
     assert len(words) < 150  # a small, templated vocabulary
@@ -333,3 +338,21 @@ def test_export_loads_back_through_the_project_geo3k_loader(suite, tmp_path):
         key = lambda q: (q.uid, q.problem, q.answer, q.choices, q.answer_type, q.role)  # noqa: E731
         assert [key(q) for q in loaded] == [key(q) for q in qs]
         assert [q.images[0].convert("RGB").tobytes() for q in loaded] == [q.images[0].tobytes() for q in qs]
+
+
+def test_in_domain_traces_open_in_several_ways_and_the_warmup_spreads_over_them(suite):
+    """The branch point: several different first reasoning tokens per in-domain question (four
+    derivations and a direct answer), and the warm-up's pick (trace_variant) answers directly on
+    about DIRECT_SHARE of the questions and spreads the rest over the derivations."""
+    geo = [q for q in suite["train"] if q.metadata["family"] == "geometry"]
+    for q in geo[:50]:
+        traces = reasoning_traces(q)
+        firsts = {t[len("<think>") :].split()[0] for t in traces}
+        assert len(traces) == 5 and len(firsts) >= 4, traces
+        assert reasoning_trace(q) == traces[0] and traces[-1].startswith("<think>answer: ")
+    picks = Counter(trace_variant(q) for q in geo)
+    assert set(picks) == set(range(5)), picks
+    assert abs(picks[4] / len(geo) - DIRECT_SHARE) < 0.1, picks
+    assert min(picks[k] for k in range(4)) > len(geo) * (1 - DIRECT_SHARE) / 4 * 0.6, picks
+    ood = [q for q in suite["test"] if q.role != "in_domain"]
+    assert all(trace_variant(q) == 0 and len(reasoning_traces(q)) == 1 for q in ood)

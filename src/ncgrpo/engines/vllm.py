@@ -89,7 +89,7 @@ _MODES = ("independent", "antithetic", "rank_one")
 _FIELDS = {"seed", "step", "prompt_id", "draw", "sigma", "sign", "mode", "steer", "site"}
 # time this process spent in the plugin's own code (spec parsing, row planning, eq. 2); reported by
 # the start-up check's RPC so benchmarks can measure the plugin's cost inside the engine itself
-_STATS = {"seconds": 0.0, "perturbed_rows": 0}
+_STATS = {"seconds": 0.0, "perturbed_rows": 0, "resumed_requests": 0}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -312,6 +312,9 @@ def _wrap_v1_execute_model(orig):
                 specs.pop(req.req_id, None)
         for rid in scheduler_output.finished_req_ids:
             specs.pop(rid, None)
+        _STATS["resumed_requests"] += len(
+            getattr(scheduler_output.scheduled_cached_reqs, "resumed_req_ids", ()) or ()
+        )
         _STATS["seconds"] += time.perf_counter() - t
         if not specs or specs.keys().isdisjoint(scheduler_output.num_scheduled_tokens):
             return orig(self, scheduler_output, *args, **kwargs)  # inert: vLLM's code, untouched
@@ -443,6 +446,7 @@ def _status(worker) -> dict[str, Any]:
         "patched": bool(patched),
         "plugin_seconds": _STATS["seconds"],
         "perturbed_rows": _STATS["perturbed_rows"],
+        "resumed_requests": _STATS["resumed_requests"],
     }
 
 
@@ -477,8 +481,9 @@ def register() -> None:
 def check_plugin_active(llm) -> list[dict[str, Any]]:
     """Raise unless every worker of ``llm`` (a ``vllm.LLM``) runs a model runner patched by this plugin.
 
-    Returns each worker's ``{"runner", "kind", "patched", "plugin_seconds", "perturbed_rows"}`` (the
-    last two: time spent in the plugin's code and rows perturbed so far, in that worker). Call once after building the engine: a
+    Returns each worker's ``{"runner", "kind", "patched", "plugin_seconds", "perturbed_rows",
+    "resumed_requests"}`` (the last three: time spent in the plugin's code, rows perturbed and
+    requests resumed after preemption so far, in that worker; the last is counted by the V1 runner). Call once after building the engine: a
     missing plugin would otherwise make every noisy row silently clean.
     """
     try:

@@ -21,7 +21,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ncgrpo.eval.records import METRICS_FILE
+from ncgrpo.eval.records import METRICS_FILE, iter_json_lines
 from ncgrpo.eval.report import ComparisonTable, Run, compare
 
 _COLORS = ["#3b6ea8", "#d9822b", "#4e9a4e", "#b04a4a", "#7d5ba6", "#8c6d46", "#c768a8", "#6b6b6b"]
@@ -141,24 +141,7 @@ def read_metrics(train_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(train_dir) / METRICS_FILE
     if not path.exists():
         raise FileNotFoundError(f"{train_dir}: no {METRICS_FILE}")
-    data = path.read_bytes()
-    data = data[: data.rfind(b"\n") + 1]  # bytes after the last newline: a torn write, skipped
-    rows = []
-    for i, raw in enumerate(data.splitlines(), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i}: a metrics row must be a JSON object, got {type(row).__name__}")
-        rows.append(row)
-    return rows
+    return [row for _, row in iter_json_lines(path, "metrics row")]
 
 
 def run_label(train_dir: str | Path) -> str:

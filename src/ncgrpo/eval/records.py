@@ -130,6 +130,31 @@ def _complete_part(data: bytes) -> tuple[bytes, int]:
     return data[:cut], len(data) - cut
 
 
+def iter_json_lines(path: str | os.PathLike, what: str = "row") -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of each complete line of a JSONL file written one line at a time.
+
+    Bytes after the last newline are a torn write and are skipped (the file is not changed); blank
+    lines are skipped; a complete line that is not UTF-8, not JSON or not a JSON object is an error
+    naming the file and line (``what`` names the kind of row in that message).
+    """
+    path = Path(path)
+    data, _ = _complete_part(path.read_bytes())
+    for i, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i}: a {what} must be a JSON object, got {type(row).__name__}")
+        yield i, row
+
+
 def repair_torn_tail(path: str | os.PathLike) -> int:
     """Cut the bytes after the last newline of ``path`` (a killed writer's torn record), fsync'ed.
 
@@ -188,22 +213,9 @@ def iter_records(path: str | os.PathLike) -> Iterator[EvalRecord]:
       gold, extracted answer or correctness) it is a :class:`DuplicateRecordError` naming the ids.
     """
     path = Path(path)
-    data, _ = _complete_part(path.read_bytes())
     seen: dict[tuple[str, str], tuple[int, EvalRecord]] = {}
     conflicts: list[str] = []
-    for i, raw in enumerate(data.splitlines(), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i}: a record must be a JSON object, got {type(row).__name__}")
+    for i, row in iter_json_lines(path, "record"):
         rec = EvalRecord.from_dict(row, where=f"{path}:{i}")
         first = seen.get(rec.key)
         if first is None:

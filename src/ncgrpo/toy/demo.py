@@ -28,11 +28,14 @@ file holding the settings that produced them; a rerun with the same settings ski
 with different settings into the same ``--out`` is refused (records of different runs must not mix).
 
 Noise site: the default is the paper's (``final_norm``), where the noise reaches only the first-token
-logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999 on
-test prompts of every family, measured on the shipped checkpoint), so at sigma0 = 0.2 that site changed no rollout in a
-60-step run: NC-GRPO's logged rewards, losses and lengths equalled vanilla GRPO's step for step and
-its test records were identical. The demo checks this after training and says so under the table
-(:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) does change
+logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999), so
+without a prefix that site changes no rollout (measured: NC-GRPO's logged steps equalled vanilla's and
+the test records were identical). The demo therefore trains with ``branch_prefix="<think>"``
+(:mod:`ncgrpo.prefix`; evaluation keeps the plain prompt): the branch point is then the first reasoning
+token, where the base chooses among five openings (``ncgrpo probe``: first-token entropy 1.8 nats,
+6.4% of noisy rollouts differ from their common-random-number clean partner at sigma 0.2). The demo
+still checks after training whether the two runs were identical and says so under the table
+(:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) also changes
 rollouts.
 
 Threads: on a small CPU the default is one torch thread. Measured on this project's 2-core machine
@@ -71,6 +74,8 @@ DEFAULT_STEPS = 60
 PAPER_K, PAPER_K_MID = 60, 40
 #: Display name of the baseline every test is against (the paper's "Vanilla GRPO").
 BASELINE = "Vanilla GRPO"
+#: Display name of the untrained base model's row (evaluated once, seed 0: paired with vanilla's seed 0).
+BASE_NAME = "Base model"
 
 SUITE_MARKER = "suite.json"
 EVAL_MARKER = "demo_eval.json"
@@ -149,6 +154,14 @@ class DemoConfig:
         metadata={
             "help": "where the hidden-noise methods perturb the prefill: final_norm (the paper's site) or "
             "decoder-layer indices such as 1 or 0,2 (the propagating variant)"
+        },
+    )
+    branch_prefix: str = field(
+        default="<think>",
+        metadata={
+            "help": "text appended to the training generation prompt so the prefill ends where reasoning begins "
+            "(the final-norm noise then acts on the first reasoning token instead of the near-certain "
+            "'<think>'); rewards see it in front of the completion; evaluation uses the plain prompt"
         },
     )
     val_limit: int = field(
@@ -558,6 +571,7 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
         # where the noise acts matters only to the hidden-noise methods
         **({"noise_site": cfg.noise_site} if spec.rollout_method in ("latent", "antithetic", "spsa") else {}),
         "schedule_k_mid": cfg.k_mid,
+        **({"branch_prefix": cfg.branch_prefix} if cfg.branch_prefix else {}),
         "base_model": base_id,
         "suite_seed": cfg.suite_seed,
         "suite_sizes": cfg.suite_sizes,
@@ -595,6 +609,7 @@ def _train(
         **spec.fields,
         schedule_k_mid=cfg.k_mid,
         noise_site=cfg.noise_site,
+        branch_prefix=cfg.branch_prefix,
         num_generations=cfg.num_generations,
         per_device_train_batch_size=cfg.batch_size,
         max_completion_length=cfg.max_completion_length,
@@ -709,13 +724,56 @@ def _run_one(
     return result
 
 
-def _report(cfg: DemoConfig, runs: list[RunResult], console: Any = None) -> tuple[Any, dict[str, Path]]:
-    """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files."""
+def _evaluate_base(cfg: DemoConfig, base: Path, base_id: str, test_questions: list[Any]) -> Path:
+    """Greedy test records of the untrained base model (the table's first row), once per folder."""
+    from ncgrpo.eval.evaluate import DecodingSettings, evaluate
+    from ncgrpo.training import load_model_and_processor
+
+    eval_dir = cfg.out / "eval" / "base"
+    settings = {
+        "base_model": base_id,
+        "eval_limit": cfg.eval_limit,
+        "max_new_tokens": cfg.max_new_tokens,
+        "questions": len(test_questions),
+        "suite_seed": cfg.suite_seed,
+        "suite_sizes": cfg.suite_sizes,
+    }
+    marker = eval_dir / EVAL_MARKER
+    found = _read_marker(marker)
+    if found is not None:
+        _check_settings(marker, found, settings)
+        return eval_dir
+    _say(cfg, "evaluating the base model")
+    model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
+    summary = evaluate(
+        model,
+        processor,
+        test_questions,
+        eval_dir,
+        model_id=base_id,
+        seed=0,
+        name=BASE_NAME,
+        method="base",
+        settings=DecodingSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size),
+        progress=cfg.progress,
+    )
+    _write_marker(marker, settings, accuracy=dict(summary.accuracy))
+    del model, processor
+    _free(cfg.device)
+    return eval_dir
+
+
+def _report(
+    cfg: DemoConfig, runs: list[RunResult], console: Any = None, base_eval: Path | None = None
+) -> tuple[Any, dict[str, Path]]:
+    """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files; the
+    base model's row first when ``base_eval`` is given."""
     from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics
     from ncgrpo.eval.records import atomic_write_json, atomic_write_text
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
 
-    ct = compare(load_runs([r.eval_dir for r in runs]), BASELINE)
+    dirs = ([base_eval] if base_eval is not None else []) + [r.eval_dir for r in runs]
+    ct = compare(load_runs(dirs), BASELINE)
     if cfg.progress:
         print_rich(ct, console)
     files = {
@@ -853,8 +911,9 @@ def run_demo(
                 for seed in seeds:
                     runs.append(_run_one(cfg, spec, seed, base, base_id, train_q, val_q, test_q))
 
+        base_eval = stage("base_eval", lambda: _evaluate_base(cfg, base, base_id, test_q))
         stage("train_eval", train_all)
-        table, files = stage("report", lambda: _report(cfg, runs, console))
+        table, files = stage("report", lambda: _report(cfg, runs, console, base_eval))
         wall = time.perf_counter() - t_start
         result = DemoResult(
             out=cfg.out,

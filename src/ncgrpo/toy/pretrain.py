@@ -115,7 +115,7 @@ DEFAULT_POOL: dict[str, int] = {
     "colour_choice": 200,
     "pope": 200,
 }
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 900
 #: Learning-rate multiplier of the vision tower and its patch merger relative to the language model.
 DEFAULT_VISION_LR_SCALE = 1.0
 #: Steps of vision-tower pre-training on scene attributes before SFT (see :func:`_vision_warmup`).
@@ -193,7 +193,9 @@ def encode_example(processor: Any, q: Question) -> Example:
     tok = processor.tokenizer
     text = processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
     enc = processor(text=[text], images=[[im.convert("RGB") for im in q.images]], return_tensors="pt")
-    completion = tok(reasoning_trace(q) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")
+    completion = tok(
+        reasoning_trace(q, variant=None) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt"
+    )
     prompt_ids = enc["input_ids"][0]
     n_completion = int(completion["input_ids"].shape[1])
     return Example(

@@ -51,6 +51,9 @@ __all__ = [
     "export_geo3k",
     "corpus",
     "reasoning_trace",
+    "reasoning_traces",
+    "trace_variant",
+    "DIRECT_SHARE",
     "DEFAULT_SIZES",
     "SPLITS",
 ]
@@ -635,42 +638,105 @@ def export_geo3k(suite: Mapping[str, list[Question]], out_dir: str | Path) -> di
 # ------------------------------------------------------------------------------ traces and corpus
 
 
-def reasoning_trace(q: Question) -> str:
-    """A short correct derivation from the spec for supervised warm-up, ending in ``\\boxed{answer}``.
-    Matches NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``."""
+def reasoning_traces(q: Question) -> list[str]:
+    """Every correct derivation the warm-up may use for ``q``, each ending in ``\\boxed{answer}``.
+
+    In-domain kinds have several genuinely different openings (state what the image shows first,
+    or write the computation straight away, or name the rule first), so the first reasoning token
+    after ``<think>`` is a real decision of the base model -- the branch point NC-GRPO's prefill
+    noise acts on; the last in-domain entry is the direct answer with no derivation (see
+    :func:`trace_variant`). Out-of-domain kinds have one. Entry 0 is the canonical trace
+    (:func:`reasoning_trace`). All match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``.
+    """
     spec = q.metadata["spec"]
     scene, ask = spec["scene"], spec["ask"]
     kind, ans = ask["kind"], q.answer
     if kind == "sides":
         n = len(scene["vertices"])
-        body = f"the shape has {n} corners, so it has {n} sides."
+        bodies = [
+            f"the shape has {n} corners, so it has {n} sides.",
+            f"I count {n} corners. {n} corners means {n} sides.",
+            f"{n} corners, so {n} sides.",
+            f"counting the corners gives {n}, so the shape has {n} sides.",
+        ]
     elif kind == "angle_sum":
         n = len(scene["vertices"])
-        body = f"the shape has {n} sides. ({n} - 2) * 180 = {ans}"
+        bodies = [
+            f"the shape has {n} sides. ({n} - 2) * 180 = {ans}",
+            f"I count {n} corners. ({n} - 2) * 180 = {ans}",
+            f"({n} - 2) * 180 = {ans}",
+            f"sum of angles is (sides - 2) * 180. the shape has {n} sides. ({n} - 2) * 180 = {ans}",
+        ]
     elif kind == "perimeter":
         a, b, c = (lab["text"] for lab in scene["labels"])
-        body = f"the sides are {a}, {b} and {c}. {a} + {b} + {c} = {ans}"
+        bodies = [
+            f"the sides are {a}, {b} and {c}. {a} + {b} + {c} = {ans}",
+            f"{a} + {b} + {c} = {ans}",
+            f"perimeter is the sum of the sides. {a} + {b} + {c} = {ans}",
+            f"I read {a}, {b} and {c}. {a} + {b} + {c} = {ans}",
+        ]
     elif kind == "missing_angle":
         a, b = (lab["text"] for lab in scene["labels"])
-        body = f"the angles are {a} and {b}. 180 - {a} - {b} = {ans}"
+        s = int(a) + int(b)
+        bodies = [
+            f"the angles are {a} and {b}. 180 - {a} - {b} = {ans}",
+            f"180 - {a} - {b} = {ans}",
+            f"{a} + {b} = {s}. 180 - {s} = {ans}",
+            f"angles sum to 180. 180 - {a} - {b} = {ans}",
+        ]
     elif kind == "count":
-        body = f"I count {ans} {_plural(ask['shape'], int(ans))}."
+        bodies = [f"I count {ans} {_plural(ask['shape'], int(ans))}."]
     elif kind == "tallest":
         h = [str(bar["height"]) for bar in scene["bars"]]
-        body = f"the bars are {h[0]}, {h[1]}, {h[2]} and {h[3]} high. the tallest is bar {ans}."
+        bodies = [f"the bars are {h[0]}, {h[1]}, {h[2]} and {h[3]} high. the tallest is bar {ans}."]
     elif kind == "bar_value":
-        body = f"the {ask['colour']} bar reaches {ans}."
+        bodies = [f"the {ask['colour']} bar reaches {ans}."]
     elif kind == "compare":
-        body = f"the {ans} {ask['shape']} is {ask['which']}."
+        bodies = [f"the {ans} {ask['shape']} is {ask['which']}."]
     elif kind == "colour":
         colour = ask["options"][LETTERS.index(ans)]
-        body = f"the {ask['shape']} is {colour}. {colour} is option {ans}."
+        bodies = [f"the {ask['shape']} is {colour}. {colour} is option {ans}."]
     elif kind == "exists":
         there = f"there is {_article(ask['colour'])}" if ans == "yes" else "there is no"
-        body = f"{there} {ask['colour']} {ask['shape']} in the image."
+        bodies = [f"{there} {ask['colour']} {ask['shape']} in the image."]
     else:
         raise ValueError(f"no trace template for ask kind {kind!r}")
-    return f"<think>{body}</think> \\boxed{{{ans}}}"
+    if kind in _GEOMETRY_KINDS:  # the shortcut: answer without a derivation (last entry)
+        bodies.append(f"answer: {ans}.")
+    return [f"<think>{body}</think> \\boxed{{{ans}}}" for body in bodies]
+
+
+def reasoning_trace(q: Question, variant: int | None = 0) -> str:
+    """A short correct derivation from the spec for supervised warm-up, ending in ``\\boxed{answer}``.
+    Matches NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``.
+
+    ``variant``: which opening (:func:`reasoning_traces`; taken modulo their number); ``None``: the
+    one :func:`trace_variant` assigns to this question (what the warm-up trains on)."""
+    traces = reasoning_traces(q)
+    k = trace_variant(q) if variant is None else variant
+    return traces[k % len(traces)]
+
+
+#: Share of in-domain warm-up traces that answer directly (``"answer: 12."``) instead of deriving.
+DIRECT_SHARE = 0.4
+
+
+def trace_variant(q: Question) -> int:
+    """The warm-up's opening for ``q``: a fixed pseudo-random pick from its content, independent of
+    its answer. In-domain: the direct answer (the last of :func:`reasoning_traces`) with probability
+    :data:`DIRECT_SHARE`, else one of the derivations, each equally likely. Every trace is correct.
+    The direct answer was meant as a habit RL could unlearn (harder without the intermediate
+    numbers); measured on a base built this way it is not: sampled at T = 1 on 48 training prompts,
+    direct answers were right 24% of the time, derivation openings 7-35%. What the mix does give is
+    a first reasoning token that is a real decision (entropy ~1.8 nats), where the prefill noise acts."""
+    key = q.metadata.get("hash") or content_hash(q.benchmark, q.problem, q.metadata.get("spec", {}))
+    u = int(hashlib.sha256(f"trace-variant/{key}".encode()).hexdigest()[:8], 16) / 16**8
+    n = len(reasoning_traces(q))
+    if n == 1:
+        return 0
+    if u < DIRECT_SHARE:
+        return n - 1
+    return min(n - 2, int((u - DIRECT_SHARE) / (1 - DIRECT_SHARE) * (n - 1)))
 
 
 def corpus(suite: Mapping[str, Iterable[Question]]) -> Iterator[str]:
@@ -679,4 +745,4 @@ def corpus(suite: Mapping[str, Iterable[Question]]) -> Iterator[str]:
     for questions in suite.values():
         for q in questions:
             yield q.problem
-            yield reasoning_trace(q)
+            yield from reasoning_traces(q)

@@ -1,0 +1,227 @@
+"""ncgrpo probe (first-token figures, common-random-number pairing, verdict), branch_prefix, and the
+inert-noise warning, on constructed tiny models on the CPU."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from rich.console import Console
+
+from ncgrpo.core.noise import RowNoise
+from ncgrpo.data.types import Question
+from ncgrpo.inert import InertNoiseMonitor, InertNoiseWarning
+from ncgrpo.prefix import prefix_completions, prefixed_chat_template, with_branch_prefix
+from ncgrpo.probe import _inputs, _sample, format_probe, probe
+from ncgrpo.rewards import format_ok, math_reward
+from tiny_models import build_tokenizer, tiny_text_model
+
+QUESTIONS = [
+    Question("t", f"q{i}", f"What is {i} + {i}?", str(2 * i), answer_type="number", role="in_domain")
+    for i in range(6)
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def live_model(tok):
+    return tiny_text_model("qwen2", tokenizer=tok, hidden_size=64, num_attention_heads=4)
+
+
+@pytest.fixture(scope="module")
+def fixed_model(tok):
+    """Every token, first included, is one fixed token with probability 1: logits = a constant bias."""
+    m = tiny_text_model("qwen2", tokenizer=tok, hidden_size=64, num_attention_heads=4)
+    V = m.lm_head.out_features
+    head = torch.nn.Linear(m.lm_head.in_features, V, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(-100.0)
+        head.bias[tok.convert_tokens_to_ids("<think>")] = 100.0
+    m.lm_head = head
+    return m
+
+
+def _probe(model, tok, sigmas, **kw):
+    kw = {"rollouts": 4, "max_new_tokens": 6, "batch_size": 3, "progress": False, **kw}
+    return probe(model, tok, QUESTIONS, sigmas, **kw)
+
+
+def test_deterministic_first_token_is_inert(fixed_model, tok):
+    r = _probe(fixed_model, tok, [0.2, 1.0])
+    assert r.entropy < 1e-6 and r.top1 > 0.999999
+    for row in r.rows:
+        assert row.tv < 1e-6 and row.flip == 0.0 and row.changed == 0.0 and row.first_changed == 0.0
+        assert row.rel > 0.1  # the noise was applied; it just has nothing to act on
+        assert row.verdict.startswith("inert") and row.p_value == 1.0
+    assert r.verdict.startswith("inert at sigma 0.2: 0.0% of rollouts change")
+    assert not r.live
+
+
+def test_live_model_changes_rollouts_and_sigma_zero_changes_none(live_model, tok):
+    r = _probe(live_model, tok, [0.0, 2.0])
+    zero, big = r.rows
+    # common random numbers: same sampler seed and layout, no noise -> every rollout identical
+    assert zero.changed == 0.0 and zero.tv == 0.0 and zero.flip == 0.0 and zero.verdict.startswith("inert")
+    assert zero.reward_clean == zero.reward_noisy
+    assert r.entropy > 1.0  # a random model: a spread-out first token
+    assert big.tv > 0.05 and big.changed > 0.02 and not big.verdict.startswith("inert")
+    assert "sigma 2" in r.verdict and "sigma 0:" not in r.verdict
+    assert big.n_rollouts == len(QUESTIONS) * 4
+    # the matched control: no noise -> the sampling temperature; noise -> a hotter first token
+    assert zero.matched_temperature == 1.0 and big.matched_temperature > 1.0
+
+
+def test_common_random_numbers_are_row_aligned(live_model, tok):
+    """Same seed, same rows: identical samples; another seed: different ones (so 0% is not vacuous)."""
+    inputs = _inputs(tok, QUESTIONS[:2], 4, torch.device("cpu"))
+    kw = dict(site="final_norm", layer_decay=0.5, temperature=1.0, max_new_tokens=6, pad_id=tok.pad_token_id)
+    rows = [RowNoise()] * 8
+    a, la, _ = _sample(live_model, inputs, rows, seed=1, **kw)
+    b, lb, _ = _sample(live_model, inputs, rows, seed=1, **kw)
+    c, _, _ = _sample(live_model, inputs, rows, seed=2, **kw)
+    assert a == b and torch.equal(la, lb)
+    assert a != c
+
+
+def test_probe_json_and_table(live_model, tok, tmp_path):
+    r = _probe(live_model, tok, [0.5], rollouts=2)
+    d = json.loads(r.to_json(tmp_path / "p.json"))
+    assert d["verdict"] == r.verdict and d["rows"][0]["sigma"] == 0.5 and d["rollouts"] == 2
+    assert json.loads((tmp_path / "p.json").read_text()) == d
+    console = Console(record=True, width=220)
+    console.print(format_probe(r))
+    text = console.export_text()
+    assert "first-token TV" in text and "verdict:" in text
+
+
+def test_probe_reads_the_prompt_with_the_branch_prefix(live_model, tok):
+    proc = with_branch_prefix(tok, "<think>")
+    inputs = _inputs(proc, QUESTIONS[:1], 1, torch.device("cpu"))
+    assert tok.decode(inputs["input_ids"][0]).endswith("<|im_start|>assistant\n<think>")
+    r = _probe(live_model, tok, [0.0], branch_prefix="<think>", rollouts=1)
+    assert r.branch_prefix == "<think>"
+
+
+def test_probe_bad_arguments(live_model, tok):
+    with pytest.raises(ValueError, match="no questions"):
+        probe(live_model, tok, [], [0.2], progress=False)
+    with pytest.raises(ValueError, match="sigma"):
+        probe(live_model, tok, QUESTIONS, [-1.0], progress=False)
+    with pytest.raises(ValueError, match="even"):
+        probe(live_model, tok, QUESTIONS, [0.2], rollouts=3, method="antithetic", progress=False)
+
+
+# ------------------------------------------------------------------------------------ branch_prefix
+def test_prefixed_chat_template_appends_after_the_generation_prompt(tok):
+    msgs = [{"role": "user", "content": "hi"}]
+    plain = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    proc = with_branch_prefix(tok, "<think>\n")
+    assert proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == plain + "<think>\n"
+    # no generation prompt: no prefix, and the rest of the template's output is untouched
+    assert proc.apply_chat_template(msgs, tokenize=False) == tok.apply_chat_template(msgs, tokenize=False)
+    assert "branch_prefix" not in (tok.chat_template or "")  # the original is not modified
+    t = prefixed_chat_template(tok.chat_template, "<think>")
+    assert prefixed_chat_template(t, "<think>") == t
+    with pytest.raises(ValueError, match="different branch_prefix"):
+        prefixed_chat_template(t, "<x>")
+    assert with_branch_prefix(tok, "") is tok
+
+
+def test_rewards_see_the_prefix():
+    comp = "2 + 2 = 4</think> \\boxed{4}"
+    assert not format_ok(comp)
+    (text,) = prefix_completions([comp], "<think>")
+    assert format_ok(text)
+    conv = prefix_completions([[{"role": "assistant", "content": comp}]], "<think>")
+    assert conv[0][0]["content"] == "<think>" + comp
+    plain = math_reward([comp], answer=["4"])[0]
+    pref = math_reward(prefix_completions([comp], "<think>"), answer=["4"])[0]
+    assert pref > plain
+
+
+# ------------------------------------------------------------------------------------ inert warning
+def test_inert_monitor_fires_once_after_the_first_noisy_steps():
+    m = InertNoiseMonitor(threshold=0.01, steps=3)
+    assert m.update(1, 0.0, 0.0) is None  # sigma_k = 0: nothing to detect
+    assert m.update(2, 0.2, 0.0) is None
+    assert m.update(3, 0.2, 0.005) is None
+    msg = m.update(4, 0.19, 0.0)
+    assert msg is not None and "ncgrpo probe" in msg and "branch_prefix" in msg and "step 2" in msg
+    assert m.update(5, 0.19, 0.0) is None  # once
+
+
+def test_inert_monitor_stays_quiet_when_the_noise_acts():
+    m = InertNoiseMonitor(threshold=0.01, steps=3)
+    assert m.update(1, 0.2, 0.0) is None
+    assert m.update(2, 0.2, 0.3) is None
+    assert all(m.update(k, 0.2, 0.0) is None for k in range(3, 10))
+
+
+# ------------------------------------------------------------------------------------ trainer wiring
+def _tiny_grpo():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "tiny_grpo" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_grpo"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["tiny_grpo"]
+
+
+@pytest.mark.parametrize("method", ["vanilla", "latent"])
+def test_trainer_branch_prefix_reaches_the_prompt_and_the_reward(tmp_path, method):
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    tiny = _tiny_grpo()
+    seen: dict[str, list] = {"prompts": [], "completions": []}
+
+    class Recording(NCGRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            seen["prompts"] += [list(p) for p in prompt_ids]
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+
+    def reward(completions, **kwargs):
+        seen["completions"] += list(completions)
+        return [float(len(str(c)) % 3) for c in completions]
+
+    args = tiny.config(tmp_path, rollout_method=method, max_steps=1, branch_prefix="<think>")
+    proc = tiny.processor()
+    tr = Recording(
+        model=tiny.model(0), reward_funcs=[reward], args=args, train_dataset=tiny.dataset(8),
+        processing_class=proc,
+    )  # fmt: skip
+    tr.train()
+    tok = proc.tokenizer
+    assert seen["prompts"] and all(
+        tok.decode(p).endswith("<|im_start|>assistant\n<think>") for p in seen["prompts"]
+    )
+    assert seen["completions"] and all(c[0]["content"].startswith("<think>") for c in seen["completions"])
+    # scoped: the processor the trainer saves keeps the plain template
+    assert tr.processing_class is proc and "branch_prefix" not in proc.chat_template
+
+
+def test_trainer_warns_once_when_the_noise_is_inert(tmp_path):
+    """Greedy decoding and a vanishing sigma: the noisy first tokens never leave the clean argmax."""
+    tiny = _tiny_grpo()
+    tr = tiny.trainer(
+        tmp_path, rollout_method="latent", sigma0=1e-7, sigma_schedule="constant", max_steps=3,
+        generation_kwargs={"do_sample": False},
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr.train()
+    inert = [w for w in caught if issubclass(w.category, InertNoiseWarning)]
+    assert len(inert) == 1, [str(w.message) for w in caught]
+    assert "ncgrpo probe" in str(inert[0].message) and "step 3" in str(inert[0].message)
