@@ -81,15 +81,17 @@ def main(argv=None) -> dict:
     import vllm
     from vllm import LLM, SamplingParams
 
+    from ncgrpo.core.plan import plan_group, prompt_noise_id
+    from ncgrpo.engines.rollout import generate_groups
     from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
-    from ncgrpo.toy.model import (
-        DEFAULT_CORPUS,
-        build_tokenizer,
-        count_parameters,
-        save_tiny,
-        tiny_text_model,
-    )
-    from ncgrpo.engines.rollout import generate_groups, plan_batch, prompt_hash
+    from ncgrpo.toy.model import DEFAULT_CORPUS, build_tokenizer, count_parameters, save_tiny
+
+    # the tiny text-model builder lives with the tests (tests/tiny_models.py); the library ships VL toys only
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from tiny_models import tiny_text_model
+
+    def plan_batch(pids, n, sigma, seed, step):  # rows in request order: [p0 clean x n, p0 noisy x n, ...]
+        return [row for pid in pids for row in plan_group(n, sigma, seed, step, pid)]
 
     args = parse_args(argv)
     tok = build_tokenizer()
@@ -116,7 +118,7 @@ def main(argv=None) -> dict:
 
     base = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_new_tokens, ignore_eos=True)
     requests = [{"prompt_token_ids": p} for p in ids for _ in range(G)]
-    pids = [prompt_hash(p) for p in ids]
+    pids = [prompt_noise_id(p) for p in ids]
 
     def params(arm: str, step: int):
         if arm == "vanilla":

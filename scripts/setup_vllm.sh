@@ -67,10 +67,10 @@ sys.exit(0 if pathlib.Path(ncgrpo.__file__).resolve().is_relative_to(pathlib.Pat
          and any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')) else 1)" 2>/dev/null; then
   "$VPY" -m pip install -q --no-deps -e . 2>&1 | grep -E "^(ERROR|error)" || true
 fi
-if ! "$VPY" -c "import trl, accelerate, datasets, scipy, matplotlib, rich, math_verify, pytest, hypothesis" 2>/dev/null; then
+if ! "$VPY" -c "import trl, accelerate, datasets, scipy, matplotlib, rich, math_verify, mathruler, pylatexenc, pytest, hypothesis" 2>/dev/null; then
   "$VPY" -m pip install -q "transformers==$tf" "trl>=1.16,<1.17" "accelerate>=1.10,<2" "datasets>=3.0,<6" \
     "pillow>=10" "numpy>=1.26" "scipy>=1.11" "matplotlib>=3.8" "pyyaml>=6" "rich>=13" "tqdm>=4.66" \
-    "tokenizers>=0.21" "math-verify>=0.7,<1" "pytest>=8" "hypothesis>=6.100" 2>&1 |
+    "tokenizers>=0.21" "math-verify>=0.7,<1" "mathruler==0.1.0" "pylatexenc>=2.10,<3" "pytest>=8" "hypothesis>=6.100" 2>&1 |
     grep -v "ncgrpo 0.1.0 requires\|dependency resolver\|^WARNING: Location" || true
 fi
 "$VPY" -c "

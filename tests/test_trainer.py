@@ -525,3 +525,129 @@ def test_text_model_without_question_id(tmp_path) -> None:
     _check_run(tr, (*NC_METRICS, "noise/sigma_k"))
     pids = {row[4][2] for row in tr.nc_history[0].rows if row[4] is not None}
     assert len(pids) == 1  # one prompt per step here (batch 4 = one group)
+
+
+# ---------------------------------------------------------------------------------------------
+# use_vllm: what is refused before an engine starts, and the request seam (a fake engine; the real one
+# is tests/test_trainer_vllm.py, marker vllm)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (dict(vllm_mode="server"), "vllm_mode='colocate'"),
+        (dict(vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
+        (dict(rollout_method="first_token_temperature"), "first-token logit scale"),
+        (dict(noise_site="1"), "propagating layer site"),
+    ],
+)
+def test_use_vllm_refusals_say_why(tmp_path, kw, match) -> None:
+    with pytest.raises(NotImplementedError, match=match):
+        _cfg(tmp_path, use_vllm=True, **kw)
+
+
+def test_use_vllm_allowed_configs(tmp_path) -> None:
+    for m in ("latent", "antithetic", "spsa", "image"):
+        assert _cfg(tmp_path, use_vllm=True, rollout_method=m).use_vllm
+    _cfg(tmp_path, use_vllm=True, vllm_mode="server", rollout_method="vanilla")  # TRL's path, unchanged
+
+
+class _FakeParams:
+    """The parts of ``vllm.SamplingParams`` the seam uses."""
+
+    def __init__(self, n=1, extra_args=None):
+        self.n, self.extra_args = n, extra_args
+
+    def clone(self):
+        return _FakeParams(self.n, dict(self.extra_args) if self.extra_args else None)
+
+
+class _FakeLLM:
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=False):
+        self.calls.append((prompts, sampling_params))
+        return [f"out{i}" for i in range(len(prompts))]
+
+
+def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from ncgrpo.core.plan import row_noise
+
+    tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
+    llm = _FakeLLM()
+    tr.vllm_generation = SimpleNamespace(llm=llm)
+    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=4, method="antithetic", seed=3, step=2)
+    rows = [row_noise(p, 0.5, "antithetic") for p in plans]
+    prompts = [[1, 2, i] for i in range(8)]
+    with tr._nc_vllm_requests(rows):
+        out = llm.generate(prompts, _FakeParams(extra_args={"other": 1}), use_tqdm=False)
+    assert out == [f"out{i}" for i in range(8)] and "generate" not in vars(llm)
+    ((sent_prompts, params),) = llm.calls
+    assert sent_prompts is prompts and len(params) == 8
+    for p, sp in zip(plans, params, strict=True):
+        assert sp.extra_args["other"] == 1  # TRL's own extra_args are kept
+        spec = sp.extra_args.get("ncgrpo")
+        if not p.noisy:
+            assert spec is None
+            continue
+        k = p.key
+        assert (spec["seed"], spec["step"], spec["prompt_id"], spec["draw"]) == (
+            k.seed,
+            k.step,
+            k.prompt_id,
+            k.draw,
+        )
+        assert (spec["sigma"], spec["sign"], spec["mode"]) == (0.5, int(p.sign), "antithetic")
+    # a generation that does not call the engine exactly once with one request per row is an error
+    with pytest.raises(RuntimeError, match="did not call"), tr._nc_vllm_requests(rows):
+        pass
+    with pytest.raises(RuntimeError, match="one request per row"), tr._nc_vllm_requests(rows):
+        llm.generate(prompts[:4], _FakeParams())
+    with pytest.raises(RuntimeError, match="twice"), tr._nc_vllm_requests(rows):
+        llm.generate(prompts, _FakeParams())
+        llm.generate(prompts, _FakeParams())
+    assert "generate" not in vars(llm)
+
+
+def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> None:
+    """The image method on vLLM: the noisy rows' PIL images are NoisyRollout's distorted copies (one per
+    prompt), the clean rows' the originals; the request seam is entered around TRL's generation."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
+
+    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1)
+    llm = _FakeLLM()
+    tr.vllm_generation = SimpleNamespace(llm=llm)
+    tr.use_vllm = True  # the vLLM leg of _nc_generate, with the fake engine
+    inputs = list(tiny.dataset(2))
+    G = tr.num_generations
+    tr._nc_inputs = [x for x in inputs for _ in range(G)]
+    images = [x["images"] for x in tr._nc_inputs]
+    prompt_ids = [[7, 8, 9 + i // G] for i in range(len(images))]
+    seen = {}
+
+    def generate(fields, gen_images):
+        seen["images"] = gen_images
+        llm.generate(prompt_ids, _FakeParams())
+        return [[11, 12]] * len(prompt_ids), [[-0.1, -0.2]] * len(prompt_ids)
+
+    tr._nc_generate(generate, prompt_ids, images, {}, G)
+    gen = tr._nc_gen
+    assert gen.image_t == 500 and gen.first_token.tolist() == [11] * len(images)
+    policy = ResizePolicy.from_image_processor(tr.processing_class.image_processor)
+    for i, p in enumerate(gen.plans):
+        if not p.noisy:
+            assert seen["images"][i] is images[i]
+            continue
+        want = distort_images(images[i], 500, prompt_image_seed(p.key.seed, p.key.step, p.prompt_id), policy)
+        got = seen["images"][i]
+        assert [np.asarray(g).tolist() for g in got] == [np.asarray(w).tolist() for w in want]
+        assert not np.array_equal(np.asarray(got[0].resize(images[i][0].size)), np.asarray(images[i][0]))
+    ((_, params),) = llm.calls
+    assert all(sp.extra_args is None for sp in params)  # image method: no hidden noise
+    assert tr._distorted_row_images(images, gen.plans, 0) is images

