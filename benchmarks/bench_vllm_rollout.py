@@ -67,13 +67,10 @@ def parse_args(argv=None):
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_rollout import _cpu_name as cpu_name  # a sibling script, not a package
+
+    return cpu_name()
 
 
 def main(argv=None) -> dict:
@@ -193,7 +190,7 @@ def main(argv=None) -> dict:
     result = {
         "machine": {
             "platform": platform.platform(),
-            "cpu": _cpu_name(),
+            "cpu": _cpu_name(),  # bench_rollout.py's, one description for every benchmark
             "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
