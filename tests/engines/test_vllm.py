@@ -208,10 +208,13 @@ def test_preempted_requests_are_not_renoised(llm):
     before = check_plugin_active(llm)[0]
     crowded = run(llm, prompts, [greedy(r, max_tokens=120) for r in rows])
     after = check_plugin_active(llm)[0]
-    assert after["resumed_requests"] > before["resumed_requests"]  # preemption did happen
+    # whatever the scheduler did, each noisy request is perturbed exactly once and decodes as alone
     assert after["perturbed_rows"] - before["perturbed_rows"] == 8
     for a, c in zip(alone, crowded[1::2], strict=True):
         assert list(c.token_ids) == list(a.token_ids)
+    if after["resumed_requests"] == before["resumed_requests"]:
+        # vLLM's scheduling is not ours to force (it varied between runs here); say so, do not pass silently
+        pytest.skip("vLLM resumed no preempted request this time, so the preemption path went unexercised")
 
 
 # ------------------------------------------------------------------------------------------------
