@@ -164,6 +164,14 @@ class DemoConfig:
             "'<think>'); rewards see it in front of the completion; evaluation uses the plain prompt"
         },
     )
+    first_token_temperature: float = field(
+        default=1.13,
+        metadata={
+            "help": "starting temperature T0 of the first-token control (--all_methods), annealed with the noise; "
+            "1.13 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
+            "equal mean first-token TV, 0.052)"
+        },
+    )
     val_limit: int = field(
         default=32,
         metadata={"help": "validation questions per family scored greedily during training; 0 turns it off"},
@@ -300,7 +308,12 @@ class DemoConfig:
                     f"Antithetic σ0={s:g}{site}", f"antithetic-sigma{s:g}{tag}", "antithetic", {"sigma0": s}
                 ),
                 MethodSpec(f"SPSA σ0={s:g}{site}", f"spsa-sigma{s:g}{tag}", "spsa", {"sigma0": s}),
-                MethodSpec("First-token T=2", "first-token-t2", "first_token_temperature"),
+                MethodSpec(
+                    f"First-token T0={self.first_token_temperature:g}",
+                    f"first-token-t{self.first_token_temperature:g}",
+                    "first_token_temperature",
+                    {"first_token_temperature": self.first_token_temperature},
+                ),
             ]
         return out
 
