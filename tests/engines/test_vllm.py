@@ -157,6 +157,20 @@ def test_noisy_first_token_logprobs_equal_the_transformers_engine(llm, hf, promp
     assert_close_logprobs({t: lp.logprob for t, lp in out.logprobs[1].items()}, second)
 
 
+def test_the_temperature_control_samples_its_first_token_at_the_scaled_logits(llm, hf):
+    """control_extra_args(s): first-token logprobs are log_softmax(s * z); later tokens are clean."""
+    from ncgrpo.engines.vllm import control_extra_args
+
+    params = SamplingParams(max_tokens=3, temperature=0.0, logprobs=TOPK, extra_args=control_extra_args(0.5))
+    out = run(llm, [SHORT], params)[0]
+    clean = reference_logprobs(hf, SHORT, None)
+    assert_close_logprobs(first_logprobs(out), torch.log_softmax(0.5 * clean, -1))
+    ids = torch.tensor([SHORT + list(out.token_ids[:1])])
+    with torch.no_grad():
+        second = torch.log_softmax(hf(input_ids=ids).logits[0, -1].float(), -1)
+    assert_close_logprobs({t: lp.logprob for t, lp in out.logprobs[1].items()}, second)
+
+
 def test_clean_requests_batched_with_noisy_ones_are_unchanged(llm):
     prompts = [SHORT, OTHER[0], LONG, OTHER[1]]
     clean = run(llm, prompts, [greedy() for _ in prompts])

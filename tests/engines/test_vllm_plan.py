@@ -16,9 +16,11 @@ import torch
 from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 from ncgrpo.engines.vllm import (
     EXTRA_ARGS_KEY,
+    _ArmedLogits,
     _perturb_logit_rows,
     _v1_plan,
     _v2_plan,
+    control_extra_args,
     noise_extra_args,
     parse_noise_spec,
 )
@@ -89,6 +91,24 @@ def test_steer_is_added_to_noisy_rows():
     out = _perturb_logit_rows(hs, [(0, spec)])
     ref, _ = perturb_rows(hs[:1, None], [spec.row], steer=mu)
     assert torch.equal(out[0], ref[0, 0]) and torch.equal(out[1], hs[1])
+
+
+def test_the_temperature_control_scales_only_its_first_token_logit_row():
+    """A control-only spec (no noise key) leaves the state and multiplies that row's logits."""
+    spec = parse_noise_spec(control_extra_args(0.5))
+    assert spec.noisy and not spec.row.noisy and spec.logit_scale == 0.5
+    with pytest.raises(ValueError, match="logit_scale"):
+        control_extra_args(0.0)
+    head = torch.randn(5, 8)
+    model = SimpleNamespace(compute_logits=lambda h: h @ head.T)
+    hs = torch.randn(3, 8)
+    noisy = parse_noise_spec(noise_extra_args(row(sigma=0.3)))
+    with _ArmedLogits(model, lambda h: [(1, spec), (2, noisy)]):
+        first = model.compute_logits(hs)  # the sampling rows: row 1 scaled, row 2 perturbed
+        again = model.compute_logits(hs)  # a later call in the step (prompt logprobs): untouched
+    ref = hs @ head.T
+    assert torch.equal(first[0], ref[0]) and torch.allclose(first[1], 0.5 * ref[1])
+    assert not torch.allclose(first[2], ref[2]) and torch.equal(again, ref)
 
 
 # ------------------------------------------------------------------------------------------------

