@@ -61,10 +61,9 @@ def geo3k(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+    from tiny_models import save_tiny_vl
 
-    proc = build_processor(build_tokenizer())
-    return save_tiny(tiny_qwen2_5_vl(processor=proc), proc, tmp_path_factory.mktemp("tiny-vl"))
+    return save_tiny_vl(tmp_path_factory.mktemp("tiny-vl"))
 
 
 def _args(out: Path, geo3k: Path, model: str | Path, *extra: str) -> list[str]:

@@ -23,10 +23,9 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory):
-    from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+    from tiny_models import save_tiny_vl
 
-    proc = build_processor(build_tokenizer())
-    model = save_tiny(tiny_qwen2_5_vl(processor=proc), proc, tmp_path_factory.mktemp("tiny-vl"))
+    model = save_tiny_vl(tmp_path_factory.mktemp("tiny-vl"))
     return model, write_geo3k_parquet(tmp_path_factory.mktemp("geo3k"))
 
 

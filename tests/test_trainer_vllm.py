@@ -22,7 +22,7 @@ from datasets import Dataset  # noqa: E402
 from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
-from tiny_models import build_tokenizer, save_tiny, tiny_text_model  # noqa: E402
+from tiny_models import build_tokenizer, save_tiny, vllm_text_model  # noqa: E402
 
 G = 4
 # |trainer - vLLM| logprob on unperturbed tokens: TRL builds the engine with dtype "auto", which vllm-cpu runs in
@@ -33,15 +33,7 @@ TOL = 0.15
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     tok = build_tokenizer()
-    # head_dim 64: the CPU attention kernels do not take head_dim 16
-    model = tiny_text_model(
-        "qwen2",
-        tokenizer=tok,
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    model = vllm_text_model(tok)
     with torch.no_grad():  # a peaked first-token distribution, so that moving h moves the sampled token
         model.lm_head.weight.mul_(20.0)
     return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny_qwen2"))), tok

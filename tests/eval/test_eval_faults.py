@@ -37,7 +37,7 @@ from ncgrpo.eval.records import (
     read_records,
 )
 from ncgrpo.toy.synthetic import build_suite, export_geo3k
-from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+from tiny_models import save_tiny_vl
 
 SRC = str(Path(ncgrpo.__file__).resolve().parents[1])
 ENV = {
@@ -51,11 +51,7 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def tiny_vl_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-vl")
-    tok = build_tokenizer()
-    proc = build_processor(tok)
-    save_tiny(tiny_qwen2_5_vl(processor=proc, seed=0), proc, out)
-    return out
+    return save_tiny_vl(tmp_path_factory.mktemp("tiny-vl"))
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,12 @@ from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
 from ncgrpo.eval.records import RECORDS_FILE, read_records
 from ncgrpo.toy.synthetic import build_suite, export_geo3k
 from ncgrpo.training import load_model_and_processor
-from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
+from tiny_models import save_tiny_vl
 
 
 @pytest.fixture(scope="module")
 def tiny_vl_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-vl")
-    tok = build_tokenizer()
-    proc = build_processor(tok)
-    save_tiny(tiny_qwen2_5_vl(processor=proc, seed=0), proc, out)
-    return out
+    return save_tiny_vl(tmp_path_factory.mktemp("tiny-vl"))
 
 
 @pytest.fixture(scope="module")
