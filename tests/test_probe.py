@@ -225,3 +225,25 @@ def test_trainer_warns_once_when_the_noise_is_inert(tmp_path):
     inert = [w for w in caught if issubclass(w.category, InertNoiseWarning)]
     assert len(inert) == 1, [str(w.message) for w in caught]
     assert "ncgrpo probe" in str(inert[0].message) and "step 3" in str(inert[0].message)
+
+
+def test_trainer_warns_when_sampling_hides_inert_noise(tmp_path):
+    """Temperature sampling with a vanishing sigma: sampled first tokens leave the clean argmax often
+    (noise/first_token_divergence is high on both halves) yet the noise changes no distribution; the
+    warning reads the first-token total variation, so it still fires."""
+    tiny = _tiny_grpo()
+    tr = tiny.trainer(
+        tmp_path,
+        rollout_method="latent",
+        sigma0=1e-7,
+        sigma_schedule="constant",
+        max_steps=3,
+        temperature=5.0,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr.train()
+    logged = [m for m in tr.nc_history]
+    assert logged[0].metrics["noise/first_token_divergence"] >= 0.01  # the old signal: silent from step 1
+    inert = [w for w in caught if issubclass(w.category, InertNoiseWarning)]
+    assert len(inert) == 1 and "noise/first_token_tv" in str(inert[0].message)

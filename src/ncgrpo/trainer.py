@@ -949,7 +949,7 @@ class NCGRPOTrainer(GRPOTrainer):
             metrics["spsa/mu_norm"] = mu_norm
             metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
 
-        inert = self._inert.update(gen.step, gen.sigma_k, metrics.get("noise/first_token_divergence"))
+        inert = self._inert.update(gen.step, gen.sigma_k, metrics.get(self._inert.metric))
         if inert is not None and self.accelerator.is_main_process:
             warnings.warn(inert, InertNoiseWarning, stacklevel=2)
         self._log_metrics(metrics)
