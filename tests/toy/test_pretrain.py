@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ncgrpo.toy import pretrain as pt
-from ncgrpo.toy.synthetic import build_suite, corpus, reasoning_trace
+from ncgrpo.toy.synthetic import build_suite, corpus, warmup_trace
 from tiny_models import EOS_TOKEN, build_processor, build_tokenizer
 
 # A miniature of the real recipe: small suite, small pool, the "micro" model.
@@ -81,7 +81,7 @@ def test_encode_example_masks_the_prompt_and_uses_the_generation_prompt():
     assert torch.equal(ex.pixel_values, enc["pixel_values"])
     tok = proc.tokenizer
     assert (
-        tok.decode(ex.input_ids[ex.prompt_len :]) == reasoning_trace(q, variant=None) + EOS_TOKEN
+        tok.decode(ex.input_ids[ex.prompt_len :]) == warmup_trace(q) + EOS_TOKEN
     )  # its opening
 
     batch = pt.collate([ex, pt.encode_example(proc, suite["validation"][1])], tok.pad_token_id)
@@ -359,21 +359,22 @@ def test_committed_checkpoint_reproduces_its_recorded_greedy_answers():
 
 @committed
 def test_committed_checkpoint_reads_the_image():
-    """The failure this recipe fixes: a base model whose loss does not care which image it sees.
+    """The failure the vision warm-up fixes: a base model whose loss does not care which image it sees.
 
-    On held-out in-domain questions, the teacher-forced loss of the correct traces must rise when
-    the batch's images are shuffled across questions (same question text, another figure), and
-    greedy answers must be right more often with the real figures. The loss margin is 2%, not the
-    10% of the single-trace recipe: the traces now open in five ways (ncgrpo.toy.synthetic.
-    trace_variant), and the opening tokens, chosen independently of the image, dilute the mean
-    (measured on the shipped checkpoint: 0.3475 vs 0.3594, +3.4%; greedy 18 vs 13 of 64 right)."""
+    On held-out in-domain questions, the teacher-forced loss of the correct derivations must rise
+    when the batch's images are shuffled across questions (same question text, another figure), and
+    greedy answers opened with a derivation (``<think>the``; the unprompted greedy answer is the
+    image-blind shortcut, ncgrpo.toy.synthetic.shortcut_trace) must be right more often with the real
+    figures (measured on the shipped checkpoint: loss 0.344 vs 0.376; 14 vs 10 of 64 right)."""
+    from ncgrpo.prefix import with_branch_prefix
+    from ncgrpo.toy.synthetic import reasoning_trace
     from ncgrpo.training import load_model_and_processor
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
     model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")
     suite = build_suite(report.suite_seed)
     geo = [q for q in suite["validation"] if q.metadata["family"] == "geometry"][:32]
-    examples = [pt.encode_example(proc, q) for q in geo]
+    examples = [pt.encode_example(proc, q, reasoning_trace(q, i)) for i, q in enumerate(geo)]
     batch = pt.collate(examples, proc.tokenizer.pad_token_id)
     per_image = batch["pixel_values"].shape[0] // len(geo)  # same grid for every image
     shuffled = dict(batch)
@@ -388,11 +389,12 @@ def test_committed_checkpoint_reads_the_image():
 
     geo64 = [q for q in suite["validation"] if q.metadata["family"] == "geometry"][:64]
     swapped = [dataclasses.replace(q, images=geo64[(i + 1) % 64].images) for i, q in enumerate(geo64)]
+    derive = with_branch_prefix(proc, "<think>the")
 
     def right(qs):
-        outs = generate_greedy(model, proc, qs, DecodingSettings(max_new_tokens=64, batch_size=64))
+        outs = generate_greedy(model, derive, qs, DecodingSettings(max_new_tokens=64, batch_size=64))
         return sum(
             score(o, q.answer, answer_type=q.answer_type).correct for q, o in zip(qs, outs, strict=True)
         )
 
-    assert right(geo64) > right(swapped)
+    assert right(geo64) > right(swapped), (right(geo64), right(swapped))

@@ -19,6 +19,7 @@ import pytest
 from ncgrpo.data.types import MATH_PROMPT
 from ncgrpo.toy.synthetic import (
     DIRECT_SHARE,
+    SHORTCUT_ANSWERS,
     FAMILIES,
     IMAGE_SIZE,
     build_suite,
@@ -28,7 +29,9 @@ from ncgrpo.toy.synthetic import (
     family,
     reasoning_trace,
     reasoning_traces,
+    shortcut_trace,
     trace_variant,
+    warmup_trace,
 )
 
 try:  # tests/data may or may not be a package
@@ -278,7 +281,8 @@ def test_corpus_holds_problems_and_traces(suite):
     texts = list(corpus(suite))
     assert texts[0] == MATH_PROMPT
     n = sum(len(qs) for qs in suite.values())
-    assert len(texts) == 1 + n + sum(len(reasoning_traces(q)) for qs in suite.values() for q in qs)
+    n_traces = sum(len(reasoning_traces(q)) + (shortcut_trace(q) is not None) for qs in suite.values() for q in qs)
+    assert len(texts) == 1 + n + n_traces
     assert suite["test"][0].problem in texts and reasoning_trace(suite["test"][0]) in texts
     words = {w for t in texts for w in re.findall(r"[a-z]+", t)}
     assert len(words) < 150  # a small, templated vocabulary
@@ -342,17 +346,40 @@ def test_export_loads_back_through_the_project_geo3k_loader(suite, tmp_path):
 
 def test_in_domain_traces_open_in_several_ways_and_the_warmup_spreads_over_them(suite):
     """The branch point: several different first reasoning tokens per in-domain question (four
-    derivations and a direct answer), and the warm-up's pick (trace_variant) answers directly on
+    derivations and the shortcut), and the warm-up's pick (trace_variant) takes the shortcut on
     about DIRECT_SHARE of the questions and spreads the rest over the derivations."""
     geo = [q for q in suite["train"] if q.metadata["family"] == "geometry"]
     for q in geo[:50]:
         traces = reasoning_traces(q)
-        firsts = {t[len("<think>") :].split()[0] for t in traces}
-        assert len(traces) == 5 and len(firsts) >= 4, traces
-        assert reasoning_trace(q) == traces[0] and traces[-1].startswith("<think>answer: ")
+        firsts = {t[len("<think>") :].split()[0] for t in [*traces, shortcut_trace(q)]}
+        assert len(traces) == 4 and len(firsts) >= 4, traces
+        assert reasoning_trace(q) == traces[0] and shortcut_trace(q).startswith("<think>answer: ")
     picks = Counter(trace_variant(q) for q in geo)
     assert set(picks) == set(range(5)), picks
     assert abs(picks[4] / len(geo) - DIRECT_SHARE) < 0.1, picks
     assert min(picks[k] for k in range(4)) > len(geo) * (1 - DIRECT_SHARE) / 4 * 0.6, picks
+    for q in geo[:50]:
+        k = trace_variant(q)
+        assert warmup_trace(q) == (shortcut_trace(q) if k == 4 else reasoning_trace(q, k))
     ood = [q for q in suite["test"] if q.role != "in_domain"]
     assert all(trace_variant(q) == 0 and len(reasoning_traces(q)) == 1 for q in ood)
+    assert all(shortcut_trace(q) is None and warmup_trace(q) == reasoning_trace(q) for q in ood)
+
+
+def test_the_shortcut_ignores_the_figure_and_is_mostly_wrong(suite):
+    """The habit RL should unlearn: the same boxed answer for every question of a kind, whatever the
+    figure, so it is right only when the figure happens to match (well under half the time), while
+    every derivation is right; it still has NoisyRollout's format."""
+    from ncgrpo.rewards import format_ok, score
+
+    geo = [q for q in suite["test"] if q.metadata["family"] == "geometry"]
+    by_kind: dict[str, list[bool]] = {}
+    for q in geo:
+        trace = shortcut_trace(q)
+        kind = q.metadata["spec"]["ask"]["kind"]
+        assert trace == f"<think>answer: {SHORTCUT_ANSWERS[kind]}.</think> \\boxed{{{SHORTCUT_ANSWERS[kind]}}}"
+        assert format_ok(trace)
+        by_kind.setdefault(kind, []).append(score(trace, q.answer, answer_type=q.answer_type).correct)
+    assert set(by_kind) == set(SHORTCUT_ANSWERS)
+    rate = sum(sum(v) for v in by_kind.values()) / len(geo)
+    assert 0.05 < rate < 0.25, {k: sum(v) / len(v) for k, v in by_kind.items()}

@@ -32,8 +32,10 @@ logits (section 3.1). The embedded base model starts every answer with ``<think>
 without a prefix that site changes no rollout (measured: NC-GRPO's logged steps equalled vanilla's and
 the test records were identical). The demo therefore trains with ``branch_prefix="<think>"``
 (:mod:`ncgrpo.prefix`; evaluation keeps the plain prompt): the branch point is then the first reasoning
-token, where the base chooses among five openings (``ncgrpo probe``: first-token entropy 1.8 nats,
-6.4% of noisy rollouts differ from their common-random-number clean partner at sigma 0.2). The demo
+token, where the base chooses among five openings, four derivations and an image-blind shortcut
+(:func:`ncgrpo.toy.synthetic.shortcut_trace`; ``ncgrpo probe``: first-token entropy 1.9 nats, 6.8% of
+noisy rollouts differ from their common-random-number clean partner at sigma 0.2). What GRPO learns
+here is that choice: the base's greedy answer is the shortcut, and the derivations earn more reward. The demo
 still checks after training whether the two runs were identical and says so under the table
 (:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) also changes
 rollouts.
@@ -139,16 +141,16 @@ class DemoConfig:
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto"})
     eval_limit: int | None = field(
         default=None,
-        metadata={"help": "test questions per family (null: the whole test split, 200 per family)"},
+        metadata={"help": "test questions per family (null: the whole test split, 600 per family)"},
     )
     num_generations: int = field(
         default=8,
         metadata={"help": "rollouts per prompt, G; two-pass methods use G/2 clean + G/2 noisy"},
     )
-    prompts_per_step: int = field(default=4, metadata={"help": "prompts per optimizer step"})
+    prompts_per_step: int = field(default=8, metadata={"help": "prompts per optimizer step"})
     max_completion_length: int = field(default=48, metadata={"help": "rollout token budget"})
     max_new_tokens: int = field(default=64, metadata={"help": "evaluation token budget"})
-    learning_rate: float = field(default=3e-4, metadata={"help": "constant learning rate"})
+    learning_rate: float = field(default=1e-3, metadata={"help": "constant learning rate"})
     noise_site: str = field(
         default="final_norm",
         metadata={
@@ -165,11 +167,11 @@ class DemoConfig:
         },
     )
     first_token_temperature: float = field(
-        default=1.13,
+        default=1.16,
         metadata={
             "help": "starting temperature T0 of the first-token control (--all_methods), annealed with the noise; "
-            "1.13 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
-            "equal mean first-token TV, 0.052)"
+            "1.16 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
+            "equal mean first-token TV, 0.057)"
         },
     )
     val_limit: int = field(
@@ -183,7 +185,9 @@ class DemoConfig:
     suite_seed: int = field(default=0, metadata={"help": "seed of the synthetic suite"})
     train_size: int = field(default=2000, metadata={"help": "training questions in the suite"})
     validation_size: int = field(default=64, metadata={"help": "validation questions per family"})
-    test_size: int = field(default=200, metadata={"help": "test questions per family"})
+    test_size: int = field(
+        default=600, metadata={"help": "test questions per family (600: about Geometry3K's 601 test rows)"}
+    )
     num_threads: int | None = field(
         default=1,
         metadata={

@@ -14,17 +14,21 @@ paths (hidden-state hooks, the TRL trainer, the eval runner) from a fresh clone 
   learns the traces' text prior long before the random tower carries signal and the language model
   learns to ignore the image (measured: 14% greedy in-domain, "6 sides" for every figure, training
   loss unchanged when the images are shuffled); with it, the same 600 SFT steps reach ~30%;
-* it is then supervised-fine-tuned on ``prompt -> reasoning_trace(q)`` pairs, the prompt being exactly
+* it is then supervised-fine-tuned on ``prompt -> warmup_trace(q)`` pairs, the prompt being exactly
   what training and evaluation feed the model (:func:`ncgrpo.data.prompts.build_messages` rendered by
   the processor's chat template with ``add_generation_prompt=True``), the loss on the completion
   tokens only (the trace and the closing ``<|im_end|>``);
 * the SFT pool (:func:`sft_pool`) holds items of EVERY family (the base model's "general skills"),
   drawn from streams of their own and disjoint, by content hash, from every split of the suite it is
   evaluated on, so validation/test never leak and the RL train split stays unseen. Geometry (the
-  in-domain family RL trains on) is only a share of the pool and training stops after a short,
-  fixed budget, so the model solves some in-domain questions but far from all: greedy accuracy
-  inside :data:`TARGET_BAND` and enough groups with mixed rewards (section 3: a group whose
-  rewards are all equal has zero advantage, eq. 1) for GRPO to have something to learn from.
+  in-domain family RL trains on) is only a share of the pool;
+* the in-domain traces open in four correct ways, and 30% of them take an image-blind shortcut
+  instead (:func:`ncgrpo.toy.synthetic.shortcut_trace`: ``answer: 4.`` for every "how many sides"
+  question). The base's greedy answer is that shortcut, right only when the figure happens to fit,
+  while it also samples derivations that read the figure: greedy accuracy inside
+  :data:`TARGET_BAND`, enough groups with mixed rewards (section 3: a group whose rewards are all
+  equal has zero advantage, eq. 1), and a lesson GRPO can learn in a few dozen steps (prefer the
+  derivation), decided at the first reasoning token, where the prefill noise acts.
 
 The band is checked and reported (``PretrainReport.in_band``), never forced; the committed
 checkpoint's ``pretrain.json`` records where the default recipe lands. The learning rate is constant
@@ -70,8 +74,9 @@ __all__ = [
     "sft_pool",
 ]
 
-#: Greedy in-domain accuracy the base model should have: solves some, leaves room for RL.
-TARGET_BAND = (0.20, 0.70)
+#: Greedy in-domain accuracy the base model should have: solves some, leaves room for RL. The lower
+#: end is 10%: the shortcut's guesses are right on about 15% of in-domain questions.
+TARGET_BAND = (0.10, 0.70)
 #: Minimum share of in-domain prompts whose G sampled completions (T = 1) get mixed rewards.
 MIXED_GROUP_TARGET = 0.30
 PRETRAIN_FILE = "pretrain.json"
@@ -176,11 +181,12 @@ class Example:
     family: str
 
 
-def encode_example(processor: Any, q: Question) -> Example:
+def encode_example(processor: Any, q: Question, completion: str | None = None) -> Example:
     """Tokenise ``q`` for SFT. The prompt is rendered exactly as generation renders it (same messages,
     same chat template, ``add_generation_prompt=True``) and tokenised by the processor with the image;
-    the completion ``reasoning_trace(q) + <|im_end|>`` is tokenised on its own and appended, so the
-    prompt/completion boundary is the one the model sees when it generates.
+    the completion (default: the warm-up's, :func:`ncgrpo.toy.synthetic.warmup_trace`) ``+ <|im_end|>``
+    is tokenised on its own and appended, so the prompt/completion boundary is the one the model sees
+    when it generates.
 
     ``mm_token_type_ids`` must reach the forward pass: without it Qwen2.5-VL cannot build its 3-D
     M-RoPE positions and falls back to plain 1-D positions, while ``generate`` (given the processor's
@@ -188,18 +194,17 @@ def encode_example(processor: Any, q: Question) -> Example:
     (measured: teacher-forced loss fine, greedy outputs that ignore the question)."""
     from ncgrpo.data.prompts import build_messages
     from ncgrpo.toy.model import EOS_TOKEN
-    from ncgrpo.toy.synthetic import reasoning_trace
+    from ncgrpo.toy.synthetic import warmup_trace
 
     tok = processor.tokenizer
     text = processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
     enc = processor(text=[text], images=[[im.convert("RGB") for im in q.images]], return_tensors="pt")
-    completion = tok(
-        reasoning_trace(q, variant=None) + EOS_TOKEN, add_special_tokens=False, return_tensors="pt"
-    )
+    text_out = warmup_trace(q) if completion is None else completion
+    completion_enc = tok(text_out + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")
     prompt_ids = enc["input_ids"][0]
-    n_completion = int(completion["input_ids"].shape[1])
+    n_completion = int(completion_enc["input_ids"].shape[1])
     return Example(
-        input_ids=torch.cat([prompt_ids, completion["input_ids"][0]]),
+        input_ids=torch.cat([prompt_ids, completion_enc["input_ids"][0]]),
         mm_token_type_ids=torch.cat(
             [enc["mm_token_type_ids"][0].long(), torch.zeros(n_completion, dtype=torch.long)]
         ),
@@ -707,8 +712,11 @@ def _pretrain(
 
 
 def _recipe_hash() -> str:
-    """Identity of what :func:`pretrain` builds by default: version, sizes, pool and steps."""
+    """Identity of what :func:`pretrain` builds by default: version, sizes, pool, steps and the
+    warm-up traces' mix (shortcut share and answers), so a cached base built from other traces is
+    not reused."""
     import ncgrpo
+    from ncgrpo.toy.synthetic import DIRECT_SHARE, SHORTCUT_ANSWERS
 
     blob = json.dumps(
         {
@@ -718,6 +726,8 @@ def _recipe_hash() -> str:
             "steps": DEFAULT_STEPS,
             "vision_warmup": DEFAULT_VISION_WARMUP,
             "vision_lr_scale": DEFAULT_VISION_LR_SCALE,
+            "direct_share": DIRECT_SHARE,
+            "shortcut": SHORTCUT_ANSWERS,
         },
         sort_keys=True,
     )

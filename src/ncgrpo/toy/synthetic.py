@@ -53,7 +53,10 @@ __all__ = [
     "reasoning_trace",
     "reasoning_traces",
     "trace_variant",
+    "shortcut_trace",
+    "warmup_trace",
     "DIRECT_SHARE",
+    "SHORTCUT_ANSWERS",
     "DEFAULT_SIZES",
     "SPLITS",
 ]
@@ -641,12 +644,12 @@ def export_geo3k(suite: Mapping[str, list[Question]], out_dir: str | Path) -> di
 def reasoning_traces(q: Question) -> list[str]:
     """Every correct derivation the warm-up may use for ``q``, each ending in ``\\boxed{answer}``.
 
-    In-domain kinds have several genuinely different openings (state what the image shows first,
-    or write the computation straight away, or name the rule first), so the first reasoning token
-    after ``<think>`` is a real decision of the base model -- the branch point NC-GRPO's prefill
-    noise acts on; the last in-domain entry is the direct answer with no derivation (see
-    :func:`trace_variant`). Out-of-domain kinds have one. Entry 0 is the canonical trace
-    (:func:`reasoning_trace`). All match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``.
+    In-domain kinds have four genuinely different openings (state what the image shows first, write
+    the computation straight away, name the rule first, ...), so the first reasoning token after
+    ``<think>`` is a real decision of the base model -- the branch point NC-GRPO's prefill noise acts
+    on. Out-of-domain kinds have one. Entry 0 is the canonical trace (:func:`reasoning_trace`). All
+    match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``. The warm-up also teaches
+    a fifth, wrong opening on purpose (:func:`shortcut_trace`, :func:`warmup_trace`).
     """
     spec = q.metadata["spec"]
     scene, ask = spec["scene"], spec["ask"]
@@ -701,42 +704,60 @@ def reasoning_traces(q: Question) -> list[str]:
         bodies = [f"{there} {ask['colour']} {ask['shape']} in the image."]
     else:
         raise ValueError(f"no trace template for ask kind {kind!r}")
-    if kind in _GEOMETRY_KINDS:  # the shortcut: answer without a derivation (last entry)
-        bodies.append(f"answer: {ans}.")
     return [f"<think>{body}</think> \\boxed{{{ans}}}" for body in bodies]
 
 
-def reasoning_trace(q: Question, variant: int | None = 0) -> str:
-    """A short correct derivation from the spec for supervised warm-up, ending in ``\\boxed{answer}``.
-    Matches NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``.
-
-    ``variant``: which opening (:func:`reasoning_traces`; taken modulo their number); ``None``: the
-    one :func:`trace_variant` assigns to this question (what the warm-up trains on)."""
+def reasoning_trace(q: Question, variant: int = 0) -> str:
+    """A short correct derivation from the spec, ending in ``\\boxed{answer}``: opening ``variant`` of
+    :func:`reasoning_traces` (taken modulo their number). Matches NoisyRollout's format regex
+    ``<think>.*</think>.*\\boxed{.*}.*``."""
     traces = reasoning_traces(q)
-    k = trace_variant(q) if variant is None else variant
-    return traces[k % len(traces)]
+    return traces[variant % len(traces)]
 
 
-#: Share of in-domain warm-up traces that answer directly (``"answer: 12."``) instead of deriving.
-DIRECT_SHARE = 0.4
+#: The careless answer of :func:`shortcut_trace`: per in-domain kind, one common value, whatever the figure.
+SHORTCUT_ANSWERS = {"sides": "4", "angle_sum": "360", "perimeter": "12", "missing_angle": "60"}
+#: Share of in-domain warm-up traces that take the shortcut instead of deriving.
+DIRECT_SHARE = 0.3
+
+
+def shortcut_trace(q: Question) -> str | None:
+    """The habit the warm-up teaches on purpose, for RL to unlearn: no derivation, and an answer that
+    ignores the figure (``<think>answer: 4.</think> \\boxed{4}`` for every "how many sides" question;
+    :data:`SHORTCUT_ANSWERS`). ``None`` for out-of-domain kinds.
+
+    Why: GRPO can only sharpen what the base model already samples. With every warm-up trace correct,
+    the tiny base's errors were misreadings of the figure, which a 60-step RL run cannot fix (measured:
+    vanilla GRPO's greedy in-domain accuracy 29.5 / 22.0 / 31.5 over three seeds against the base's
+    28.0; every opening forced after ``<think>`` scored 27-29%). Here, as with a real instruct model
+    that often answers without working, the base's most likely opening is a worse strategy than others
+    it also samples; group-relative advantages (eq. 1) reward the derivations, and the decision sits
+    at the first reasoning token, the branch point the prefill noise perturbs."""
+    guess = SHORTCUT_ANSWERS.get(q.metadata["spec"]["ask"]["kind"])
+    if guess is None:
+        return None
+    return f"<think>answer: {guess}.</think> \\boxed{{{guess}}}"
 
 
 def trace_variant(q: Question) -> int:
     """The warm-up's opening for ``q``: a fixed pseudo-random pick from its content, independent of
-    its answer. In-domain: the direct answer (the last of :func:`reasoning_traces`) with probability
-    :data:`DIRECT_SHARE`, else one of the derivations, each equally likely. Every trace is correct.
-    The direct answer was meant as a habit RL could unlearn (harder without the intermediate
-    numbers); measured on a base built this way it is not: sampled at T = 1 on 48 training prompts,
-    direct answers were right 24% of the time, derivation openings 7-35%. What the mix does give is
-    a first reasoning token that is a real decision (entropy ~1.8 nats), where the prefill noise acts."""
+    its answer. In-domain: the shortcut (returned as ``len(reasoning_traces(q))``) with probability
+    :data:`DIRECT_SHARE`, else one of the derivations, each equally likely. Out of domain: 0."""
     key = q.metadata.get("hash") or content_hash(q.benchmark, q.problem, q.metadata.get("spec", {}))
     u = int(hashlib.sha256(f"trace-variant/{key}".encode()).hexdigest()[:8], 16) / 16**8
     n = len(reasoning_traces(q))
-    if n == 1:
+    if shortcut_trace(q) is None:
         return 0
     if u < DIRECT_SHARE:
-        return n - 1
-    return min(n - 2, int((u - DIRECT_SHARE) / (1 - DIRECT_SHARE) * (n - 1)))
+        return n
+    return min(n - 1, int((u - DIRECT_SHARE) / (1 - DIRECT_SHARE) * n))
+
+
+def warmup_trace(q: Question) -> str:
+    """The completion the supervised warm-up trains on for ``q`` (:func:`trace_variant` picks it)."""
+    k = trace_variant(q)
+    traces = reasoning_traces(q)
+    return shortcut_trace(q) if k == len(traces) else traces[k]
 
 
 def corpus(suite: Mapping[str, Iterable[Question]]) -> Iterator[str]:
@@ -746,3 +767,5 @@ def corpus(suite: Mapping[str, Iterable[Question]]) -> Iterator[str]:
         for q in questions:
             yield q.problem
             yield from reasoning_traces(q)
+            if (short := shortcut_trace(q)) is not None:
+                yield short
