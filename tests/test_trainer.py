@@ -629,24 +629,99 @@ def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> Non
     assert got == [None, None, {"logit_scale": 0.5}, {"logit_scale": 0.5}]
 
 
-def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> None:
+def _generation_inputs(tr):
+    """Run one real (transformers-path) training step of ``tr`` and return what its NC-GRPO generation got
+    and measured: ``(prompt_ids, images, multimodal_fields, gen)``, and, taken inside the generation (the
+    weights and SPSA's mu as they were then), ``measured``: the vLLM path's measurement on the same rows."""
+    from ncgrpo.core.plan import row_noise
+    from ncgrpo.trainer import _LocalGen
+
+    seen = []
+    orig = tr._nc_generate
+
+    def spy(generate, prompt_ids, images, fields, num_generations):
+        out = orig(generate, prompt_ids, images, fields, num_generations)
+        a = tr._nc_gen
+        b = _LocalGen(
+            step=a.step,
+            total_steps=a.total_steps,
+            sigma_k=a.sigma_k,
+            plans=a.plans,
+            image_t=a.image_t,
+            first_token_temperature=a.first_token_temperature,
+        )
+        rows = [row_noise(p, a.sigma_k, tr.method) for p in a.plans]
+        mu = None if tr.spsa_mu is None else tr.spsa_mu.clone()
+        tr._nc_measure_branch_point(b, rows, prompt_ids, images, fields)
+        seen.append(
+            dict(
+                inputs=tr._nc_inputs,
+                prompt_ids=prompt_ids,
+                images=images,
+                fields=fields,
+                gen=a,
+                measured=b,
+                mu=mu,
+            )
+        )
+        return out
+
+    tr._nc_generate = spy
+    tr.train()
+    del tr._nc_generate
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("latent", dict(sigma0=2.0)),
+        ("spsa", dict(sigma0=2.0, spsa_lr=1.0, max_steps=2)),
+        ("image", dict(image_noise_step=500)),
+        ("first_token_temperature", dict(first_token_temperature=3.0)),
+    ],
+)
+def test_vllm_branch_point_measurement_equals_the_transformers_path(tmp_path, method, extra) -> None:
+    """The vLLM path's branch-point measurement (one prompt-only forward of the trainer's model under the same
+    rows) gives the numbers the transformers path reads off its own generate, row for row: rel, the argmax, the
+    first-token TV and eq. (4)'s agreement (SPSA with a nonzero mu, the distorted images, the control's T_k)."""
+    tr = tiny.trainer(tmp_path, rollout_method=method, max_steps=extra.pop("max_steps", 1), **extra)
+    seen = _generation_inputs(tr)
+    if method == "spsa":
+        assert float(seen[-1]["mu"].norm()) > 0  # the second generation steered by the first update
+    for s in seen:
+        a, b = s["gen"], s["measured"]
+        noisy = torch.tensor([p.noisy for p in a.plans])
+        assert b.branch_tv is not None and b.rel is not None and b.branch_agreement is not None
+        torch.testing.assert_close(b.rel, a.rel, rtol=0, atol=1e-6)
+        assert torch.equal(b.branch_argmax, a.branch_argmax)
+        torch.testing.assert_close(b.branch_tv, a.branch_tv, rtol=0, atol=1e-6, equal_nan=True)
+        torch.testing.assert_close(b.branch_agreement, a.branch_agreement, rtol=0, atol=1e-6, equal_nan=True)
+        assert torch.isnan(b.branch_tv[~noisy]).all()
+        assert (b.branch_tv[noisy] > 1e-3).all(), b.branch_tv  # every method moves the first token here
+        if method in ("latent", "spsa"):
+            assert (b.rel[noisy] > 0).all() and (b.rel[~noisy] == 0).all()
+
+
+def test_vllm_leg_measures_the_branch_point_and_sends_distorted_images(tmp_path) -> None:
     """The image method on vLLM: the noisy rows' PIL images are NoisyRollout's distorted copies (one per
-    prompt), the clean rows' the originals; the request seam is entered around TRL's generation."""
+    prompt), the clean rows' the originals; the request seam is entered around TRL's generation; and the
+    branch point is measured (on the distorted pixels) as the transformers path measures it."""
     from types import SimpleNamespace
 
     import numpy as np
 
     from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
 
-    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1)
+    # learning_rate 0: the weights after the reference step are the ones it generated with
+    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1, learning_rate=0.0)
+    (ref,) = _generation_inputs(tr)  # one real step: TRL's own prompt ids, images and processed fields
+    tr.state.global_step = 0  # generate again for the same step (same keys) on the vLLM leg
     llm = _FakeLLM()
     tr.vllm_generation = SimpleNamespace(llm=llm)
     tr.use_vllm = True  # the vLLM leg of _nc_generate, with the fake engine
-    inputs = list(tiny.dataset(2))
+    prompt_ids, images, fields = ref["prompt_ids"], ref["images"], ref["fields"]
     G = tr.num_generations
-    tr._nc_inputs = [x for x in inputs for _ in range(G)]
-    images = [x["images"] for x in tr._nc_inputs]
-    prompt_ids = [[7, 8, 9 + i // G] for i in range(len(images))]
     seen = {}
 
     def generate(fields, gen_images):
@@ -654,9 +729,11 @@ def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> Non
         llm.generate(prompt_ids, _FakeParams())
         return [[11, 12]] * len(prompt_ids), [[-0.1, -0.2]] * len(prompt_ids)
 
-    tr._nc_generate(generate, prompt_ids, images, {}, G)
+    tr._nc_inputs = ref["inputs"]
+    tr._nc_generate(generate, prompt_ids, images, fields, G)
     gen = tr._nc_gen
     assert gen.image_t == 500 and gen.first_token.tolist() == [11] * len(images)
+    assert [p.as_tuple() for p in gen.plans] == [p.as_tuple() for p in ref["gen"].plans]
     policy = ResizePolicy.from_image_processor(tr.processing_class.image_processor)
     for i, p in enumerate(gen.plans):
         if not p.noisy:
@@ -669,3 +746,7 @@ def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> Non
     ((_, params),) = llm.calls
     assert all(sp.extra_args is None for sp in params)  # image method: no hidden noise
     assert tr._distorted_row_images(images, gen.plans, 0) is images
+    # the branch point, measured by the trainer on the distorted pixels: the transformers path's numbers
+    assert torch.equal(gen.branch_argmax, ref["gen"].branch_argmax)
+    torch.testing.assert_close(gen.branch_tv, ref["gen"].branch_tv, rtol=0, atol=1e-6, equal_nan=True)
+    assert (gen.branch_tv[torch.tensor([p.noisy for p in gen.plans])] > 0).all()
