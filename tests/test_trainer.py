@@ -534,7 +534,7 @@ def test_text_model_without_question_id(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        (dict(vllm_mode="server"), "vllm_mode='colocate'"),
+        (dict(vllm_mode="server", rollout_method="image"), "distorted images would never reach the server"),
         (dict(vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
         (dict(noise_site="1"), "propagating layer site"),
     ],
@@ -548,6 +548,10 @@ def test_use_vllm_allowed_configs(tmp_path) -> None:
     for m in ("latent", "antithetic", "spsa", "image", "first_token_temperature"):
         assert _cfg(tmp_path, use_vllm=True, rollout_method=m).use_vllm
     _cfg(tmp_path, use_vllm=True, vllm_mode="server", rollout_method="vanilla")  # TRL's path, unchanged
+    for m in ("latent", "antithetic", "spsa", "first_token_temperature"):  # server: per-row requests
+        assert _cfg(
+            tmp_path, use_vllm=True, vllm_mode="server", vllm_tensor_parallel_size=2, rollout_method=m
+        )
 
 
 class _FakeParams:
@@ -608,6 +612,61 @@ def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
         llm.generate(prompts, _FakeParams())
         llm.generate(prompts, _FakeParams())
     assert "generate" not in vars(llm)
+
+
+def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) -> None:
+    """Server mode: TRL's one ``vllm_client.generate(unique prompts, n=G)`` becomes one request per noisy row
+    (its spec JSON-encoded in vllm_xargs) plus one n=k request per prompt's clean half, results in row order."""
+    import json
+    from types import SimpleNamespace
+
+    from ncgrpo.core.plan import row_noise
+
+    tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
+    tr.args.vllm_mode = "server"
+    calls = []
+
+    class Client:
+        def generate(self, prompts, features=None, n=1, generation_kwargs=None, **sampling):
+            calls.append((prompts, n, (generation_kwargs or {}).get("vllm_xargs")))
+            return {
+                "prompt_ids": prompts,
+                "completion_ids": [[len(calls), c] for c in range(n)],
+                "logprobs": None,
+                "logprob_token_ids": None,
+            }
+
+    client = Client()
+    tr.vllm_generation = SimpleNamespace(vllm_client=client, mode="server")
+    G = tr.num_generations
+    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method="antithetic", seed=3, step=2)
+    rows = [row_noise(p, 0.5, "antithetic") for p in plans]
+    with tr._nc_vllm_requests(rows):
+        out = client.generate(prompts=[[1, 2], [3]], n=G, temperature=1.0, generation_kwargs={})
+    assert "generate" not in vars(client)
+    assert [(p, n) for p, n, _ in calls] == [
+        ([[1, 2]], 2),
+        ([[1, 2]], 1),
+        ([[1, 2]], 1),
+        ([[3]], 2),
+        ([[3]], 1),
+        ([[3]], 1),
+    ]
+    sent = [None] * 2 + [json.loads(calls[i][2]["ncgrpo"]) for i in (1, 2)]
+    sent += [None] * 2 + [json.loads(calls[i][2]["ncgrpo"]) for i in (4, 5)]
+    for p, spec in zip(plans, sent, strict=True):
+        assert (spec is None) == (not p.noisy)
+        if spec is not None:
+            assert (spec["prompt_id"], spec["draw"], spec["sign"]) == (
+                p.key.prompt_id,
+                p.key.draw,
+                int(p.sign),
+            )
+    assert out["completion_ids"] == [[1, 0], [1, 1], [2, 0], [3, 0], [4, 0], [4, 1], [5, 0], [6, 0]]
+    with pytest.raises(RuntimeError, match="n=num_generations"), tr._nc_vllm_requests(rows):
+        client.generate(prompts=[[1, 2], [3]], n=1)
+    with pytest.raises(RuntimeError, match="did not call"), tr._nc_vllm_requests(rows):
+        pass
 
 
 def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> None:

@@ -29,15 +29,17 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
    (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
    from the logprobs vLLM returned).
-6. ``use_vllm=True`` (TRL's colocated vLLM, ``vllm_mode="colocate"``, TP 1): the same row plan, and
-   TRL's one ``n=1`` request per row gets its row's ``SamplingParams.extra_args["ncgrpo"]``
-   (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`; SPSA's ``mu`` as ``steer``); the ncgrpo vLLM
-   plugin perturbs the first-token logit row in the engine (checked active once, after TRL builds the
-   ``LLM``). Image method: vLLM gets the distorted PIL images on the noisy rows. First-token
+6. ``use_vllm=True``: the same row plan. Colocate (TP 1): TRL's one ``n=1`` request per row gets its
+   row's ``SamplingParams.extra_args["ncgrpo"]`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`;
+   SPSA's ``mu`` as ``steer``). Server mode (``trl vllm-serve``): TRL's one ``n=G`` call per batch is
+   made per spec instead (:func:`ncgrpo.engines.vllm.generate_rows_on_server`: one request per noisy
+   row, its spec JSON-encoded in ``vllm_xargs``). The ncgrpo vLLM plugin perturbs the first-token logit
+   row in the engine (checked active once, after TRL builds the ``LLM`` / connects to the server).
+   Image method (colocate only): vLLM gets the distorted PIL images on the noisy rows. First-token
    temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
-   one logit row). Refused (in :class:`NCGRPOConfig`, before any engine starts): server mode (one
-   shared SamplingParams with ``n=G`` per prompt), ``vllm_tensor_parallel_size > 1`` and layer noise
-   sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
+   one logit row). Refused (in :class:`NCGRPOConfig`, before any engine starts): the image method in
+   server mode (TRL sends one image per group), colocated ``vllm_tensor_parallel_size > 1`` and layer
+   noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
    generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
    rows under the same noise (:meth:`NCGRPOTrainer._nc_measure_branch_point`), which logs the same
    ``noise/first_token_tv`` / ``noise/agreement`` / ``noise/rel_perturbation`` as the transformers path
@@ -344,18 +346,21 @@ class NCGRPOConfig(GRPOConfig):
     def _check_vllm(self) -> None:
         """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""
         m = self.rollout_method
-        if self.vllm_mode != "colocate":
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if self.vllm_mode == "server" and m == "image":
             raise NotImplementedError(
-                f"rollout_method={m!r} with use_vllm needs vllm_mode='colocate', got {self.vllm_mode!r}: TRL's server "
-                "mode sends one request with n=num_generations per prompt and one shared SamplingParams, so the "
-                "per-row noise keys (SamplingParams.extra_args, one request per row) cannot reach the server. Use "
-                "colocate mode, or the transformers generate path (use_vllm=False)."
+                "rollout_method='image' with vllm_mode='server' is not supported: TRL's server path sends the image "
+                "features of each group's first row (all_images[::num_generations]) for the whole group, so the "
+                "noisy rows' distorted images would never reach the server and they would silently generate from "
+                "the clean image. Use vllm_mode='colocate' or use_vllm=False for the image method."
             )
-        if self.vllm_tensor_parallel_size != 1:
+        if self.vllm_mode == "colocate" and self.vllm_tensor_parallel_size != 1:
             raise NotImplementedError(
-                f"rollout_method={m!r} with use_vllm supports vllm_tensor_parallel_size=1 only (got "
+                f"rollout_method={m!r} with use_vllm in colocate mode supports vllm_tensor_parallel_size=1 only (got "
                 f"{self.vllm_tensor_parallel_size}): with TP > 1 TRL gathers the prompts of the TP group into one "
-                "generate call, whose rows would need the whole group's row plan."
+                "generate call, whose rows would need the whole group's row plan. Server mode runs any TP the server "
+                "was started with."
             )
         if parse_noise_site(self.noise_site) != "final_norm":
             raise NotImplementedError(
@@ -1139,18 +1144,35 @@ class NCGRPOTrainer(GRPOTrainer):
             return generate(multimodal_fields)
         return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
 
-    def _nc_check_vllm_plugin(self) -> list[dict]:
-        """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``)."""
-        from ncgrpo.engines.vllm import check_plugin_active
+    def _nc_check_vllm_plugin(self) -> list[dict] | None:
+        """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``) or
+        connected to (server mode: through the server's ``/collective_rpc``, from the main process, the one
+        holding TRL's client; ``None`` on the others)."""
+        from ncgrpo.engines.vllm import check_plugin_active, check_server_plugin_active
 
+        if self.args.vllm_mode == "server":
+            client = getattr(self.vllm_generation, "vllm_client", None)
+            return None if client is None else check_server_plugin_active(client.base_url)
         return check_plugin_active(self.vllm_generation.llm)
 
     @contextmanager
     def _nc_vllm_requests(self, rows: list, steer: torch.Tensor | None = None, logit_scales=None):
-        """During TRL's colocated generation, give request ``i`` (row ``i``) its own ``SamplingParams``
-        carrying row ``i``'s noise spec: TRL calls ``llm.generate(prompts, sampling_params=<one n=1
-        params>)`` with one prompt per row, in row order (TP 1); that one params object is replaced by
-        :func:`ncgrpo.engines.vllm.sampling_params_for_rows` (clones with ``extra_args["ncgrpo"]``)."""
+        """During TRL's vLLM generation, give every row its own noise spec.
+
+        Colocate: TRL calls ``llm.generate(prompts, sampling_params=<one n=1 params>)`` with one prompt
+        per row, in row order (TP 1); that one params object is replaced by
+        :func:`ncgrpo.engines.vllm.sampling_params_for_rows` (clones with ``extra_args["ncgrpo"]``).
+
+        Server: TRL gathers every process's prompts and the main process calls
+        ``vllm_client.generate(unique prompts, n=num_generations, ...)`` once (global rows, prompt-major,
+        i.e. ``plan_rows``' global order); the rows' specs are gathered here (a collective on every rank)
+        and that call is replaced on the main process by
+        :func:`ncgrpo.engines.vllm.generate_rows_on_server` (one request per noisy row, with its spec in
+        ``vllm_xargs``; each prompt's clean rows in one ``n=k`` request)."""
+        if self.args.vllm_mode == "server":
+            with self._nc_vllm_server_requests(rows, steer, logit_scales):
+                yield
+            return
         from ncgrpo.engines.vllm import sampling_params_for_rows
 
         llm = self.vllm_generation.llm
@@ -1185,6 +1207,52 @@ class NCGRPOTrainer(GRPOTrainer):
         if not calls:
             raise RuntimeError(
                 "NC-GRPO: TRL's vLLM generation did not call llm.generate; noise was not applied"
+            )
+
+    @contextmanager
+    def _nc_vllm_server_requests(self, rows: list, steer, logit_scales):
+        from accelerate.utils import gather_object
+
+        from ncgrpo.engines.vllm import generate_rows_on_server
+
+        all_rows = gather_object(list(rows))
+        all_scales = None if logit_scales is None else gather_object(list(logit_scales))
+        client = getattr(self.vllm_generation, "vllm_client", None)
+        if not self.accelerator.is_main_process or client is None:
+            yield
+            return
+        orig = client.generate
+        calls = []
+        G = self.num_generations
+
+        def generate(prompts, features=None, n=1, generation_kwargs=None, **sampling):
+            if calls:
+                raise RuntimeError("NC-GRPO: TRL called the vLLM server's generate twice in one generation")
+            calls.append(1)
+            if n != G:
+                raise RuntimeError(
+                    f"NC-GRPO: expected TRL's server call with n=num_generations={G}, got n={n}"
+                )
+            return generate_rows_on_server(
+                orig,
+                prompts,
+                n,
+                all_rows,
+                steer=steer,
+                logit_scales=all_scales,
+                features=features,
+                generation_kwargs=generation_kwargs,
+                **sampling,
+            )
+
+        client.generate = generate
+        try:
+            yield
+        finally:
+            del client.generate
+        if not calls:
+            raise RuntimeError(
+                "NC-GRPO: TRL's vLLM server generation did not call vllm_client.generate; noise was not applied"
             )
 
     def _nc_prefill_only(self, prompt_ids, multimodal_fields) -> None:
