@@ -21,6 +21,10 @@ Request schema, ``extra_args["ncgrpo"]`` (build it with :func:`noise_extra_args`
      "steer": [float] * d,        # optional: eq. (6)'s mu, added to noisy rows
      "site": "final_norm"}        # optional; any other site is refused (see below)
 
+Through vLLM's OpenAI-compatible server the same spec goes in the request's ``vllm_xargs`` as a JSON
+string (``vllm_xargs`` values cannot be dicts; :func:`server_extra_args`), which the parser decodes;
+:func:`generate_rows_on_server` makes TRL's server-mode call per spec.
+
 The matched first-token temperature control (no hidden noise) sends ``{"logit_scale": T / T_k}`` alone
 (:func:`control_extra_args`): the request's first-token logit row is multiplied by it, so vLLM's
 sampler, dividing by the sampling temperature ``T``, samples that token at ``T_k``; later tokens are
