@@ -534,7 +534,7 @@ def test_text_model_without_question_id(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        (dict(vllm_mode="server"), "vllm_mode='colocate'"),
+        (dict(vllm_mode="server", rollout_method="image"), "distorted images would never reach the server"),
         (dict(vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
         (dict(noise_site="1"), "propagating layer site"),
     ],
@@ -548,6 +548,10 @@ def test_use_vllm_allowed_configs(tmp_path) -> None:
     for m in ("latent", "antithetic", "spsa", "image", "first_token_temperature"):
         assert _cfg(tmp_path, use_vllm=True, rollout_method=m).use_vllm
     _cfg(tmp_path, use_vllm=True, vllm_mode="server", rollout_method="vanilla")  # TRL's path, unchanged
+    for m in ("latent", "antithetic", "spsa", "first_token_temperature"):  # server: per-row requests
+        assert _cfg(
+            tmp_path, use_vllm=True, vllm_mode="server", vllm_tensor_parallel_size=2, rollout_method=m
+        )
 
 
 class _FakeParams:
@@ -610,6 +614,61 @@ def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
     assert "generate" not in vars(llm)
 
 
+def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) -> None:
+    """Server mode: TRL's one ``vllm_client.generate(unique prompts, n=G)`` becomes one request per noisy row
+    (its spec JSON-encoded in vllm_xargs) plus one n=k request per prompt's clean half, results in row order."""
+    import json
+    from types import SimpleNamespace
+
+    from ncgrpo.core.plan import row_noise
+
+    tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
+    tr.args.vllm_mode = "server"
+    calls = []
+
+    class Client:
+        def generate(self, prompts, features=None, n=1, generation_kwargs=None, **sampling):
+            calls.append((prompts, n, (generation_kwargs or {}).get("vllm_xargs")))
+            return {
+                "prompt_ids": prompts,
+                "completion_ids": [[len(calls), c] for c in range(n)],
+                "logprobs": None,
+                "logprob_token_ids": None,
+            }
+
+    client = Client()
+    tr.vllm_generation = SimpleNamespace(vllm_client=client, mode="server")
+    G = tr.num_generations
+    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method="antithetic", seed=3, step=2)
+    rows = [row_noise(p, 0.5, "antithetic") for p in plans]
+    with tr._nc_vllm_requests(rows):
+        out = client.generate(prompts=[[1, 2], [3]], n=G, temperature=1.0, generation_kwargs={})
+    assert "generate" not in vars(client)
+    assert [(p, n) for p, n, _ in calls] == [
+        ([[1, 2]], 2),
+        ([[1, 2]], 1),
+        ([[1, 2]], 1),
+        ([[3]], 2),
+        ([[3]], 1),
+        ([[3]], 1),
+    ]
+    sent = [None] * 2 + [json.loads(calls[i][2]["ncgrpo"]) for i in (1, 2)]
+    sent += [None] * 2 + [json.loads(calls[i][2]["ncgrpo"]) for i in (4, 5)]
+    for p, spec in zip(plans, sent, strict=True):
+        assert (spec is None) == (not p.noisy)
+        if spec is not None:
+            assert (spec["prompt_id"], spec["draw"], spec["sign"]) == (
+                p.key.prompt_id,
+                p.key.draw,
+                int(p.sign),
+            )
+    assert out["completion_ids"] == [[1, 0], [1, 1], [2, 0], [3, 0], [4, 0], [4, 1], [5, 0], [6, 0]]
+    with pytest.raises(RuntimeError, match="n=num_generations"), tr._nc_vllm_requests(rows):
+        client.generate(prompts=[[1, 2], [3]], n=1)
+    with pytest.raises(RuntimeError, match="did not call"), tr._nc_vllm_requests(rows):
+        pass
+
+
 def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> None:
     """The first-token temperature control on vLLM: noisy rows carry logit_scale = T / T_k, clean none."""
     from types import SimpleNamespace
@@ -629,24 +688,99 @@ def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> Non
     assert got == [None, None, {"logit_scale": 0.5}, {"logit_scale": 0.5}]
 
 
-def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> None:
+def _generation_inputs(tr):
+    """Run one real (transformers-path) training step of ``tr`` and return what its NC-GRPO generation got
+    and measured: ``(prompt_ids, images, multimodal_fields, gen)``, and, taken inside the generation (the
+    weights and SPSA's mu as they were then), ``measured``: the vLLM path's measurement on the same rows."""
+    from ncgrpo.core.plan import row_noise
+    from ncgrpo.trainer import _LocalGen
+
+    seen = []
+    orig = tr._nc_generate
+
+    def spy(generate, prompt_ids, images, fields, num_generations):
+        out = orig(generate, prompt_ids, images, fields, num_generations)
+        a = tr._nc_gen
+        b = _LocalGen(
+            step=a.step,
+            total_steps=a.total_steps,
+            sigma_k=a.sigma_k,
+            plans=a.plans,
+            image_t=a.image_t,
+            first_token_temperature=a.first_token_temperature,
+        )
+        rows = [row_noise(p, a.sigma_k, tr.method) for p in a.plans]
+        mu = None if tr.spsa_mu is None else tr.spsa_mu.clone()
+        tr._nc_measure_branch_point(b, rows, prompt_ids, images, fields)
+        seen.append(
+            dict(
+                inputs=tr._nc_inputs,
+                prompt_ids=prompt_ids,
+                images=images,
+                fields=fields,
+                gen=a,
+                measured=b,
+                mu=mu,
+            )
+        )
+        return out
+
+    tr._nc_generate = spy
+    tr.train()
+    del tr._nc_generate
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [
+        ("latent", dict(sigma0=2.0)),
+        ("spsa", dict(sigma0=2.0, spsa_lr=1.0, max_steps=2)),
+        ("image", dict(image_noise_step=500)),
+        ("first_token_temperature", dict(first_token_temperature=3.0)),
+    ],
+)
+def test_vllm_branch_point_measurement_equals_the_transformers_path(tmp_path, method, extra) -> None:
+    """The vLLM path's branch-point measurement (one prompt-only forward of the trainer's model under the same
+    rows) gives the numbers the transformers path reads off its own generate, row for row: rel, the argmax, the
+    first-token TV and eq. (4)'s agreement (SPSA with a nonzero mu, the distorted images, the control's T_k)."""
+    tr = tiny.trainer(tmp_path, rollout_method=method, max_steps=extra.pop("max_steps", 1), **extra)
+    seen = _generation_inputs(tr)
+    if method == "spsa":
+        assert float(seen[-1]["mu"].norm()) > 0  # the second generation steered by the first update
+    for s in seen:
+        a, b = s["gen"], s["measured"]
+        noisy = torch.tensor([p.noisy for p in a.plans])
+        assert b.branch_tv is not None and b.rel is not None and b.branch_agreement is not None
+        torch.testing.assert_close(b.rel, a.rel, rtol=0, atol=1e-6)
+        assert torch.equal(b.branch_argmax, a.branch_argmax)
+        torch.testing.assert_close(b.branch_tv, a.branch_tv, rtol=0, atol=1e-6, equal_nan=True)
+        torch.testing.assert_close(b.branch_agreement, a.branch_agreement, rtol=0, atol=1e-6, equal_nan=True)
+        assert torch.isnan(b.branch_tv[~noisy]).all()
+        assert (b.branch_tv[noisy] > 1e-3).all(), b.branch_tv  # every method moves the first token here
+        if method in ("latent", "spsa"):
+            assert (b.rel[noisy] > 0).all() and (b.rel[~noisy] == 0).all()
+
+
+def test_vllm_leg_measures_the_branch_point_and_sends_distorted_images(tmp_path) -> None:
     """The image method on vLLM: the noisy rows' PIL images are NoisyRollout's distorted copies (one per
-    prompt), the clean rows' the originals; the request seam is entered around TRL's generation."""
+    prompt), the clean rows' the originals; the request seam is entered around TRL's generation; and the
+    branch point is measured (on the distorted pixels) as the transformers path measures it."""
     from types import SimpleNamespace
 
     import numpy as np
 
     from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
 
-    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1)
+    # learning_rate 0: the weights after the reference step are the ones it generated with
+    tr = tiny.trainer(tmp_path, rollout_method="image", image_noise_step=500, max_steps=1, learning_rate=0.0)
+    (ref,) = _generation_inputs(tr)  # one real step: TRL's own prompt ids, images and processed fields
+    tr.state.global_step = 0  # generate again for the same step (same keys) on the vLLM leg
     llm = _FakeLLM()
     tr.vllm_generation = SimpleNamespace(llm=llm)
     tr.use_vllm = True  # the vLLM leg of _nc_generate, with the fake engine
-    inputs = list(tiny.dataset(2))
+    prompt_ids, images, fields = ref["prompt_ids"], ref["images"], ref["fields"]
     G = tr.num_generations
-    tr._nc_inputs = [x for x in inputs for _ in range(G)]
-    images = [x["images"] for x in tr._nc_inputs]
-    prompt_ids = [[7, 8, 9 + i // G] for i in range(len(images))]
     seen = {}
 
     def generate(fields, gen_images):
@@ -654,9 +788,11 @@ def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> Non
         llm.generate(prompt_ids, _FakeParams())
         return [[11, 12]] * len(prompt_ids), [[-0.1, -0.2]] * len(prompt_ids)
 
-    tr._nc_generate(generate, prompt_ids, images, {}, G)
+    tr._nc_inputs = ref["inputs"]
+    tr._nc_generate(generate, prompt_ids, images, fields, G)
     gen = tr._nc_gen
     assert gen.image_t == 500 and gen.first_token.tolist() == [11] * len(images)
+    assert [p.as_tuple() for p in gen.plans] == [p.as_tuple() for p in ref["gen"].plans]
     policy = ResizePolicy.from_image_processor(tr.processing_class.image_processor)
     for i, p in enumerate(gen.plans):
         if not p.noisy:
@@ -669,3 +805,7 @@ def test_vllm_image_method_sends_distorted_images_on_noisy_rows(tmp_path) -> Non
     ((_, params),) = llm.calls
     assert all(sp.extra_args is None for sp in params)  # image method: no hidden noise
     assert tr._distorted_row_images(images, gen.plans, 0) is images
+    # the branch point, measured by the trainer on the distorted pixels: the transformers path's numbers
+    assert torch.equal(gen.branch_argmax, ref["gen"].branch_argmax)
+    torch.testing.assert_close(gen.branch_tv, ref["gen"].branch_tv, rtol=0, atol=1e-6, equal_nan=True)
+    assert (gen.branch_tv[torch.tensor([p.noisy for p in gen.plans])] > 0).all()

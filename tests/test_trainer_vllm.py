@@ -21,6 +21,7 @@ from datasets import Dataset  # noqa: E402
 
 from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
+from ncgrpo.inert import InertNoiseWarning  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
 from tiny_models import build_tokenizer, save_tiny, vllm_text_model  # noqa: E402
 
@@ -96,9 +97,12 @@ def _perturbed_rows(llm) -> int:
 
 
 def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_path) -> None:
+    import warnings
+
     path, tok = model_dir
     args = _config(tmp_path, rollout_method="latent", sigma0=8.0, sigma_schedule="constant")
-    with cpu_weight_sync():
+    with cpu_weight_sync(), warnings.catch_warnings():
+        warnings.simplefilter("error", InertNoiseWarning)  # the noise is not inert: no warning
         tr = Recording(
             model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
         )
@@ -123,7 +127,27 @@ def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_
         assert torch.equal(rec["ratio"][noisy], torch.ones_like(rec["ratio"][noisy]))
         assert torch.equal(rec["ratio"][~noisy], rec["raw_ratio"][~noisy])
         assert hist.metrics["noise/sigma_k"] == pytest.approx(8.0)
-        assert hist.rel == [] and "noise/rel_perturbation" not in hist.metrics  # the engine measures none
+        # the branch point, measured by the trainer's own prompt-only forward under the same rows
+        rel = torch.tensor(hist.rel)
+        assert (rel[noisy] > 1.0).all() and (rel[~noisy] == 0).all(), rel
+        assert hist.metrics["noise/rel_perturbation"] == pytest.approx(float(rel[noisy].mean()))
+        assert hist.metrics["noise/first_token_tv"] > 0.3, hist.metrics
+        assert hist.metrics["noise/agreement"] < 0.9, hist.metrics
+        assert "noise/first_token_divergence" in hist.metrics
+
+
+def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:
+    """sigma0 = 1e-6: the plugin perturbs the noisy rows but their first token cannot move; the trainer's
+    measured first-token TV stays ~0 for the first three noisy steps and the inert-noise warning fires."""
+    path, tok = model_dir
+    args = _config(tmp_path, rollout_method="latent", sigma0=1e-6, sigma_schedule="constant", max_steps=3)
+    with cpu_weight_sync(), pytest.warns(InertNoiseWarning, match="noise/first_token_tv stayed below"):
+        tr = NCGRPOTrainer(
+            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+        )
+        tr.train()
+    tvs = [h.metrics["noise/first_token_tv"] for h in tr.nc_history]
+    assert len(tvs) == 3 and all(0 <= tv < 1e-3 for tv in tvs), tvs
 
 
 def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:

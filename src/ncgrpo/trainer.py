@@ -29,15 +29,21 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
    (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
    from the logprobs vLLM returned).
-6. ``use_vllm=True`` (TRL's colocated vLLM, ``vllm_mode="colocate"``, TP 1): the same row plan, and
-   TRL's one ``n=1`` request per row gets its row's ``SamplingParams.extra_args["ncgrpo"]``
-   (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`; SPSA's ``mu`` as ``steer``); the ncgrpo vLLM
-   plugin perturbs the first-token logit row in the engine (checked active once, after TRL builds the
-   ``LLM``). Image method: vLLM gets the distorted PIL images on the noisy rows. First-token
+6. ``use_vllm=True``: the same row plan. Colocate (TP 1): TRL's one ``n=1`` request per row gets its
+   row's ``SamplingParams.extra_args["ncgrpo"]`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`;
+   SPSA's ``mu`` as ``steer``). Server mode (``trl vllm-serve``): TRL's one ``n=G`` call per batch is
+   made per spec instead (:func:`ncgrpo.engines.vllm.generate_rows_on_server`: one request per noisy
+   row, its spec JSON-encoded in ``vllm_xargs``). The ncgrpo vLLM plugin perturbs the first-token logit
+   row in the engine (checked active once, after TRL builds the ``LLM`` / connects to the server).
+   Image method (colocate only): vLLM gets the distorted PIL images on the noisy rows. First-token
    temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
-   one logit row). Refused (in :class:`NCGRPOConfig`, before any engine starts): server mode (one
-   shared SamplingParams with ``n=G`` per prompt), ``vllm_tensor_parallel_size > 1`` and layer noise
-   sites. ``vanilla`` is TRL's path unchanged.
+   one logit row). Refused (in :class:`NCGRPOConfig`, before any engine starts): the image method in
+   server mode (TRL sends one image per group), colocated ``vllm_tensor_parallel_size > 1`` and layer
+   noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
+   generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
+   rows under the same noise (:meth:`NCGRPOTrainer._nc_measure_branch_point`), which logs the same
+   ``noise/first_token_tv`` / ``noise/agreement`` / ``noise/rel_perturbation`` as the transformers path
+   (and so feeds the inert-noise warning).
    On vllm-cpu, weights sync through :func:`ncgrpo.engines.vllm_cpu.cpu_weight_sync`.
 
 Methods (``rollout_method``):
@@ -340,18 +346,21 @@ class NCGRPOConfig(GRPOConfig):
     def _check_vllm(self) -> None:
         """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""
         m = self.rollout_method
-        if self.vllm_mode != "colocate":
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if self.vllm_mode == "server" and m == "image":
             raise NotImplementedError(
-                f"rollout_method={m!r} with use_vllm needs vllm_mode='colocate', got {self.vllm_mode!r}: TRL's server "
-                "mode sends one request with n=num_generations per prompt and one shared SamplingParams, so the "
-                "per-row noise keys (SamplingParams.extra_args, one request per row) cannot reach the server. Use "
-                "colocate mode, or the transformers generate path (use_vllm=False)."
+                "rollout_method='image' with vllm_mode='server' is not supported: TRL's server path sends the image "
+                "features of each group's first row (all_images[::num_generations]) for the whole group, so the "
+                "noisy rows' distorted images would never reach the server and they would silently generate from "
+                "the clean image. Use vllm_mode='colocate' or use_vllm=False for the image method."
             )
-        if self.vllm_tensor_parallel_size != 1:
+        if self.vllm_mode == "colocate" and self.vllm_tensor_parallel_size != 1:
             raise NotImplementedError(
-                f"rollout_method={m!r} with use_vllm supports vllm_tensor_parallel_size=1 only (got "
+                f"rollout_method={m!r} with use_vllm in colocate mode supports vllm_tensor_parallel_size=1 only (got "
                 f"{self.vllm_tensor_parallel_size}): with TP > 1 TRL gathers the prompts of the TP group into one "
-                "generate call, whose rows would need the whole group's row plan."
+                "generate call, whose rows would need the whole group's row plan. Server mode runs any TP the server "
+                "was started with."
             )
         if parse_noise_site(self.noise_site) != "final_norm":
             raise NotImplementedError(
@@ -501,7 +510,8 @@ class StepRecord:
     ``rows``: the global plan (:meth:`RowPlan.as_tuple` per global row); ``local_rows``: the plan this
     rank's hook applied (its slice of ``rows``); ``rewards`` / ``advantages``: the global weighted
     rewards and the advantages TRL trains on; ``rel``: the measured relative perturbation per global
-    row (0 on clean rows; empty with use_vllm, where the engine measures none), all in global row order.
+    row (0 on clean rows; on the vLLM path measured by the trainer's own prompt-only pass), all in global
+    row order.
     """
 
     step: int
@@ -649,7 +659,6 @@ class NCGRPOTrainer(GRPOTrainer):
         """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
         generation) inside them; records what the branch point did in ``self._nc_gen``."""
         from ncgrpo.engines.controls import first_token_temperature
-        from ncgrpo.engines.transformers import find_text_stack, prefill_noise
 
         a = self.args
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
@@ -678,7 +687,7 @@ class NCGRPOTrainer(GRPOTrainer):
         gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
         rows = [row_noise(p, sigma_k, self.method) for p in plans]
         if self.use_vllm:
-            return self._nc_generate_vllm(generate, gen, rows, images, multimodal_fields)
+            return self._nc_generate_vllm(generate, gen, rows, prompt_ids, images, multimodal_fields)
         if self.method == "image":
             gen.image_t = self.image_noise_t(k, K)
             multimodal_fields = self._distort_images(images, multimodal_fields, plans, gen.image_t)
@@ -686,13 +695,38 @@ class NCGRPOTrainer(GRPOTrainer):
         if self.method == "first_token_temperature":
             gen.first_token_temperature = self.first_token_temperature_at(k, K)
         model = self.accelerator.unwrap_model(self.model)
-        # the prefill's last-position logits (the branch point), read inside the forward so it also
-        # works where weights are only gathered during generate (ZeRO-3); kept for this call only
-        prefill_logits: list[torch.Tensor] = []
+        with ExitStack() as stack:
+            branch = stack.enter_context(self._nc_branch_point_hooks(model, rows))
+            if self.method == "first_token_temperature":
+                stack.enter_context(
+                    first_token_temperature(
+                        model,
+                        [p.noisy for p in plans],
+                        temperature=self.temperature,
+                        first_token_temperature=gen.first_token_temperature,
+                    )
+                )
+            completion_ids, logprobs = generate(multimodal_fields)
+        self._nc_record_branch_point(gen, *branch)
+        gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
+        self._nc_gen = gen
+        return completion_ids, logprobs
+
+    @contextmanager
+    def _nc_branch_point_hooks(self, model, rows: list):
+        """Around one prefill of ``model`` (``generate``'s first forward): eq. (2) on ``rows``
+        (:func:`ncgrpo.engines.transformers.prefill_noise` with this run's site, positions and SPSA's ``mu``)
+        and the last-position logits of that forward (the branch point), read by an ``lm_head`` hook
+        inside the forward so it also works where weights are only gathered during generate (ZeRO-3).
+        Yields ``(hook, captured)``: ``captured`` holds ``[L, V]`` float32 logits after the prefill."""
+        from ncgrpo.engines.transformers import find_text_stack, prefill_noise
+
+        a = self.args
+        captured: list[torch.Tensor] = []
 
         def _capture(module, args, output):
-            if not prefill_logits:
-                prefill_logits.append(output[:, -1].detach().float())
+            if not captured:
+                captured.append(output[:, -1].detach().float())
 
         with ExitStack() as stack:
             handle = find_text_stack(model)[0].lm_head.register_forward_hook(_capture)
@@ -707,37 +741,52 @@ class NCGRPOTrainer(GRPOTrainer):
                     positions=a.noise_positions,
                 )
             )
-            if self.method == "first_token_temperature":
-                stack.enter_context(
-                    first_token_temperature(
-                        model,
-                        [p.noisy for p in plans],
-                        temperature=self.temperature,
-                        first_token_temperature=gen.first_token_temperature,
-                    )
-                )
-            completion_ids, logprobs = generate(multimodal_fields)
+            yield hook, captured
+
+    def _nc_record_branch_point(self, gen: _LocalGen, hook, captured: list[torch.Tensor]) -> None:
+        """Fill ``gen.rel`` / ``branch_argmax`` / ``branch_tv`` / ``branch_agreement`` from one prefill
+        under :meth:`_nc_branch_point_hooks` (both engines' paths go through here)."""
         if hook.records:
             gen.rel = hook.records[0].rel.float()  # the prefill
-        if prefill_logits:
-            gen.branch_argmax = prefill_logits[0].argmax(-1).cpu()
+        if captured:
+            gen.branch_argmax = captured[0].argmax(-1).cpu()
             gen.branch_tv, gen.branch_agreement = self._branch_point_stats(
-                plans, prefill_logits[0], gen.first_token_temperature
+                gen.plans, captured[0], gen.first_token_temperature
             )
-        gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
-        self._nc_gen = gen
-        return completion_ids, logprobs
 
-    def _nc_generate_vllm(self, generate, gen: _LocalGen, rows: list, images, multimodal_fields):
+    def _nc_measure_branch_point(
+        self, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields
+    ) -> None:
+        """vLLM path: the engine returns no hidden states or full first-token distributions, so the
+        branch point is measured with the trainer's own model: one no-grad prompt-only forward of the
+        local rows (``generate`` with ``max_new_tokens=1``, greedy: the same left padding, position ids
+        and multimodal inputs as TRL's transformers path, and no RNG drawn) under the same ``rows``
+        (keys, sigma, ``mu``), then :meth:`_nc_record_branch_point`, as on the transformers path. So
+        ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement`` and
+        ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
+        engine's copy holds the same weights, in its own dtype). Image method: the noisy rows' pixels
+        are the distorted ones (:meth:`_distort_images`, the copy vLLM got as PIL images); the control:
+        its first-token temperature, as on the transformers path."""
+        fields = multimodal_fields
+        if self.method == "image":
+            fields = self._distort_images(images, multimodal_fields, gen.plans, gen.image_t)
+        model = self.accelerator.unwrap_model(self.model)
+        with self._nc_branch_point_hooks(model, rows) as branch:
+            self._nc_prefill_only(prompt_ids, fields)
+        self._nc_record_branch_point(gen, *branch)
+
+    def _nc_generate_vllm(self, generate, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields):
         """The vLLM leg of :meth:`_nc_generate`: one request per row (TRL's colocate mode already sends
         one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
         :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies
         eq. (2) in the engine. Image method: the noisy rows' images are replaced by their distorted copies
-        (one per prompt, as on the transformers path); TRL builds the loss inputs from the clean ones."""
+        (one per prompt, as on the transformers path); TRL builds the loss inputs from the clean ones.
+        Then the branch point is measured with the trainer's model (:meth:`_nc_measure_branch_point`)."""
+        gen_images = images
         if self.method == "image":
             k, K = self.schedule_position()
             gen.image_t = self.image_noise_t(k, K)
-            images = self._distorted_row_images(images, gen.plans, gen.image_t)
+            gen_images = self._distorted_row_images(images, gen.plans, gen.image_t)
         scales = None
         if self.method == "first_token_temperature":
             k, K = self.schedule_position()
@@ -745,7 +794,8 @@ class NCGRPOTrainer(GRPOTrainer):
             scale = float(self.temperature) / gen.first_token_temperature
             scales = [scale if p.noisy else None for p in gen.plans]
         with self._nc_vllm_requests(rows, steer=self.spsa_mu, logit_scales=scales):
-            completion_ids, logprobs = generate(multimodal_fields, images)
+            completion_ids, logprobs = generate(multimodal_fields, gen_images)
+        self._nc_measure_branch_point(gen, rows, prompt_ids, images, multimodal_fields)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
         return completion_ids, logprobs
@@ -919,7 +969,7 @@ class NCGRPOTrainer(GRPOTrainer):
         rel = self._gather(gen.rel) if gen.rel is not None else torch.zeros(len(plans))
         if self.method in HIDDEN_NOISE_METHODS:
             metrics["noise/sigma_k"] = gen.sigma_k
-            if gen.rel is not None:  # measured by the transformers hook (the vLLM plugin reports none)
+            if gen.rel is not None:  # measured by the prefill hook (on vLLM: the trainer's measurement pass)
                 metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
         if self.method == "image":
             metrics["image_noise/t"] = float(gen.image_t)
@@ -963,7 +1013,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 rewards=rewards.tolist(),
                 advantages=adv_global.tolist(),
                 local_rows=[p.as_tuple() for p in gen.plans],
-                rel=[] if self.use_vllm else rel.tolist(),  # the vLLM plugin measures none
+                rel=rel.tolist(),
                 mu_norm=mu_norm,
                 metrics=metrics,
             )
@@ -1094,18 +1144,35 @@ class NCGRPOTrainer(GRPOTrainer):
             return generate(multimodal_fields)
         return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
 
-    def _nc_check_vllm_plugin(self) -> list[dict]:
-        """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``)."""
-        from ncgrpo.engines.vllm import check_plugin_active
+    def _nc_check_vllm_plugin(self) -> list[dict] | None:
+        """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``) or
+        connected to (server mode: through the server's ``/collective_rpc``, from the main process, the one
+        holding TRL's client; ``None`` on the others)."""
+        from ncgrpo.engines.vllm import check_plugin_active, check_server_plugin_active
 
+        if self.args.vllm_mode == "server":
+            client = getattr(self.vllm_generation, "vllm_client", None)
+            return None if client is None else check_server_plugin_active(client.base_url)
         return check_plugin_active(self.vllm_generation.llm)
 
     @contextmanager
     def _nc_vllm_requests(self, rows: list, steer: torch.Tensor | None = None, logit_scales=None):
-        """During TRL's colocated generation, give request ``i`` (row ``i``) its own ``SamplingParams``
-        carrying row ``i``'s noise spec: TRL calls ``llm.generate(prompts, sampling_params=<one n=1
-        params>)`` with one prompt per row, in row order (TP 1); that one params object is replaced by
-        :func:`ncgrpo.engines.vllm.sampling_params_for_rows` (clones with ``extra_args["ncgrpo"]``)."""
+        """During TRL's vLLM generation, give every row its own noise spec.
+
+        Colocate: TRL calls ``llm.generate(prompts, sampling_params=<one n=1 params>)`` with one prompt
+        per row, in row order (TP 1); that one params object is replaced by
+        :func:`ncgrpo.engines.vllm.sampling_params_for_rows` (clones with ``extra_args["ncgrpo"]``).
+
+        Server: TRL gathers every process's prompts and the main process calls
+        ``vllm_client.generate(unique prompts, n=num_generations, ...)`` once (global rows, prompt-major,
+        i.e. ``plan_rows``' global order); the rows' specs are gathered here (a collective on every rank)
+        and that call is replaced on the main process by
+        :func:`ncgrpo.engines.vllm.generate_rows_on_server` (one request per noisy row, with its spec in
+        ``vllm_xargs``; each prompt's clean rows in one ``n=k`` request)."""
+        if self.args.vllm_mode == "server":
+            with self._nc_vllm_server_requests(rows, steer, logit_scales):
+                yield
+            return
         from ncgrpo.engines.vllm import sampling_params_for_rows
 
         llm = self.vllm_generation.llm
@@ -1141,6 +1208,95 @@ class NCGRPOTrainer(GRPOTrainer):
             raise RuntimeError(
                 "NC-GRPO: TRL's vLLM generation did not call llm.generate; noise was not applied"
             )
+
+    @contextmanager
+    def _nc_vllm_server_requests(self, rows: list, steer, logit_scales):
+        from accelerate.utils import gather_object
+
+        from ncgrpo.engines.vllm import generate_rows_on_server
+
+        all_rows = gather_object(list(rows))
+        all_scales = None if logit_scales is None else gather_object(list(logit_scales))
+        client = getattr(self.vllm_generation, "vllm_client", None)
+        if not self.accelerator.is_main_process or client is None:
+            yield
+            return
+        orig = client.generate
+        calls = []
+        G = self.num_generations
+
+        def generate(prompts, features=None, n=1, generation_kwargs=None, **sampling):
+            if calls:
+                raise RuntimeError("NC-GRPO: TRL called the vLLM server's generate twice in one generation")
+            calls.append(1)
+            if n != G:
+                raise RuntimeError(
+                    f"NC-GRPO: expected TRL's server call with n=num_generations={G}, got n={n}"
+                )
+            return generate_rows_on_server(
+                orig,
+                prompts,
+                n,
+                all_rows,
+                steer=steer,
+                logit_scales=all_scales,
+                features=features,
+                generation_kwargs=generation_kwargs,
+                **sampling,
+            )
+
+        client.generate = generate
+        try:
+            yield
+        finally:
+            del client.generate
+        if not calls:
+            raise RuntimeError(
+                "NC-GRPO: TRL's vLLM server generation did not call vllm_client.generate; noise was not applied"
+            )
+
+    def _nc_prefill_only(self, prompt_ids, multimodal_fields) -> None:
+        """One prompt-only ``generate`` (``max_new_tokens=1``, greedy, no grad) of the trainer's model on
+        these rows, with the inputs TRL's transformers path builds (left padding to
+        ``pad_to_multiple_of``, its multimodal fields) inside TRL's generation context (ZeRO-3 gather,
+        FSDP full parameters, no gradient checkpointing). Only its prefill matters: the caller's hooks
+        read the branch point there; the one greedy token is discarded."""
+        from transformers import GenerationConfig, Trainer
+        from trl.models import unwrap_model_for_generation
+        from trl.trainer.utils import pad
+
+        tensors = [torch.tensor(ids) for ids in prompt_ids]
+        kw = dict(padding_side="left", pad_to_multiple_of=self.pad_to_multiple_of)
+        inputs = {
+            "input_ids": pad(tensors, padding_value=self._tokenizer.pad_token_id, **kw),
+            "attention_mask": pad([torch.ones_like(t) for t in tensors], padding_value=0, **kw),
+        }
+        for k, v in multimodal_fields.items():  # as GRPOTrainer._generate_single_turn does
+            if isinstance(v, torch.Tensor):
+                inputs[k] = v
+            elif isinstance(v, list) and v and isinstance(v[0], list):
+                inputs[k] = pad([torch.tensor(x) for x in v], padding_value=0, **kw)
+            else:
+                inputs[k] = torch.tensor(np.array(v))
+        inputs = Trainer._prepare_inputs(self, inputs)  # GRPOTrainer overrides it with its buffering
+        config = GenerationConfig(
+            max_new_tokens=1,
+            do_sample=False,
+            pad_token_id=self._tokenizer.pad_token_id,
+            eos_token_id=self.eos_token_ids,
+            disable_compile=True,
+        )
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped_model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            unwrapped_model.generate(**inputs, generation_config=config)
 
     def _check_prompt_lengths(self, prompt_ids) -> None:
         limit = self.args.max_prompt_length

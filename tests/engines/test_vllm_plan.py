@@ -274,3 +274,126 @@ def test_v2_glue_forgets_removed_requests_and_refuses_the_sharded_sampler():
     runner.batch_sharder = object()
     with pytest.raises(NotImplementedError, match="sharded sampler"):
         runner.sample(torch.zeros(3, 4), _batch(["b"], [0], [3]), None)
+
+
+# ------------------------------------------------------------------------------------------------
+# server mode (`vllm serve` / `trl vllm-serve`): specs travel JSON-encoded in vllm_xargs, one request per spec
+# ------------------------------------------------------------------------------------------------
+def test_server_spec_is_the_offline_spec_json_encoded():
+    import json
+
+    from ncgrpo.engines.vllm import server_extra_args
+
+    r = row(mode="rank_one", sign=-1.0)
+    mu = torch.tensor([0.25, -0.5])
+    xargs = server_extra_args(r, steer=mu, logit_scale=0.5)
+    assert set(xargs) == {EXTRA_ARGS_KEY} and isinstance(
+        xargs[EXTRA_ARGS_KEY], str
+    )  # vllm_xargs admits no dict
+    want = dict(noise_extra_args(r, steer=mu)[EXTRA_ARGS_KEY], logit_scale=0.5)
+    assert json.loads(xargs[EXTRA_ARGS_KEY]) == want
+    spec = parse_noise_spec(xargs)  # what the plugin reads from SamplingParams.extra_args
+    assert spec.row == r and torch.equal(spec.steer, mu) and spec.logit_scale == 0.5
+    assert server_extra_args(RowNoise()) == {} and server_extra_args(None) == {}
+    assert json.loads(server_extra_args(None, logit_scale=0.25)[EXTRA_ARGS_KEY]) == {"logit_scale": 0.25}
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_noise_spec({EXTRA_ARGS_KEY: "{seed: 1"})
+    with pytest.raises(ValueError, match="must be a dict"):
+        parse_noise_spec({EXTRA_ARGS_KEY: "[1, 2]"})
+
+
+class _FakeClient:
+    """``VLLMClient.generate``'s contract: prompt-major ``n`` completions per prompt."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, features=None, n=1, generation_kwargs=None, **sampling):
+        self.calls.append(
+            dict(prompts=prompts, features=features, n=n, kw=generation_kwargs, sampling=sampling)
+        )
+        spec = (generation_kwargs or {}).get("vllm_xargs", {}).get(EXTRA_ARGS_KEY)
+        tag = len(self.calls)
+        return {
+            "prompt_ids": [list(p) for p in prompts],
+            "completion_ids": [[tag, c] for _ in prompts for c in range(n)],
+            "logprobs": [[[-0.1 * tag]] for _ in prompts for _ in range(n)],
+            "logprob_token_ids": [[[tag]] for _ in prompts for _ in range(n)],
+            "spec": spec,
+        }
+
+
+def test_generate_rows_on_server_sends_one_request_per_spec_and_keeps_row_order():
+    import json
+
+    from ncgrpo.core.plan import plan_rows, row_noise
+    from ncgrpo.engines.vllm import generate_rows_on_server
+
+    G = 4
+    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method="antithetic", seed=3, step=2)
+    rows = [row_noise(p, 0.5, "antithetic") for p in plans]
+    client = _FakeClient()
+    prompts = [[1, 2, 3], [4, 5]]
+    out = generate_rows_on_server(
+        client.generate,
+        prompts,
+        G,
+        rows,
+        features=["f0", "f1"],
+        generation_kwargs={"seed": 9, "vllm_xargs": {"other": 1}},
+        temperature=1.0,
+        max_tokens=7,
+    )
+    # per prompt: its clean half in one n=2 request, then one request per noisy row
+    assert [(c["prompts"], c["n"], c["features"]) for c in client.calls] == [
+        ([[1, 2, 3]], 2, ["f0"]),
+        ([[1, 2, 3]], 1, ["f0"]),
+        ([[1, 2, 3]], 1, ["f0"]),
+        ([[4, 5]], 2, ["f1"]),
+        ([[4, 5]], 1, ["f1"]),
+        ([[4, 5]], 1, ["f1"]),
+    ]
+    sent_rows = []
+    for c in client.calls:
+        assert c["sampling"] == {"temperature": 1.0, "max_tokens": 7} and c["kw"]["seed"] == 9
+        assert c["kw"]["vllm_xargs"]["other"] == 1  # TRL's / the user's own xargs are kept
+        spec = c["kw"]["vllm_xargs"].get(EXTRA_ARGS_KEY)
+        sent_rows += [None] * c["n"] if spec is None else [parse_noise_spec({EXTRA_ARGS_KEY: spec}).row]
+    assert sent_rows == [r if r.noisy else None for r in rows]
+    assert all(json.loads(c["kw"]["vllm_xargs"][EXTRA_ARGS_KEY]) for c in client.calls if c["n"] == 1)
+    # results back in row order (row j*G + c), one prompt_ids entry per prompt, as TRL expects
+    assert out["prompt_ids"] == prompts
+    assert out["completion_ids"] == [[1, 0], [1, 1], [2, 0], [3, 0], [4, 0], [4, 1], [5, 0], [6, 0]]
+    assert [lp[0][0] for lp in out["logprobs"]] == pytest.approx(
+        [-0.1, -0.1, -0.2, -0.3, -0.4, -0.4, -0.5, -0.6]
+    )
+    assert [t[0][0] for t in out["logprob_token_ids"]] == [1, 1, 2, 3, 4, 4, 5, 6]
+    with pytest.raises(ValueError, match="row specs"):
+        generate_rows_on_server(client.generate, prompts, G, rows[:4])
+
+
+def test_check_server_plugin_active_reads_the_workers_and_refuses_without_the_plugin(monkeypatch):
+    import json
+
+    import ncgrpo.engines.vllm as engine
+
+    replies = {}
+
+    def post(url, payload, timeout):
+        assert url == "http://h:1/collective_rpc" and payload == {"method": "ncgrpo_noise_status"}
+        code, body = replies["now"]
+        return code, json.dumps(body)
+
+    monkeypatch.setattr(engine, "_post_json", post)
+    check_server_plugin_active = engine.check_server_plugin_active
+    replies["now"] = (200, {"results": [{"patched": True, "kind": "v1"}, {"patched": True, "kind": "v1"}]})
+    assert len(check_server_plugin_active("http://h:1/")) == 2
+    replies["now"] = (404, {"detail": "Not Found"})
+    with pytest.raises(RuntimeError, match="VLLM_SERVER_DEV_MODE=1"):
+        check_server_plugin_active("http://h:1")
+    replies["now"] = (500, {"error": "Worker has no method ncgrpo_noise_status"})
+    with pytest.raises(RuntimeError, match="not active"):
+        check_server_plugin_active("http://h:1")
+    replies["now"] = (200, {"results": [{"patched": True}, {"patched": False}]})
+    with pytest.raises(RuntimeError, match="not active"):
+        check_server_plugin_active("http://h:1")

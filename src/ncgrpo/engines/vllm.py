@@ -21,6 +21,10 @@ Request schema, ``extra_args["ncgrpo"]`` (build it with :func:`noise_extra_args`
      "steer": [float] * d,        # optional: eq. (6)'s mu, added to noisy rows
      "site": "final_norm"}        # optional; any other site is refused (see below)
 
+Through vLLM's OpenAI-compatible server the same spec goes in the request's ``vllm_xargs`` as a JSON
+string (``vllm_xargs`` values cannot be dicts; :func:`server_extra_args`), which the parser decodes;
+:func:`generate_rows_on_server` makes TRL's server-mode call per spec.
+
 The matched first-token temperature control (no hidden noise) sends ``{"logit_scale": T / T_k}`` alone
 (:func:`control_extra_args`): the request's first-token logit row is multiplied by it, so vLLM's
 sampler, dividing by the sampling temperature ``T``, samples that token at ``T_k``; later tokens are
@@ -68,6 +72,7 @@ patches are in place, and raises if not. Call it once after building the ``LLM``
 from __future__ import annotations
 
 import functools
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -81,11 +86,14 @@ __all__ = [
     "EXTRA_ARGS_KEY",
     "NoiseSpec",
     "check_plugin_active",
+    "check_server_plugin_active",
     "control_extra_args",
+    "generate_rows_on_server",
     "noise_extra_args",
     "parse_noise_spec",
     "register",
     "sampling_params_for_rows",
+    "server_extra_args",
 ]
 
 EXTRA_ARGS_KEY = "ncgrpo"
@@ -133,6 +141,14 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
     spec = extra_args[EXTRA_ARGS_KEY]
     if spec is None:
         return None
+    if isinstance(spec, str):  # the server form (server_extra_args): vllm_xargs values cannot be dicts
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            raise ValueError(
+                f"extra_args[{EXTRA_ARGS_KEY!r}] is a string but not JSON: {spec[:80]!r}; send the spec as a dict "
+                "(offline LLM) or json.dumps of it (server vllm_xargs, see server_extra_args)"
+            ) from None
     if not isinstance(spec, Mapping):
         raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}] must be a dict, got {type(spec).__name__}")
     unknown = set(spec) - _FIELDS
@@ -240,6 +256,158 @@ def sampling_params_for_rows(
         sp.extra_args = extra or None
         out.append(sp)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# vLLM's OpenAI-compatible server (`vllm serve`, `trl vllm-serve`): one HTTP request per spec
+# --------------------------------------------------------------------------------------------------
+def server_extra_args(
+    row: RowNoise | None, *, steer=None, logit_scale: float | None = None
+) -> dict[str, str]:
+    """The row's spec for a server request's ``vllm_xargs`` (``{}`` for a clean row): the same spec as
+    :func:`noise_extra_args` / :func:`control_extra_args`, JSON-encoded, because the server's request
+    schema only admits strings, numbers and lists as ``vllm_xargs`` values (a dict is a 400). vLLM
+    copies ``vllm_xargs`` into ``SamplingParams.extra_args``; :func:`parse_noise_spec` decodes it."""
+    extra = noise_extra_args(row, steer=steer) if row is not None else {}
+    spec = dict(extra.get(EXTRA_ARGS_KEY, {}))
+    if logit_scale is not None:
+        spec["logit_scale"] = float(logit_scale)
+    if not spec:
+        return {}
+    parse_noise_spec({EXTRA_ARGS_KEY: spec})
+    return {EXTRA_ARGS_KEY: json.dumps(spec, sort_keys=True)}
+
+
+def generate_rows_on_server(
+    client_generate,
+    prompts: Sequence,
+    n: int,
+    rows: Sequence[RowNoise],
+    *,
+    steer=None,
+    logit_scales: Sequence[float | None] | None = None,
+    features: Sequence | None = None,
+    generation_kwargs: Mapping[str, Any] | None = None,
+    max_workers: int = 32,
+    **sampling,
+) -> dict[str, Any]:
+    """TRL's server-mode call ``client.generate(prompts, n=G, ...)`` (one shared SamplingParams, ``n``
+    completions per prompt), made per spec: row ``j * n + c`` (prompt ``j``, completion ``c``, TRL's
+    prompt-major order) gets its own request carrying its spec in ``vllm_xargs``; consecutive rows of a
+    prompt with no spec (the clean half) share one request with ``n`` = their count. Requests go out
+    concurrently (the server batches them). Returns what ``client_generate`` returns for the whole call:
+    ``prompt_ids`` (one per prompt), ``completion_ids`` / ``logprobs`` / ``logprob_token_ids`` (one per
+    row, in row order).
+
+    ``client_generate``: ``trl.generation.vllm_client.VLLMClient.generate`` (or anything with its
+    signature); ``sampling``: its other keyword arguments, passed through unchanged.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(prompts) * n != len(rows):
+        raise ValueError(
+            f"{len(prompts)} prompts x n={n} = {len(prompts) * n} completions, but {len(rows)} row specs: the "
+            "trainer's row plan does not match the server request"
+        )
+    if logit_scales is not None and len(logit_scales) != len(rows):
+        raise ValueError(f"{len(logit_scales)} logit scales for {len(rows)} rows")
+    if features is not None and len(features) != len(prompts):
+        raise ValueError(f"{len(features)} feature entries for {len(prompts)} prompts")
+    base_kwargs = dict(generation_kwargs or {})
+    base_xargs = dict(base_kwargs.pop("vllm_xargs", None) or {})
+    base_xargs.pop(EXTRA_ARGS_KEY, None)
+    # (prompt index, first row, count, xargs)
+    requests: list[tuple[int, int, int, dict]] = []
+    for j in range(len(prompts)):
+        for c in range(n):
+            r = j * n + c
+            scale = None if logit_scales is None else logit_scales[r]
+            xargs = server_extra_args(rows[r], steer=steer, logit_scale=scale)
+            prev = requests[-1] if requests else None
+            if not xargs and prev is not None and prev[0] == j and not prev[3] and prev[1] + prev[2] == r:
+                requests[-1] = (j, prev[1], prev[2] + 1, prev[3])
+            else:
+                requests.append((j, r, 1, xargs))
+
+    def send(req):
+        j, _, count, xargs = req
+        kwargs = dict(base_kwargs)
+        if base_xargs or xargs:
+            kwargs["vllm_xargs"] = {**base_xargs, **xargs}
+        return client_generate(
+            prompts=[prompts[j]],
+            features=None if features is None else [features[j]],
+            n=count,
+            generation_kwargs=kwargs,
+            **sampling,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(requests)))) as pool:
+        outs = list(pool.map(send, requests))
+    prompt_ids: list = [None] * len(prompts)
+    completion_ids: list = [None] * len(rows)
+    logprobs: list | None = [None] * len(rows)
+    token_ids: list | None = [None] * len(rows)
+    for (j, first, count, _), out in zip(requests, outs, strict=True):
+        if len(out["completion_ids"]) != count:
+            raise RuntimeError(f"the server returned {len(out['completion_ids'])} completions for n={count}")
+        if prompt_ids[j] is None:
+            prompt_ids[j] = out["prompt_ids"][0]
+        completion_ids[first : first + count] = out["completion_ids"]
+        if logprobs is not None and out.get("logprobs") is not None:
+            logprobs[first : first + count] = out["logprobs"]
+        else:
+            logprobs = None
+        if token_ids is not None and out.get("logprob_token_ids") is not None:
+            token_ids[first : first + count] = out["logprob_token_ids"]
+        else:
+            token_ids = None
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "logprobs": logprobs,
+        "logprob_token_ids": token_ids,
+    }
+
+
+def _post_json(url: str, payload: dict, timeout: float) -> tuple[int, str]:
+    """POST ``payload`` as JSON; ``(status code, body)``, HTTP errors included (stdlib only)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def check_server_plugin_active(base_url: str, *, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """:func:`check_plugin_active` for a running server: asks every worker through the server's
+    ``POST /collective_rpc`` (a dev-mode endpoint: ``trl vllm-serve`` runs the server with
+    ``VLLM_SERVER_DEV_MODE=1``, which its weight sync needs anyway) and raises unless each one runs the
+    patched model runner."""
+    url = f"{base_url.rstrip('/')}/collective_rpc"
+    code, text = _post_json(url, {"method": _STATUS_METHOD}, timeout)
+    if code == 404:
+        raise RuntimeError(
+            f"{url} does not exist: start the server with VLLM_SERVER_DEV_MODE=1 (`trl vllm-serve` does) so the "
+            "ncgrpo plugin can be checked in its workers"
+        )
+    if code != 200:
+        raise RuntimeError(
+            f"the ncgrpo vLLM plugin is not active in the server's workers ({code}: {text[:300]}): "
+            "install ncgrpo in the environment that runs `vllm serve` (entry point 'ncgrpo_noise' in "
+            "'vllm.general_plugins') and do not exclude it with VLLM_PLUGINS"
+        )
+    status = json.loads(text).get("results")
+    bad = [s for s in status or [] if not (isinstance(s, dict) and s.get("patched"))]
+    if not status or bad:
+        raise RuntimeError(f"the ncgrpo vLLM plugin is not active in the server's workers: {status}")
+    return list(status)
 
 
 # --------------------------------------------------------------------------------------------------
