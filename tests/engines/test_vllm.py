@@ -251,6 +251,17 @@ _NO_PLUGIN = textwrap.dedent(
 ).replace("TOPK", str(TOPK))
 
 
+def _run_script(script, env, *args: str) -> dict:
+    """Run ``script`` (an engine in a fresh process, so its plugin and thread settings are its own) and
+    return the JSON it printed after ``RESULT``."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, proc.stderr[-3000:]
+    return json.loads(line[len("RESULT") :])
+
+
 def test_sigma_zero_is_bit_identical_to_no_plugin_and_startup_check_fails_without_it(
     llm, model_dir, tmp_path
 ):
@@ -258,16 +269,7 @@ def test_sigma_zero_is_bit_identical_to_no_plugin_and_startup_check_fails_withou
     script = tmp_path / "no_plugin.py"
     script.write_text(_NO_PLUGIN)
     env = {**os.environ, "VLLM_PLUGINS": ""}
-    proc = subprocess.run(
-        [sys.executable, str(script), model_dir, json.dumps(prompts), json.dumps(ENGINE)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line is not None, proc.stderr[-3000:]
-    res = json.loads(line[len("RESULT") :])
+    res = _run_script(script, env, model_dir, json.dumps(prompts), json.dumps(ENGINE))
     assert res["error"] is not None and "not active" in res["error"]
 
     zero = run(llm, prompts, [greedy(noisy(i, sigma=0.0)) for i in range(len(prompts))])
@@ -348,16 +350,7 @@ def test_tensor_parallel_2_on_cpu_draws_the_same_noise_on_every_rank(llm, hf, mo
         "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}",  # one core per rank
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # the negative control's callable RPC (test only)
     }
-    proc = subprocess.run(
-        [sys.executable, str(script), model_dir, json.dumps(prompts), json.dumps(sent), json.dumps(ENGINE)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line is not None, proc.stderr[-3000:]
-    res = json.loads(line[len("RESULT") :])
+    res = _run_script(script, env, model_dir, json.dumps(prompts), json.dumps(sent), json.dumps(ENGINE))
     assert (
         len(res["status"]) == 2
         and all(s["patched"] for s in res["status"])
