@@ -535,7 +535,6 @@ def test_text_model_without_question_id(tmp_path) -> None:
     ("kw", "match"),
     [
         (dict(vllm_mode="server", rollout_method="image"), "distorted images would never reach the server"),
-        (dict(vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size=1"),
         (dict(noise_site="1"), "propagating layer site"),
     ],
 )
@@ -547,6 +546,8 @@ def test_use_vllm_refusals_say_why(tmp_path, kw, match) -> None:
 def test_use_vllm_allowed_configs(tmp_path) -> None:
     for m in ("latent", "antithetic", "spsa", "image", "first_token_temperature"):
         assert _cfg(tmp_path, use_vllm=True, rollout_method=m).use_vllm
+        # colocated TP > 1: the TP group's rows are gathered as TRL gathers its prompts (_tp_group_rows)
+        assert _cfg(tmp_path, use_vllm=True, rollout_method=m, vllm_tensor_parallel_size=2).use_vllm
     _cfg(tmp_path, use_vllm=True, vllm_mode="server", rollout_method="vanilla")  # TRL's path, unchanged
     for m in ("latent", "antithetic", "spsa", "first_token_temperature"):  # server: per-row requests
         assert _cfg(

@@ -68,3 +68,30 @@ def test_two_processes_plan_rows_like_one(tmp_path) -> None:
     assert all(v > 0 for v in one["history"][0]["rel"][2:]) and one["history"][0]["rel"][:2] == [0.0, 0.0]
     assert r0["mu"] == r1["mu"]  # SPSA's mu identical on every rank
     assert r0["param_sum"] == r1["param_sum"]
+
+
+def test_tp_group_rows_are_gathered_in_trls_prompt_order(tmp_path) -> None:
+    """Colocated vLLM with TP 2: TRL all-gathers the TP group's prompts and both ranks generate all of
+    them; the rows' noise specs must be gathered in the same order, so request i carries the spec of
+    the row whose prompt is i, and both ranks send identical requests (two gloo processes)."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    script = Path(__file__).parent / "scripts" / "tp_group_rows.py"
+    _run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            str(script),
+            str(tmp_path),
+        ],
+        tmp_path,
+    )
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["rows"] == r1["rows"] == r0["local"] + r1["local"]  # rank order, as TRL's prompt gather
+    assert r0["prompts"] == r1["prompts"] == [[0, i] for i in range(4)] + [[1, i] for i in range(4)]
+    assert r0["scales"] == r1["scales"] == [0.0, 0.1, 0.2, 0.3, 1.0, 1.1, 1.2, 1.3]
+    assert r0["none_scales"] is None and r0["same_without_scales"] and r1["same_without_scales"]
+    keys = [tuple(r[1]) for r in r0["rows"] if r is not None and r[1] is not None]
+    assert len(keys) == len(set(keys)) == 4  # each rank's noisy half, keys distinct across ranks

