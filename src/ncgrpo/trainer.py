@@ -29,7 +29,7 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
    (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
    from the logprobs vLLM returned).
-6. ``use_vllm=True``: the same row plan. Colocate (TP 1): TRL's one ``n=1`` request per row gets its
+6. ``use_vllm=True``: the same row plan. Colocate: TRL's one ``n=1`` request per row gets its
    row's ``SamplingParams.extra_args["ncgrpo"]`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`;
    SPSA's ``mu`` as ``steer``). Server mode (``trl vllm-serve``): TRL's one ``n=G`` call per batch is
    made per spec instead (:func:`ncgrpo.engines.vllm.generate_rows_on_server`: one request per noisy
