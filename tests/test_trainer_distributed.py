@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tiny_models import run_torchrun
+
 SCRIPT = Path(__file__).parent / "scripts" / "two_process_rollouts.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
@@ -30,21 +25,7 @@ def _run(cmd: list[str], cwd: Path) -> None:
 
 @pytest.mark.slow
 def test_two_processes_plan_rows_like_one(tmp_path) -> None:
-    torchrun = Path(sys.executable).parent / "torchrun"
-    _run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(_free_port()),
-            str(SCRIPT),
-            str(tmp_path / "two"),
-            "--per-device",
-            "2",
-        ],
-        tmp_path,
-    )
+    run_torchrun(SCRIPT, str(tmp_path / "two"), "--per-device", "2", cwd=tmp_path)
     _run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "--per-device", "4"], tmp_path)
     r0, r1 = (json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1))
     one = json.loads((tmp_path / "one" / "rank0.json").read_text())
@@ -74,20 +55,7 @@ def test_tp_group_rows_are_gathered_in_trls_prompt_order(tmp_path) -> None:
     """Colocated vLLM with TP 2: TRL all-gathers the TP group's prompts and both ranks generate all of
     them; the rows' noise specs must be gathered in the same order, so request i carries the spec of
     the row whose prompt is i, and both ranks send identical requests (two gloo processes)."""
-    torchrun = Path(sys.executable).parent / "torchrun"
-    script = Path(__file__).parent / "scripts" / "tp_group_rows.py"
-    _run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(_free_port()),
-            str(script),
-            str(tmp_path),
-        ],
-        tmp_path,
-    )
+    run_torchrun(Path(__file__).parent / "scripts" / "tp_group_rows.py", str(tmp_path), cwd=tmp_path)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["rows"] == r1["rows"] == r0["local"] + r1["local"]  # rank order, as TRL's prompt gather
     assert r0["prompts"] == r1["prompts"] == [[0, i] for i in range(4)] + [[1, i] for i in range(4)]

@@ -17,13 +17,17 @@ pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from datasets import Dataset  # noqa: E402
-
 from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.inert import InertNoiseWarning  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
-from tiny_models import build_tokenizer, save_tiny, vllm_text_model  # noqa: E402
+from tiny_models import (  # noqa: E402
+    length_reward,
+    run_torchrun,
+    save_peaked_vllm_text_model,
+    vllm_train_dataset,
+    vllm_trainer_config,
+)
 
 G = 4
 # |trainer - vLLM| logprob on unperturbed tokens: TRL builds the engine with dtype "auto", which vllm-cpu runs in
@@ -33,24 +37,7 @@ TOL = 0.15
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    tok = build_tokenizer()
-    model = vllm_text_model(tok)
-    with torch.no_grad():  # a peaked first-token distribution, so that moving h moves the sampled token
-        model.lm_head.weight.mul_(20.0)
-    return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny_qwen2"))), tok
-
-
-def _dataset():
-    return Dataset.from_dict(
-        {
-            "prompt": ["what is one plus one", "say hello", "count to three", "name a colour"],
-            "question_id": list("abcd"),
-        }
-    )
-
-
-def _reward(completions, **kw):
-    return [float(len(c)) / 10.0 for c in completions]
+    return save_peaked_vllm_text_model(tmp_path_factory.mktemp("tiny_qwen2"))
 
 
 class Recording(NCGRPOTrainer):
@@ -71,25 +58,7 @@ class Recording(NCGRPOTrainer):
 
 
 def _config(tmp_path, **kw) -> NCGRPOConfig:
-    base = dict(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        per_device_train_batch_size=G,
-        num_generations=G,
-        max_completion_length=6,
-        max_steps=2,
-        learning_rate=1e-2,
-        logging_steps=1,
-        seed=0,
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_max_model_length=256,
-        vllm_gpu_memory_utilization=0.1,
-    )
-    base.update(kw)
-    return NCGRPOConfig(**base)
+    return vllm_trainer_config(tmp_path, num_generations=G, **kw)
 
 
 def _perturbed_rows(llm) -> int:
@@ -104,7 +73,11 @@ def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_
     with cpu_weight_sync(), warnings.catch_warnings():
         warnings.simplefilter("error", InertNoiseWarning)  # the noise is not inert: no warning
         tr = Recording(
-            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+            model=path,
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=vllm_train_dataset(),
+            processing_class=tok,
         )
         tr.records = []
         assert tr.nc_vllm_status and all(s["patched"] for s in tr.nc_vllm_status)
@@ -143,7 +116,11 @@ def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:
     args = _config(tmp_path, rollout_method="latent", sigma0=1e-6, sigma_schedule="constant", max_steps=3)
     with cpu_weight_sync(), pytest.warns(InertNoiseWarning, match="noise/first_token_tv stayed below"):
         tr = NCGRPOTrainer(
-            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+            model=path,
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=vllm_train_dataset(),
+            processing_class=tok,
         )
         tr.train()
     tvs = [h.metrics["noise/first_token_tv"] for h in tr.nc_history]
@@ -181,7 +158,13 @@ def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path,
         spsa_min_sigma_ratio=0.0,
     )
     with cpu_weight_sync():
-        tr = Spsa(model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok)
+        tr = Spsa(
+            model=path,
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=vllm_train_dataset(),
+            processing_class=tok,
+        )
         tr.records = []
         tr.train()
     assert len(sent) == 2
@@ -211,7 +194,11 @@ def test_vanilla_with_vllm_is_trl_unchanged(model_dir, tmp_path) -> None:
     args = _config(tmp_path, rollout_method="vanilla", max_steps=1)
     with cpu_weight_sync():
         tr = NCGRPOTrainer(
-            model=path, reward_funcs=_reward, args=args, train_dataset=_dataset(), processing_class=tok
+            model=path,
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=vllm_train_dataset(),
+            processing_class=tok,
         )
         llm = tr.vllm_generation.llm
         before = _perturbed_rows(llm)
@@ -230,37 +217,14 @@ def test_latent_colocate_tensor_parallel_2(model_dir, tmp_path) -> None:
     rows (2 ranks x G/2), request i carrying the spec of row i (``_tp_group_rows``): on each rank the
     noisy rows' first tokens come from perturbed logits and the clean rows' from the clean policy."""
     import json
-    import socket
-    import subprocess
-    import sys
     from pathlib import Path
 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("TP=2 on vllm-cpu needs two CPU cores (one per rank)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     script = Path(__file__).parent / "scripts" / "tp2_colocate_train.py"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
-    res = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(port),
-            str(script),
-            model_dir[0],
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert res.returncode == 0, res.stderr[-4000:]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    run_torchrun(script, model_dir[0], str(tmp_path), cwd=tmp_path, env=env)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["tp"] == r1["tp"] == 2
     assert r0["rows"] == r1["rows"] == r0["local_rows"] + r1["local_rows"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,6 @@ pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from datasets import Dataset  # noqa: E402
 
 from ncgrpo.core.plan import plan_rows, row_noise  # noqa: E402
 from ncgrpo.engines.vllm import (  # noqa: E402
@@ -40,18 +38,18 @@ from ncgrpo.engines.vllm import (  # noqa: E402
     generate_rows_on_server,
     sampling_params_for_rows,
 )
-from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
-from tiny_models import build_tokenizer, save_tiny, vllm_text_model  # noqa: E402
+from ncgrpo.trainer import NCGRPOTrainer  # noqa: E402
+from tiny_models import (  # noqa: E402
+    free_port,
+    length_reward,
+    save_peaked_vllm_text_model,
+    vllm_train_dataset,
+    vllm_trainer_config,
+)
 
 G = 4
 TOPK = 8
 ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _server_command(model_dir: str, port: int) -> list[str]:
@@ -75,17 +73,13 @@ def _server_command(model_dir: str, port: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    tok = build_tokenizer()
-    model = vllm_text_model(tok)
-    with torch.no_grad():  # a peaked first-token distribution, so that moving h moves the sampled token
-        model.lm_head.weight.mul_(20.0)
-    return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny_qwen2"))), tok
+    return save_peaked_vllm_text_model(tmp_path_factory.mktemp("tiny_qwen2"))
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     path, _ = model_dir
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
@@ -192,31 +186,21 @@ def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
     # NCCL weight transfer cannot run on a CPU; one step generated before any update needs no sync
     monkeypatch.setattr(VLLMClient, "init_communicator", lambda self, device=0: None)
     monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda self: None)
-    args = NCGRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
-        per_device_train_batch_size=G,
+    args = vllm_trainer_config(
+        tmp_path,
         num_generations=G,
-        max_completion_length=6,
         max_steps=1,
-        learning_rate=1e-2,
-        logging_steps=1,
-        seed=0,
-        use_vllm=True,
         vllm_mode="server",
         vllm_server_base_url=server,
         rollout_method="latent",
         sigma0=8.0,
         sigma_schedule="constant",
     )
-    ds = Dataset.from_dict({"prompt": ["what is one plus one", "say hello"], "question_id": ["a", "b"]})
     tr = _Recording(
         model=path,
-        reward_funcs=lambda completions, **kw: [len(c) / 10 for c in completions],
+        reward_funcs=length_reward,
         args=args,
-        train_dataset=ds,
+        train_dataset=vllm_train_dataset(2),
         processing_class=tok,
     )
     tr.records = []

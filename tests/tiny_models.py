@@ -318,3 +318,85 @@ def vllm_text_model(tokenizer=None, **overrides: Any):
     )
     kw.update(overrides)
     return tiny_text_model("qwen2", tokenizer=tokenizer or build_tokenizer(), **kw)
+
+
+# --- the vLLM trainer tests' shared setup (test_trainer_vllm, test_vllm_server, scripts/tp2_colocate_train)
+VLLM_TRAIN_PROMPTS = ["what is one plus one", "say hello", "count to three", "name a colour"]
+
+
+def save_peaked_vllm_text_model(out_dir: str | os.PathLike):
+    """:func:`vllm_text_model` with its ``lm_head`` scaled 20x, saved with its tokenizer: a peaked
+    first-token distribution, so that moving h moves the sampled token. Returns ``(path, tokenizer)``."""
+    tok = build_tokenizer()
+    model = vllm_text_model(tok)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    return str(save_tiny(model, tok, out_dir)), tok
+
+
+def vllm_train_dataset(n: int = len(VLLM_TRAIN_PROMPTS)):
+    """The first ``n`` of :data:`VLLM_TRAIN_PROMPTS`, with question ids a, b, c, ..."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": VLLM_TRAIN_PROMPTS[:n], "question_id": list("abcd")[:n]})
+
+
+def length_reward(completions, **kw):
+    """A reward with spread in any group: the completion's length / 10."""
+    return [float(len(c)) / 10.0 for c in completions]
+
+
+def vllm_trainer_config(output_dir, *, num_generations: int = 4, **kw):
+    """``NCGRPOConfig`` for a few CPU steps with colocated vLLM (``kw`` overrides, e.g. ``vllm_mode``)."""
+    from ncgrpo.trainer import NCGRPOConfig
+
+    base = dict(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        per_device_train_batch_size=num_generations,
+        num_generations=num_generations,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        seed=0,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=256,
+        vllm_gpu_memory_utilization=0.1,
+    )
+    base.update(kw)
+    return NCGRPOConfig(**base)
+
+
+# --- launching processes
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for torchrun's master or a server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torchrun(script: str | os.PathLike, *args: str, cwd, env: dict | None = None, nproc: int = 2) -> None:
+    """``torchrun --nproc_per_node nproc --master_port <free> script args...`` with one OpenMP thread per
+    process; asserts it exits 0 (the tail of its stderr otherwise)."""
+    import subprocess
+    import sys
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    res = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]

@@ -6,15 +6,17 @@ plugin perturbed, the global/local row plan, and per row the first-token |traine
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_models
 
-from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
-from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
+from ncgrpo.trainer import NCGRPOTrainer  # noqa: E402
+from tiny_models import length_reward, vllm_train_dataset, vllm_trainer_config  # noqa: E402
 
 G = 4
 
@@ -26,27 +28,26 @@ class Recording(NCGRPOTrainer):
         self.first_diff = diff.tolist()
 
 
-def reward(completions, **kw):
-    return [float(len(c)) / 10.0 for c in completions]
-
-
 def main() -> None:
     path, out = sys.argv[1], sys.argv[2]
     tok = AutoTokenizer.from_pretrained(path)
-    ds = Dataset.from_dict(
-        {
-            "prompt": ["what is one plus one", "say hello", "count to three", "name a colour"],
-            "question_id": list("abcd"),
-        }
+    args = vllm_trainer_config(
+        out,
+        num_generations=G,
+        max_steps=1,
+        vllm_tensor_parallel_size=2,
+        rollout_method="latent",
+        sigma0=8.0,
+        sigma_schedule="constant",
     )
-    args = NCGRPOConfig(
-        output_dir=out, use_cpu=True, report_to="none", save_strategy="no", per_device_train_batch_size=G,
-        num_generations=G, max_completion_length=6, max_steps=1, learning_rate=1e-2, logging_steps=1, seed=0,
-        use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2, vllm_max_model_length=256,
-        vllm_gpu_memory_utilization=0.1, rollout_method="latent", sigma0=8.0, sigma_schedule="constant",
-    )  # fmt: skip
     with cpu_weight_sync():
-        tr = Recording(model=path, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+        tr = Recording(
+            model=path,
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=vllm_train_dataset(),
+            processing_class=tok,
+        )
         llm = tr.vllm_generation.llm
         before = sum(s["perturbed_rows"] for s in check_plugin_active(llm))
         tr.train()
