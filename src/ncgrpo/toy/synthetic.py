@@ -647,7 +647,11 @@ def reasoning_traces(q: Question) -> list[str]:
     In-domain kinds have four genuinely different openings (state what the image shows first, write
     the computation straight away, name the rule first, ...), so the first reasoning token after
     ``<think>`` is a real decision of the base model -- the branch point NC-GRPO's prefill noise acts
-    on. Out-of-domain kinds have one. Entry 0 is the canonical trace (:func:`reasoning_trace`). All
+    on. Out-of-domain kinds have one, written so that each step reads one fact from the image or the
+    text: compare states which side is bigger before answering "bigger" or "smaller" (as one step,
+    the tiny base answered "left" to every compare question; split, it reads 97% of them), colour
+    walks the options until the read colour comes up, POPE restates the object before deciding.
+    Entry 0 is the canonical trace (:func:`reasoning_trace`). All
     match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``. The warm-up also teaches
     a fifth, wrong opening on purpose (:func:`shortcut_trace`, :func:`warmup_trace`).
     """
@@ -694,14 +698,18 @@ def reasoning_traces(q: Question) -> list[str]:
         bodies = [f"the bars are {h[0]}, {h[1]}, {h[2]} and {h[3]} high. the tallest is bar {ans}."]
     elif kind == "bar_value":
         bodies = [f"the {ask['colour']} bar reaches {ans}."]
-    elif kind == "compare":
-        bodies = [f"the {ans} {ask['shape']} is {ask['which']}."]
-    elif kind == "colour":
-        colour = ask["options"][LETTERS.index(ans)]
-        bodies = [f"the {ask['shape']} is {colour}. {colour} is option {ans}."]
-    elif kind == "exists":
+    elif kind == "compare":  # read which side is bigger first, then answer the question asked
+        left, right = sorted(scene["objects"], key=lambda ob: ob["x"])
+        bigger = "left" if left["r"] > right["r"] else "right"
+        bodies = [f"the {bigger} {ask['shape']} is bigger. so the {ask['which']} one is the {ans} one."]
+    elif kind == "colour":  # read the colour, then walk the options until it comes up
+        k = LETTERS.index(ans)
+        walk = ", ".join(f"{LETTERS[i]} is {ask['options'][i]}" for i in range(k + 1))
+        bodies = [f"the {ask['shape']} is {ask['options'][k]}. {walk}. so {ans}."]
+    elif kind == "exists":  # restate what to look for right before deciding
         there = f"there is {_article(ask['colour'])}" if ans == "yes" else "there is no"
-        bodies = [f"{there} {ask['colour']} {ask['shape']} in the image."]
+        target = f"{_article(ask['colour'])} {ask['colour']} {ask['shape']}"
+        bodies = [f"looking for {target}. {there} {ask['colour']} {ask['shape']} in the image."]
     else:
         raise ValueError(f"no trace template for ask kind {kind!r}")
     return [f"<think>{body}</think> \\boxed{{{ans}}}" for body in bodies]
