@@ -183,6 +183,7 @@ def test_vision_lr_scale_zero_freezes_the_vision_tower_during_sft(tmp_path):
     """The warm-up's colour-to-shape binding does not survive SFT with a trainable tower (measured:
     a probe reads the asked shape's colour 71% right after the warm-up, 22% after SFT at 0.3x the
     learning rate), so the default recipe freezes it: SFT then changes only the language model."""
+
     def run(name, steps, scale):
         pt.pretrain(tmp_path / name, seed=1, steps=steps, run_eval=False,
                     **{**SMALL, "vision_warmup_steps": 2, "vision_lr_scale": scale})  # fmt: skip
@@ -239,7 +240,9 @@ def test_scene_targets_read_every_family_off_the_spec():
             if kind in ("sides", "angle_sum"):
                 assert not written
         elif scene["type"] == "objects":
-            assert applies == ({"objects", "counts", "left_bigger"} if kind == "compare" else {"objects", "counts"})
+            assert applies == (
+                {"objects", "counts", "left_bigger"} if kind == "compare" else {"objects", "counts"}
+            )
             present = {(colours[j // 3], shapes[j % 3]) for j in part("objects").nonzero().flatten().tolist()}
             assert present == {(ob["colour"], ob["shape"]) for ob in scene["objects"]}
             counts = part("counts").view(len(shapes), -1)

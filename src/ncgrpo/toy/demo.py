@@ -33,7 +33,7 @@ without a prefix that site changes no rollout (measured: NC-GRPO's logged steps 
 the test records were identical). The demo therefore trains with ``branch_prefix="<think>"``
 (:mod:`ncgrpo.prefix`; evaluation keeps the plain prompt): the branch point is then the first reasoning
 token, where the base chooses among five openings, four derivations and an image-blind shortcut
-(:func:`ncgrpo.toy.synthetic.shortcut_trace`; ``ncgrpo probe``: first-token entropy 1.9 nats, 6.8% of
+(:func:`ncgrpo.toy.synthetic.shortcut_trace`; ``ncgrpo probe``: first-token entropy 1.7 nats, 6.1% of
 noisy rollouts differ from their common-random-number clean partner at sigma 0.2). What GRPO learns
 here is that choice: the base's greedy answer is the shortcut, and the derivations earn more reward. The demo
 still checks after training whether the two runs were identical and says so under the table
@@ -167,11 +167,11 @@ class DemoConfig:
         },
     )
     first_token_temperature: float = field(
-        default=1.16,
+        default=1.13,
         metadata={
             "help": "starting temperature T0 of the first-token control (--all_methods), annealed with the noise; "
-            "1.16 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
-            "equal mean first-token TV, 0.057)"
+            "1.13 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
+            "equal mean first-token TV, 0.056)"
         },
     )
     val_limit: int = field(

@@ -968,7 +968,9 @@ class PretrainConfig:
         if self.vision_warmup_steps < 0:
             raise ValueError(f"vision_warmup_steps must be >= 0, got {self.vision_warmup_steps}")
         if self.vision_lr_scale < 0:
-            raise ValueError(f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {self.vision_lr_scale}")
+            raise ValueError(
+                f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {self.vision_lr_scale}"
+            )
         if self.eval_limit is not None and self.eval_limit < 1:
             raise ValueError(f"eval_limit must be >= 1 or null, got {self.eval_limit}")
         self.pool_counts()  # raises on a malformed entry
