@@ -649,7 +649,7 @@ def reasoning_traces(q: Question) -> list[str]:
     ``<think>`` is a real decision of the base model -- the branch point NC-GRPO's prefill noise acts
     on. Out-of-domain kinds have one, written so that each step reads one fact from the image or the
     text: compare states which side is bigger before answering "bigger" or "smaller" (as one step,
-    the tiny base answered "left" to every compare question; split, it reads 97% of them), colour
+    the tiny base answered "left" to every compare question; split, it answers 91.5% right), colour
     walks the options until the read colour comes up, POPE restates the object before deciding.
     Entry 0 is the canonical trace (:func:`reasoning_trace`). All
     match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``. The warm-up also teaches
