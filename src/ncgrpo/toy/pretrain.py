@@ -706,6 +706,10 @@ def _pretrain(
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if vision_warmup_steps < 0:
+        raise ValueError(f"vision_warmup_steps must be >= 0, got {vision_warmup_steps}")
+    if vision_lr_scale < 0:
+        raise ValueError(f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {vision_lr_scale}")
     t0 = time.perf_counter()
     out = Path(out_dir)
     dims = dict(SIZES[size])
@@ -718,13 +722,12 @@ def _pretrain(
 
     processor = build_processor(tok, image_size=IMAGE_SIZE)
     model = tiny_qwen2_5_vl(processor=processor, seed=seed, **dims)
-    items = sft_pool(seed, pool_counts, exclude=_suite_hashes(suite))
+    suite_hashes = _suite_hashes(suite)  # nothing the model is evaluated on is trained on
+    items = sft_pool(seed, pool_counts, exclude=suite_hashes)
     if not items:
         raise ValueError("SFT pool is empty: give at least one family a positive count")
     examples = [encode_example(processor, q) for q in items]
 
-    if vision_warmup_steps < 0:
-        raise ValueError(f"vision_warmup_steps must be >= 0, got {vision_warmup_steps}")
     vision_losses = _vision_warmup(
         model,
         processor,
@@ -732,12 +735,10 @@ def _pretrain(
         lr=vision_warmup_lr,
         batch_size=VISION_BATCH,
         seed=seed,
-        exclude=_suite_hashes(suite),
+        exclude=suite_hashes,
     )
     torch.manual_seed(seed)
     rng = random.Random(f"ncgrpo-pretrain-order/{seed}")
-    if vision_lr_scale < 0:
-        raise ValueError(f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {vision_lr_scale}")
     frozen = [p for n, p in model.named_parameters() if "visual" in n] if vision_lr_scale == 0 else []
     for p in frozen:  # no gradient: the SFT loss would overwrite what the warm-up taught the tower
         p.requires_grad_(False)
