@@ -17,15 +17,14 @@ pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.inert import InertNoiseWarning  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
 from tiny_models import (  # noqa: E402
-    length_reward,
+    perturbed_rows,
     run_torchrun,
     save_peaked_vllm_text_model,
-    vllm_train_dataset,
+    vllm_trainer,
     vllm_trainer_config,
 )
 
@@ -61,10 +60,6 @@ def _config(tmp_path, **kw) -> NCGRPOConfig:
     return vllm_trainer_config(tmp_path, num_generations=G, **kw)
 
 
-def _perturbed_rows(llm) -> int:
-    return sum(s["perturbed_rows"] for s in check_plugin_active(llm))
-
-
 def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_path) -> None:
     import warnings
 
@@ -72,19 +67,13 @@ def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_
     args = _config(tmp_path, rollout_method="latent", sigma0=8.0, sigma_schedule="constant")
     with cpu_weight_sync(), warnings.catch_warnings():
         warnings.simplefilter("error", InertNoiseWarning)  # the noise is not inert: no warning
-        tr = Recording(
-            model=path,
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=vllm_train_dataset(),
-            processing_class=tok,
-        )
+        tr = vllm_trainer(Recording, path, tok, args)
         tr.records = []
         assert tr.nc_vllm_status and all(s["patched"] for s in tr.nc_vllm_status)
-        before = _perturbed_rows(tr.vllm_generation.llm)
+        before = perturbed_rows(tr.vllm_generation.llm)
         tr.train()
     # one prompt x G rows per step, n = G/2 noisy rows: the plugin perturbed exactly those
-    assert _perturbed_rows(tr.vllm_generation.llm) - before == 2 * (G // 2)
+    assert perturbed_rows(tr.vllm_generation.llm) - before == 2 * (G // 2)
     assert len(tr.records) == len(tr.nc_history) == 2
     for rec, hist in zip(tr.records, tr.nc_history, strict=True):
         noisy = torch.tensor([r[2] for r in hist.rows])  # RowPlan.as_tuple: (..., noisy, ...)
@@ -115,13 +104,7 @@ def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:
     path, tok = model_dir
     args = _config(tmp_path, rollout_method="latent", sigma0=1e-6, sigma_schedule="constant", max_steps=3)
     with cpu_weight_sync(), pytest.warns(InertNoiseWarning, match="noise/first_token_tv stayed below"):
-        tr = NCGRPOTrainer(
-            model=path,
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=vllm_train_dataset(),
-            processing_class=tok,
-        )
+        tr = vllm_trainer(NCGRPOTrainer, path, tok, args)
         tr.train()
     tvs = [h.metrics["noise/first_token_tv"] for h in tr.nc_history]
     assert len(tvs) == 3 and all(0 <= tv < 1e-3 for tv in tvs), tvs
@@ -158,13 +141,7 @@ def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path,
         spsa_min_sigma_ratio=0.0,
     )
     with cpu_weight_sync():
-        tr = Spsa(
-            model=path,
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=vllm_train_dataset(),
-            processing_class=tok,
-        )
+        tr = vllm_trainer(Spsa, path, tok, args)
         tr.records = []
         tr.train()
     assert len(sent) == 2
@@ -193,19 +170,13 @@ def test_vanilla_with_vllm_is_trl_unchanged(model_dir, tmp_path) -> None:
     path, tok = model_dir
     args = _config(tmp_path, rollout_method="vanilla", max_steps=1)
     with cpu_weight_sync():
-        tr = NCGRPOTrainer(
-            model=path,
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=vllm_train_dataset(),
-            processing_class=tok,
-        )
+        tr = vllm_trainer(NCGRPOTrainer, path, tok, args)
         llm = tr.vllm_generation.llm
-        before = _perturbed_rows(llm)
+        before = perturbed_rows(llm)
         tr.train()
     assert tr.nc_vllm_status is None and tr.nc_history == []
     assert "generate" not in vars(llm)
-    assert _perturbed_rows(llm) == before
+    assert perturbed_rows(llm) == before
     logged = tr.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in logged
     assert not any(k.startswith(("noise/", "reward/clean")) for k in logged)

@@ -41,9 +41,8 @@ from ncgrpo.engines.vllm import (  # noqa: E402
 from ncgrpo.trainer import NCGRPOTrainer  # noqa: E402
 from tiny_models import (  # noqa: E402
     free_port,
-    length_reward,
     save_peaked_vllm_text_model,
-    vllm_train_dataset,
+    vllm_trainer,
     vllm_trainer_config,
 )
 
@@ -196,13 +195,7 @@ def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
         sigma0=8.0,
         sigma_schedule="constant",
     )
-    tr = _Recording(
-        model=path,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=vllm_train_dataset(2),
-        processing_class=tok,
-    )
+    tr = vllm_trainer(_Recording, path, tok, args, n_prompts=2)
     tr.records = []
     assert tr.nc_vllm_status and all(s["patched"] for s in tr.nc_vllm_status)
     before = _perturbed(server)

@@ -346,6 +346,25 @@ def length_reward(completions, **kw):
     return [float(len(c)) / 10.0 for c in completions]
 
 
+def vllm_trainer(cls, model_path, tokenizer, args, *, n_prompts: int = len(VLLM_TRAIN_PROMPTS)):
+    """``cls`` (``NCGRPOTrainer`` or a subclass) on the shared setup: :func:`length_reward` over the
+    first ``n_prompts`` of :func:`vllm_train_dataset`."""
+    return cls(
+        model=model_path,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=vllm_train_dataset(n_prompts),
+        processing_class=tokenizer,
+    )
+
+
+def perturbed_rows(llm) -> int:
+    """Rows the noise plugin has perturbed so far, summed over the engine's workers."""
+    from ncgrpo.engines.vllm import check_plugin_active
+
+    return sum(s["perturbed_rows"] for s in check_plugin_active(llm))
+
+
 def vllm_trainer_config(output_dir, *, num_generations: int = 4, **kw):
     """``NCGRPOConfig`` for a few CPU steps with colocated vLLM (``kw`` overrides, e.g. ``vllm_mode``)."""
     from ncgrpo.trainer import NCGRPOConfig

@@ -13,10 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.trainer import NCGRPOTrainer  # noqa: E402
-from tiny_models import length_reward, vllm_train_dataset, vllm_trainer_config  # noqa: E402
+from tiny_models import perturbed_rows, vllm_trainer, vllm_trainer_config  # noqa: E402
 
 G = 4
 
@@ -41,17 +40,11 @@ def main() -> None:
         sigma_schedule="constant",
     )
     with cpu_weight_sync():
-        tr = Recording(
-            model=path,
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=vllm_train_dataset(),
-            processing_class=tok,
-        )
+        tr = vllm_trainer(Recording, path, tok, args)
         llm = tr.vllm_generation.llm
-        before = sum(s["perturbed_rows"] for s in check_plugin_active(llm))
+        before = perturbed_rows(llm)
         tr.train()
-        after = sum(s["perturbed_rows"] for s in check_plugin_active(llm))
+        after = perturbed_rows(llm)
     h = tr.nc_history[0]
     res = {
         "tp": llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
