@@ -24,6 +24,9 @@ SMALL = dict(
     pool={"geometry": 24, "counting": 4, "pope": 4},
     batch_size=8,
     vision_warmup_steps=3,
+    focus_families=("pope",),
+    focus_steps=2,
+    final_steps=1,
 )
 
 
@@ -155,7 +158,9 @@ def test_pretrain_json_records_the_run(small_run):
     out, report = small_run
     data = json.loads((out / pt.PRETRAIN_FILE).read_text())
     assert data["seed"] == 3 and data["steps"] == 5 and data["size"] == "micro"
-    assert len(data["losses"]) == 5 and all(x > 0 for x in data["losses"])
+    assert (data["focus_families"], data["focus_steps"], data["final_steps"]) == (["pope"], 2, 1)
+    assert data["late_lr"] == pt.DEFAULT_LATE_LR
+    assert len(data["losses"]) == 5 + 2 + 1 and all(x > 0 for x in data["losses"])
     assert data["pool"] == SMALL["pool"]
     assert data["dims"]["hidden_size"] == pt.SIZES["micro"]["hidden_size"]
     from ncgrpo import __version__
@@ -177,6 +182,55 @@ def test_loss_decreases(tmp_path):
     r = pt.pretrain(tmp_path / "m", seed=0, steps=24, lr=3e-3, warmup=4, run_eval=False, **SMALL)
     first, last = sum(r.losses[:4]) / 4, sum(r.losses[-4:]) / 4
     assert last < 0.7 * first, r.losses
+
+
+def test_focused_phase_draws_only_its_families_then_the_mix_resumes(tmp_path, monkeypatch):
+    """The schedule: ``steps`` mixed steps at ``lr`` (after its warm-up), ``focus_steps`` on the focus
+    families' items at ``late_lr``, ``final_steps`` mixed at ``late_lr``."""
+    seen: list[tuple[list[str], float]] = []
+    real_collate, real_step = pt.collate, pt._sft_step
+    batches: list[list[str]] = []
+
+    def collate(examples, pad_id):
+        batches.append([e.family for e in examples])
+        return real_collate(examples, pad_id)
+
+    def step(model, opt, batch):
+        seen.append((batches[-1], opt.param_groups[0]["lr"]))
+        return real_step(model, opt, batch)
+
+    monkeypatch.setattr(pt, "collate", collate)
+    monkeypatch.setattr(pt, "_sft_step", step)
+    kw = {**SMALL, "focus_steps": 5, "final_steps": 4, "vision_warmup_steps": 0}
+    r = pt.pretrain(tmp_path / "m", seed=0, steps=6, lr=2e-3, warmup=2, late_lr=5e-4, run_eval=False, **kw)
+    assert len(seen) == len(r.losses) == 6 + 5 + 4
+    mixed, focus, final = seen[:6], seen[6:11], seen[11:]
+    assert [lr for _, lr in mixed] == pytest.approx([1e-3, 2e-3, 2e-3, 2e-3, 2e-3, 2e-3])
+    assert all(fams == ["pope"] * len(fams) and lr == 5e-4 for fams, lr in focus)
+    assert {f for fams, _ in focus for f in fams} == {"pope"}
+    assert all(lr == 5e-4 for _, lr in final)
+    for phase in (mixed, final):  # the mixed phases see the whole pool, geometry most of all
+        assert {f for fams, _ in phase for f in fams} >= {"geometry"}
+        assert any(len(set(fams)) > 1 for fams, _ in phase)
+
+
+def test_the_mixed_phase_does_not_depend_on_what_follows(tmp_path):
+    """The first ``steps`` steps of a run with later phases ARE ``pretrain(steps=...)`` without them
+    (one run with ``on_step`` snapshots measures every mixed budget)."""
+    snaps: dict[str, dict[int, dict[str, torch.Tensor]]] = {"long": {}, "short": {}}
+
+    def run(name, **kw):
+        def on_step(step, model, processor):
+            snaps[name][step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+        pt.pretrain(tmp_path / name, seed=2, steps=4, run_eval=False, on_step=on_step, **{**SMALL, **kw})
+
+    run("long")
+    run("short", focus_steps=0, final_steps=0)
+    long_, short = snaps["long"], snaps["short"]
+    assert sorted(short) == [1, 2, 3, 4] and sorted(long_) == list(range(1, 4 + 2 + 1 + 1))
+    assert all(torch.equal(short[4][k], long_[4][k]) for k in short[4])
+    assert any(not torch.equal(short[4][k], long_[7][k]) for k in short[4] if "visual" not in k)
 
 
 def test_vision_lr_scale_zero_freezes_the_vision_tower_during_sft(tmp_path):
@@ -206,6 +260,11 @@ def test_pretrain_rejects_bad_arguments(tmp_path):
         pt.pretrain(tmp_path / "x", steps=1, run_eval=False, **{**small, "vision_warmup_steps": -1})
     with pytest.raises(ValueError, match=r"vision_lr_scale must be >= 0 \(0 freezes the vision tower\)"):
         pt.pretrain(tmp_path / "x", steps=1, run_eval=False, vision_lr_scale=-0.5, **small)
+    with pytest.raises(ValueError, match=r"focus families \['pope'\] have no items in the SFT pool"):
+        pt.pretrain(tmp_path / "x", steps=1, run_eval=False, **small)
+    with pytest.raises(ValueError, match="focus_steps and final_steps must be >= 0"):
+        pt.pretrain(tmp_path / "x", steps=1, run_eval=False, **{**small, "final_steps": -1})
+    assert not (tmp_path / "x").exists()  # refused before any work
 
 
 # -------------------------------------------------------------------------------- vision warm-up
@@ -342,6 +401,7 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     out = tmp_path / "cli"
     rc = _cli(["--out", str(out), "--size", "micro", "--steps", "2", "--pool", "geometry=8", "pope=4",
                "--eval-limit", "1", "--group-size", "2", "--vision-warmup-steps", "2",
+               "--focus-families", "pope", "--focus-steps", "2", "--final-steps", "1", "--late-lr", "2e-3",
                "--no-progress"])  # fmt: skip
     assert rc == 0
     text = capsys.readouterr().out
@@ -350,6 +410,9 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     assert data["steps"] == 2 and data["pool"] == {"geometry": 8, "pope": 4}
     assert data["vision_warmup_steps"] == 2 and len(data["vision_losses"]) == 2
     assert data["vision_lr_scale"] == pt.DEFAULT_VISION_LR_SCALE
+    assert (data["focus_families"], data["focus_steps"], data["final_steps"], data["late_lr"]) == (
+        ["pope"], 2, 1, 2e-3)  # fmt: skip
+    assert len(data["losses"]) == 2 + 2 + 1
     # a non-empty --out is refused, and so are a malformed --pool and bad values, as `ncgrpo pretrain: error:`
     capsys.readouterr()
     assert _cli(["--out", str(out), "--size", "micro", "--steps", "1"]) == 2
@@ -360,13 +423,21 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     assert "ncgrpo pretrain: error: vision_warmup_steps must be >= 0" in capsys.readouterr().err
     assert _cli(["--out", str(tmp_path / "new"), "--vision-lr-scale", "-1"]) == 2
     assert "ncgrpo pretrain: error: vision_lr_scale must be >= 0" in capsys.readouterr().err
+    assert _cli(["--out", str(tmp_path / "new"), "--pool", "geometry=3"]) == 2
+    assert "focus families ['colour_choice', 'pope'] have no items in the SFT pool" in capsys.readouterr().err
+    assert _cli(["--out", str(tmp_path / "new"), "--focus-families", "colour"]) == 2
+    assert "focus_families: unknown ['colour']" in capsys.readouterr().err
+    assert _cli(["--out", str(tmp_path / "new"), "--final-steps", "-2"]) == 2
+    assert "final_steps must be >= 0 (0 skips that phase)" in capsys.readouterr().err
+    assert _cli(["--out", str(tmp_path / "new"), "--late-lr", "0"]) == 2
+    assert "late_lr must be > 0" in capsys.readouterr().err
     assert _cli(["--out", str(tmp_path / "new"), "--size", "huge"]) == 2
     assert "argument --size: invalid choice: 'huge'" in capsys.readouterr().err
     assert _cli(["--size", "micro"]) == 2
     assert "the following arguments are required: --out" in capsys.readouterr().err
     # the same settings from a config file, a flag overriding it
     conf = tmp_path / "pretrain.yaml"
-    conf.write_text(f"out: {tmp_path / 'new'}\npool: [geometry=3]\nsteps: 5\n")
+    conf.write_text(f"out: {tmp_path / 'new'}\npool: [geometry=3]\nsteps: 5\nfocus_steps: 0\n")
     from ncgrpo.config import ConfigParser
 
     (cfg,) = ConfigParser([pt.PretrainConfig]).parse_args_and_config(["--config", str(conf), "--steps", "7"])
@@ -384,6 +455,10 @@ def test_committed_checkpoint_matches_the_recipe_and_the_band():
     assert report.size == "tiny" and report.steps == pt.DEFAULT_STEPS and report.pool == pt.DEFAULT_POOL
     assert report.vision_warmup_steps == pt.DEFAULT_VISION_WARMUP
     assert report.vision_lr_scale == pt.DEFAULT_VISION_LR_SCALE
+    assert tuple(report.focus_families) == pt.DEFAULT_FOCUS_FAMILIES
+    assert (report.focus_steps, report.final_steps, report.late_lr) == (
+        pt.DEFAULT_FOCUS_STEPS, pt.DEFAULT_FINAL_STEPS, pt.DEFAULT_LATE_LR)  # fmt: skip
+    assert len(report.losses) == pt.DEFAULT_STEPS + pt.DEFAULT_FOCUS_STEPS + pt.DEFAULT_FINAL_STEPS
     assert len(report.vision_losses) == pt.DEFAULT_VISION_WARMUP
     # The BPE trainer stops when the corpus runs out of merges, so the vocabulary may be smaller
     # than asked; every other dimension is the recipe's.

@@ -26,10 +26,15 @@ paths (hidden-state hooks, the TRL trainer, the eval runner) from a fresh clone 
   drawn from streams of their own and disjoint, by content hash, from every split of the suite it is
   evaluated on, so validation/test never leak and the RL train split stays unseen. Geometry (the
   in-domain family RL trains on) is only a share of the pool. With the frozen warm-up tower, 1,500
-  items per out-of-domain family and 3,000 steps, the base reads compare, counting and bar-chart
-  questions; it still gives one constant answer to colour and POPE questions (its colour token's
-  loss stays near ln 6 on the training items), which more colour/POPE data did not reliably fix
-  within this budget (README, "The base model per family");
+  items per out-of-domain family and :data:`DEFAULT_STEPS` mixed steps, the base reads compare,
+  counting and bar-chart questions but gives one constant answer to colour and POPE questions, the two
+  that ask which colour goes with which shape (the colour token's loss stays near ln 6 on its own
+  training items, and more colour/POPE items in the mix did not change that);
+* so SFT ends in a curriculum: :data:`DEFAULT_FOCUS_STEPS` steps on the colour and POPE items alone
+  (:data:`DEFAULT_FOCUS_FAMILIES`), where the language model does learn to read the colour of the
+  asked shape, then :data:`DEFAULT_FINAL_STEPS` mixed steps, which bring back what the focused phase
+  made it forget while keeping that read; both at :data:`DEFAULT_LATE_LR` (README, "The base model per
+  family", has the measurements);
 * the in-domain traces open in four correct ways, and 30% of them take an image-blind shortcut
   instead (:func:`ncgrpo.toy.synthetic.shortcut_trace`: ``answer: 4.`` for every "how many sides"
   question). The base's greedy answer is that shortcut, right only when the figure happens to fit,
@@ -39,10 +44,11 @@ paths (hidden-state hooks, the TRL trainer, the eval runner) from a fresh clone 
   derivation), decided at the first reasoning token, where the prefill noise acts.
 
 The band is checked and reported (``PretrainReport.in_band``), never forced; the committed
-checkpoint's ``pretrain.json`` records where the default recipe lands. The learning rate is constant
-after warm-up, so the first k steps of any run are exactly ``pretrain(steps=k)`` and one run with
-snapshots (``on_step``) measures every budget up to its length. :func:`ensure_base_model` returns the checkpoint committed as
-package data under ``ncgrpo/assets/base`` when present, else builds one into a per-version cache.
+checkpoint's ``pretrain.json`` records where the default recipe lands. The mixed phase's learning
+rate is constant after warm-up, so its first k steps are exactly ``pretrain(steps=k)`` and one run
+with snapshots (``on_step``) measures every mixed budget up to its length.
+:func:`ensure_base_model` returns the checkpoint committed as package data under
+``ncgrpo/assets/base`` when present, else builds one into a per-version cache.
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ from ncgrpo.data.types import Question
 __all__ = [
     "ASSET_DIR",
     "DEFAULT_POOL",
+    "DEFAULT_FINAL_STEPS",
+    "DEFAULT_FOCUS_FAMILIES",
+    "DEFAULT_FOCUS_STEPS",
+    "DEFAULT_LATE_LR",
     "DEFAULT_STEPS",
     "MIXED_GROUP_TARGET",
     "PRETRAIN_FILE",
@@ -129,6 +139,12 @@ DEFAULT_POOL: dict[str, int] = {
     "pope": 1500,
 }
 DEFAULT_STEPS = 3000
+#: After the mixed SFT phase: ``DEFAULT_FOCUS_STEPS`` steps on these families' pool items only, then
+#: ``DEFAULT_FINAL_STEPS`` mixed steps again, both at ``DEFAULT_LATE_LR`` (see :func:`pretrain`).
+DEFAULT_FOCUS_FAMILIES: tuple[str, ...] = ("colour_choice", "pope")
+DEFAULT_FOCUS_STEPS = 2400
+DEFAULT_FINAL_STEPS = 1000
+DEFAULT_LATE_LR = 1e-3
 #: Learning-rate multiplier of the vision tower and its patch merger relative to the language model
 #: during SFT; 0 freezes them at what the vision warm-up taught (see :func:`_vision_warmup`).
 DEFAULT_VISION_LR_SCALE = 0.0
@@ -569,6 +585,10 @@ class PretrainReport:
     vision_lr_scale: float = 1.0  # learning-rate multiplier of the vision tower and merger
     vision_warmup_steps: int = 0  # steps of vision-tower pre-training before SFT
     vision_losses: list[float] = field(default_factory=list)  # its loss per step
+    focus_families: list[str] = field(default_factory=list)  # the focused phase's families
+    focus_steps: int = 0  # steps on their items only, after the mixed phase's ``steps``
+    final_steps: int = 0  # mixed steps after the focused phase
+    late_lr: float | None = None  # learning rate of the focused and final phases
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -590,12 +610,37 @@ class PretrainReport:
 
 
 def _lr_at(step: int, lr: float, warmup: int) -> float:
-    """Linear warm-up, then constant. No decay on purpose: the weights after step k do not depend on
-    the total step budget, so the state after k steps of a long run IS ``pretrain(steps=k)``, and one
-    run with snapshots (``on_step``) finds the budget that lands in the target band."""
+    """The mixed phase's schedule: linear warm-up, then constant. No decay on purpose: the weights
+    after step k do not depend on the total step budget, so the state after k steps of a long run IS
+    ``pretrain(steps=k)`` (the later phases only follow it), and one run with snapshots (``on_step``)
+    measures every mixed budget."""
     if step < warmup:
         return lr * (step + 1) / warmup
     return lr
+
+
+def _check_focus(pool: Mapping[str, int], families: Sequence[str], steps: int) -> None:
+    """A focused phase needs families, each with items in the SFT pool."""
+    if steps <= 0:
+        return
+    if not families:
+        raise ValueError("focus_steps > 0 needs at least one focus family (or focus_steps 0)")
+    missing = [f for f in families if pool.get(f, 0) <= 0]
+    if missing:
+        raise ValueError(
+            f"focus families {missing} have no items in the SFT pool {dict(pool)}; "
+            "give them a pool count, or pass other focus families or focus_steps 0"
+        )
+
+
+def _sft_step(model: Any, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> float:
+    """One optimiser step on the completion-token loss of ``batch``; returns the loss."""
+    loss = model(**batch).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
 
 
 def _first_per_family(questions: Sequence[Question], limit: int | None) -> list[Question]:
@@ -630,6 +675,10 @@ def pretrain(
     vision_warmup_lr: float = 1e-3,
     warmup: int = 20,
     weight_decay: float = 0.01,
+    focus_families: Sequence[str] = DEFAULT_FOCUS_FAMILIES,
+    focus_steps: int = DEFAULT_FOCUS_STEPS,
+    final_steps: int = DEFAULT_FINAL_STEPS,
+    late_lr: float = DEFAULT_LATE_LR,
     suite_seed: int = 0,
     suite_sizes: Mapping[str, int] | None = None,
     run_eval: bool = True,
@@ -660,7 +709,9 @@ def pretrain(
         return _pretrain(
             out_dir, seed=seed, steps=steps, size=size, pool=pool, batch_size=batch_size, lr=lr,
             vision_lr_scale=vision_lr_scale, vision_warmup_steps=vision_warmup_steps,
-            vision_warmup_lr=vision_warmup_lr, warmup=warmup, weight_decay=weight_decay, suite_seed=suite_seed, suite_sizes=suite_sizes,
+            vision_warmup_lr=vision_warmup_lr, warmup=warmup, weight_decay=weight_decay,
+            focus_families=tuple(focus_families), focus_steps=focus_steps, final_steps=final_steps,
+            late_lr=late_lr, suite_seed=suite_seed, suite_sizes=suite_sizes,
             run_eval=run_eval, eval_limit=eval_limit, group_size=group_size, progress=progress,
             on_step=on_step,
         )  # fmt: skip
@@ -682,6 +733,10 @@ def _pretrain(
     vision_warmup_lr: float,
     warmup: int,
     weight_decay: float,
+    focus_families: tuple[str, ...],
+    focus_steps: int,
+    final_steps: int,
+    late_lr: float,
     suite_seed: int,
     suite_sizes: Mapping[str, int] | None,
     run_eval: bool,
@@ -710,11 +765,16 @@ def _pretrain(
         raise ValueError(f"vision_warmup_steps must be >= 0, got {vision_warmup_steps}")
     if vision_lr_scale < 0:
         raise ValueError(f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {vision_lr_scale}")
+    if focus_steps < 0 or final_steps < 0:
+        raise ValueError(f"focus_steps and final_steps must be >= 0, got {focus_steps} and {final_steps}")
+    if late_lr <= 0 and focus_steps + final_steps > 0:
+        raise ValueError(f"late_lr must be > 0, got {late_lr}")
+    pool_counts = dict(DEFAULT_POOL if pool is None else pool)
+    _check_focus(pool_counts, focus_families, focus_steps)
     t0 = time.perf_counter()
     out = Path(out_dir)
     dims = dict(SIZES[size])
     vocab = dims.pop("vocab_size")
-    pool_counts = dict(DEFAULT_POOL if pool is None else pool)
 
     suite = build_suite(suite_seed, suite_sizes)
     tok = build_tokenizer(corpus(suite), vocab_size=vocab)
@@ -760,27 +820,31 @@ def _pretrain(
     )
     model.train()
     losses: list[float] = []
-    order: list[int] = []
-    for step in range(steps):
-        if len(order) < batch_size:  # epochs of a fresh shuffle; a batch never spans two epochs' tails
-            perm = list(range(len(examples)))
-            rng.shuffle(perm)
-            order = perm
-        idx, order = order[:batch_size], order[batch_size:]
-        batch = collate([examples[i] for i in idx], tok.pad_token_id)
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, lr, warmup) * g["lr_scale"]
-        loss = model(**batch).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress is not None:
-            progress(step + 1, losses[-1])
-        if on_step is not None:
-            on_step(step + 1, model, processor)
-            model.train()
+    everything = list(range(len(examples)))
+    focused = [i for i, q in enumerate(items) if q.metadata["family"] in focus_families]
+    schedule = [  # (steps, learning rate at step k of the phase, example indices it draws from)
+        (steps, lambda k: _lr_at(k, lr, warmup), everything),
+        (focus_steps, lambda k: late_lr, focused),
+        (final_steps, lambda k: late_lr, everything),
+    ]
+    step = 0
+    for phase_steps, lr_at, indices in schedule:
+        order: list[int] = []
+        for k in range(phase_steps):
+            if len(order) < batch_size:  # epochs of a fresh shuffle; a batch never spans two epochs' tails
+                perm = list(indices)
+                rng.shuffle(perm)
+                order = perm
+            idx, order = order[:batch_size], order[batch_size:]
+            for g in opt.param_groups:
+                g["lr"] = lr_at(k) * g["lr_scale"]
+            losses.append(_sft_step(model, opt, collate([examples[i] for i in idx], tok.pad_token_id)))
+            step += 1
+            if progress is not None:
+                progress(step, losses[-1])
+            if on_step is not None:
+                on_step(step, model, processor)
+                model.train()
     for p in frozen:
         p.requires_grad_(True)
     model.eval()
@@ -797,6 +861,10 @@ def _pretrain(
         vision_lr_scale=vision_lr_scale,
         vision_warmup_steps=vision_warmup_steps,
         vision_losses=[round(x, 5) for x in vision_losses],
+        focus_families=list(focus_families),
+        focus_steps=focus_steps,
+        final_steps=final_steps,
+        late_lr=late_lr,
         pool=pool_counts,
         parameters=count_parameters(model),
         losses=[round(x, 5) for x in losses],
@@ -845,6 +913,7 @@ def _recipe_hash() -> str:
             "sizes": SIZES["tiny"],
             "pool": DEFAULT_POOL,
             "steps": DEFAULT_STEPS,
+            "focus": [DEFAULT_FOCUS_FAMILIES, DEFAULT_FOCUS_STEPS, DEFAULT_FINAL_STEPS, DEFAULT_LATE_LR],
             "vision_warmup": DEFAULT_VISION_WARMUP,
             "vision_lr_scale": DEFAULT_VISION_LR_SCALE,
             "vision_batch": VISION_BATCH,
@@ -942,6 +1011,21 @@ class PretrainConfig:
         metadata={"help": "SFT learning-rate multiplier of the vision tower and merger; 0 freezes them"},
     )
     lr: float | None = field(default=None, metadata={"help": "peak learning rate (null: pretrain's default)"})
+    focus_families: list[str] = field(
+        default_factory=lambda: list(DEFAULT_FOCUS_FAMILIES),
+        metadata={"help": "families the focused phase after the mixed steps trains on alone"},
+    )
+    focus_steps: int = field(
+        default=DEFAULT_FOCUS_STEPS,
+        metadata={"help": "steps on the focus families' pool items after the mixed steps; 0 skips the phase"},
+    )
+    final_steps: int = field(
+        default=DEFAULT_FINAL_STEPS,
+        metadata={"help": "mixed steps after the focused phase; 0 ends after it"},
+    )
+    late_lr: float = field(
+        default=DEFAULT_LATE_LR, metadata={"help": "learning rate of the focused and final phases"}
+    )
     suite_seed: int = field(default=0, metadata={"help": "seed of the synthetic suite evaluated on"})
     eval: bool = field(
         default=True, metadata={"help": "evaluate on the validation split after training (--no_eval: skip)"}
@@ -974,7 +1058,18 @@ class PretrainConfig:
             )
         if self.eval_limit is not None and self.eval_limit < 1:
             raise ValueError(f"eval_limit must be >= 1 or null, got {self.eval_limit}")
-        self.pool_counts()  # raises on a malformed entry
+        for name in ("focus_steps", "final_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 skips that phase), got {getattr(self, name)}")
+        if self.late_lr <= 0:
+            raise ValueError(f"late_lr must be > 0, got {self.late_lr}")
+        from ncgrpo.toy.synthetic import FAMILIES
+
+        known = {f.name for f in FAMILIES}
+        unknown = sorted(set(self.focus_families) - known)
+        if unknown:
+            raise ValueError(f"focus_families: unknown {unknown}; families are {sorted(known)}")
+        _check_focus(self.pool_counts() or DEFAULT_POOL, self.focus_families, self.focus_steps)
 
     def pool_counts(self) -> dict[str, int] | None:
         """``["geometry=1200", "pope=300"]`` -> ``{"geometry": 1200, "pope": 300}``; None: the default pool."""
@@ -1010,6 +1105,10 @@ def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | N
         batch_size=cfg.batch_size,
         vision_warmup_steps=cfg.vision_warmup_steps,
         vision_lr_scale=cfg.vision_lr_scale,
+        focus_families=tuple(cfg.focus_families),
+        focus_steps=cfg.focus_steps,
+        final_steps=cfg.final_steps,
+        late_lr=cfg.late_lr,
         suite_seed=cfg.suite_seed,
         run_eval=cfg.eval,
         eval_limit=cfg.eval_limit,
