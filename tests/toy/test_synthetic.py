@@ -368,6 +368,20 @@ def test_in_domain_traces_open_in_several_ways_and_the_warmup_spreads_over_them(
     assert all(shortcut_trace(q) is None and warmup_trace(q) == reasoning_trace(q) for q in ood)
 
 
+def test_colour_traces_read_the_shape_then_name_the_option_that_has_it(suite):
+    """One fact per step: the asked shape's colour as drawn in the scene, then the option letter that
+    has that colour (no walk through the options: the tiny base learnt to read the colour from the
+    walk but not where to stop)."""
+    qs = [q for q in suite["test"] if q.metadata["family"] == "colour_choice"]
+    assert len(qs) >= 20
+    for q in qs:
+        ask, objects = q.metadata["spec"]["ask"], q.metadata["spec"]["scene"]["objects"]
+        (drawn,) = [ob["colour"] for ob in objects if ob["shape"] == ask["shape"]]
+        assert q.choices[ord(q.answer) - ord("A")] == drawn
+        body = reasoning_trace(q)[len("<think>") : reasoning_trace(q).index("</think>")]
+        assert body == f"the {ask['shape']} is {drawn}. {q.answer} is {drawn}. so {q.answer}."
+
+
 def test_the_shortcut_ignores_the_figure_and_is_mostly_wrong(suite):
     """The habit RL should unlearn: the same boxed answer for every question of a kind, whatever the
     figure, so it is right only when the figure happens to match (well under half the time), while

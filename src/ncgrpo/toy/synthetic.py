@@ -650,7 +650,9 @@ def reasoning_traces(q: Question) -> list[str]:
     on. Out-of-domain kinds have one, written so that each step reads one fact from the image or the
     text: compare states which side is bigger before answering "bigger" or "smaller" (as one step,
     the tiny base answered "left" to every compare question; split, it answers 91.5% right), colour
-    walks the options until the read colour comes up, POPE restates the object before deciding.
+    reads the shape's colour, then names the option that has it, POPE restates the object before
+    deciding. (A colour trace that walked the options until the read colour came up taught the tiny
+    base to read the colour but not to stop: it walked on to D on 87% of the test questions.)
     Entry 0 is the canonical trace (:func:`reasoning_trace`). All
     match NoisyRollout's format regex ``<think>.*</think>.*\\boxed{.*}.*``. The warm-up also teaches
     a fifth, wrong opening on purpose (:func:`shortcut_trace`, :func:`warmup_trace`).
@@ -702,10 +704,9 @@ def reasoning_traces(q: Question) -> list[str]:
         left, right = sorted(scene["objects"], key=lambda ob: ob["x"])
         bigger = "left" if left["r"] > right["r"] else "right"
         bodies = [f"the {bigger} {ask['shape']} is bigger. so the {ask['which']} one is the {ans} one."]
-    elif kind == "colour":  # read the colour, then walk the options until it comes up
-        k = LETTERS.index(ans)
-        walk = ", ".join(f"{LETTERS[i]} is {ask['options'][i]}" for i in range(k + 1))
-        bodies = [f"the {ask['shape']} is {ask['options'][k]}. {walk}. so {ans}."]
+    elif kind == "colour":  # read the colour, then name the option that has it
+        colour = ask["options"][LETTERS.index(ans)]
+        bodies = [f"the {ask['shape']} is {colour}. {ans} is {colour}. so {ans}."]
     elif kind == "exists":  # restate what to look for right before deciding
         there = f"there is {_article(ask['colour'])}" if ans == "yes" else "there is no"
         target = f"{_article(ask['colour'])} {ask['colour']} {ask['shape']}"
