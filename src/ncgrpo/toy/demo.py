@@ -167,11 +167,11 @@ class DemoConfig:
         },
     )
     first_token_temperature: float = field(
-        default=1.13,
+        default=1.23,
         metadata={
             "help": "starting temperature T0 of the first-token control (--all_methods), annealed with the noise; "
-            "1.13 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
-            "equal mean first-token TV, 0.056)"
+            "1.23 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
+            "equal mean first-token TV, 0.076)"
         },
     )
     val_limit: int = field(
