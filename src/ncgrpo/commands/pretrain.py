@@ -37,7 +37,12 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = args.parsed_config.build(PretrainConfig)
     console = Console()
-    with tqdm(total=cfg.steps + cfg.focus_steps + cfg.final_steps, desc="pretrain", unit="step", disable=not cfg.progress) as bar:
+    with tqdm(
+        total=cfg.steps + cfg.focus_steps + cfg.final_steps,
+        desc="pretrain",
+        unit="step",
+        disable=not cfg.progress,
+    ) as bar:
 
         def progress(step: int, loss: float) -> None:
             bar.update(1)

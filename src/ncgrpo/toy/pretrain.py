@@ -406,9 +406,10 @@ def scene_targets(spec: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     charts). With geometry targets only, the base answered every compare, colour and POPE question
     with one constant ("left", "blue", "yes"); with these targets and the tower frozen during SFT it
     reads compare questions (92% of the first 300 test questions) and counting and bar charts well
-    above their best constant answer, while colour and POPE stay constant (the language model, not
-    the tower, is the limit there: a linear probe on the frozen tokens reads the asked shape's
-    colour 60% of the time)."""
+    above their best constant answer. Colour and POPE stay constant after mixed SFT alone (the
+    language model, not the tower, is the limit there: a linear probe on the frozen tokens reads the
+    asked shape's colour 60% of the time); the curriculum that ends SFT teaches the language model
+    that read (:func:`pretrain`)."""
     from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES
 
     layout = _target_layout()
