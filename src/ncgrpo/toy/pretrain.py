@@ -620,13 +620,43 @@ def _lr_at(step: int, lr: float, warmup: int) -> float:
     return lr
 
 
-def _check_focus(pool: Mapping[str, int], families: Sequence[str], steps: int) -> None:
-    """A focused phase needs families, each with items in the SFT pool."""
-    if steps <= 0:
+def _check_recipe(
+    *,
+    steps: int,
+    vision_warmup_steps: int,
+    vision_lr_scale: float,
+    pool: Mapping[str, int],
+    focus_families: Sequence[str],
+    focus_steps: int,
+    final_steps: int,
+    late_lr: float,
+) -> None:
+    """The checks :func:`pretrain` and :class:`PretrainConfig` share, before any work: step counts,
+    the vision settings, and a focused phase whose families exist and have items in the SFT pool."""
+    from ncgrpo.toy.synthetic import FAMILIES
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if vision_warmup_steps < 0:
+        raise ValueError(f"vision_warmup_steps must be >= 0, got {vision_warmup_steps}")
+    if vision_lr_scale < 0:
+        raise ValueError(f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {vision_lr_scale}")
+    for name, value in (("focus_steps", focus_steps), ("final_steps", final_steps)):
+        if value < 0:
+            raise ValueError(
+                f"focus_steps and final_steps must be >= 0 (0 skips that phase), got {name} {value}"
+            )
+    if late_lr <= 0:
+        raise ValueError(f"late_lr must be > 0, got {late_lr}")
+    known = {f.name for f in FAMILIES}
+    unknown = sorted(set(focus_families) - known)
+    if unknown:
+        raise ValueError(f"focus_families: unknown {unknown}; families are {sorted(known)}")
+    if focus_steps <= 0:
         return
-    if not families:
+    if not focus_families:
         raise ValueError("focus_steps > 0 needs at least one focus family (or focus_steps 0)")
-    missing = [f for f in families if pool.get(f, 0) <= 0]
+    missing = [f for f in focus_families if pool.get(f, 0) <= 0]
     if missing:
         raise ValueError(
             f"focus families {missing} have no items in the SFT pool {dict(pool)}; "
@@ -760,18 +790,17 @@ def _pretrain(
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    if vision_warmup_steps < 0:
-        raise ValueError(f"vision_warmup_steps must be >= 0, got {vision_warmup_steps}")
-    if vision_lr_scale < 0:
-        raise ValueError(f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {vision_lr_scale}")
-    if focus_steps < 0 or final_steps < 0:
-        raise ValueError(f"focus_steps and final_steps must be >= 0, got {focus_steps} and {final_steps}")
-    if late_lr <= 0 and focus_steps + final_steps > 0:
-        raise ValueError(f"late_lr must be > 0, got {late_lr}")
     pool_counts = dict(DEFAULT_POOL if pool is None else pool)
-    _check_focus(pool_counts, focus_families, focus_steps)
+    _check_recipe(
+        steps=steps,
+        vision_warmup_steps=vision_warmup_steps,
+        vision_lr_scale=vision_lr_scale,
+        pool=pool_counts,
+        focus_families=focus_families,
+        focus_steps=focus_steps,
+        final_steps=final_steps,
+        late_lr=late_lr,
+    )
     t0 = time.perf_counter()
     out = Path(out_dir)
     dims = dict(SIZES[size])
@@ -1048,29 +1077,21 @@ class PretrainConfig:
         self.out = Path(self.out)
         if self.size not in SIZES:
             raise ValueError(f"size {self.size!r} is unknown; choose one of {', '.join(sorted(SIZES))}")
-        for name in ("steps", "batch_size", "group_size", "num_threads"):
+        for name in ("batch_size", "group_size", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.vision_warmup_steps < 0:
-            raise ValueError(f"vision_warmup_steps must be >= 0, got {self.vision_warmup_steps}")
-        if self.vision_lr_scale < 0:
-            raise ValueError(
-                f"vision_lr_scale must be >= 0 (0 freezes the vision tower), got {self.vision_lr_scale}"
-            )
         if self.eval_limit is not None and self.eval_limit < 1:
             raise ValueError(f"eval_limit must be >= 1 or null, got {self.eval_limit}")
-        for name in ("focus_steps", "final_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 skips that phase), got {getattr(self, name)}")
-        if self.late_lr <= 0:
-            raise ValueError(f"late_lr must be > 0, got {self.late_lr}")
-        from ncgrpo.toy.synthetic import FAMILIES
-
-        known = {f.name for f in FAMILIES}
-        unknown = sorted(set(self.focus_families) - known)
-        if unknown:
-            raise ValueError(f"focus_families: unknown {unknown}; families are {sorted(known)}")
-        _check_focus(self.pool_counts() or DEFAULT_POOL, self.focus_families, self.focus_steps)
+        _check_recipe(
+            steps=self.steps,
+            vision_warmup_steps=self.vision_warmup_steps,
+            vision_lr_scale=self.vision_lr_scale,
+            pool=self.pool_counts() or DEFAULT_POOL,  # raises on a malformed --pool entry
+            focus_families=self.focus_families,
+            focus_steps=self.focus_steps,
+            final_steps=self.final_steps,
+            late_lr=self.late_lr,
+        )
 
     def pool_counts(self) -> dict[str, int] | None:
         """``["geometry=1200", "pope=300"]`` -> ``{"geometry": 1200, "pope": 300}``; None: the default pool."""
