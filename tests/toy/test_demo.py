@@ -32,6 +32,7 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
         (dict(val_limit=100), "val_limit=100"),
         (dict(val_every=0), "val_every"),
         (dict(learning_rate=0.0), "learning_rate"),
+        (dict(lr_scheduler_type="constnat"), "lr_scheduler_type must be one of .*constant"),
         (dict(device="tpu"), "device must be"),
         (dict(num_threads=-1), "num_threads"),
         (dict(noise_site="last"), "final_norm"),
@@ -182,6 +183,8 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
         assert all("step" in row for row in rows)
         assert {row["step"] for row in rows if "val/accuracy" in row} == {0, 1, 2}
         assert {row["step"] for row in rows if "reward" in row} == {1, 2}
+        # the paper's (EasyR1's) constant learning rate, not TRL's linear decay
+        assert {row["learning_rate"] for row in rows if "reward" in row} == {cfg.learning_rate}
         assert (r.train_dir / "model.safetensors").is_file()
     latent_rows = (result.runs[1].train_dir / "metrics.jsonl").read_text()
     assert (

@@ -150,7 +150,13 @@ class DemoConfig:
     prompts_per_step: int = field(default=8, metadata={"help": "prompts per optimizer step"})
     max_completion_length: int = field(default=48, metadata={"help": "rollout token budget"})
     max_new_tokens: int = field(default=64, metadata={"help": "evaluation token budget"})
-    learning_rate: float = field(default=1e-3, metadata={"help": "constant learning rate"})
+    learning_rate: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    lr_scheduler_type: str = field(
+        default="constant",
+        metadata={
+            "help": "learning-rate schedule, TRL's name (constant: the paper's EasyR1 recipe; linear: TRL's default)"
+        },
+    )
     noise_site: str = field(
         default="final_norm",
         metadata={
@@ -263,6 +269,14 @@ class DemoConfig:
             )
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
+        from transformers.trainer_utils import SchedulerType
+
+        schedules = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in schedules:
+            raise ValueError(
+                f"lr_scheduler_type must be one of TRL's schedules ({', '.join(schedules)}), "
+                f"got {self.lr_scheduler_type!r}"
+            )
         if self.num_threads == 0:
             self.num_threads = None  # torch's default, as --threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
@@ -585,6 +599,7 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
         "prompts_per_step": cfg.prompts_per_step,
         "max_completion_length": cfg.max_completion_length,
         "learning_rate": cfg.learning_rate,
+        "lr_scheduler_type": cfg.lr_scheduler_type,
         # where the noise acts matters only to the hidden-noise methods
         **({"noise_site": cfg.noise_site} if spec.rollout_method in ("latent", "antithetic", "spsa") else {}),
         "schedule_k_mid": cfg.k_mid,
@@ -632,6 +647,7 @@ def _train(
         max_completion_length=cfg.max_completion_length,
         max_steps=cfg.steps,
         learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
         seed=seed,
         logging_steps=1,
         save_strategy="no",
