@@ -33,6 +33,8 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
         (dict(val_every=0), "val_every"),
         (dict(learning_rate=0.0), "learning_rate"),
         (dict(lr_scheduler_type="constnat"), "lr_scheduler_type must be one of .*constant"),
+        (dict(rollout_methods=["latent", "imag"]), r"rollout_methods: \['imag'\] unknown"),
+        (dict(rollout_methods=["spsa"]), r"rollout_methods: \['spsa'\] train only with --all_methods"),
         (dict(device="tpu"), "device must be"),
         (dict(num_threads=-1), "num_threads"),
         (dict(noise_site="last"), "final_norm"),
@@ -54,7 +56,8 @@ def test_roster_schedule_and_batch() -> None:
         (BASELINE, "vanilla", {}),
         ("NC-GRPO σ0=0.2", "latent", {"sigma0": 0.2}),
     ]
-    assert cfg.k_mid == 40.0  # the paper's k_mid for K = 60
+    assert DemoConfig(steps=60).k_mid == 40.0  # the paper's k_mid for K = 60
+    assert cfg.k_mid == 80.0 and cfg.steps == 120  # the demo's K: the anneal keeps its shape
     assert DemoConfig(steps=30).k_mid == 20.0  # scaled: the anneal keeps its shape
     assert cfg.batch_size == cfg.prompts_per_step * cfg.num_generations
     everything = DemoConfig(sigma0=(0.2, 0.5), all_methods=True, seeds=3)
@@ -74,6 +77,10 @@ def test_roster_schedule_and_batch() -> None:
     layered = DemoConfig(noise_site="1", all_methods=True).methods()
     assert [m.name for m in layered][1] == "NC-GRPO σ0=0.2 @L1" and layered[1].slug == "ncgrpo-sigma0.2-L1"
     assert [m.name for m in layered][2] == "NoisyRollout (image)"  # no hidden noise: no site
+    # a subset of the roster (one process per subset); the baseline always trains
+    some = DemoConfig(sigma0=(0.2, 0.5), all_methods=True, rollout_methods=["image", "spsa"]).methods()
+    assert [m.rollout_method for m in some] == ["vanilla", "image", "spsa"]
+    assert [m.slug for m in DemoConfig(rollout_methods=["vanilla"]).methods()] == ["grpo"]
 
 
 def test_first_per_family_keeps_order_and_limit() -> None:
@@ -98,12 +105,13 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setattr("ncgrpo.toy.demo.run_demo", fake_run_demo)
     argv = ["demo", "--out", str(tmp_path), "--steps", "7", "--seeds", "3", "--sigma0", "0.2", "0.5",
             "--all-methods", "--eval_limit", "5", "--device", "cpu", "--noise-site", "1", "--threads", "0",
-            "--no_progress"]  # fmt: skip
+            "--no_progress", "--rollout_methods", "image", "latent", "--lr_scheduler_type", "constant"]  # fmt: skip
     assert main(argv) == 2  # the ValueError is reported, not raised
     assert "ncgrpo demo: error: stop here" in capsys.readouterr().err
     cfg = seen["cfg"]
     assert (cfg.out, cfg.steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (tmp_path, 7, 3, (0.2, 0.5), True)
     assert (cfg.eval_limit, cfg.noise_site, cfg.num_threads, cfg.progress) == (5, "1", None, False)
+    assert (cfg.rollout_methods, cfg.lr_scheduler_type) == (("image", "latent"), "constant")
 
     # a config file, with flags overriding it
     conf = tmp_path / "demo.yaml"
@@ -183,8 +191,9 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
         assert all("step" in row for row in rows)
         assert {row["step"] for row in rows if "val/accuracy" in row} == {0, 1, 2}
         assert {row["step"] for row in rows if "reward" in row} == {1, 2}
-        # the paper's (EasyR1's) constant learning rate, not TRL's linear decay
-        assert {row["learning_rate"] for row in rows if "reward" in row} == {cfg.learning_rate}
+        # the demo's schedule reaches the trainer: TRL's linear decay by default
+        lrs = sorted({row["learning_rate"] for row in rows if "reward" in row}, reverse=True)
+        assert len(lrs) == 2 and cfg.learning_rate >= lrs[0] > lrs[1], lrs
         assert (r.train_dir / "model.safetensors").is_file()
     latent_rows = (result.runs[1].train_dir / "metrics.jsonl").read_text()
     assert (
@@ -218,8 +227,10 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
 def test_demo_resumes_evaluation_of_a_trained_run(micro_model, tmp_path) -> None:
     """A run killed after training (train marker written, no eval marker) is evaluated, not retrained."""
     out = tmp_path / "demo"
-    cfg = _tiny_cfg(out, micro_model, sigma0=(0.5,), val_limit=0, steps=1)
+    cfg = _tiny_cfg(out, micro_model, sigma0=(0.5,), val_limit=0, steps=1, lr_scheduler_type="constant")
     first = run_demo(cfg)
+    rows = [json.loads(line) for line in (first.runs[1].train_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {row["learning_rate"] for row in rows if "reward" in row} == {cfg.learning_rate}  # constant
     victim = first.runs[1]
     (victim.eval_dir / "demo_eval.json").unlink()
     (victim.eval_dir / "records.jsonl").unlink()
