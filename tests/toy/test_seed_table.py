@@ -80,6 +80,14 @@ def test_folders_must_agree_and_pair(tmp_path) -> None:
     _write(lone, "spsa-seed5", "SPSA", [True] * 10)
     with pytest.raises(ValueError, match="SPSA: seed 5 has no vanilla GRPO run"):
         seed_table([lone])
+    # rows in the paper's order whatever the folders' order, the propagating site's last
+    three = tmp_path / "T5"
+    for slug, name in [("first-token-t1.2", "First-token"), ("ncgrpo-sigma0.2-L1", "NC @L1"), ("image", "Image"),
+                       ("spsa-sigma0.2", "SPSA"), ("ncgrpo-sigma0.5", "NC 0.5")]:  # fmt: skip
+        _write(three, f"{slug}-seed0", name, [True] * 10)
+    _, runs = load_runs([one, three, two])
+    assert [r.name for r in runs.values()] == [
+        "Vanilla GRPO", "NC-GRPO σ0=0.2", "NC 0.5", "Image", "SPSA", "First-token", "NC @L1"]  # fmt: skip
     with pytest.raises(ValueError, match="no eval/ folder"):
         load_runs([tmp_path / "missing"])
 

@@ -75,8 +75,17 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[EvalRecord], dict[str
         raise ValueError("no base-model records (eval/base) in any folder")
     if VANILLA_SLUG not in runs:
         raise ValueError("no vanilla GRPO records (eval/grpo-seedN) in any folder")
-    ordered = {VANILLA_SLUG: runs.pop(VANILLA_SLUG), **runs}
+    ordered = {VANILLA_SLUG: runs.pop(VANILLA_SLUG)}
+    ordered.update(sorted(runs.items(), key=lambda kv: _row_order(kv[0])))
     return base, ordered
+
+
+def _row_order(slug: str) -> tuple[bool, int, str]:
+    """The paper's row order (NC-GRPO by scale, image, antithetic, SPSA, the first-token control), the
+    propagating site's runs (``...-L1``) last."""
+    prefixes = ("ncgrpo-", "image", "antithetic-", "spsa-", "first-token-")
+    rank = next((i for i, p in enumerate(prefixes) if slug.startswith(p)), len(prefixes))
+    return ("-L" in slug, rank, slug)
 
 
 def _accuracy(records: Sequence[EvalRecord], benchmark: str) -> float:
