@@ -262,10 +262,11 @@ class DemoConfig:
                 f"noisy rollouts), got {g!r}"
             )
         self.rollout_methods = tuple(self.rollout_methods)  # a list on the command line, kept as a tuple
-        known = ("vanilla", "latent", "image", "antithetic", "spsa", "first_token_temperature")
-        unknown = [m for m in self.rollout_methods if m not in known]
+        from ncgrpo.core.plan import ROLLOUT_METHODS
+
+        unknown = [m for m in self.rollout_methods if m not in ROLLOUT_METHODS]
         if unknown:
-            raise ValueError(f"rollout_methods: {unknown} unknown; choose from {', '.join(known)}")
+            raise ValueError(f"rollout_methods: {unknown} unknown; choose from {', '.join(ROLLOUT_METHODS)}")
         needs_all = sorted(set(self.rollout_methods) - {"vanilla", "latent"})
         if needs_all and not self.all_methods:
             raise ValueError(f"rollout_methods: {needs_all} train only with --all_methods; add it")
