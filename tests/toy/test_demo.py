@@ -105,13 +105,14 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setattr("ncgrpo.toy.demo.run_demo", fake_run_demo)
     argv = ["demo", "--out", str(tmp_path), "--steps", "7", "--seeds", "3", "--sigma0", "0.2", "0.5",
             "--all-methods", "--eval_limit", "5", "--device", "cpu", "--noise-site", "1", "--threads", "0",
-            "--no_progress", "--rollout_methods", "image", "latent", "--lr_scheduler_type", "constant"]  # fmt: skip
+            "--no_progress", "--rollout_methods", "image", "latent", "--lr_scheduler_type", "constant",
+            "--workers", "3"]  # fmt: skip
     assert main(argv) == 2  # the ValueError is reported, not raised
     assert "ncgrpo demo: error: stop here" in capsys.readouterr().err
     cfg = seen["cfg"]
     assert (cfg.out, cfg.steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (tmp_path, 7, 3, (0.2, 0.5), True)
     assert (cfg.eval_limit, cfg.noise_site, cfg.num_threads, cfg.progress) == (5, "1", None, False)
-    assert (cfg.rollout_methods, cfg.lr_scheduler_type) == (("image", "latent"), "constant")
+    assert (cfg.rollout_methods, cfg.lr_scheduler_type, cfg.workers) == (("image", "latent"), "constant", 3)
 
     # a config file, with flags overriding it
     conf = tmp_path / "demo.yaml"
@@ -259,3 +260,123 @@ def test_note_flags_a_noisy_run_identical_to_vanilla(tmp_path) -> None:
     assert note.startswith("same (seed 0; mean noise/first_token_divergence 0.0000)") and "moved" not in note
     assert "--noise-site" in note
     assert _notes(DemoConfig(), [vanilla, moved]) == []
+
+
+# ------------------------------------------------------------------------------------- parallel runs
+def test_worker_count(monkeypatch) -> None:
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert DemoConfig().worker_count(2) == 2  # one thread per run: one run per core, at most one per run
+    assert DemoConfig().worker_count(7) == 4
+    assert DemoConfig(num_threads=2).worker_count(7) == 2
+    assert DemoConfig(num_threads=0).worker_count(7) == 1  # torch's default threads take every core
+    assert DemoConfig(device="cuda").worker_count(7) == 1
+    assert DemoConfig(workers=3).worker_count(7) == 3 and DemoConfig(workers=3).worker_count(2) == 2
+    with pytest.raises(ValueError, match="workers must be a positive number of processes"):
+        DemoConfig(workers=0)
+
+
+def _metrics_without_times(train_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if "time" not in k and "per_second" not in k} for row in rows]
+
+
+def test_runs_in_worker_processes_equal_runs_in_one_process(micro_model, tmp_path) -> None:
+    """Each run is seeded by itself, so training two at once in two processes changes no record."""
+    one = run_demo(_tiny_cfg(tmp_path / "one", micro_model, workers=1, val_limit=0))
+    two = run_demo(_tiny_cfg(tmp_path / "two", micro_model, workers=2, val_limit=0))
+    assert [(r.name, r.seed, r.trained, r.evaluated) for r in two.runs] == [
+        (r.name, r.seed, r.trained, r.evaluated) for r in one.runs
+    ]
+    for a, b in zip(one.runs, two.runs, strict=True):
+        assert (b.eval_dir / "records.jsonl").read_bytes() == (a.eval_dir / "records.jsonl").read_bytes()
+        assert _metrics_without_times(b.train_dir) == _metrics_without_times(a.train_dir)
+        assert b.accuracy == a.accuracy
+    assert two.files["table_md"].read_text() == one.files["table_md"].read_text().replace(
+        str(tmp_path / "one"), str(tmp_path / "two")
+    )
+
+
+def test_a_second_demo_into_the_same_folder_fails_at_once(micro_model, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from ncgrpo.eval.records import FolderBusyError
+
+    out = tmp_path / "demo"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from ncgrpo.eval.records import FolderLock; "
+         f"FolderLock({str(out)!r}, 'other demo').acquire(); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderBusyError, match=rf"pid {holder.pid} \(other demo\)"):
+            run_demo(_tiny_cfg(out, micro_model))
+        assert not (out / "suite").exists()  # refused before writing anything
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_sigkill_of_the_demo_kills_its_workers_and_a_rerun_finishes(micro_model, tmp_path) -> None:
+    """No orphan worker goes on writing a run folder after the demo process is SIGKILLed mid-training."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "demo"
+    flags = ["--out", str(out), "--model", str(micro_model), "--steps", "400", "--num_generations", "4",
+             "--prompts_per_step", "1", "--max_completion_length", "8", "--max_new_tokens", "8", "--eval_limit", "2",
+             "--val_limit", "0", "--train_size", "8", "--validation_size", "2", "--test_size", "2",
+             "--workers", "2", "--no_progress"]  # fmt: skip
+    demo = subprocess.Popen([sys.executable, "-m", "ncgrpo", "demo", *flags], stdout=subprocess.DEVNULL)
+    runs = [out / "train" / "grpo-seed0", out / "train" / "ncgrpo-sigma0.2-seed0"]
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while not all((d / "metrics.jsonl").is_file() for d in runs):  # both workers are training
+            assert demo.poll() is None and time.monotonic() < deadline, "the demo ended or never trained"
+            time.sleep(0.5)
+        workers = _children(demo.pid)
+        assert len(workers) >= 2
+        demo.send_signal(signal.SIGKILL)
+        demo.wait()
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in workers), "a worker outlived the demo"
+        assert all(not json.loads((d / "run.json").read_text())["finished"] for d in runs)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        for p in workers | _children(demo.pid):
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+    # a rerun restarts both unfinished runs (their settings are checked only once finished) and finishes
+    again = run_demo(_tiny_cfg(out, micro_model, steps=3, val_limit=0, workers=2))
+    assert [(r.trained, r.evaluated) for r in again.runs] == [(True, True), (True, True)]

@@ -40,9 +40,15 @@ still checks after training whether the two runs were identical and says so unde
 (:func:`_notes`); ``noise_site="1"`` (the propagating variant, reaching the KV cache) also changes
 rollouts.
 
-Threads: on a small CPU the default is one torch thread. Measured on this project's 2-core machine
-while other jobs ran, greedy generation of 64 questions took 1.5 s with one thread and 29 s with two
-(spinning OpenMP workers), and a GRPO step 1.7 s vs 8-32 s.
+Threads and processes: on a small CPU the default is one torch thread per run and one run per core,
+each run (training, then its evaluation) in its own worker process (``workers``; spawned, killed with
+the demo process). Measured on this project's 2-core machine while other jobs ran, greedy generation
+of 64 questions took 1.5 s with one thread and 29 s with two (spinning OpenMP workers), and a GRPO
+step 1.7 s vs 8-32 s; two single-threaded training processes side by side stepped as fast as one
+alone (2.58 vs 2.7 s). The runs share nothing but the read-only suite and base model, and each is
+seeded by its own seed, so the records do not depend on ``workers``
+(``tests/toy/test_demo.py::test_runs_in_worker_processes_equal_runs_in_one_process``). One demo
+writes a folder at a time (an advisory lock on ``--out``).
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +223,14 @@ class DemoConfig:
             "aliases": ["--threads"],
         },
     )
+    workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "runs trained and evaluated at once, one process each (null: on a CPU, the cores this process "
+            "may use divided by --threads, at most one per run; on a GPU, 1). Every run is seeded on its own, so "
+            "the records are the same for any value; more workers need one model's memory each"
+        },
+    )
     progress: bool = field(
         default=True, metadata={"help": "progress bars and tables on the terminal (--no_progress: none)"}
     )
@@ -304,6 +320,12 @@ class DemoConfig:
             self.num_threads = None  # torch's default, as --threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
+        if self.workers is not None and (
+            not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1
+        ):
+            raise ValueError(
+                f"workers must be a positive number of processes (or None: automatic), got {self.workers!r}"
+            )
         from ncgrpo.trainer import parse_noise_site
 
         self.noise_site = str(self.noise_site).replace(" ", "")
@@ -362,6 +384,18 @@ class DemoConfig:
 
     def seed_values(self) -> list[int]:
         return list(range(self.seeds))
+
+    def worker_count(self, runs: int) -> int:
+        """Processes that train ``runs`` runs at once: ``workers`` if given, else (CPU) the usable cores
+        divided by the threads each run takes, or 1 (a GPU, or torch's default threads: all cores)."""
+        if runs < 1:
+            return 1
+        if self.workers is not None:
+            return min(self.workers, runs)
+        if self.device != "cpu" or self.num_threads is None:
+            return 1
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(runs, cores // self.num_threads))
 
 
 @dataclass
@@ -912,6 +946,113 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
     return [note]
 
 
+# --------------------------------------------------------------------------------- parallel runs
+def _load_questions(cfg: DemoConfig, suite: Path) -> tuple[list[Any], list[Any], list[Any]]:
+    """(train, validation, test) questions of the exported suite, read back through the Geometry3K loader."""
+    from ncgrpo.data.geometry3k import load_geometry3k
+
+    train = load_geometry3k(suite, "train")
+    val = first_per_family(load_geometry3k(suite, "validation"), cfg.val_limit) if cfg.val_limit else []
+    test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
+    return train, val, test
+
+
+#: A worker process's questions, loaded once per suite and limits (a worker may get several runs).
+_WORKER_QUESTIONS: dict[tuple[Any, ...], tuple[list[Any], list[Any], list[Any]]] = {}
+
+
+def _worker_init(num_threads: int | None, parent_pid: int) -> None:
+    """Start of each worker process: die with the demo process, take its thread count."""
+    if sys.platform.startswith("linux"):
+        # PR_SET_PDEATHSIG: the kernel SIGKILLs this worker when the demo process dies, even by SIGKILL,
+        # so no orphan goes on writing a run folder that a rerun of the demo will write too.
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent_pid:  # the demo died before the line above took effect
+            os._exit(1)
+    import torch
+
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+
+
+def _run_in_worker(
+    cfg: DemoConfig, spec: MethodSpec, seed: int, base: Path, base_id: str, suite: Path
+) -> RunResult:
+    key = (str(suite), cfg.val_limit, cfg.eval_limit)
+    if key not in _WORKER_QUESTIONS:
+        _WORKER_QUESTIONS[key] = _load_questions(cfg, suite)
+    return _run_one(cfg, spec, seed, base, base_id, *_WORKER_QUESTIONS[key])
+
+
+def _steps_done(train_dir: Path) -> int:
+    """Optimizer steps logged so far in ``train_dir/metrics.jsonl`` (a line being written is skipped)."""
+    try:
+        lines = (train_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0
+    done = 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "reward" in row and isinstance(row.get("step"), int):
+            done = max(done, row["step"])
+    return done
+
+
+def _run_in_processes(
+    cfg: DemoConfig, jobs: list[tuple[MethodSpec, int]], workers: int, base: Path, base_id: str, suite: Path
+) -> list[RunResult]:
+    """Each (configuration, seed) in its own worker process, ``workers`` at once; results in ``jobs`` order.
+
+    The runs share nothing but the read-only suite and base model: each is seeded by its own seed and
+    writes only its own train and eval folders, so its records equal a one-process run's. A worker's
+    error is raised here and stops the others (their folders stay unfinished; a rerun restarts them).
+    """
+    import multiprocessing
+
+    from tqdm.auto import tqdm
+
+    quiet = replace(cfg, progress=False)  # one progress bar, here, instead of one per process
+    _say(
+        cfg,
+        f"training {len(jobs)} runs, {workers} at a time, one process each "
+        f"({cfg.num_threads or 'all'} torch thread(s) per process)",
+    )
+    dirs = [cfg.out / "train" / f"{spec.slug}-seed{seed}" for spec, seed in jobs]
+    bar = tqdm(total=len(jobs) * cfg.steps, desc="train", unit="step", disable=not cfg.progress)
+    results: dict[int, RunResult] = {}
+    try:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or thread state
+        with ctx.Pool(workers, initializer=_worker_init, initargs=(cfg.num_threads, os.getpid())) as pool:
+            pending = {
+                i: pool.apply_async(_run_in_worker, (quiet, spec, seed, base, base_id, suite))
+                for i, (spec, seed) in enumerate(jobs)
+            }
+            while pending:
+                next(iter(pending.values())).wait(1.0)
+                for i in [i for i, r in pending.items() if r.ready()]:
+                    r = results[i] = pending.pop(i).get()  # a worker's exception is raised here
+                    if cfg.progress:
+                        done = ("trained, " if r.trained else "") + (
+                            "evaluated" if r.evaluated else "done already"
+                        )
+                        bar.write(
+                            f"{dirs[i].name}: {done} (train {r.train_time_s:.0f} s, eval {r.eval_time_s:.0f} s)"
+                        )
+                bar.update(sum(min(_steps_done(d), cfg.steps) for d in dirs) - bar.n)
+    finally:
+        bar.close()
+    return [results[i] for i in range(len(jobs))]
+
+
 # ---------------------------------------------------------------------------------------------- run
 def run_demo(
     cfg: DemoConfig, *, console: Any = None, on_stage: Callable[[str], None] | None = None
@@ -922,17 +1063,17 @@ def run_demo(
     """
     import torch
 
-    from ncgrpo.data.geometry3k import load_geometry3k
     from ncgrpo.eval.evaluate import model_id_of
-    from ncgrpo.eval.records import atomic_write_json
+    from ncgrpo.eval.records import FolderLock, atomic_write_json
 
     t_start = time.perf_counter()
     stage_times: dict[str, float] = {}
     previous_threads = torch.get_num_threads()
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
+    lock = FolderLock(cfg.out, "ncgrpo demo")  # one demo per folder: a second fails at once
     try:
-        cfg.out.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
 
         def stage(name: str, fn: Callable[[], Any]) -> Any:
             if on_stage is not None:
@@ -945,17 +1086,10 @@ def run_demo(
         suite = stage("suite", lambda: _ensure_suite(cfg))
         base = stage("base_model", lambda: _base_model(cfg))
         base_id = model_id_of(base)
-
-        def load() -> tuple[list[Any], list[Any], list[Any]]:
-            train = load_geometry3k(suite, "train")
-            val = (
-                first_per_family(load_geometry3k(suite, "validation"), cfg.val_limit) if cfg.val_limit else []
-            )
-            test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
-            return train, val, test
-
-        train_q, val_q, test_q = stage("load_data", load)
+        train_q, val_q, test_q = stage("load_data", lambda: _load_questions(cfg, suite))
         specs, seeds = cfg.methods(), cfg.seed_values()
+        jobs = [(spec, seed) for spec in specs for seed in seeds]
+        workers = cfg.worker_count(len(jobs))
         _say(
             cfg,
             f"{len(specs)} configuration(s) x {len(seeds)} seed(s), {cfg.steps} steps each "
@@ -965,8 +1099,10 @@ def run_demo(
         runs: list[RunResult] = []
 
         def train_all() -> None:
-            for spec in specs:
-                for seed in seeds:
+            if workers > 1:
+                runs.extend(_run_in_processes(cfg, jobs, workers, base, base_id, suite))
+            else:
+                for spec, seed in jobs:
                     runs.append(_run_one(cfg, spec, seed, base, base_id, train_q, val_q, test_q))
 
         base_eval = stage("base_eval", lambda: _evaluate_base(cfg, base, base_id, test_q))
@@ -989,4 +1125,5 @@ def run_demo(
         atomic_write_json(files["summary"], summary)
         return result
     finally:
+        lock.release()
         torch.set_num_threads(previous_threads)
