@@ -533,7 +533,9 @@ def _callbacks(
 
     from ncgrpo.training import MetricsCallback
 
-    metrics = MetricsCallback(metrics_path)  # a second writer of the same file: validation lines only
+    # A second writer of the file train_run's own MetricsCallback writes, for the validation lines only:
+    # it is not a trainer callback itself (that would write every training log line twice).
+    metrics = MetricsCallback(metrics_path)
 
     class Validation(TrainerCallback):
         """Greedy validation accuracy at step 0, every ``every`` steps and at the last step, written
@@ -596,7 +598,7 @@ def _callbacks(
             if self.bar is not None:
                 self.bar.close()
 
-    return [metrics, val, Progress()]
+    return [val, Progress()]
 
 
 def _mean_metric(train_dir: Path, key: str) -> float | None:
