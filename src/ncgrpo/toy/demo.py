@@ -949,13 +949,18 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------- parallel runs
-def _load_questions(cfg: DemoConfig, suite: Path) -> tuple[list[Any], list[Any], list[Any]]:
-    """(train, validation, test) questions of the exported suite, read back through the Geometry3K loader."""
+def _load_questions(
+    cfg: DemoConfig, suite: Path, *, training: bool = True
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """(train, validation, test) questions of the exported suite, read back through the Geometry3K loader;
+    ``training=False`` (a process that trains nothing) leaves the first two empty."""
     from ncgrpo.data.geometry3k import load_geometry3k
 
+    test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
+    if not training:
+        return [], [], test
     train = load_geometry3k(suite, "train")
     val = first_per_family(load_geometry3k(suite, "validation"), cfg.val_limit) if cfg.val_limit else []
-    test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
     return train, val, test
 
 
@@ -993,20 +998,14 @@ def _run_in_worker(
 
 
 def _steps_done(train_dir: Path) -> int:
-    """Optimizer steps logged so far in ``train_dir/metrics.jsonl`` (a line being written is skipped)."""
+    """Optimizer steps logged so far in ``train_dir/metrics.jsonl`` (the progress bar's count)."""
+    from ncgrpo.eval.plots import read_metrics
+
     try:
-        lines = (train_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines()
-    except OSError:
+        rows = read_metrics(train_dir)  # a line still being written is a torn tail, dropped
+    except (OSError, ValueError):  # not started yet, or unreadable: a progress bar never stops the runs
         return 0
-    done = 0
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "reward" in row and isinstance(row.get("step"), int):
-            done = max(done, row["step"])
-    return done
+    return max((row["step"] for row in rows if "reward" in row), default=0)
 
 
 def _run_in_processes(
@@ -1088,10 +1087,13 @@ def run_demo(
         suite = stage("suite", lambda: _ensure_suite(cfg))
         base = stage("base_model", lambda: _base_model(cfg))
         base_id = model_id_of(base)
-        train_q, val_q, test_q = stage("load_data", lambda: _load_questions(cfg, suite))
         specs, seeds = cfg.methods(), cfg.seed_values()
         jobs = [(spec, seed) for spec in specs for seed in seeds]
         workers = cfg.worker_count(len(jobs))
+        # with workers, each worker loads what it trains on; here only the test split (the base's evaluation)
+        train_q, val_q, test_q = stage(
+            "load_data", lambda: _load_questions(cfg, suite, training=workers <= 1)
+        )
         _say(
             cfg,
             f"{len(specs)} configuration(s) x {len(seeds)} seed(s), {cfg.steps} steps each "
