@@ -16,14 +16,14 @@ them, and every folder must hold the same base records (same model, same test qu
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.eval.records import EvalRecord, read_records
+from ncgrpo.eval.records import EvalRecord
+from ncgrpo.eval.report import load_run
 from ncgrpo.eval.stats import align, mcnemar_pooled
 
 __all__ = ["IN_DOMAIN", "OOD_FAMILIES", "POPE", "MethodRows", "load_runs", "main", "seed_table"]
@@ -44,11 +44,6 @@ class MethodRows:
     seeds: dict[int, list[EvalRecord]] = field(default_factory=dict)
 
 
-def _run_name(eval_dir: Path) -> str:
-    name = json.loads((eval_dir / "run.json").read_text(encoding="utf-8"))["name"]
-    return re.sub(r" \(seed \d+\)$", "", name)
-
-
 def load_runs(folders: Sequence[str | Path]) -> tuple[list[EvalRecord], dict[str, MethodRows]]:
     """(base records, {run slug: rows}) from demo ``--out`` folders, vanilla first."""
     base: list[EvalRecord] | None = None
@@ -58,7 +53,7 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[EvalRecord], dict[str
         if not eval_root.is_dir():
             raise ValueError(f"{folder}: no eval/ folder; pass the --out folder of an ncgrpo demo run")
         if (eval_root / BASE_DIR / "records.jsonl").is_file():
-            here = read_records(eval_root / BASE_DIR / "records.jsonl")
+            here = load_run(eval_root / BASE_DIR).records
             if base is None:
                 base = here
             elif sorted(r.outcome() for r in here) != sorted(r.outcome() for r in base):
@@ -68,9 +63,11 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[EvalRecord], dict[str
             if m is None or not (d / "records.jsonl").is_file():
                 continue
             slug, seed = m.group(1), int(m.group(2))
-            rows = runs.setdefault(slug, MethodRows(_run_name(d)))
-            if seed not in rows.seeds:  # vanilla repeated in several folders: the first one counts
-                rows.seeds[seed] = read_records(d / "records.jsonl")
+            if slug in runs and seed in runs[slug].seeds:
+                continue  # vanilla repeated in several folders: the first one counts
+            run = load_run(d)
+            rows = runs.setdefault(slug, MethodRows(re.sub(r" \(seed \d+\)$", "", run.name)))
+            rows.seeds[seed] = run.records
     if base is None:
         raise ValueError("no base-model records (eval/base) in any folder")
     if VANILLA_SLUG not in runs:
