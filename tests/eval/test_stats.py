@@ -13,17 +13,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ncgrpo.eval.stats import (
+    BOOTSTRAP_RESAMPLES,
     AlignmentError,
     align,
+    align_seeds,
     bonferroni,
+    disagreement_note,
+    hierarchical_bootstrap,
     holm,
     macro_accuracy,
     mcnemar_exact,
     mcnemar_pooled,
     mean_half_range,
+    paired_ttest,
     per_benchmark,
     pooled,
     pooled_over_seeds,
+    seed_differences,
+    seed_level,
+    seed_to_seed,
+    seed_ttest,
 )
 
 
@@ -234,3 +243,183 @@ def test_holm_unsorted_input_and_step_down_stop():
 def test_stats_does_not_import_torch():
     code = "import sys, ncgrpo.eval.stats; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- seeds as the unit -----------------------------------------------------------------------
+
+
+def seeds_with_diffs(counts: list[tuple[int, int]], n: int = 200) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One (method, baseline) pair per seed with the given (wins n10, losses n01) on n questions."""
+    return [paired(n11=n // 4, n10=w, n01=lo, n00=n - n // 4 - w - lo) for w, lo in counts]
+
+
+def test_seed_differences_are_per_seed_accuracy_differences():
+    pairs = seeds_with_diffs([(10, 4), (3, 9), (6, 6)])
+    np.testing.assert_allclose(seed_differences(pairs), [3.0, -3.0, 0.0])
+    for (a, b), d in zip(pairs, seed_differences(pairs), strict=True):
+        assert d == pytest.approx(100 * (a.mean() - b.mean()))
+    with pytest.raises(ValueError, match="seed pair 1: paired arrays differ in length"):
+        seed_differences([([True], [False]), ([True, True], [False])])
+    with pytest.raises(ValueError, match="at least one seed pair"):
+        seed_differences([])
+
+
+def test_paired_ttest_equals_scipy_on_hand_data():
+    from scipy.stats import ttest_1samp, ttest_rel
+
+    method = [35.2, 31.0, 35.0]  # README's NC-GRPO σ0=0.2 seeds, against vanilla's
+    vanilla = [33.0, 32.7, 32.3]
+    r = paired_ttest(np.subtract(method, vanilla))
+    ref = ttest_rel(method, vanilla)
+    assert r.t == pytest.approx(ref.statistic, rel=1e-12) and r.p == pytest.approx(ref.pvalue, rel=1e-12)
+    assert r.df == 2 and r.n_seeds == 3 and r.undefined == ""
+    assert r.mean_pp == pytest.approx(np.mean(np.subtract(method, vanilla)))
+    ci = ref.confidence_interval(0.95)
+    assert (r.ci_low_pp, r.ci_high_pp) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    # t, p, the interval at another level, by hand: mean / (sd / sqrt(S)), t quantile on S - 1 df
+    d = [1.5, -0.3, 2.2, 0.7, 4.1]
+    one = ttest_1samp(d, 0.0)
+    r = paired_ttest(d, confidence=0.9)
+    assert r.p == pytest.approx(one.pvalue, rel=1e-12) and r.df == 4
+    assert r.t == pytest.approx(np.mean(d) / (np.std(d, ddof=1) / np.sqrt(5)), rel=1e-12)
+    ci = one.confidence_interval(0.9)
+    assert (r.ci_low_pp, r.ci_high_pp) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert r.sd_pp == pytest.approx(np.std(d, ddof=1))
+
+
+@given(
+    st.lists(st.floats(-30, 30, allow_nan=False).map(lambda x: round(x, 2)), min_size=2, max_size=8).filter(
+        lambda d: np.ptp(d) > 0.05
+    )
+)
+def test_paired_ttest_p_matches_scipy_for_any_seeds(d):
+    from scipy.stats import ttest_1samp
+
+    assert paired_ttest(d).p == pytest.approx(ttest_1samp(d, 0.0).pvalue, rel=1e-9, abs=1e-12)
+
+
+def test_seed_ttest_is_the_ttest_of_the_accuracies():
+    from scipy.stats import ttest_rel
+
+    pairs = seeds_with_diffs([(12, 4), (9, 7), (15, 3)], n=300)
+    r = seed_ttest(pairs)
+    ref = ttest_rel([a.mean() for a, _ in pairs], [b.mean() for _, b in pairs])
+    assert r.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert r.mean_pp == pytest.approx(100 * np.mean([a.mean() - b.mean() for a, b in pairs]))
+
+
+def test_identical_to_the_baseline_gives_zero_and_p_one():
+    rng = np.random.default_rng(3)
+    base = [rng.random(150) < 0.4 for _ in range(3)]
+    level = seed_level([(b.copy(), b) for b in base])
+    assert level.mean_pp == 0.0 and level.p == 1.0 and level.ttest.t == 0.0
+    assert (level.ttest.ci_low_pp, level.ttest.ci_high_pp) == (0.0, 0.0)
+    assert (level.bootstrap.low_pp, level.bootstrap.high_pp) == (0.0, 0.0)
+    assert "every seed's difference is 0" in level.ttest.undefined
+
+
+def test_ttest_undefined_cases_say_why():
+    one = paired_ttest([2.5])
+    assert math.isnan(one.p) and math.isnan(one.ci_low_pp) and one.df == 0 and "one seed" in one.undefined
+    tied = seed_ttest(seeds_with_diffs([(8, 2), (7, 1), (6, 0)]))  # +3 pp in every seed
+    assert tied.diffs_pp == (3.0, 3.0, 3.0) and math.isnan(tied.p)
+    assert (tied.ci_low_pp, tied.ci_high_pp) == (3.0, 3.0) and "+3.00 pp" in tied.undefined
+    with pytest.raises(ValueError, match="finite"):
+        paired_ttest([1.0, math.nan])
+    with pytest.raises(ValueError, match="confidence"):
+        paired_ttest([1.0, 2.0], confidence=95)
+
+
+def test_bootstrap_is_seeded_and_contains_the_point_estimate():
+    pairs = seeds_with_diffs([(14, 6), (9, 8), (20, 5)])
+    ci = hierarchical_bootstrap(pairs)
+    assert ci.n_resamples == BOOTSTRAP_RESAMPLES and ci.seed == 0
+    assert ci.mean_pp == pytest.approx(np.mean(seed_differences(pairs)))
+    assert ci.low_pp < ci.mean_pp < ci.high_pp
+    assert hierarchical_bootstrap(pairs) == ci  # same generator seed, same interval
+    assert hierarchical_bootstrap(pairs, seed=1) != ci
+    with pytest.raises(ValueError, match="n_resamples"):
+        hierarchical_bootstrap(pairs, n_resamples=0)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(1, 40)), min_size=1, max_size=5)
+)
+def test_bootstrap_interval_contains_the_point_estimate(seeds):
+    pairs = [paired(n11=0, n10=w, n01=lo, n00=ties) for w, lo, ties in seeds]
+    ci = hierarchical_bootstrap(pairs, n_resamples=2000)
+    assert ci.low_pp <= ci.mean_pp + 1e-9 and ci.mean_pp - 1e-9 <= ci.high_pp
+
+
+def test_bootstrap_widens_when_seeds_disagree_more():
+    # Same mean difference (+3 pp) on the same 400 questions per seed; the seeds agree, then scatter.
+    agree = seeds_with_diffs([(20, 8), (20, 8), (20, 8)], n=400)
+    scatter = seeds_with_diffs([(8, 20), (20, 8), (40, 4)], n=400)  # -3, +3, +9 pp
+    assert np.mean(seed_differences(agree)) == pytest.approx(np.mean(seed_differences(scatter)))
+    narrow, wide = hierarchical_bootstrap(agree), hierarchical_bootstrap(scatter)
+    assert wide.high_pp - wide.low_pp > 1.5 * (narrow.high_pp - narrow.low_pp)
+    # and seed variance alone is not all of it: identical seeds still leave the question variance
+    assert narrow.high_pp - narrow.low_pp > 0
+
+
+def test_bootstrap_question_stage_matches_the_normal_width():
+    # One seed: only questions vary. The resampled mean difference has sd sqrt(var(d) / n) (d in
+    # {-1, 0, 1} per question), so the 95% interval is about ± 1.96 of it.
+    n, wins, losses = 1000, 150, 90
+    (a, b) = paired(n11=300, n10=wins, n01=losses, n00=n - 300 - wins - losses)
+    d = a.astype(int) - b.astype(int)
+    half = 1.96 * 100 * d.std() / np.sqrt(n)
+    ci = hierarchical_bootstrap([(a, b)])
+    assert (ci.high_pp - ci.low_pp) / 2 == pytest.approx(half, rel=0.05)
+    # and the seed stage: many questions per seed (question noise small), seeds +0 / +10 pp
+    big = seeds_with_diffs([(0, 0), (2000, 0)], n=20_000)
+    ci = hierarchical_bootstrap(big)
+    assert ci.low_pp == pytest.approx(0.0, abs=0.5) and ci.high_pp == pytest.approx(10.0, abs=0.5)
+
+
+def test_seed_to_seed_null():
+    s0 = np.array([1, 1, 0, 0, 1, 0, 1, 0, 0, 0], dtype=bool)
+    s1 = np.array([1, 0, 1, 0, 1, 0, 1, 1, 0, 0], dtype=bool)  # differs from s0 on 3 questions
+    s2 = s0.copy()
+    null = seed_to_seed({0: s0, 1: s1, 2: s2})
+    assert null.pairs == ((0, 1), (0, 2), (1, 2))
+    assert null.differ == (0.3, 0.0, 0.3) and null.mean_differ == pytest.approx(0.2)
+    assert null.tests[0] == mcnemar_exact(s0, s1) and null.tests[1].p == 1.0
+    assert null.pooled == mcnemar_exact(np.concatenate([s0, s0, s1]), np.concatenate([s1, s2, s2]))
+    consecutive = seed_to_seed({0: s0, 1: s1, 2: s2}, pairs=[(0, 1), (1, 2)])
+    assert consecutive.differ == (0.3, 0.3) and consecutive.pooled.n == 20
+    with pytest.raises(ValueError, match="at least two seeds"):
+        seed_to_seed({0: s0})
+    with pytest.raises(ValueError, match="different numbers of questions"):
+        seed_to_seed({0: s0, 1: s1[:5]})
+    with pytest.raises(ValueError, match="no outcomes for seed 7"):
+        seed_to_seed({0: s0, 1: s1}, pairs=[(0, 7)])
+
+
+def test_disagreement_note():
+    assert disagreement_note(0.01, 0.02, n_seeds=3) is None  # both significant
+    assert disagreement_note(0.3, 0.6, n_seeds=3) is None  # neither
+    assert disagreement_note(0.01, math.nan, n_seeds=1) is None  # seed-level undefined
+    note = disagreement_note(0.00002, 0.21, n_seeds=3, label="NoisyRollout (image)")
+    assert note is not None and "\n" not in note
+    assert note.startswith("NoisyRollout (image): question-level pooled McNemar p = <1e-4 is below 0.05")
+    assert "seed-level p = 0.21 (3 seeds) is not" in note
+    note = disagreement_note(0.24, 0.015, n_seeds=3, label="SPSA")
+    assert note is not None and note.startswith("SPSA: seed-level p = 0.015 (3 seeds) is below 0.05")
+    assert disagreement_note(0.05, 0.049, n_seeds=3) is not None  # p = alpha is not significant
+
+
+def test_align_seeds_keeps_seeds_apart():
+    rng = np.random.default_rng(5)
+    pairs, direct = [], []
+    for _ in range(2):
+        a, b = rng.random(30) < 0.5, rng.random(30) < 0.5
+        c, d = rng.random(20) < 0.5, rng.random(20) < 0.5
+        xa, xb = _records("ood1", a, b)
+        ya, yb = _records("ood2", c, d)
+        pairs.append((ya + xa, xb + yb))  # order of records does not matter
+        direct.append((np.concatenate([a, c]), np.concatenate([b, d])))
+    got = align_seeds(pairs, ["ood1", "ood2"])
+    for (ga, gb), (da, db) in zip(got, direct, strict=True):  # (align sorts the question ids)
+        assert mcnemar_exact(ga, gb) == mcnemar_exact(da, db) and ga.size == 50
+    assert pooled_over_seeds(pairs, ["ood1", "ood2"]) == mcnemar_pooled(direct)
