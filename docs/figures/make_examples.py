@@ -2,7 +2,8 @@
 
 The records reproduce the per-benchmark accuracies of the paper's Table 1 on 1,000 made-up questions
 per benchmark (so the p-values are not the paper's); the training metrics are made-up curves shaped
-like the paper's Figure 1. Both go through the same code as `ncgrpo plot gains|dynamics`:
+like the paper's Figure 1, plus, for the NC-GRPO runs, a made-up noise panel: sigma_k on the paper's
+sigmoid schedule (eq. 3; k_mid = 40 of K = 60) with first-token TVs that follow it. Both go through the same code as `ncgrpo plot gains|dynamics`:
 
     python docs/figures/make_examples.py [--out docs/figures]
 """
@@ -63,12 +64,13 @@ def write_eval_runs(root: Path) -> list[Path]:
 def write_train_runs(root: Path) -> list[Path]:
     rng = np.random.default_rng(0)
     dirs = []
-    # name, final validation accuracy on (geo3k, mathverse)
-    for k, (name, final) in enumerate(
+    # name, final validation accuracy on (geo3k, mathverse), sigma_0 (None: no hidden-state noise)
+    for k, (name, final, sigma0) in enumerate(
         [
-            ("Vanilla GRPO", (0.529, 0.430)),
-            ("NoisyRollout (image)", (0.521, 0.465)),
-            ("NC-GRPO σ0=0.2", (0.539, 0.449)),
+            ("Vanilla GRPO", (0.529, 0.430), None),
+            ("NoisyRollout (image)", (0.521, 0.465), None),
+            ("NC-GRPO σ0=0.2", (0.539, 0.449), 0.2),
+            ("NC-GRPO σ0=0.5", (0.537, 0.453), 0.5),
         ]
     ):
         d = root / f"train_{k}"
@@ -79,6 +81,12 @@ def write_train_runs(root: Path) -> list[Path]:
                 "step": step,
                 "reward": 0.45 + 0.3 * (1 - math.exp(-step / 18)) + rng.normal(0, 0.015),
             }
+            if sigma0 is not None:  # what the trainer logs for hidden-noise methods
+                sigma_k = sigma0 / (1 + math.exp(30 * (step - 40) / 60))
+                per_draw = min(1.0, 1.1 * sigma_k) * (1 + rng.normal(0, 0.05))
+                row["noise/sigma_k"] = sigma_k
+                row["noise/first_token_tv"] = per_draw
+                row["noise/first_token_marginal_tv"] = per_draw * (0.1 + rng.normal(0, 0.008))
             if step % 10 == 0:  # validation every 10 steps; other rows lack these keys
                 frac = 1 - math.exp(-step / 25)
                 for bm, start, end in [("geo3k", 0.44, final[0]), ("mathverse", 0.38, final[1])]:

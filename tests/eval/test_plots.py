@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from ncgrpo import cli
-from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics, run_label
+from ncgrpo.eval.plots import (
+    dynamics_figure,
+    plot_dynamics,
+    plot_gains,
+    read_metrics,
+    rolling_mean,
+    run_label,
+)
 from ncgrpo.eval.report import compare, load_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +65,17 @@ def test_make_examples_writes_both_figures(tmp_path):
     assert [p.name for p in paths] == ["example_gains.png", "example_dynamics.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["example_dynamics.png", "example_gains.png"]
+
+
+def test_example_train_runs_are_deterministic_and_log_noise_for_nc_grpo_only(tmp_path):
+    ex = _examples()
+    a, b = ex.write_train_runs(tmp_path / "a"), ex.write_train_runs(tmp_path / "b")
+    assert [read_metrics(d) for d in a] == [read_metrics(d) for d in b]
+    for d in a:
+        logged = {k for row in read_metrics(d) for k in row}
+        noisy = run_label(d).startswith("NC-GRPO")
+        assert ({"noise/sigma_k", "noise/first_token_tv", "noise/first_token_marginal_tv"} <= logged) == noisy
+        assert noisy or not any(k.startswith("noise/") for k in logged)
 
 
 def test_dynamics_missing_keys_and_prefix_expansion(tmp_path):
@@ -145,3 +164,181 @@ def test_plots_use_no_pyplot_and_no_torch():
         "bad = {'torch', 'matplotlib.pyplot'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- reward smoothing and the noise panel ------------------------------------------------------
+
+NAN = float("nan")
+
+
+def same(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(
+        (math.isnan(x) and math.isnan(y)) or x == pytest.approx(y) for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_rolling_mean_by_hand():
+    steps = [0, 1, 2, 3, 4, 5]
+    # window 3 at step s: steps s-1..s+1; the ends average the two that exist; NaN is left out
+    assert same(rolling_mean(steps, [1, 2, NAN, 4, 5, 6], 3), [1.5, 1.5, 3.0, 4.5, 5.0, 5.5])
+    # even window 4 at step s: steps s-2..s+1
+    assert same(rolling_mean(steps, [1, 2, 3, 4, 5, 6], 4), [1.5, 2.0, 2.5, 3.5, 4.5, 5.0])
+    assert same(rolling_mean(steps, [1, 2, 3, 4, 5, 6], 1), [1, 2, 3, 4, 5, 6])  # window 1: unchanged
+    # a run shorter than the window: every step averages the whole run
+    assert same(rolling_mean([0, 1, 2], [1, 2, 6], 10), [3.0, 3.0, 3.0])
+    # the window counts steps, not rows: a gap in the log narrows it
+    assert same(rolling_mean([0, 1, 10, 11], [1, 3, 10, 20], 3), [2.0, 2.0, 15.0, 15.0])
+    # a window with no finite value gives NaN
+    assert same(rolling_mean([0, 1, 5], [NAN, NAN, 7], 3), [NAN, NAN, 7.0])
+    assert rolling_mean([], [], 10) == []
+    with pytest.raises(ValueError, match="window"):
+        rolling_mean(steps, [1] * 6, 0)
+    with pytest.raises(ValueError, match="ascending"):
+        rolling_mean([0, 2, 1], [1, 2, 3], 3)
+    with pytest.raises(ValueError, match="3 steps but 2 values"):
+        rolling_mean([0, 1, 2], [1, 2], 3)
+
+
+def train_rows(n: int, *, noise: tuple[str, ...] = (), val_every: int = 5) -> list[dict]:
+    rows = []
+    for s in range(n):
+        row: dict = {"step": s, "reward": 0.5 + 0.01 * s + (0.02 if s % 2 else -0.02)}
+        if s % val_every == 0:
+            row["val/accuracy"] = 0.4 + 0.005 * s
+        sigma = 0.3 if s < n // 2 else 0.0
+        values = {
+            "noise/sigma_k": sigma,
+            "noise/first_token_tv": sigma,
+            "noise/first_token_marginal_tv": sigma / 10,
+        }
+        row.update({k: values[k] for k in noise})
+        rows.append(row)
+    return rows
+
+
+ALL_NOISE = ("noise/sigma_k", "noise/first_token_tv", "noise/first_token_marginal_tv")
+
+
+def panels(fig) -> dict[str, object]:
+    """Visible axes by left title; a twin axis (no title of its own) under '<title> (twin)'."""
+    out = {}
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        title = ax.get_title(loc="left")
+        if title:
+            out[title] = ax
+    for ax in fig.axes:
+        if ax.get_visible() and not ax.get_title(loc="left"):
+            parent = next(t for t, a in out.items() if a.get_position().bounds == ax.get_position().bounds)
+            out[parent + " (twin)"] = ax
+    return out
+
+
+def line_labels(ax) -> list[str]:
+    return [ln.get_label() for ln in ax.get_lines()]
+
+
+def legend_texts(ax) -> list[str]:
+    leg = ax.get_legend()
+    return [t.get_text() for t in leg.get_texts()] if leg is not None else []
+
+
+def test_noise_panel_drawn_exactly_when_a_run_logged_noise(tmp_path):
+    van = write_metrics(tmp_path / "van", train_rows(30), config={"name": "Vanilla"})
+    nc = write_metrics(tmp_path / "nc", train_rows(30, noise=ALL_NOISE), config={"name": "NC"})
+
+    p = panels(dynamics_figure([van]))  # vanilla alone: reward and validation, no empty noise axes
+    assert sorted(p) == ["reward (faint: per step; line: centred 10-step mean)", "val/accuracy"]
+    assert len(dynamics_figure([nc], noise_panel=False).axes) == 2
+
+    fig = dynamics_figure([van, nc])
+    p = panels(fig)
+    noise_title = "noise: first-token TV (clean vs. noisy) and $\\sigma_k$"
+    assert sorted(p) == sorted([*panels(dynamics_figure([van])), noise_title, noise_title + " (twin)"])
+    ax, twin = p[noise_title], p[noise_title + " (twin)"]
+    # vanilla is absent; NC has one line per quantity in its reward colour, one style per quantity
+    assert line_labels(ax) == ["NC: marginal TV", "NC: per-draw TV"] and line_labels(twin) == ["NC: sigma_k"]
+    reward = p["reward (faint: per step; line: centred 10-step mean)"]
+    nc_color = next(ln.get_color() for ln in reward.get_lines() if ln.get_label() == "NC")
+    assert {ln.get_color() for ln in [*ax.get_lines(), *twin.get_lines()]} == {nc_color}
+    assert [ln.get_linestyle() for ln in [*ax.get_lines(), *twin.get_lines()]] == ["-", "--", ":"]
+    marginal = ax.get_lines()[0]
+    assert list(marginal.get_xdata()) == list(range(30))
+    assert list(marginal.get_ydata()) == pytest.approx([0.03] * 15 + [0.0] * 15)
+    assert legend_texts(twin) == [
+        "first-token TV, noise-averaged (what rollouts see)",
+        "first-token TV, per draw",
+        "$\\sigma_k$, noise scale (right axis)",
+    ]
+    assert ax.get_ylabel() == "first-token TV" and twin.get_ylabel() == "$\\sigma_k$ (noise scale)"
+    assert ax.get_ylim()[0] == 0 and twin.get_ylim()[0] == 0
+    assert [a.get_xlabel() for a in fig.axes if a.get_visible() and a is not twin] == ["", "", "step"]
+    stem = tmp_path / "out" / "dyn"
+    assert_figures(plot_dynamics([van, nc], stem), stem)
+
+
+def test_metrics_without_the_marginal_tv_or_sigma_still_plot(tmp_path):
+    old = write_metrics(
+        tmp_path / "old",
+        train_rows(20, noise=("noise/sigma_k", "noise/first_token_tv")),
+        config={"name": "old"},
+    )
+    p = panels(dynamics_figure([old]))
+    title = "noise: first-token TV (clean vs. noisy) and $\\sigma_k$"
+    assert line_labels(p[title]) == ["old: per-draw TV"] and line_labels(p[title + " (twin)"]) == [
+        "old: sigma_k"
+    ]
+    assert "first-token TV, noise-averaged (what rollouts see)" not in legend_texts(p[title + " (twin)"])
+    stem = tmp_path / "o" / "old"
+    assert_figures(plot_dynamics([old], stem), stem)
+
+    # the temperature control logs a TV but no sigma_k: no twin axis
+    ctl = write_metrics(tmp_path / "ctl", train_rows(20, noise=("noise/first_token_tv",)))
+    p = panels(dynamics_figure([ctl]))
+    assert "noise: first-token TV (clean vs. noisy)" in p and not any(t.endswith("(twin)") for t in p)
+    # sigma_k alone is drawn on the panel's own axis
+    sig = write_metrics(tmp_path / "sig", train_rows(20, noise=("noise/sigma_k",)))
+    p = panels(dynamics_figure([sig]))
+    assert line_labels(p["noise: $\\sigma_k$"]) == ["sig: sigma_k"]
+    assert legend_texts(p["noise: $\\sigma_k$"]) == ["$\\sigma_k$, noise scale"]
+
+
+def test_reward_is_faint_per_step_under_its_rolling_mean(tmp_path):
+    rows = train_rows(30)
+    rows[7]["reward"] = NAN  # written as NaN by json.dumps; read back as a float NaN
+    rows[8]["reward"] = None
+    a = write_metrics(tmp_path / "a", rows, config={"name": "A"})
+    b = write_metrics(tmp_path / "b", train_rows(4), config={"name": "B"})  # shorter than the window
+    fig = dynamics_figure([a, b], smooth=5)
+    reward = panels(fig)["reward (faint: per step; line: centred 5-step mean)"]
+    raw_a, smooth_a, raw_b, smooth_b = reward.get_lines()
+    steps = [s for s in range(30) if s not in (7, 8)]
+    assert list(raw_a.get_xdata()) == steps and list(smooth_a.get_xdata()) == steps
+    vals = [r["reward"] for r in rows if r["step"] in steps]
+    assert list(smooth_a.get_ydata()) == pytest.approx(rolling_mean(steps, vals, 5))
+    assert smooth_a.get_ydata()[0] == pytest.approx((0.48 + 0.53 + 0.50) / 3)  # steps 0..2 by hand
+    assert raw_a.get_alpha() < 0.5 and smooth_a.get_alpha() is None
+    assert raw_a.get_color() == smooth_a.get_color() != smooth_b.get_color()
+    assert len(smooth_b.get_ydata()) == 4 and all(math.isfinite(v) for v in smooth_b.get_ydata())
+    # only the smoothed lines carry the run names (the figure legend's entries)
+    assert [ln.get_label() for ln in (smooth_a, smooth_b)] == ["A", "B"]
+    assert all(ln.get_label().startswith("_") for ln in (raw_a, raw_b))
+    assert fig.legends[0].get_texts()[0].get_text() == "A"
+
+    unsmoothed = panels(dynamics_figure([a, b], smooth=1))["reward"]
+    assert line_labels(unsmoothed) == ["A", "B"]
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="smooth"):
+            dynamics_figure([a], smooth=bad)
+
+
+def test_plot_cli_smooth_and_noise_panel(tmp_path, capsys):
+    nc = write_metrics(tmp_path / "nc", train_rows(20, noise=ALL_NOISE))
+    o = str(tmp_path / "o")
+    base = ["plot", "dynamics", "--train_dirs", str(nc), "--out", o]
+    assert cli.main([*base, "--smooth", "1", "--no_noise_panel", "--name", "plain"]) == 0
+    assert cli.main([*base, "--smooth", "5"]) == 0
+    assert (tmp_path / "o" / "plain.png").exists() and (tmp_path / "o" / "dynamics.png").exists()
+    assert cli.main([*base, "--smooth", "0"]) == 2
+    assert "--smooth 0" in capsys.readouterr().err

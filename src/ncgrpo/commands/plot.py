@@ -11,7 +11,7 @@ from ncgrpo.commands._dataclass_args import add_dataclass_command
 from ncgrpo.commands.compare import names_list, run_dirs
 
 GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"
-DYNAMICS_HELP = "training reward and validation accuracy against step"
+DYNAMICS_HELP = "training reward, validation accuracy and the noise (first-token TV, sigma_k) against step"
 
 
 def _stem(name: str) -> str:
@@ -63,12 +63,28 @@ class DynamicsArgs:
             "expands to val/accuracy/<benchmark> when only those are logged"
         },
     )
+    smooth: int = field(
+        default=10,
+        metadata={
+            "help": "the reward's rolling mean: a centred window of this many steps over the faint "
+            "per-step line (1: per-step line only)"
+        },
+    )
+    noise_panel: bool = field(
+        default=True,
+        metadata={
+            "help": "the noise panel (first-token TV noise-averaged and per draw, sigma_k), drawn when a "
+            "run logged them; --no_noise_panel leaves it out"
+        },
+    )
     name: str = field(default="dynamics", metadata={"help": "file stem"})
 
     def __post_init__(self) -> None:
         self.train_dirs = run_dirs(self.train_dirs, "--train_dirs")
         if not self.reward_key.strip():
             raise UsageError("--reward_key is empty")
+        if self.smooth < 1:
+            raise UsageError(f"--smooth {self.smooth}: give a window of at least 1 step (1: no smoothing)")
         self.val_key = names_list(self.val_key, "--val_key")
         self.out = _out_folder(self.out)
         self.name = _stem(self.name)
@@ -93,7 +109,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         DynamicsArgs,
         run_dynamics,
         help=DYNAMICS_HELP,
-        description="Reads TRAIN_DIR/metrics.jsonl of each run; writes OUT/NAME.png and OUT/NAME.pdf.",
+        description="Reads TRAIN_DIR/metrics.jsonl of each run; writes OUT/NAME.png and OUT/NAME.pdf. "
+        "Runs that logged noise/first_token_marginal_tv, noise/first_token_tv or noise/sigma_k get a "
+        "noise panel (runs without them, such as vanilla GRPO, are absent from it).",
         command_name="plot dynamics",
     )
     return p
@@ -114,7 +132,12 @@ def run_dynamics(args: DynamicsArgs) -> int:
     from ncgrpo.eval.plots import plot_dynamics
 
     paths = plot_dynamics(
-        args.train_dirs, Path(args.out) / args.name, reward_key=args.reward_key, val_key=args.val_key
+        args.train_dirs,
+        Path(args.out) / args.name,
+        reward_key=args.reward_key,
+        val_key=args.val_key,
+        smooth=args.smooth,
+        noise_panel=args.noise_panel,
     )
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -4,7 +4,9 @@
   of each configuration vs. the baseline as grouped bars, the baseline's absolute accuracy beneath
   each label, the OOD-average column shaded, ``*`` above bars with exact McNemar p < 0.05.
 - :func:`plot_dynamics`: training dynamics (Figure 1 / supplementary three-method plot): training
-  reward on top, validation accuracy below, against step, one line per training run.
+  reward on top (per step, faint, and a rolling mean), validation accuracy below, against step, one
+  colour per training run; and, when a run logged them, a noise panel: the first-token TV between
+  clean and noisy rollouts (noise-averaged and per draw) and the noise scale sigma_k.
 
 Both write ``<out_stem>.png`` and ``<out_stem>.pdf``. Figures are built with matplotlib's
 object API on the Agg canvas, so no display and no global pyplot state are involved.
@@ -14,15 +16,28 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from ncgrpo.eval.records import METRICS_FILE, iter_json_lines
 from ncgrpo.eval.report import ComparisonTable, Run, compare
+
+#: Noise-panel metrics (written by the trainer for hidden-noise methods).
+SIGMA_KEY = "noise/sigma_k"
+MARGINAL_TV_KEY = "noise/first_token_marginal_tv"
+PER_DRAW_TV_KEY = "noise/first_token_tv"
+#: key -> (line label suffix, line style, legend text)
+_NOISE_STYLES = {
+    MARGINAL_TV_KEY: ("marginal TV", "-", "first-token TV, noise-averaged (what rollouts see)"),
+    PER_DRAW_TV_KEY: ("per-draw TV", "--", "first-token TV, per draw"),
+    SIGMA_KEY: ("sigma_k", ":", r"$\sigma_k$, noise scale"),
+}
 
 _COLORS = ["#3b6ea8", "#d9822b", "#4e9a4e", "#b04a4a", "#7d5ba6", "#8c6d46", "#c768a8", "#6b6b6b"]
 
@@ -179,22 +194,125 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[flo
     return steps, [pts[s] for s in steps]
 
 
-def plot_dynamics(
+def rolling_mean(steps: Sequence[float], values: Sequence[float], window: float) -> list[float]:
+    """Centred rolling mean over ``window`` steps: at step ``s``, the mean of the finite values at steps
+    in ``[s - window/2, s + window/2)`` (window 10: ``s-5 .. s+4``; window 3: ``s-1 .. s+1``).
+
+    The window is in steps, not rows, so a gap in the log (a skipped or NaN step) narrows it rather than
+    reaching further. Near the ends, and for a run shorter than the window, it averages what is there.
+    Non-finite values are left out of every mean; a step whose window holds none gives NaN.
+    ``steps`` must be ascending.
+    """
+    if len(steps) != len(values):
+        raise ValueError(f"rolling_mean: {len(steps)} steps but {len(values)} values")
+    if not window > 0:
+        raise ValueError(f"rolling_mean: window must be > 0 steps, got {window!r}")
+    if any(b < a for a, b in zip(steps, steps[1:], strict=False)):
+        raise ValueError("rolling_mean: steps must be ascending")
+    out = []
+    for s in steps:
+        lo, hi = bisect_left(steps, s - window / 2), bisect_left(steps, s + window / 2)
+        finite = [v for v in values[lo:hi] if math.isfinite(v)]
+        out.append(sum(finite) / len(finite) if finite else math.nan)
+    return out
+
+
+def _style(ax: Any) -> None:
+    ax.grid(color="0.88", linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _plot_reward(ax: Any, runs: list[tuple[str, list[dict[str, Any]]]], key: str, smooth: int) -> None:
+    """Per-step ``key`` faint, with its centred ``smooth``-step rolling mean on top (``smooth`` 1: raw only)."""
+    for i, (label, rows) in enumerate(runs):
+        steps, vals = _series(rows, key)
+        if not steps:
+            continue
+        color = _COLORS[i % len(_COLORS)]
+        marker = "o" if len(steps) <= 12 else None
+        if smooth <= 1:
+            ax.plot(steps, vals, color=color, label=label, linewidth=1.4, marker=marker, markersize=3.5)
+            continue
+        ax.plot(
+            steps,
+            vals,
+            color=color,
+            alpha=0.3,
+            linewidth=0.9,
+            marker=marker,
+            markersize=3,
+            label=f"_{label}: per step",
+        )
+        ax.plot(steps, rolling_mean(steps, vals, smooth), color=color, label=label, linewidth=1.6)
+    what = f" (faint: per step; line: centred {smooth}-step mean)" if smooth > 1 else ""
+    ax.set_title(key + what, fontsize=9.5, loc="left")
+
+
+def _noise_logged(runs: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """The noise-panel keys that some run logs at a numeric step, in drawing order."""
+    keys = [MARGINAL_TV_KEY, PER_DRAW_TV_KEY, SIGMA_KEY]
+    return [k for k in keys if any(_series(rows, k)[0] for _, rows in runs)]
+
+
+def _plot_noise(ax: Any, runs: list[tuple[str, list[dict[str, Any]]]], logged: list[str]) -> None:
+    """First-token TVs (left axis) and sigma_k (right axis, or the only axis without TVs) per step;
+    colour = run (as in the other panels), line style = quantity; runs logging none are absent."""
+    tvs = [k for k in logged if k != SIGMA_KEY]
+    sigma_ax = (ax.twinx() if tvs else ax) if SIGMA_KEY in logged else None
+    top = {id(ax): 0.0, id(sigma_ax): 0.0}
+    for i, (label, rows) in enumerate(runs):
+        color = _COLORS[i % len(_COLORS)]
+        for key in logged:
+            steps, vals = _series(rows, key)
+            if steps:
+                on = sigma_ax if key == SIGMA_KEY else ax
+                name, style, _ = _NOISE_STYLES[key]
+                on.plot(steps, vals, color=color, linestyle=style, linewidth=1.3, label=f"{label}: {name}")
+                top[id(on)] = max(top[id(on)], *vals)
+    # both axes from 0 (so "annealed away" is the common floor) with headroom for the legend
+    if tvs:
+        ax.set_ylabel("first-token TV", fontsize=8.5)
+        ax.set_ylim(0, 1.6 * top[id(ax)] or 1.0)
+    if sigma_ax is not None:
+        sigma_ax.set_ylabel(r"$\sigma_k$ (noise scale)", fontsize=8.5)
+        sigma_ax.set_ylim(0, 1.6 * top[id(sigma_ax)] or 1.0)
+        if sigma_ax is not ax:
+            sigma_ax.spines["top"].set_visible(False)
+    sigma_text = _NOISE_STYLES[SIGMA_KEY][2] + (" (right axis)" if tvs else "")
+    handles = [
+        Line2D(
+            [],
+            [],
+            color="0.3",
+            linestyle=_NOISE_STYLES[k][1],
+            linewidth=1.3,
+            label=sigma_text if k == SIGMA_KEY else _NOISE_STYLES[k][2],
+        )
+        for k in logged
+    ]
+    (sigma_ax or ax).legend(handles=handles, frameon=False, fontsize=7.5, loc="upper right")  # on top
+    what = " and ".join(
+        (["first-token TV (clean vs. noisy)"] if tvs else [])
+        + ([r"$\sigma_k$"] if sigma_ax is not None else [])
+    )
+    ax.set_title(f"noise: {what}", fontsize=9.5, loc="left")
+
+
+def dynamics_figure(
     train_dirs: Sequence[str | Path],
-    out_stem: str | Path,
     reward_key: str = "reward",
     val_key: str | Sequence[str] = "val/accuracy",
     *,
     title: str | None = None,
-) -> list[Path]:
-    """Training reward (top) and validation accuracy (below) against step, one line per run.
-
-    ``val_key`` may be several keys (one panel each). A key no run logs but that prefixes logged
-    keys (``val/accuracy`` with ``val/accuracy/<benchmark>`` logged) expands to one panel per
-    such key. Rows missing a key are skipped for that key only.
-    """
+    smooth: int = 10,
+    noise_panel: bool = True,
+) -> Figure:
+    """The figure :func:`plot_dynamics` saves (see there), returned unsaved."""
     if not train_dirs:
         raise ValueError("plot_dynamics needs at least one training directory")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"smooth must be a whole number of steps >= 1 (1: no smoothing), got {smooth!r}")
     runs = [(run_label(d), read_metrics(d)) for d in train_dirs]
     logged = {k for _, rows in runs for row in rows for k in row}
     keys = [reward_key]
@@ -217,13 +335,15 @@ def plot_dynamics(
     empty = [k for k in keys if not any(_series(rows, k)[0] for _, rows in runs)]
     if empty:
         raise ValueError(f"no run logs {empty} at a numeric 'step'; nothing to plot for them")
+    noise = _noise_logged(runs) if noise_panel else []
 
-    n = len(keys)
+    n = len(keys) + bool(noise)
     ncols = 1 if n <= 3 else 2
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(6.0 if ncols == 1 else 9.5, 2.3 * nrows + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, sharex=True, squeeze=False).ravel()
-    for ax, key in zip(axes, keys, strict=False):
+    _plot_reward(axes[0], runs, reward_key, smooth)
+    for ax, key in zip(axes[1:], keys[1:], strict=False):
         for i, (label, rows) in enumerate(runs):
             steps, vals = _series(rows, key)
             if steps:
@@ -237,9 +357,10 @@ def plot_dynamics(
                     markersize=3.5,
                 )
         ax.set_title(key, fontsize=9.5, loc="left")
-        ax.grid(color="0.88", linewidth=0.6)
-        for side in ("top", "right"):
-            ax.spines[side].set_visible(False)
+    if noise:
+        _plot_noise(axes[len(keys)], runs, noise)
+    for ax in axes[:n]:
+        _style(ax)
     for ax in axes[n:]:
         ax.set_visible(False)
     for ax in axes[max(0, n - ncols) : n]:
@@ -250,5 +371,35 @@ def plot_dynamics(
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(
         handles, labels, loc="outside lower center", ncol=min(len(runs), 4), frameon=False, fontsize=8.5
+    )
+    return fig
+
+
+def plot_dynamics(
+    train_dirs: Sequence[str | Path],
+    out_stem: str | Path,
+    reward_key: str = "reward",
+    val_key: str | Sequence[str] = "val/accuracy",
+    *,
+    title: str | None = None,
+    smooth: int = 10,
+    noise_panel: bool = True,
+) -> list[Path]:
+    """Training reward (top), validation accuracy and the noise panel against step, one colour per run.
+
+    The reward is drawn per step (faint) with its centred ``smooth``-step rolling mean
+    (:func:`rolling_mean`; ``smooth=1`` draws the raw line only). ``val_key`` may be several keys
+    (one panel each). A key no run logs but that prefixes logged keys (``val/accuracy`` with
+    ``val/accuracy/<benchmark>`` logged) expands to one panel per such key. Rows missing a key are
+    skipped for that key only.
+
+    The noise panel (last; only when ``noise_panel`` and some run logs one of its keys) shows per step
+    ``noise/first_token_marginal_tv`` (solid: TV between the clean first-token distribution and the
+    noise-averaged one, which is what generates the noisy rollouts), ``noise/first_token_tv``
+    (dashed: the mean TV of a single noise draw) and ``noise/sigma_k`` (dotted, right axis). Runs
+    without these keys (vanilla GRPO) are absent from it. Returns the written paths (PNG, PDF).
+    """
+    fig = dynamics_figure(
+        train_dirs, reward_key, val_key, title=title, smooth=smooth, noise_panel=noise_panel
     )
     return _save(fig, out_stem)
