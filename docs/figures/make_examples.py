@@ -110,7 +110,7 @@ def main(out: Path) -> list[Path]:
         paths += plot_dynamics(
             write_train_runs(tmp),
             out / "example_dynamics",
-            title="Example (synthetic metrics): training reward and validation accuracy",
+            title="Example (synthetic metrics): training reward, validation accuracy and the noise",
         )
     for p in paths:  # the docs show PNGs; the PDFs are for papers
         if p.suffix == ".pdf":
