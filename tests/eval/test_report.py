@@ -12,7 +12,7 @@ import pytest
 from ncgrpo import cli
 from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
 from ncgrpo.eval.report import compare, format_p, latex_text, load_runs, print_rich, to_latex, to_markdown
-from ncgrpo.eval.stats import AlignmentError, mcnemar_exact
+from ncgrpo.eval.stats import AlignmentError, mcnemar_exact, mcnemar_pooled, seed_level, seed_to_seed
 
 N = 1000  # questions per benchmark
 MAIN = [
@@ -227,6 +227,9 @@ def test_seeds_mean_half_range_and_seed_pairing(tmp_path):
     assert nc.cells["mathvista"].test == direct and direct.n == 2 * N
     rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
     assert rows[2][1] == "51.9 ± 0.1"
+    # two seed pairs: the pooled column says what it is, and the seed-level test follows it
+    assert rows[0][-2:] == ["pooled p (question-level, pooled over seeds)", "seed-level p"]
+    assert nc.cells["seed_level"].seed_level.ttest.n_seeds == 2
     assert "$\\pm$" in to_latex(ct)
 
 
@@ -329,3 +332,133 @@ def test_compare_cli_reads_a_config_file_and_flags_override_it(tmp_path, table1_
     assert f"{cfg}: unknown key 'batch'" in capsys.readouterr().err
     assert cli.main(["compare", "--config", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml: config file does not exist" in capsys.readouterr().err
+
+
+# --- seeds as the unit -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def three_seed_dirs(tmp_path: Path) -> tuple[list[Path], dict[str, dict[int, np.ndarray]]]:
+    """Vanilla at 50% in three seeds (its seeds differ from each other), and three configurations:
+
+    - "Lucky": +5 / +0.5 / -1 pp (55 wins, 10 losses pooled): question-level significant, not seed-level;
+    - "Steady": +1.2 / +1.0 / +1.1 pp with 40 losses a seed: seed-level significant, not question-level;
+    - "Same": vanilla's own outcomes: difference 0, p 1 on both levels.
+    """
+    rng = np.random.default_rng(7)
+    arrays: dict[str, dict[int, np.ndarray]] = {"Vanilla": {}, "Lucky": {}, "Steady": {}, "Same": {}}
+    dirs = []
+    for seed, (lucky, steady) in enumerate([(55.0, 51.2), (50.5, 51.0), (49.0, 51.1)]):
+        perm = rng.permutation(N)  # another seed's vanilla answers other questions right
+        base = outcomes(50.0, 50.0, 0)[1][perm]
+        arrays["Vanilla"][seed] = base
+        arrays["Lucky"][seed] = outcomes(50.0, lucky, 0)[0][perm]
+        arrays["Steady"][seed] = outcomes(50.0, steady, 40)[0][perm]
+        arrays["Same"][seed] = base.copy()
+    for name, by_seed in arrays.items():
+        for seed, x in by_seed.items():
+            dirs.append(write_run(tmp_path, name, seed, {"geo3k": ("in_domain", x), "mathvista": ("ood", x)}))
+    return dirs, arrays
+
+
+def test_seed_level_column_beside_the_question_level_pooled_test(three_seed_dirs):
+    dirs, arrays = three_seed_dirs
+    ct = compare(load_runs(dirs), "Vanilla")
+    assert [c.label for c in ct.main.columns] == [
+        "Geo3K",
+        "MathVista",
+        "OOD avg",
+        "pooled p (question-level, pooled over seeds)",
+        "seed-level p",
+    ]
+    pairs = {
+        name: [(arrays[name][s], arrays["Vanilla"][s]) for s in range(3)]
+        for name in ("Lucky", "Steady", "Same")
+    }
+    by_name = {r.name: r for r in ct.main.rows}
+    for name, p in pairs.items():
+        cell = by_name[name].cells["seed_level"]
+        assert cell.seed_level == seed_level(p)  # the same numbers as stats on the arrays
+        assert by_name[name].cells["pooled"].test == mcnemar_pooled(p)
+    assert by_name["Vanilla"].cells["seed_level"].seed_level is None
+    lucky, steady, same = (by_name[n].cells for n in ("Lucky", "Steady", "Same"))
+    assert lucky["pooled"].test.p < 0.05 < lucky["seed_level"].seed_level.p
+    assert steady["seed_level"].seed_level.p < 0.05 < steady["pooled"].test.p
+    assert same["seed_level"].seed_level.mean_pp == 0 and same["seed_level"].seed_level.p == 1.0
+    assert lucky["seed_level"].seed_level.ttest.diffs_pp == pytest.approx((5.0, 0.5, -1.0))
+    # the baseline's seed-to-seed reference, on the pooled OOD questions
+    null = ct.seed_null["pooled OOD"]
+    assert null == seed_to_seed(arrays["Vanilla"])
+    assert null.mean_differ > 0.4  # independent permutations: two vanilla seeds differ on ~half
+    entry = next(t for t in ct.seed_tests if t.configuration == "Lucky")
+    assert entry.differ == pytest.approx(np.mean([(a != b).mean() for a, b in pairs["Lucky"]]))
+    # one note per disagreement, none where the two tests agree
+    assert len(ct.notes) == 2
+    assert ct.notes[0].startswith("Lucky (pooled OOD): question-level pooled McNemar p = ")
+    assert ct.notes[1].startswith("Steady (pooled OOD): seed-level p = ")
+    # the Holm/Bonferroni family is still the McNemar tests only
+    assert len(ct.tests) == 3 * 3
+
+
+def test_seed_level_markdown_latex_json(three_seed_dirs):
+    dirs, _ = three_seed_dirs
+    ct = compare(load_runs(dirs), "Vanilla")
+    md = to_markdown(ct)
+    rows = md_rows(md, "Reasoning benchmarks")
+    assert rows[0][-2:] == ["pooled p (question-level, pooled over seeds)", "seed-level p"]
+    assert rows[2][-2:] == ["—", "—"]  # the baseline
+    same = next(r for r in rows if r[0] == "Same")
+    assert same[-2:] == ["p=1.00", "p=1.00 (+0.0 pp)"]
+    lucky = next(r for r in rows if r[0] == "Lucky")
+    p = ct.main.rows[1].cells["seed_level"].seed_level.p
+    assert lucky[-1] == f"p{format_p(p)} (+1.5 pp)"
+    section = md.split("## Seed-level tests")[1].split("## Paired tests")[0]
+    assert "| Lucky | pooled OOD | 0/0, 1/1, 2/2 | +5.0/+0.5/-1.0 | +1.5 |" in section
+    assert "Reference (pooled OOD): two seeds of Vanilla answer" in section
+    assert "- Lucky (pooled OOD): question-level pooled McNemar p = " in section
+    assert md.index("## Seed-level tests") < md.index("## Paired tests")
+    tex = to_latex(ct)
+    assert "seed-level p \\\\" in tex and "$p{=}1.00$ (+0.0 pp)" in tex
+    data = json.loads(json.dumps(ct.to_json()), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert [t["configuration"] for t in data["seed_tests"]] == ["Lucky", "Steady", "Same"]
+    assert data["seed_tests"][2]["ttest"]["p"] == 1.0 and data["seed_tests"][0]["note"].startswith("Lucky")
+    assert data["seed_to_seed"]["pooled OOD"]["baseline"] == "Vanilla" and len(data["notes"]) == 2
+
+
+def test_one_seed_each_adds_no_seed_level_column(table1_dirs):
+    ct = compare(load_runs(table1_dirs), "Vanilla GRPO")
+    assert [c.kind for c in ct.main.columns].count("seed") == 0 and ct.main.columns[-1].label == "pooled p"
+    assert ct.seed_tests == [] and ct.seed_null == {} and ct.notes == []
+    assert "Seed-level" not in to_markdown(ct) and "question-level" not in to_latex(ct)
+
+
+def test_seed_level_with_a_single_seed_configuration(three_seed_dirs, tmp_path):
+    # A configuration with one seed beside three-seed ones: no seed-level test for it (a dash).
+    dirs, arrays = three_seed_dirs
+    one = write_run(tmp_path / "one", "One", 0, {"geo3k": ("in_domain", arrays["Lucky"][0]),
+                                                 "mathvista": ("ood", arrays["Lucky"][0])})  # fmt: skip
+    ct = compare(load_runs([*dirs, one]), "Vanilla")
+    row = md_rows(to_markdown(ct), "Reasoning benchmarks")[-1]
+    assert row[0] == "One" and row[-2].startswith("p") and row[-1] == "—"
+    assert "One" not in [t.configuration for t in ct.seed_tests]
+
+
+def test_rich_output_has_the_seed_level_tests_and_notes(three_seed_dirs):
+    from rich.console import Console
+
+    dirs, _ = three_seed_dirs
+    console = Console(width=80, record=True, color_system=None)
+    print_rich(compare(load_runs(dirs), "Vanilla"), console)
+    text = console.export_text()
+    assert "seed-level p" in text and "Seed-level tests vs. Vanilla" in text
+    assert "Reference (pooled OOD)" in text and "Note: Lucky (pooled OOD)" in text
+
+
+def test_compare_cli_writes_the_seed_level_tests(tmp_path, three_seed_dirs, capsys):
+    dirs, _ = three_seed_dirs
+    out = tmp_path / "report"
+    assert cli.main(["compare", "--runs", *map(str, dirs), "--baseline", "Vanilla", "--out", str(out)]) == 0
+    assert "Note: Steady (pooled OOD)" in capsys.readouterr().out
+    assert "## Seed-level tests" in (out / "comparison.md").read_text()
+    data = json.loads((out / "comparison.json").read_text())
+    assert len(data["seed_tests"]) == 3 and len(data["notes"]) == 2

@@ -1,4 +1,5 @@
-"""``ncgrpo compare --runs RUN_DIR... --baseline NAME``: the paper's tables with paired McNemar tests."""
+"""``ncgrpo compare --runs RUN_DIR... --baseline NAME``: the paper's tables with paired McNemar tests,
+and, where a configuration has several seeds, the seed-level test beside them (``ncgrpo.eval.report``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from pathlib import Path
 from ncgrpo.cli import UsageError
 from ncgrpo.commands._dataclass_args import add_dataclass_command
 
-HELP = "paper-style tables and paired exact McNemar tests from evaluation run directories"
+HELP = "paper-style tables, paired exact McNemar tests and seed-level tests from evaluation run directories"
 DESCRIPTION = (
     "Compare evaluated checkpoints question by question. Runs with the same `name` in run.json are seeds "
-    "of one configuration (mean ± half-range; tests pool seed pairs). Prints the tables; with --out also "
-    "writes comparison.md, comparison.tex, comparison.json."
+    "of one configuration (mean ± half-range). The McNemar tests pool the seed pairs (question-level: "
+    "questions are their only source of variance); with several seeds a configuration also gets the "
+    "seed-level test, a paired t-test over training seeds of its accuracy difference (with a hierarchical "
+    "bootstrap interval), beside the baseline's seed-to-seed difference as a reference and a note where the "
+    "two tests disagree. Prints the tables; with --out also writes comparison.md, comparison.tex, "
+    "comparison.json."
 )
 
 

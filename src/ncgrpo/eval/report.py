@@ -13,7 +13,15 @@
   the baseline (per benchmark; on "OOD avg" the pooled test).
 
 With several seeds, seed i of a configuration is paired with seed i of the baseline (matching seed
-values where they exist, else sorted order) and the tests pool the pairs of all seed pairs.
+values where they exist, else sorted order) and the McNemar tests pool the pairs of all seed pairs:
+question-level tests, for which the questions are the only source of variance. Training seeds are
+the unit of replication, so where a configuration has several seed pairs the tables add a
+"seed-level p" column beside the pooled one (relabelled "question-level, pooled over seeds"): the
+paired t-test over seeds of the per-seed accuracy difference on the same pooled questions
+(``stats.seed_ttest``, with the ``stats.hierarchical_bootstrap`` interval in ``seed_tests``). The
+baseline's own seed-to-seed difference (``stats.seed_to_seed``) is given as the reference, and a note
+says where the question-level and the seed-level test disagree at alpha (``notes``). The seed-level
+tests are not in the Holm/Bonferroni family, which stays the family of the paper's McNemar tests.
 
 Every test behind a star is also listed (``tests``) with n01/n10/p and Holm and Bonferroni flags over
 the family of all listed tests. Renderers: rich (terminal), Markdown, LaTeX (booktabs), JSON.
@@ -32,16 +40,25 @@ from typing import Any
 
 from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, read_records
 from ncgrpo.eval.stats import (
+    ALPHA,
+    BOOTSTRAP_RESAMPLES,
     AlignmentError,
     McNemarResult,
+    SeedLevel,
+    SeedNull,
+    align_seeds,
     bonferroni,
+    disagreement_note,
     holm,
     macro_accuracy,
+    mcnemar_pooled,
     mean_half_range,
-    pooled_over_seeds,
+    seed_level,
+    seed_to_seed,
 )
 
-ALPHA = 0.05
+#: What a pooled McNemar column is, in its header, where seeds were pooled into it.
+QUESTION_LEVEL = "question-level, pooled over seeds"
 ROLES = ("in_domain", "ood", "general")
 
 # Paper's column labels and order for the benchmarks it reports; keyed by lower-case alphanumerics
@@ -193,6 +210,7 @@ class Cell:
     half_range: float | None = None  # percent, only with > 1 seed
     test: McNemarResult | None = None
     bold: bool = False
+    seed_level: SeedLevel | None = None  # only in a "seed" column
 
     @property
     def significant(self) -> bool:
@@ -201,9 +219,9 @@ class Cell:
 
 @dataclass
 class Column:
-    key: str  # benchmark id, "ood_avg" or "pooled"
+    key: str  # benchmark id, "ood_avg", "pooled" or "seed_level"
     label: str
-    kind: str  # "benchmark" | "avg" | "pooled"
+    kind: str  # "benchmark" | "avg" | "pooled" | "seed"
     role: str | None = None
 
 
@@ -243,11 +261,54 @@ class TestEntry:
 
 
 @dataclass
+class SeedTestEntry:
+    """The seed-level test of one configuration vs. the baseline on a pooled scope, beside the
+    question-level McNemar test of the same scope pooled over the same seed pairs."""
+
+    configuration: str
+    scope: str  # "pooled OOD" / "pooled general"
+    seeds: list[tuple[Any, Any]]
+    result: SeedLevel
+    question_level: McNemarResult
+    differ: float  # mean over the seed pairs of the share of questions whose outcome differs
+
+    @property
+    def note(self) -> str | None:
+        """A one-line note when this test and the question-level one disagree at ALPHA."""
+        return disagreement_note(
+            self.question_level.p,
+            self.result.p,
+            n_seeds=self.result.ttest.n_seeds,
+            label=f"{self.configuration} ({self.scope})",
+        )
+
+
+def _nan_none(x: float) -> float | None:
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
+def _json_clean(obj: Any) -> Any:
+    """nan -> None, tuples -> lists (JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {k: _json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_clean(v) for v in obj]
+    return _nan_none(obj)
+
+
+@dataclass
 class ComparisonTable:
     baseline: str
     main: Table
     general: Table | None
     tests: list[TestEntry]
+    seed_tests: list[SeedTestEntry] = field(default_factory=list)
+    seed_null: dict[str, SeedNull] = field(default_factory=dict)  # scope -> the baseline's seed-to-seed
+
+    @property
+    def notes(self) -> list[str]:
+        """Where the question-level pooled test and the seed-level test disagree at ALPHA."""
+        return [n for n in (t.note for t in self.seed_tests) if n]
 
     def to_json(self) -> dict[str, Any]:
         def table(t: Table | None) -> dict[str, Any] | None:
@@ -267,6 +328,7 @@ class ComparisonTable:
                                 "half_range": c.half_range,
                                 "bold": c.bold,
                                 "test": c.test.to_dict() if c.test else None,
+                                "seed_level": _json_clean(c.seed_level.to_dict()) if c.seed_level else None,
                             }
                             for k, c in r.cells.items()
                         },
@@ -294,6 +356,22 @@ class ComparisonTable:
                 }
                 for t in self.tests
             ],
+            "seed_tests": [
+                {
+                    "configuration": t.configuration,
+                    "scope": t.scope,
+                    "seed_pairs": t.seeds,
+                    **_json_clean(t.result.to_dict()),
+                    "question_level": t.question_level.to_dict(),
+                    "differ": t.differ,
+                    "note": t.note,
+                }
+                for t in self.seed_tests
+            ],
+            "seed_to_seed": {
+                scope: {"baseline": self.baseline, **null.to_dict()} for scope, null in self.seed_null.items()
+            },
+            "notes": self.notes,
         }
 
 
@@ -328,7 +406,7 @@ def _fill(cell: Cell, values: list[float]) -> None:
 
 def _mark_bold(table: Table, decimals: int = 1) -> None:
     for col in table.columns:
-        if col.kind == "pooled":
+        if col.kind in ("pooled", "seed"):
             continue
         vals = [
             round(r.cells[col.key].mean, decimals) for r in table.rows if r.cells[col.key].mean is not None
@@ -341,19 +419,23 @@ def _mark_bold(table: Table, decimals: int = 1) -> None:
             c.bold = c.mean is not None and round(c.mean, decimals) == best
 
 
+def _aligned(pairs: Sequence[tuple[Run, Run]], bms: list[str]) -> list[tuple[Any, Any]]:
+    """Per run pair, the paired outcomes (a, b) on ``bms`` (``stats.align_seeds``); an alignment
+    error names both folders."""
+    out = []
+    for a, b in pairs:
+        try:
+            out += align_seeds([(a.subset(bms), b.subset(bms))], bms)
+        except AlignmentError as e:
+            raise AlignmentError(
+                f"run a = {a.path} ({a.name!r}), run b = {b.path} ({b.name!r}): {e}"
+            ) from None
+    return out
+
+
 def _paired_test(pairs: Sequence[tuple[Run, Run]], bms: list[str]) -> McNemarResult:
     """The pooled McNemar test of ``pairs`` on ``bms``; an alignment error names both folders."""
-    try:
-        return pooled_over_seeds([(a.subset(bms), b.subset(bms)) for a, b in pairs], bms)
-    except AlignmentError:
-        for a, b in pairs:  # find the pair at fault and name its folders
-            try:
-                pooled_over_seeds([(a.subset(bms), b.subset(bms))], bms)
-            except AlignmentError as e:
-                raise AlignmentError(
-                    f"run a = {a.path} ({a.name!r}), run b = {b.path} ({b.name!r}): {e}"
-                ) from None
-        raise
+    return mcnemar_pooled(_aligned(pairs, bms))
 
 
 def _build(
@@ -365,18 +447,26 @@ def _build(
     title: str,
     with_avg: bool,
     pooled_label: str,
+    seed_label: str,
     pooled_scope: str,
     tests: list[TestEntry],
+    seed_tests: list[SeedTestEntry],
+    seed_null: dict[str, SeedNull],
 ) -> Table:
-    """One table; ``tests`` collects every test made. The pooled test pools the OOD columns when
-    ``with_avg`` (main table), else all columns (general table)."""
+    """One table; ``tests`` and ``seed_tests`` collect every test made, ``seed_null`` the baseline's
+    seed-to-seed reference. The pooled test pools the OOD columns when ``with_avg`` (main table),
+    else all columns (general table). With several seed pairs in some row, the pooled column says it
+    is question-level and a seed-level column follows it."""
     columns = [Column(bm, benchmark_label(bm), "benchmark", roles[bm]) for bm in bms]
     ood = [bm for bm in bms if roles[bm] == "ood"] if with_avg else bms
     rows: list[Row] = []
     base_runs = groups[baseline]
+    all_pairs = {
+        name: [] if name == baseline else pair_seeds(runs, base_runs) for name, runs in groups.items()
+    }
+    seeds_pooled = any(len(pairs) > 1 for pairs in all_pairs.values())
     for name, runs in groups.items():
-        is_base = name == baseline
-        pairs = [] if is_base else pair_seeds(runs, base_runs)
+        pairs = all_pairs[name]
         row = Row(name=name, n_seeds=len(runs), cells={}, seed_pairs=[(a.seed, b.seed) for a, b in pairs])
         for bm in bms:
             cell = row.cells[bm] = Cell()
@@ -387,18 +477,39 @@ def _build(
                 cell.test = _paired_test(pairs, [bm])
                 tests.append(TestEntry(name, bm, cell.test, row.seed_pairs))
         pooled_test = None
+        seed_cell = Cell()
         if ood and pairs and _covers(runs, ood) and _covers(base_runs, ood):
-            pooled_test = _paired_test(pairs, ood)
+            arrays = _aligned(pairs, ood)
+            pooled_test = mcnemar_pooled(arrays)
             tests.append(TestEntry(name, pooled_scope, pooled_test, row.seed_pairs))
+            if len(pairs) > 1:
+                seed_cell.seed_level = seed_level(arrays)
+                differ = sum(float((a != b).mean()) for a, b in arrays) / len(arrays)
+                seed_tests.append(
+                    SeedTestEntry(
+                        name, pooled_scope, row.seed_pairs, seed_cell.seed_level, pooled_test, differ
+                    )
+                )
         if with_avg:
             avg = row.cells["ood_avg"] = Cell(test=pooled_test)
             if ood and _covers(runs, ood):
                 _fill(avg, [macro_accuracy(r.accuracy(bm) for bm in ood) for r in runs])
         row.cells["pooled"] = Cell(test=pooled_test)
+        if seeds_pooled:
+            row.cells["seed_level"] = seed_cell
         rows.append(row)
     if with_avg:
         columns.append(Column("ood_avg", "OOD avg", "avg"))
-    columns.append(Column("pooled", pooled_label, "pooled"))
+    columns.append(
+        Column("pooled", f"{pooled_label} ({QUESTION_LEVEL})" if seeds_pooled else pooled_label, "pooled")
+    )
+    if seeds_pooled:
+        columns.append(Column("seed_level", seed_label, "seed"))
+    if ood and len(base_runs) > 1 and _covers(base_runs, ood):
+        arrays = _aligned([(r, base_runs[0]) for r in base_runs], ood)  # one question order for all seeds
+        seed_null[pooled_scope] = seed_to_seed(
+            {r.seed: a for r, (a, _) in zip(base_runs, arrays, strict=True)}
+        )
     table = Table(title=title, columns=columns, rows=rows)
     _mark_bold(table)
     return table
@@ -422,6 +533,8 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
 
     roles = _roles(runs, benchmarks)
     tests: list[TestEntry] = []
+    seed_tests: list[SeedTestEntry] = []
+    seed_null: dict[str, SeedNull] = {}
     main_bms = [b for b in roles if roles[b] == "in_domain"] + [b for b in roles if roles[b] == "ood"]
     gen_bms = [b for b in roles if roles[b] == "general"]
     main = (
@@ -433,8 +546,11 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
             title="Reasoning benchmarks",
             with_avg=True,
             pooled_label="pooled p",
+            seed_label="seed-level p",
             pooled_scope="pooled OOD",
             tests=tests,
+            seed_tests=seed_tests,
+            seed_null=seed_null,
         )
         if main_bms
         else None
@@ -454,8 +570,11 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
             title="General capability",
             with_avg=False,
             pooled_label=f"Pooled vs. {baseline}",
+            seed_label=f"Seed-level vs. {baseline}",
             pooled_scope="pooled general",
             tests=tests,
+            seed_tests=seed_tests,
+            seed_null=seed_null,
         )
     if main is None:
         main = Table(title="Reasoning benchmarks", columns=[], rows=[])
@@ -464,7 +583,9 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
         bonf_p, _ = bonferroni([t.result.p for t in tests])
         for t, hp, bp in zip(tests, holm_p, bonf_p, strict=True):
             t.holm_p, t.bonferroni_p = float(hp), float(bp)
-    return ComparisonTable(baseline=baseline, main=main, general=general, tests=tests)
+    return ComparisonTable(
+        baseline=baseline, main=main, general=general, tests=tests, seed_tests=seed_tests, seed_null=seed_null
+    )
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -500,6 +621,20 @@ def _pooled_text(cell: Cell, *, latex: bool, minus: str) -> str:
     return text
 
 
+def _seed_text(cell: Cell, *, latex: bool, minus: str) -> str:
+    """ "p=0.015 (+1.2 pp)": the seed-level p and the mean per-seed difference; "n/a" where the
+    t-test is undefined (see ``stats.paired_ttest``)."""
+    level = cell.seed_level
+    if level is None:
+        return ""
+    diff = f"{level.mean_pp:+.1f}".replace("-", minus)
+    if math.isnan(level.p):
+        return f"n/a ({diff} pp)"
+    if latex:
+        return f"$p{format_p(level.p, latex=True)}$ ({diff} pp)"
+    return f"p{format_p(level.p)} ({diff} pp)"
+
+
 def _cells(table: Table, row: Row, style: str) -> list[str]:
     """Cell strings of one row: style "md" (Markdown), "latex" or "rich" (rich markup)."""
     dash = {"md": "—", "latex": "---", "rich": "—"}[style]
@@ -509,6 +644,10 @@ def _cells(table: Table, row: Row, style: str) -> list[str]:
         cell = row.cells[col.key]
         if col.kind == "pooled":
             text = _pooled_text(cell, latex=style == "latex", minus="$-$" if style == "latex" else "−")
+            out.append(text or dash)
+            continue
+        if col.kind == "seed":
+            text = _seed_text(cell, latex=style == "latex", minus="$-$" if style == "latex" else "−")
             out.append(text or dash)
             continue
         if cell.mean is None:
@@ -528,6 +667,20 @@ def _cells(table: Table, row: Row, style: str) -> list[str]:
 def _legend(ct: ComparisonTable, table: Table, *, latex: bool = False) -> str:
     pooled = any(c.kind == "avg" for c in table.columns)
     seeds = any(r.n_seeds > 1 for r in table.rows)
+    seed_level = any(c.kind == "seed" for c in table.columns)
+    text = _legend_head(ct, pooled, seeds, latex=latex)
+    if seed_level:
+        p = "$p$" if latex else "p"
+        text += (
+            f" Pooled {p} and the stars are question-level: McNemar tests over the questions of every seed "
+            f"pair. Seed-level {p} (primary with several seeds, seeds being the unit of replication): paired "
+            "t-test over training seeds of the per-seed accuracy difference on the same questions, with the "
+            "mean difference in points."
+        )
+    return text
+
+
+def _legend_head(ct: ComparisonTable, pooled: bool, seeds: bool, *, latex: bool) -> str:
     if latex:
         base = latex_text(ct.baseline)
         text = (
@@ -581,6 +734,63 @@ def tests_markdown(ct: ComparisonTable) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ci(low: float, high: float) -> str:
+    return "—" if math.isnan(low) else f"[{low:+.1f}, {high:+.1f}]"
+
+
+def seed_reference(ct: ComparisonTable, scope: str) -> str | None:
+    """The baseline's seed-to-seed line for ``scope``: what two seeds of one method already differ by."""
+    null = ct.seed_null.get(scope)
+    if null is None:
+        return None
+    per_pair = "/".join(f"{100 * d:.1f}" for d in null.differ)
+    pairs = ", ".join(f"{i}/{j}" for i, j in null.pairs)
+    q = null.pooled
+    return (
+        f"Reference ({scope}): two seeds of {ct.baseline} answer {100 * null.mean_differ:.1f}% of the questions "
+        f"differently (mean over seed pairs {pairs}: {per_pair}%); question-level McNemar between them, "
+        f"pooled over those pairs: p={q.p:.3g} ({q.n10}/{q.n01}). Read a configuration's differ % against it."
+    )
+
+
+def seed_tests_markdown(ct: ComparisonTable) -> str:
+    """The seed-level tests, the baseline's seed-to-seed reference, and the notes where the
+    question-level and seed-level tests disagree."""
+    conf = ct.seed_tests[0].result.ttest.confidence if ct.seed_tests else 0.95
+    b = ct.seed_tests[0].result.bootstrap.n_resamples if ct.seed_tests else BOOTSTRAP_RESAMPLES
+    lines = [
+        f"Training seeds as the unit (primary with several seeds): per seed pair the accuracy difference vs. "
+        f"{ct.baseline} on the pooled questions, a paired t-test over the seeds (df = seeds − 1) and its "
+        f"{100 * conf:.0f}% t interval; the hierarchical bootstrap interval ({b} resamples of seeds, then of "
+        "questions within each seed) adds the question variance. Question-level p: the pooled McNemar test "
+        "beside it, which treats the questions as the only source of variance. Differ %: share of questions "
+        "answered differently, mean over the seed pairs. Not part of the Holm/Bonferroni family.",
+        "",
+    ]
+    if ct.seed_tests:
+        lines += [
+            "| Configuration | Test | Seeds | Δ pp per seed | mean Δ pp | t CI | bootstrap CI | seed-level p | "
+            "question-level p | differ % |",
+            "|---|---|---|---|---:|---|---|---:|---:|---:|",
+        ]
+        for t in ct.seed_tests:
+            tt, bs = t.result.ttest, t.result.bootstrap
+            seeds = ", ".join(f"{a}/{b}" for a, b in t.seeds)
+            p = "n/a" if math.isnan(tt.p) else f"{tt.p:.3g}"
+            lines.append(
+                f"| {_md_escape(t.configuration)} | {_md_escape(t.scope)} | {seeds} | "
+                f"{'/'.join(f'{d:+.1f}' for d in tt.diffs_pp)} | {tt.mean_pp:+.1f} | "
+                f"{_ci(tt.ci_low_pp, tt.ci_high_pp)} | {_ci(bs.low_pp, bs.high_pp)} | {p} | "
+                f"{t.question_level.p:.3g} | {100 * t.differ:.1f} |"
+            )
+        lines.append("")
+    refs = [r for r in (seed_reference(ct, scope) for scope in ct.seed_null) if r]
+    lines += [_md_escape(r) for r in refs]
+    if ct.notes:
+        lines += ["", "Where the two tests disagree:", ""] + [f"- {_md_escape(n)}" for n in ct.notes]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 def to_markdown(ct: ComparisonTable, *, with_tests: bool = True) -> str:
     parts = []
     for table in _tables(ct):
@@ -595,6 +805,8 @@ def to_markdown(ct: ComparisonTable, *, with_tests: bool = True) -> str:
             lines.append("| " + " | ".join([_md_escape(row.name)] + _cells(table, row, "md")) + " |")
         lines += ["", _md_escape(_legend(ct, table))]
         parts.append("\n".join(lines) + "\n")
+    if ct.seed_tests or ct.seed_null:
+        parts.append("## Seed-level tests\n\n" + seed_tests_markdown(ct))
     if with_tests and ct.tests:
         parts.append("## Paired tests\n\n" + tests_markdown(ct))
     return "\n".join(parts)
@@ -659,6 +871,7 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
     """rich renderables: one table per results table, then the test listing."""
     from rich.markup import escape
     from rich.table import Table as RichTable
+    from rich.text import Text
 
     out: list[Any] = []
     for table in _tables(ct):
@@ -705,19 +918,59 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
                 "reject" if t.bonferroni_reject else "—",
             )
         out.append(tt)
+    if ct.seed_tests:
+        st = RichTable(
+            title=f"Seed-level tests vs. {ct.baseline} (paired t-test over training seeds; primary with several seeds)"
+        )
+        for name, justify in [
+            ("Configuration", "left"),
+            ("Test", "left"),
+            ("Δ pp per seed", "left"),
+            ("mean Δ pp", "right"),
+            ("t CI", "left"),
+            ("bootstrap CI", "left"),
+            ("seed-level p", "right"),
+            ("question-level p", "right"),
+            ("differ %", "right"),
+        ]:
+            st.add_column(name, justify=justify)
+        for t in ct.seed_tests:
+            tt, bs = t.result.ttest, t.result.bootstrap
+            st.add_row(
+                escape(t.configuration),
+                escape(t.scope),
+                "/".join(f"{d:+.1f}" for d in tt.diffs_pp),
+                f"{tt.mean_pp:+.1f}",
+                _ci(tt.ci_low_pp, tt.ci_high_pp),
+                _ci(bs.low_pp, bs.high_pp),
+                "n/a" if math.isnan(tt.p) else f"{tt.p:.3g}",
+                f"{t.question_level.p:.3g}",
+                f"{100 * t.differ:.1f}",
+            )
+        out.append(st)
+    lines = [r for r in (seed_reference(ct, scope) for scope in ct.seed_null) if r]
+    lines += [f"Note: {n}" for n in ct.notes]
+    if lines:
+        out.append(Text("\n".join(lines)))
     return out
 
 
 def print_rich(ct: ComparisonTable, console: Any = None) -> None:
     from rich.console import Console
     from rich.measure import Measurement
+    from rich.text import Text
 
     console = console or Console()
     width = console.width
     try:
         for renderable in to_rich(ct):
             # At its natural width: a table wider than the terminal wraps rather than truncating numbers.
-            natural = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+            # Text (the reference line, the notes) wraps at the terminal's width.
+            natural = (
+                Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+                if not isinstance(renderable, Text)
+                else width
+            )
             console.width = max(width, natural)
             console.print(renderable, crop=False)
     finally:
