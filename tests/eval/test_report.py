@@ -394,7 +394,7 @@ def test_seed_level_column_beside_the_question_level_pooled_test(three_seed_dirs
     assert entry.differ == pytest.approx(np.mean([(a != b).mean() for a, b in pairs["Lucky"]]))
     # one note per disagreement, none where the two tests agree
     assert len(ct.notes) == 2
-    assert ct.notes[0].startswith("Lucky (pooled OOD): question-level pooled McNemar p = ")
+    assert ct.notes[0].startswith("Lucky (pooled OOD): question-level pooled McNemar p ")
     assert ct.notes[1].startswith("Steady (pooled OOD): seed-level p = ")
     # the Holm/Bonferroni family is still the McNemar tests only
     assert len(ct.tests) == 3 * 3
@@ -415,7 +415,7 @@ def test_seed_level_markdown_latex_json(three_seed_dirs):
     section = md.split("## Seed-level tests")[1].split("## Paired tests")[0]
     assert "| Lucky | pooled OOD | 0/0, 1/1, 2/2 | +5.0/+0.5/-1.0 | +1.5 |" in section
     assert "Reference (pooled OOD): two seeds of Vanilla answer" in section
-    assert "- Lucky (pooled OOD): question-level pooled McNemar p = " in section
+    assert "- Lucky (pooled OOD): question-level pooled McNemar p " in section
     assert md.index("## Seed-level tests") < md.index("## Paired tests")
     tex = to_latex(ct)
     assert "seed-level p \\\\" in tex and "$p{=}1.00$ (+0.0 pp)" in tex

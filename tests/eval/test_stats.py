@@ -402,7 +402,7 @@ def test_disagreement_note():
     assert disagreement_note(0.01, math.nan, n_seeds=1) is None  # seed-level undefined
     note = disagreement_note(0.00002, 0.21, n_seeds=3, label="NoisyRollout (image)")
     assert note is not None and "\n" not in note
-    assert note.startswith("NoisyRollout (image): question-level pooled McNemar p = <1e-4 is below 0.05")
+    assert note.startswith("NoisyRollout (image): question-level pooled McNemar p < 1e-4 is below 0.05")
     assert "seed-level p = 0.21 (3 seeds) is not" in note
     note = disagreement_note(0.24, 0.015, n_seeds=3, label="SPSA")
     assert note is not None and note.startswith("SPSA: seed-level p = 0.015 (3 seeds) is below 0.05")

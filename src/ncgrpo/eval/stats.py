@@ -606,8 +606,8 @@ def seed_to_seed(outcomes: Mapping[Any, Any], pairs: Sequence[tuple[Any, Any]] |
     )
 
 
-def _fmt_p(p: float) -> str:
-    return "<1e-4" if p < 1e-4 else f"{p:.2g}"
+def _p_is(p: float) -> str:
+    return "p < 1e-4" if p < 1e-4 else f"p = {p:.2g}"
 
 
 def disagreement_note(
@@ -627,7 +627,7 @@ def disagreement_note(
     if q_sig == s_sig:
         return None
     head = f"{label}: " if label else ""
-    q, s = f"question-level pooled McNemar p = {_fmt_p(question_p)}", f"seed-level p = {_fmt_p(seed_p)}"
+    q, s = f"question-level pooled McNemar {_p_is(question_p)}", f"seed-level {_p_is(seed_p)}"
     if q_sig:
         return (
             f"{head}{q} is below {alpha} but {s} ({n_seeds} seeds) is not: these models differ on the "
