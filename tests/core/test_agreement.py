@@ -36,7 +36,23 @@ def test_branch_point_agreement_is_one_without_change_and_falls_with_distance():
     # a deterministic clean policy: 1 if the noisy one is the same, 0 if it moved
     det = torch.tensor([[100.0, 0.0, 0.0]])
     assert branch_point_agreement(det, det).item() == 1.0
-    assert branch_point_agreement(det, torch.tensor([[0.0, 100.0, 0.0]])).item() == 0.0
+    assert branch_point_agreement(det, torch.tensor([[0.0, 100.0, 0.0]])).item() == pytest.approx(0.0, abs=1e-12)
+
+
+def test_branch_point_agreement_mean_over_draws_is_its_value_at_the_mixture():
+    """Linear in q: averaging it over noisy draws gives the agreement of the noise-averaged q_bar, so the
+    logged mean describes what the rollouts are sampled from (a per-draw TV does not: it is larger)."""
+    g = torch.Generator().manual_seed(3)
+    clean = torch.randn(1, 40, generator=g)
+    draws = clean + 1.5 * torch.randn(500, 40, generator=g)
+    per_draw = branch_point_agreement(clean.expand(500, -1), draws).mean()
+    q_bar = torch.softmax(draws, -1).mean(0, keepdim=True)
+    at_mixture = branch_point_agreement(clean, q_bar.log())[0]
+    assert per_draw.item() == pytest.approx(at_mixture.item(), rel=1e-5)
+    assert per_draw < 1.0
+    tv_per_draw = first_token_tv(clean.expand(500, -1), draws).mean()
+    tv_mixture = first_token_tv(clean, q_bar.log())[0]
+    assert tv_per_draw > 1.5 * tv_mixture  # the per-draw distance overstates the mixture's
 
 
 def test_agreement_moves_with_sigma_where_the_old_metric_did_not():

@@ -7,11 +7,13 @@ stops acting:
 
 - :func:`first_token_tv`: total-variation distance between the clean and the noisy first-token
   distributions (the branch point's own output, ``softmax(lm_head(h~) / T)``);
-- :func:`branch_point_agreement`: eq. (4)'s kernel on those first-token distributions, with the
-  bandwidth fixed per group from the clean half: ``tau^2 = 2 (1 - sum_v p_clean(v)^2)``, the expected
-  squared distance between two first tokens the CLEAN policy samples (one-hot vectors). It is 1 when
-  the noise leaves the distribution unchanged and decays as the displacement exceeds the clean
-  policy's own first-token spread;
+- :func:`branch_point_agreement`: how often a noisy branch's first token coincides with a clean
+  branch's, relative to two clean branches: ``sum_v p(v) q(v) / sum_v p(v)^2`` (``p`` clean, ``q`` the
+  noisy row's distribution). 1 when the noise leaves the distribution unchanged; below 1 when it moves
+  mass off the clean policy's likely tokens. It is LINEAR in ``q``, so its mean over noisy rows equals
+  its value at the noise-averaged ``q_bar`` (:mod:`ncgrpo.core.marginal`): unlike a per-draw distance
+  it describes what the rollouts are sampled from. (It replaces eq. (4)'s kernel with a bandwidth from
+  the clean spread, which saturated: 1.00000 -> 0.99987 while the per-draw TV went 0.003 -> 0.062.)
 - :func:`answer_agreement`: the fraction of noisy rollouts whose extracted answer equals the clean
   half's majority answer;
 - :func:`match_first_token_temperature`: the first-token temperature whose mean TV equals a target
@@ -52,20 +54,18 @@ def first_token_tv(
 def branch_point_agreement(
     clean_logits: torch.Tensor, noisy_logits: torch.Tensor, *, temperature: float = 1.0
 ) -> torch.Tensor:
-    """Eq. (4) between each noisy row's first-token distribution and its clean partner's.
+    """First-token agreement of each noisy row with its clean partner: ``sum_v p q / sum_v p^2``.
 
-    ``clean_logits`` / ``noisy_logits`` ``# [B, V]`` (row ``i`` of each belongs to the same prompt).
-    ``kappa = exp(-||p~ - p||^2 / (2 tau^2))`` with ``tau^2 = 2 (1 - ||p||^2)`` from the clean
-    distribution ``p``. A deterministic clean policy (``tau = 0``) gives 1 if the noisy distribution
-    equals it and 0 otherwise. Returns ``# [B]``.
+    ``clean_logits`` / ``noisy_logits`` ``# [B, V]`` (row ``i`` of each belongs to the same prompt);
+    ``p = softmax(clean / T)``, ``q = softmax(noisy / T)``. The probability that a noisy branch and a
+    clean branch sample the same first token, over the probability that two clean branches do: 1 when
+    ``q = p``, ``q(argmax p)`` for a deterministic clean policy, and (linear in ``q``) its mean over
+    draws is its value at ``q_bar``. It can exceed 1 when the noise concentrates mass on the clean
+    policy's likely tokens. Returns ``# [B]``.
     """
     p = torch.softmax(clean_logits.float() / temperature, dim=-1)
     q = torch.softmax(noisy_logits.float() / temperature, dim=-1)
-    d2 = (q - p).pow(2).sum(-1)
-    tau2 = 2.0 * (1.0 - p.pow(2).sum(-1)).clamp_min(0.0)
-    safe = tau2 > 1e-12
-    k = torch.exp(-d2 / (2.0 * torch.where(safe, tau2, torch.ones_like(tau2))))
-    return torch.where(safe, k, (d2 <= 1e-12).float())
+    return (p * q).sum(-1) / p.pow(2).sum(-1).clamp_min(1e-30)
 
 
 def answer_agreement(answers: Sequence[str | None], noisy: Sequence[bool], group_size: int) -> float:

@@ -1,0 +1,253 @@
+"""The noise-averaged first-token distribution: what the noisy half of a group actually samples from.
+
+Proposition (first-token marginal; docs/equations.md). At the final-norm site the perturbation of
+eq. (2) reaches only the logits of the last prompt position (section 3.1): the KV cache is written from
+clean activations, so after the first token every branch decodes from the clean cache exactly as a
+clean row does. A noisy row with its own draw ``eps`` therefore samples its first token from
+``q_eps = softmax(head(h + sigma ||h|| / sqrt(d) eps) / T)`` and the rest as a clean row would. With
+independent draws (``latent``) the noisy rows of a group are independent given the prompt, and each
+row's first token is distributed as the mixture
+
+    q_bar = E_eps[q_eps]
+
+so the noisy half is, in distribution, ``n`` rows that sample their first token from ``q_bar`` and
+continue clean: NC-GRPO at this site is GRPO whose noisy half starts from ``q_bar``. Antithetic pairs
+keep each row's marginal (``-eps ~ eps``) but correlate the two rows of a pair; SPSA's rank-one noise
+shares the step's direction ``u`` across rows, and its steering offset ``mu`` shifts every draw, so
+its marginal is ``E_r[softmax(head(h + (sigma r u + mu) ||h|| / sqrt(d)) / T)]``. The loss uses clean
+log-probabilities, so the expected update depends on the noise only through ``q_bar`` (latent) or the
+pair/step joint (antithetic, SPSA).
+
+Consequences for measurement: per-draw distances such as the mean ``TV(q, q_eps)`` describe one draw,
+not what the training data sees, and can be an order of magnitude larger than ``TV(q, q_bar)``. This
+module computes the marginal, its Monte Carlo error, ``KL(q_bar || q)``, the temperature whose
+first-token distribution is closest to ``q_bar``, and samples from ``q_bar`` directly (the
+``first_token_marginal`` control).
+
+Pure torch; ``head`` is any callable from hidden states ``# [M, d]`` to logits ``# [M, V]`` (an
+``lm_head`` module). No engine imports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ncgrpo.core.noise import NoiseKey, NoiseMode, draw_eps, perturb
+
+__all__ = [
+    "MARGINAL_DRAW_BASE",
+    "MarginalEstimate",
+    "closest_temperature",
+    "marginal_estimate",
+    "marginal_keys",
+    "mixture_log_probs",
+    "noisy_probs",
+    "pool_keys",
+    "sigma_for_marginal_tv",
+]
+
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+#: Draw indices of the extra eps used to estimate ``q_bar`` are negative (``-1 - m``), so they never
+#: coincide with a rollout row's draw (``0 .. n-1``, :mod:`ncgrpo.core.plan`).
+MARGINAL_DRAW_BASE = -1
+
+
+def marginal_keys(seed: int, step: int, prompt_id: int, draws: int, *, offset: int = 0) -> list[NoiseKey]:
+    """``draws`` keys for Monte Carlo draws of ``q_bar`` of one prompt: ``NoiseKey(seed, step, prompt_id,
+    -1 - offset - m)``. Deterministic (a run's metric is reproducible) and disjoint from the rows' draws."""
+    return [NoiseKey(seed, step, prompt_id, MARGINAL_DRAW_BASE - offset - m) for m in range(draws)]
+
+
+def pool_keys(key: NoiseKey, draws: int) -> list[NoiseKey]:
+    """The ``first_token_marginal`` control's pool for the row whose own key is ``key``: ``draws`` keys
+    ``NoiseKey(seed, step, prompt_id, -2**40 - key.draw * draws - m)``, fresh per row and disjoint from
+    the rows' draws and from :func:`marginal_keys`."""
+    base = -(1 << 40) - key.draw * draws
+    return [NoiseKey(key.seed, key.step, key.prompt_id, base - m) for m in range(draws)]
+
+
+def _draws(keys: Sequence[NoiseKey], d: int, mode: NoiseMode) -> torch.Tensor:
+    """The last prompt position's eps of each key. ``# [M, d]``"""
+    return torch.cat([draw_eps(k, [0], d, mode=mode) for k in keys]) if keys else torch.empty(0, d)
+
+
+@torch.no_grad()
+def noisy_probs(
+    head: Head,
+    h: torch.Tensor,
+    eps: torch.Tensor,
+    sigma: float,
+    *,
+    temperature: float = 1.0,
+    steer: torch.Tensor | None = None,
+    chunk: int = 256,
+) -> torch.Tensor:
+    """``q_eps`` for each draw: ``softmax(head(h~_m) / T)`` with ``h~_m = perturb(h, eps_m, sigma, steer)``.
+
+    ``h`` ``# [d]``: the clean state at the branch point (the final norm's output at the last prompt
+    position), in the model's dtype; ``eps`` ``# [M, d]``. ``perturb`` is eq. (2)'s own function, so the
+    perturbed states are bit-identical to the hook's. Returns ``# [M, V]`` float32.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    out = []
+    for lo in range(0, eps.shape[0], chunk):
+        e = eps[lo : lo + chunk].to(h.device)
+        ht = perturb(h.expand(e.shape[0], -1), e, float(sigma), steer=steer)  # [m, d] h.dtype
+        out.append(torch.softmax(head(ht).float() / temperature, dim=-1))
+    return torch.cat(out) if out else torch.empty(0, 0)
+
+
+@dataclass(frozen=True)
+class MarginalEstimate:
+    """One prompt's first-token marginal, estimated from ``draws`` Monte Carlo draws of eps.
+
+    ``tv``: ``TV(q, q_bar)`` (``q`` the clean distribution), the quantity that generates the noisy
+    rollouts; ``tv_se``: its bootstrap standard error over the draws; ``tv_per_draw``: the mean
+    ``TV(q, q_eps)`` (what one draw does; larger); ``kl``: ``KL(q_bar || q)`` in nats.
+
+    ``tv`` is the plug-in estimate ``TV(q, mean_m q_eps_m)`` minus the bootstrap estimate of its Monte
+    Carlo bias (|.| makes the plug-in biased upward, by about ``0.4 * sum_v sd_v / sqrt(M)`` when
+    ``q_bar`` is close to ``q``), floored at 0. ``tv_plugin`` keeps the plug-in value.
+    """
+
+    tv: float
+    tv_se: float
+    tv_plugin: float
+    tv_per_draw: float
+    kl: float
+    draws: int
+
+
+def _tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def marginal_estimate(
+    p: torch.Tensor,
+    q_draws: torch.Tensor,
+    *,
+    bootstrap: int = 200,
+    seed: int = 0,
+) -> MarginalEstimate:
+    """Estimate ``TV(p, q_bar)`` and ``KL(q_bar || p)`` from draws ``q_draws`` ``# [M, V]`` of ``q_eps``.
+
+    ``p`` ``# [V]`` the clean first-token distribution. The bootstrap (``bootstrap`` resamples of the
+    ``M`` draws, seeded) gives the standard error and the bias correction (see
+    :class:`MarginalEstimate`); ``bootstrap=0`` skips both (``tv_se`` NaN, ``tv`` the plug-in).
+    """
+    p = p.float()
+    q = q_draws.float()
+    M = q.shape[0]
+    if M < 1:
+        raise ValueError("marginal_estimate needs at least one draw")
+    qbar = q.mean(0)
+    plug = float(_tv(p, qbar))
+    per_draw = float(_tv(p[None], q).mean())
+    kl = float((qbar * (qbar.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum().clamp_min(0.0))
+    se = float("nan")
+    tv = plug
+    if bootstrap > 0 and M > 1:
+        g = torch.Generator().manual_seed(int(seed))
+        idx = torch.randint(0, M, (bootstrap, M), generator=g)
+        boot = torch.stack([_tv(p, q[i.to(q.device)].mean(0)) for i in idx]).cpu()  # [bootstrap]
+        se = float(boot.std(unbiased=True))
+        tv = max(0.0, 2.0 * plug - float(boot.mean()))
+    return MarginalEstimate(tv=tv, tv_se=se, tv_plugin=plug, tv_per_draw=per_draw, kl=kl, draws=M)
+
+
+def mixture_log_probs(
+    head: Head,
+    h: torch.Tensor,
+    keys: Sequence[NoiseKey],
+    sigma: float,
+    *,
+    mode: NoiseMode = "independent",
+    temperature: float = 1.0,
+    steer: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``log q_hat`` with ``q_hat = mean_m q_eps_m`` over the draws named by ``keys``. ``# [V]`` float32.
+
+    Sampling a token from ``q_hat`` with a fresh set of keys per row draws it from ``E[q_hat] = q_bar``
+    exactly, for any number of keys: the ``first_token_marginal`` control is distributed as NC-GRPO's
+    noisy half by construction, and differs from it only in that no eps ever enters the model's
+    forward (module docstring).
+    """
+    d = h.shape[-1]
+    q = noisy_probs(head, h, _draws(keys, d, mode), sigma, temperature=temperature, steer=steer)
+    return q.mean(0).clamp_min(1e-38).log()
+
+
+@torch.no_grad()
+def closest_temperature(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    lo: float = 0.05,
+    hi: float = 20.0,
+    iters: int = 60,
+) -> float:
+    """The single temperature ``T*`` minimising the mean ``TV(softmax(z / T*), q_bar)`` over prompts.
+
+    ``logits`` ``# [P, V]`` clean first-token logits (before any temperature), ``targets`` ``# [P, V]``
+    the prompts' ``q_bar``. Golden-section search on ``log T`` in ``[lo, hi]`` (the mean TV is unimodal
+    in practice; the search returns a local minimum if it is not). ``T*`` near the sampling temperature
+    says the noise acts on the rollouts like a small change of first-token temperature.
+    """
+    z = logits.float()
+    t = targets.float().to(z.device)
+
+    def f(log_t: float) -> float:
+        return float(_tv(torch.softmax(z / math.exp(log_t), -1), t).mean())
+
+    a, b = math.log(lo), math.log(hi)
+    gr = (math.sqrt(5) - 1) / 2
+    c, d = b - gr * (b - a), a + gr * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - gr * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + gr * (b - a)
+            fd = f(d)
+    return float(math.exp(0.5 * (a + b)))
+
+
+def sigma_for_marginal_tv(
+    tv_at: Callable[[float], float],
+    target: float,
+    *,
+    hi: float = 4.0,
+    iters: int = 30,
+    tol: float = 1e-4,
+) -> float:
+    """The noise scale whose marginal TV equals ``target`` (bisection on ``sigma`` in ``[0, hi]``).
+
+    ``tv_at(sigma)`` must evaluate the marginal TV with common random numbers (the same draws at every
+    sigma), so it is a smooth, increasing function of sigma. Returns ``hi`` if even ``hi`` does not
+    reach the target (check it), 0 for a target <= 0.
+    """
+    if not (math.isfinite(target) and 0 <= target <= 1):
+        raise ValueError(f"target marginal TV must be in [0, 1], got {target}")
+    if target <= 0:
+        return 0.0
+    if tv_at(hi) < target:
+        return float(hi)
+    lo_s, hi_s = 0.0, float(hi)
+    for _ in range(iters):
+        mid = 0.5 * (lo_s + hi_s)
+        if tv_at(mid) < target:
+            lo_s = mid
+        else:
+            hi_s = mid
+        if hi_s - lo_s < tol:
+            break
+    return 0.5 * (lo_s + hi_s)
