@@ -77,6 +77,9 @@ def _cfg(tmp_path, **kw) -> NCGRPOConfig:
         (dict(schedule_unit="epoch"), "schedule_unit"),
         (dict(spsa_min_sigma_ratio=2.0), "spsa_min_sigma_ratio"),
         (dict(first_token_temperature=float("inf")), "first_token_temperature"),
+        (dict(first_token_marginal_draws=0), "first_token_marginal_draws"),
+        (dict(marginal_tv_draws=-1), "marginal_tv_draws"),
+        (dict(rollout_method="first_token_marginal", noise_site="1"), "no such q_bar"),
         (
             dict(rollout_method="spsa", num_generations=4, per_device_train_batch_size=4, noise_site="1"),
             "different directions",
@@ -269,6 +272,41 @@ def test_agreement_metrics_follow_sigma(tmp_path) -> None:
     assert logged[0.0]["noise/first_token_tv"] == 0.0 and logged[0.0]["noise/agreement"] == 1.0
     assert logged[0.5]["noise/first_token_tv"] < logged[4.0]["noise/first_token_tv"]
     assert logged[0.5]["noise/agreement"] > logged[4.0]["noise/agreement"]
+
+
+def test_marginal_tv_is_logged_below_the_per_draw_tv_and_feeds_the_inert_warning(tmp_path) -> None:
+    """``noise/first_token_marginal_tv`` (what the noisy half samples from) is logged at the final-norm
+    site, is 0 without noise, and is smaller than the per-draw ``noise/first_token_tv``."""
+    logged = {}
+    for sigma0 in (0.0, 2.0):
+        tr = tiny.trainer(tmp_path / str(sigma0), rollout_method="latent", sigma0=sigma0, max_steps=1)
+        tr.train()
+        logged[sigma0] = _last_metrics(tr)[0]
+    assert logged[0.0]["noise/first_token_marginal_tv"] == 0.0
+    m = logged[2.0]
+    assert 0.0 < m["noise/first_token_marginal_tv"] < m["noise/first_token_tv"], m
+    # a layer site has no q_bar through the LM head: not logged there (the per-draw TV is)
+    tr = tiny.trainer(tmp_path / "layer", rollout_method="latent", sigma0=2.0, max_steps=1, noise_site="1")
+    tr.train()
+    m = _last_metrics(tr)[0]
+    assert "noise/first_token_marginal_tv" not in m and "noise/first_token_tv" in m
+
+
+def test_first_token_controls_log_their_marginal(tmp_path) -> None:
+    """The temperature control's marginal is exact (its q_bar is softmax(z / T_k), the same as one draw);
+    the q_bar control samples through its hook and logs the same estimator as NC-GRPO."""
+    tr = tiny.trainer(tmp_path / "t", rollout_method="first_token_temperature", first_token_temperature=3.0, max_steps=1)
+    tr.train()
+    m = _last_metrics(tr)[0]
+    assert m["noise/first_token_marginal_tv"] == pytest.approx(m["noise/first_token_tv"], rel=1e-5)
+    tr = tiny.trainer(tmp_path / "m", rollout_method="first_token_marginal", sigma0=2.0, max_steps=1)
+    tr.train()
+    m = _last_metrics(tr)[0]
+    assert m["noise/sigma_k"] > 0 and m["noise/first_token_marginal_tv"] > 0
+    assert m["noise/first_token_tv"] > 0  # each row's q_hat differs from the clean q
+    rows = tr.nc_history[0].rows
+    assert any(r[2] for r in rows) and all((r[4] is None) == (not r[2]) for r in rows)
+    assert all(x == 0.0 for x in tr.nc_history[0].rel)  # no noise in the forward
 
 
 def test_proposition_2_on_real_rollouts(tmp_path) -> None:
@@ -536,6 +574,7 @@ def test_text_model_without_question_id(tmp_path) -> None:
     [
         (dict(vllm_mode="server", rollout_method="image"), "distorted images would never reach the server"),
         (dict(noise_site="1"), "propagating layer site"),
+        (dict(rollout_method="first_token_marginal"), "transformers generate path only"),
     ],
 )
 def test_use_vllm_refusals_say_why(tmp_path, kw, match) -> None:

@@ -59,13 +59,22 @@ Methods (``rollout_method``):
   (eq. 6) on every noisy prefill; after rewards, ``mu <- Pi(mu + spsa_lr * g)`` with ``g`` from the
   pairs' reward gaps weighted by their branch-point scalar ``r_p`` (rewards are gathered, so every
   rank holds the same ``mu``). ``mu`` is saved in checkpoints (``ncgrpo_state.pt``) and restored.
-- ``first_token_temperature``: the matched control: the noisy half gets no hidden noise but samples
-  its first token at ``first_token_temperature`` (not annealed).
+- ``first_token_temperature``: a control: the noisy half gets no hidden noise but samples its first
+  token at ``T_k``, from ``first_token_temperature`` annealed to ``T`` on eq. (3)'s decay. Match
+  ``first_token_temperature`` on the MARGINAL first-token TV (``ncgrpo probe``'s ``matched T0``).
+- ``first_token_marginal``: a control: the noisy half's first token is sampled from the noise-averaged
+  distribution ``q_bar`` of ``sigma_k`` (:func:`ncgrpo.engines.controls.first_token_marginal`) and no
+  noise enters the forward. At the final-norm site this is NC-GRPO's own distribution of groups
+  (:mod:`ncgrpo.core.marginal`); a training difference between the two is a bug or numerics.
 
 Logged (TRL ``_metrics``; all gathered over processes): ``noise/sigma_k``, ``reward/clean``,
-``reward/noisy``, ``reward/contrast``, ``noise/rel_perturbation``, ``noise/first_token_divergence``
-(and ``noise/first_token_divergence_clean``, the same rate on the clean half: its baseline under
-temperature sampling), ``noise/agreement``, ``spsa/mu_norm``, ``image_noise/t``.
+``reward/noisy``, ``reward/contrast``, ``noise/rel_perturbation``, ``noise/first_token_marginal_tv``
+(``TV(q, q_bar)``: what the noisy rollouts are sampled from; estimated from ``marginal_tv_draws`` extra
+draws per prompt through the LM head, final-norm site and the first-token controls only),
+``noise/first_token_tv`` (the mean per-draw ``TV(q, q_eps)``: what one draw does, larger),
+``noise/first_token_divergence`` (and ``noise/first_token_divergence_clean``, the same rate on the
+clean half: its baseline under temperature sampling), ``noise/agreement``, ``spsa/mu_norm``,
+``image_noise/t``.
 """
 
 from __future__ import annotations
@@ -84,9 +93,10 @@ from trl import GRPOConfig, GRPOTrainer
 from ncgrpo.core import noise as nz
 from ncgrpo.core.advantages import contrast_statistic, group_advantages
 from ncgrpo.core.plan import (
-    HIDDEN_NOISE_METHODS,
+    NOISE_MODE,
     PAIRED_METHODS,
     ROLLOUT_METHODS,
+    SIGMA_METHODS,
     TWO_PASS_METHODS,
     RowPlan,
     plan_rows,
@@ -146,12 +156,16 @@ class NCGRPOConfig(GRPOConfig):
         metadata={
             "help": "How the noisy half of each group is generated: 'vanilla' (plain GRPO), 'latent' (NC-GRPO, "
             "eq. 2), 'image' (NoisyRollout), 'antithetic' (+eps/-eps pairs), 'spsa' (antithetic rank-one noise plus "
-            "a learned steering vector, eq. 6) or 'first_token_temperature' (matched control)."
+            "a learned steering vector, eq. 6), 'first_token_temperature' (control: the noisy half's first token at "
+            "a higher temperature) or 'first_token_marginal' (control: the first token sampled from the "
+            "noise-averaged distribution q_bar, no noise in the forward)."
         },
     )
     sigma0: float = field(
         default=0.2,
-        metadata={"help": "Initial noise scale sigma_0 of eq. (2)/(3) (latent/antithetic/spsa); >= 0."},
+        metadata={
+            "help": "Initial noise scale sigma_0 of eq. (2)/(3) (latent/antithetic/spsa/first_token_marginal); >= 0."
+        },
     )
     sigma_schedule: str = field(
         default="sigmoid",
@@ -223,8 +237,22 @@ class NCGRPOConfig(GRPOConfig):
         metadata={
             "help": "Starting temperature T0 of the noisy half's first token (rollout_method="
             "'first_token_temperature'); it anneals to the sampling temperature T on the noise schedule, "
-            "T_k = T + (T0 - T) * sigma_k / sigma0. Match it to sigma0 with `ncgrpo probe` (equal mean "
-            "first-token total-variation distance)."
+            "T_k = T + (T0 - T) * sigma_k / sigma0. Match it to sigma0 with `ncgrpo probe`'s 'matched T0' (equal "
+            "noise-averaged, i.e. marginal, first-token total-variation distance: what generates the rollouts)."
+        },
+    )
+    first_token_marginal_draws: int = field(
+        default=16,
+        metadata={
+            "help": "rollout_method='first_token_marginal': draws of eps in each noisy row's pool; the row samples its "
+            "first token from their mean distribution (any value gives q_bar exactly in distribution)."
+        },
+    )
+    marginal_tv_draws: int = field(
+        default=32,
+        metadata={
+            "help": "Extra eps draws per prompt through the LM head behind the logged noise/first_token_marginal_tv "
+            "(final-norm site); 0 turns the metric off."
         },
     )
     image_noise_step: int = field(
@@ -329,6 +357,20 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"first_token_temperature must be a finite number > 0, got {self.first_token_temperature}"
             )
+        for name in ("first_token_marginal_draws", "marginal_tv_draws"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int)
+                or v < (1 if name == "first_token_marginal_draws" else 0)
+            ):
+                raise ValueError(f"{name} must be an integer >= {1 if 'first' in name else 0}, got {v!r}")
+        if m == "first_token_marginal" and parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                "rollout_method='first_token_marginal' samples the first token from the final-norm site's "
+                f"noise-averaged distribution q_bar; noise_site={self.noise_site!r} has no such q_bar through the LM "
+                "head alone. Use noise_site='final_norm'."
+            )
         if not 0 <= int(self.image_noise_step) < 1000 or int(self.image_noise_step) != self.image_noise_step:
             raise ValueError(
                 f"image_noise_step must be an integer diffusion step in [0, 999] (NoisyRollout uses 400-500), "
@@ -348,6 +390,11 @@ class NCGRPOConfig(GRPOConfig):
         m = self.rollout_method
         if self.vllm_mode not in ("colocate", "server"):
             raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if m == "first_token_marginal":
+            raise NotImplementedError(
+                "rollout_method='first_token_marginal' runs on the transformers generate path only: the vLLM plugin "
+                "has no hook that replaces a first-token logit row by log q_bar. Use use_vllm=False."
+            )
         if self.vllm_mode == "server" and m == "image":
             raise NotImplementedError(
                 "rollout_method='image' with vllm_mode='server' is not supported: TRL's server path sends the image "
@@ -533,6 +580,7 @@ class _LocalGen:
     first_token_temperature: float | None = None  # the control's T_k
     rel: torch.Tensor | None = None  # [L]
     branch_argmax: torch.Tensor | None = None  # [L] argmax of the logits at the branch point
+    branch_marginal: torch.Tensor | None = None  # [L] TV(q, q_bar) on each group's first noisy row, else NaN
     branch_tv: torch.Tensor | None = None  # [L] first-token TV vs the clean partner (NaN: clean row)
     branch_agreement: torch.Tensor | None = None  # [L] eq. (4) on first-token distributions
     first_token: torch.Tensor | None = None  # [L]
@@ -669,7 +717,7 @@ class NCGRPOTrainer(GRPOTrainer):
     def _nc_generate(self, generate, prompt_ids, images, multimodal_fields, num_generations):
         """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
         generation) inside them; records what the branch point did in ``self._nc_gen``."""
-        from ncgrpo.engines.controls import first_token_temperature
+        from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
 
         a = self.args
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
@@ -694,7 +742,7 @@ class NCGRPOTrainer(GRPOTrainer):
             step=k_opt,
             antithetic_grouping=a.antithetic_grouping,
         )
-        sigma_k = self._schedule(k, K, a.sigma0) if self.method in HIDDEN_NOISE_METHODS else 0.0
+        sigma_k = self._schedule(k, K, a.sigma0) if self.method in SIGMA_METHODS else 0.0
         gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
         rows = [row_noise(p, sigma_k, self.method) for p in plans]
         if self.use_vllm:
@@ -717,8 +765,19 @@ class NCGRPOTrainer(GRPOTrainer):
                         first_token_temperature=gen.first_token_temperature,
                     )
                 )
+            control = None
+            if self.method == "first_token_marginal":
+                control = stack.enter_context(
+                    first_token_marginal(
+                        model,
+                        [p.key if p.noisy else None for p in plans],
+                        sigma=sigma_k,
+                        temperature=self.temperature,
+                        draws=a.first_token_marginal_draws,
+                    )
+                )
             completion_ids, logprobs = generate(multimodal_fields)
-        self._nc_record_branch_point(gen, *branch)
+        self._nc_record_branch_point(gen, *branch, model=model, control=control)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
         return completion_ids, logprobs
@@ -729,7 +788,9 @@ class NCGRPOTrainer(GRPOTrainer):
         (:func:`ncgrpo.engines.transformers.prefill_noise` with this run's site, positions and SPSA's ``mu``)
         and the last-position logits of that forward (the branch point), read by an ``lm_head`` hook
         inside the forward so it also works where weights are only gathered during generate (ZeRO-3).
-        Yields ``(hook, captured)``: ``captured`` holds ``[L, V]`` float32 logits after the prefill."""
+        Yields ``(hook, captured)``: ``captured`` holds ``[L, V]`` float32 logits after the prefill, then
+        the LM head's input at that position ``[L, d]`` (model dtype; the clean final-norm state on clean
+        rows)."""
         from ncgrpo.engines.transformers import find_text_stack, prefill_noise
 
         a = self.args
@@ -738,6 +799,7 @@ class NCGRPOTrainer(GRPOTrainer):
         def _capture(module, args, output):
             if not captured:
                 captured.append(output[:, -1].detach().float())
+                captured.append(args[0][:, -1].detach())
 
         with ExitStack() as stack:
             handle = find_text_stack(model)[0].lm_head.register_forward_hook(_capture)
@@ -754,16 +816,26 @@ class NCGRPOTrainer(GRPOTrainer):
             )
             yield hook, captured
 
-    def _nc_record_branch_point(self, gen: _LocalGen, hook, captured: list[torch.Tensor]) -> None:
-        """Fill ``gen.rel`` / ``branch_argmax`` / ``branch_tv`` / ``branch_agreement`` from one prefill
-        under :meth:`_nc_branch_point_hooks` (both engines' paths go through here)."""
+    def _nc_record_branch_point(
+        self, gen: _LocalGen, hook, captured: list[torch.Tensor], *, model=None, control=None
+    ) -> None:
+        """Fill ``gen.rel`` / ``branch_argmax`` / ``branch_tv`` / ``branch_agreement`` /
+        ``branch_marginal`` from one prefill under :meth:`_nc_branch_point_hooks` (both engines' paths go
+        through here). ``control``: the ``first_token_marginal`` hook, whose rewritten rows are what its
+        noisy rows sampled from."""
         if hook.records:
             gen.rel = hook.records[0].rel.float()  # the prefill
         if captured:
-            gen.branch_argmax = captured[0].argmax(-1).cpu()
+            logits = captured[0]
+            gen.branch_argmax = logits.argmax(-1).cpu()
+            noisy_logits = None
+            if control is not None and control.last_logits is not None:
+                noisy_logits = control.last_logits.to(logits.device)
             gen.branch_tv, gen.branch_agreement = self._branch_point_stats(
-                gen.plans, captured[0], gen.first_token_temperature
+                gen.plans, logits, gen.first_token_temperature, noisy_logits=noisy_logits
             )
+            if model is not None and len(captured) > 1:
+                gen.branch_marginal = self._branch_point_marginal(gen, model, logits, captured[1])
 
     def _nc_measure_branch_point(
         self, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields
@@ -784,7 +856,7 @@ class NCGRPOTrainer(GRPOTrainer):
         model = self.accelerator.unwrap_model(self.model)
         with self._nc_branch_point_hooks(model, rows) as branch:
             self._nc_prefill_only(prompt_ids, fields)
-        self._nc_record_branch_point(gen, *branch)
+        self._nc_record_branch_point(gen, *branch, model=model)
 
     def _nc_generate_vllm(self, generate, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields):
         """The vLLM leg of :meth:`_nc_generate`: one request per row (TRL's colocate mode already sends
@@ -836,13 +908,70 @@ class NCGRPOTrainer(GRPOTrainer):
                 out.append(images[i])
         return out
 
+    def _branch_point_marginal(
+        self, gen: _LocalGen, model, logits: torch.Tensor, states: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``TV(q, q_bar)`` per group with a clean row on this rank, on the group's first noisy row (NaN
+        elsewhere): the distribution the noisy half's first tokens are sampled from
+        (:mod:`ncgrpo.core.marginal`). Hidden-noise methods at the final-norm site and
+        ``first_token_marginal``: ``marginal_tv_draws`` draws ``NoiseKey(seed, step, prompt_id, -1 - m)``
+        (the row's own noise mode and SPSA's ``mu``) through the LM head on the clean partner's state,
+        bootstrap bias-corrected; the temperature control: exact (its q_bar is ``softmax(z / T_k)``).
+        None where it is not defined this way (image method, layer sites) or ``marginal_tv_draws=0``."""
+        from ncgrpo.core.agreement import first_token_tv
+        from ncgrpo.core.marginal import marginal_estimate, marginal_keys, noisy_probs
+        from ncgrpo.engines.transformers import find_text_stack
+
+        a = self.args
+        T = float(self.temperature)
+        out = torch.full((len(gen.plans),), float("nan"))
+        clean_of: dict[int, int] = {}
+        first_noisy: dict[int, int] = {}
+        for i, p in enumerate(gen.plans):
+            (first_noisy if p.noisy else clean_of).setdefault(p.group, i)
+        pairs = [(i, clean_of[g]) for g, i in first_noisy.items() if g in clean_of]
+        if not pairs:
+            return None
+        if self.method == "first_token_temperature":
+            for i, c in pairs:
+                out[i] = float(
+                    first_token_tv(
+                        logits[c : c + 1], logits[c : c + 1], t_a=gen.first_token_temperature, t_b=T
+                    )[0]
+                )
+            return out
+        final_norm = a.noise_site_parsed == "final_norm"
+        if self.method not in SIGMA_METHODS or not final_norm or a.marginal_tv_draws < 1:
+            return None
+        if gen.sigma_k <= 0:
+            out[[i for i, _ in pairs]] = 0.0
+            return out
+        head = find_text_stack(model)[0].lm_head
+        mode = NOISE_MODE.get(self.method, "independent")
+        steer = self.spsa_mu if self.method == "spsa" else None
+        d = states.shape[-1]
+        for i, c in pairs:
+            p = gen.plans[i]
+            keys = marginal_keys(p.key.seed, p.key.step, p.prompt_id, a.marginal_tv_draws)
+            eps = torch.cat([nz.draw_eps(k, [0], d, mode=mode) for k in keys])
+            draws = noisy_probs(head, states[c], eps, gen.sigma_k, temperature=T, steer=steer)
+            clean = torch.softmax(logits[c].float() / T, -1)
+            out[i] = marginal_estimate(clean, draws, bootstrap=32, seed=p.prompt_id).tv
+        return out
+
     def _branch_point_stats(
-        self, plans: list[RowPlan], logits: torch.Tensor, noisy_temperature: float | None
+        self,
+        plans: list[RowPlan],
+        logits: torch.Tensor,
+        noisy_temperature: float | None,
+        *,
+        noisy_logits: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per local row: TV between its first-token distribution and its clean partner's, and eq. (4)'s
         kernel on the two (:mod:`ncgrpo.core.agreement`); NaN on clean rows and on noisy rows whose
         group has no clean row on this rank. The control's noisy rows sample at their first-token
-        temperature, the rest at the sampling temperature."""
+        temperature, the rest at the sampling temperature; ``noisy_logits`` (``first_token_marginal``): the
+        rows' rewritten logits, what they sampled from."""
         from ncgrpo.core.agreement import branch_point_agreement, first_token_tv
 
         T = float(self.temperature)
@@ -860,6 +989,8 @@ class NCGRPOTrainer(GRPOTrainer):
         noisy_z, clean_z = logits[idx.to(logits.device)], logits[cidx.to(logits.device)]
         if noisy_temperature is not None:  # the control: the noisy rows' logits are the clean ones, rescaled
             noisy_z = clean_z * (T / noisy_temperature)
+        if noisy_logits is not None:
+            noisy_z = noisy_logits[idx.to(noisy_logits.device)].float()
         tv[idx] = first_token_tv(noisy_z, clean_z, t_a=T, t_b=T).cpu()
         agree[idx] = branch_point_agreement(clean_z, noisy_z, temperature=T).cpu()
         return tv, agree
@@ -978,7 +1109,7 @@ class NCGRPOTrainer(GRPOTrainer):
         contrast = contrast_statistic(rg, noisy_mask_g, scale=self.scale_rewards)
         metrics["reward/contrast"] = float(torch.nanmean(contrast)) if torch.isfinite(contrast).any() else 0.0
         rel = self._gather(gen.rel) if gen.rel is not None else torch.zeros(len(plans))
-        if self.method in HIDDEN_NOISE_METHODS:
+        if self.method in SIGMA_METHODS:
             metrics["noise/sigma_k"] = gen.sigma_k
             if gen.rel is not None:  # measured by the prefill hook (on vLLM: the trainer's measurement pass)
                 metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
@@ -998,6 +1129,10 @@ class NCGRPOTrainer(GRPOTrainer):
             if torch.isfinite(tv).any():
                 metrics["noise/first_token_tv"] = float(torch.nanmean(tv))
                 metrics["noise/agreement"] = float(torch.nanmean(agree))
+        if gen.branch_marginal is not None:
+            marginal = self._gather(gen.branch_marginal)
+            if torch.isfinite(marginal).any():
+                metrics["noise/first_token_marginal_tv"] = float(torch.nanmean(marginal))
         if self._nc_answers is not None and len(self._nc_answers) == len(plans):
             from ncgrpo.core.agreement import answer_agreement
 
@@ -1010,7 +1145,7 @@ class NCGRPOTrainer(GRPOTrainer):
             metrics["spsa/mu_norm"] = mu_norm
             metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
 
-        inert = self._inert.update(gen.step, gen.sigma_k, metrics.get(self._inert.metric))
+        inert = self._inert.update_from(gen.step, gen.sigma_k, metrics)
         if inert is not None and self.accelerator.is_main_process:
             warnings.warn(inert, InertNoiseWarning, stacklevel=2)
         self._log_metrics(metrics)

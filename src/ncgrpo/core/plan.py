@@ -23,9 +23,11 @@ from typing import Any
 from ncgrpo.core.noise import NoiseKey, RowNoise, noise_seed
 
 __all__ = [
+    "FIRST_TOKEN_CONTROLS",
     "HIDDEN_NOISE_METHODS",
     "PAIRED_METHODS",
     "ROLLOUT_METHODS",
+    "SIGMA_METHODS",
     "TWO_PASS_METHODS",
     "RowPlan",
     "plan_group",
@@ -36,11 +38,24 @@ __all__ = [
     "sampling_seed",
 ]
 
-ROLLOUT_METHODS = ("vanilla", "latent", "image", "antithetic", "spsa", "first_token_temperature")
+ROLLOUT_METHODS = (
+    "vanilla",
+    "latent",
+    "image",
+    "antithetic",
+    "spsa",
+    "first_token_temperature",
+    "first_token_marginal",
+)
 #: Methods whose groups are n clean + n noisy rows.
 TWO_PASS_METHODS = frozenset(ROLLOUT_METHODS) - {"vanilla"}
 #: Methods that perturb the hidden states (eq. 2); the others leave them clean.
 HIDDEN_NOISE_METHODS = frozenset({"latent", "antithetic", "spsa"})
+#: Methods whose noisy half is set by ``sigma0`` and eq. (3)'s ``sigma_k``: the hidden-noise methods and
+#: the control that samples the first token from their noise-averaged distribution q_bar.
+SIGMA_METHODS = HIDDEN_NOISE_METHODS | {"first_token_marginal"}
+#: Controls that change only the noisy half's first-token distribution (no noise in the forward).
+FIRST_TOKEN_CONTROLS = frozenset({"first_token_temperature", "first_token_marginal"})
 #: Methods whose noisy half is (+eps, -eps) pairs (section 3.5).
 PAIRED_METHODS = frozenset({"antithetic", "spsa"})
 #: The noise mode of each hidden-noise method (:func:`ncgrpo.core.noise.draw_eps`).
@@ -93,7 +108,8 @@ def plan_rows(
     ``branch = global_row % G``; the noisy half is ``branch >= n``, and its ``j = branch - n``-th row:
 
     - clean rows: no key.
-    - ``latent``: ``key = NoiseKey(seed, step, prompt_id, draw=j)``.
+    - ``latent``: ``key = NoiseKey(seed, step, prompt_id, draw=j)``; ``first_token_marginal`` too (the
+      key names the row's pool of draws, :func:`ncgrpo.core.marginal.pool_keys`; no hidden noise).
     - ``antithetic`` / ``spsa``: pairs ``[+0, -0, +1, -1, ...]``: row ``j`` uses
       ``NoiseKey(seed, step, prompt_id, j // 2)`` with ``sign = +1`` for even ``j``, ``-1`` for odd.
     - ``image``: every noisy row of a prompt carries ``NoiseKey(seed, step, prompt_id, 0)``: one
@@ -132,7 +148,7 @@ def plan_rows(
         key, sign, adv_group = None, 1.0, group
         if noisy:
             j = branch - n
-            if method == "latent":
+            if method in ("latent", "first_token_marginal"):
                 key = NoiseKey(seed, step, pid, j)
             elif method in PAIRED_METHODS:
                 key = NoiseKey(seed, step, pid, j // 2)

@@ -1,4 +1,4 @@
-"""Matched control interventions for the transformers engine (no hidden-state noise).
+"""Matched control interventions for the transformers engine (no hidden-state noise in the forward).
 
 :func:`first_token_temperature` is the control for NC-GRPO's branch-point mechanism (paper section
 3.1, "Where the perturbation acts": the latent perturbation only moves the first-token logits, so the
@@ -13,6 +13,14 @@ cache non-empty) is left untouched, and so are the unflagged rows.
 
     with first_token_temperature(model, flags, temperature=1.0, first_token_temperature=2.0):
         out = model.generate(**inputs, do_sample=True, temperature=1.0)
+
+:func:`first_token_marginal` samples the flagged rows' first token from the noise-averaged
+distribution ``q_bar`` (:mod:`ncgrpo.core.marginal`) without any noise in the model's forward: the
+prefill's last-position logits of a flagged row are replaced by ``T * log q_hat``, ``q_hat`` the mean of
+``softmax(lm_head(h + sigma ||h|| / sqrt(d) eps_m) / T)`` over a fresh pool of draws per row. Sampling
+from ``q_hat`` with a fresh pool per row draws from ``E[q_hat] = q_bar`` exactly, so this control has
+NC-GRPO's (``latent``, final-norm site) distribution of groups by construction; a difference between
+the two in training is a bug or a numerical effect.
 """
 
 from __future__ import annotations
@@ -24,9 +32,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from ncgrpo.core.marginal import mixture_log_probs, pool_keys
+from ncgrpo.core.noise import NoiseKey
 from ncgrpo.engines.transformers import find_text_stack
 
-__all__ = ["FirstTokenTemperatureHook", "first_token_temperature"]
+__all__ = [
+    "FirstTokenMarginalHook",
+    "FirstTokenTemperatureHook",
+    "first_token_marginal",
+    "first_token_temperature",
+]
 
 
 class FirstTokenTemperatureHook:
@@ -86,6 +101,91 @@ def first_token_temperature(
         torch.as_tensor(list(flags) if not isinstance(flags, torch.Tensor) else flags, dtype=torch.bool),
         temperature / first_token_temperature,
     )
+    handles = [
+        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
+        head.register_forward_hook(hook.head_post),
+    ]
+    try:
+        yield hook
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class FirstTokenMarginalHook:
+    """Handle of :func:`first_token_marginal`: ``calls`` counts prefill forwards it rewrote; ``rows`` the
+    rows rewritten in the last one."""
+
+    def __init__(self, keys: list[NoiseKey | None], sigma: float, temperature: float, draws: int) -> None:
+        self.keys = keys
+        self.sigma = float(sigma)
+        self.temperature = float(temperature)
+        self.draws = int(draws)
+        self.calls = 0
+        self.rows: list[int] = []
+        self.last_logits: torch.Tensor | None = None  # [B, V] float32: what each row sampled from
+        self._prefill = False
+
+    def top_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("past_key_values")
+        self._prefill = cache is None or cache.get_seq_length() == 0
+
+    def head_post(self, module: nn.Module, args: tuple, output: Any):
+        if not self._prefill:
+            return None
+        self._prefill = False
+        logits = output  # [B, T_keep, V]
+        if logits.shape[0] != len(self.keys):
+            raise ValueError(
+                f"first_token_marginal got {len(self.keys)} row keys but the prefill batch has "
+                f"{logits.shape[0]} rows; pass one key (or None) per row of the expanded batch"
+            )
+        h = args[0][:, -1]  # [B, d] the final-norm state at the branch point (clean)
+
+        def head(x: torch.Tensor) -> torch.Tensor:  # the LM head without re-entering this hook
+            return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
+
+        out = logits.clone()
+        self.rows = []
+        for b, key in enumerate(self.keys):
+            if key is None or self.sigma <= 0:
+                continue
+            logq = mixture_log_probs(
+                head, h[b], pool_keys(key, self.draws), self.sigma, temperature=self.temperature
+            )
+            out[b, -1] = (self.temperature * logq).to(out.dtype)
+            self.rows.append(b)
+        self.calls += 1
+        self.last_logits = out[:, -1].detach().float()
+        return out
+
+
+@contextmanager
+def first_token_marginal(
+    model: nn.Module,
+    keys: Sequence[NoiseKey | None],
+    *,
+    sigma: float,
+    temperature: float,
+    draws: int = 16,
+) -> Iterator[FirstTokenMarginalHook]:
+    """Make the rows with a key sample their first token from the noise-averaged distribution ``q_bar``.
+
+    ``keys``: one per row of the prefill batch (``None``: the row samples as usual); row ``b``'s pool is
+    :func:`ncgrpo.core.marginal.pool_keys` of its key (``draws`` independent-mode draws). ``sigma``: the
+    noise scale whose ``q_bar`` is sampled; ``temperature``: the sampling temperature ``generate``
+    applies. Only the final-norm site's ``q_bar`` is defined this way. Hooks are removed on exit, also on
+    error.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not (sigma >= 0 and draws >= 1):
+        raise ValueError(f"sigma must be >= 0 and draws >= 1, got sigma={sigma}, draws={draws}")
+    top, _, _ = find_text_stack(model)
+    head = getattr(top, "lm_head", None)
+    if not isinstance(head, nn.Linear):
+        raise NotImplementedError(f"{type(top).__name__} has no linear `lm_head` to sample q_bar through")
+    hook = FirstTokenMarginalHook(list(keys), sigma, temperature, draws)
     handles = [
         top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
         head.register_forward_hook(hook.head_post),
