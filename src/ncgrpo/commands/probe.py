@@ -59,6 +59,17 @@ class ProbeArgs:
     max_new_tokens: int = field(default=48, metadata=_h("rollout token budget"))
     batch_size: int = field(default=8, metadata=_h("prompts per generate call"))
     seed: int = field(default=0, metadata=_h("seed of the noise keys and the sampler"))
+    marginal_draws: int = field(
+        default=1024,
+        metadata=_h(
+            "Monte Carlo draws of eps per prompt for the noise-averaged first-token distribution q̄ "
+            "(final-norm site; through the LM head only)"
+        ),
+    )
+    target_marginal_tv: float | None = field(
+        default=None,
+        metadata=_h("also find the sigma whose marginal first-token TV reaches this value (final-norm site)"),
+    )
     out: Path | None = field(default=None, metadata=_h("also write the result as JSON here"))
     device: str = field(default="auto", metadata=_h("cpu, cuda, cuda:N or auto"))
     dtype: str = field(default="auto", metadata=_h("model dtype: auto, float32, bfloat16, float16"))
@@ -125,7 +136,8 @@ def run(args: ProbeArgs) -> int:
         model, processor, questions, args.sigma, rollouts=args.rollouts, site=parse_noise_site(args.site),
         layer_decay=args.layer_decay, branch_prefix=args.branch_prefix, method=args.method,
         temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        seed=args.seed, model_name=path, progress=args.progress,
+        seed=args.seed, model_name=path, progress=args.progress, marginal_draws=args.marginal_draws,
+        target_marginal_tv=args.target_marginal_tv,
     )  # fmt: skip
     Console(width=max(Console().width, 160)).print(format_probe(result))
     if args.out is not None:
