@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 import pytest
-from scipy.stats import binomtest
+from scipy.stats import binomtest, ttest_1samp, ttest_rel
 
 from ncgrpo.eval.records import EvalRecord
-from ncgrpo.toy.seed_table import OOD_FAMILIES, POPE, load_runs, main, seed_table
+from ncgrpo.toy.seed_table import EXPORT_FORMAT, OOD_FAMILIES, POPE, export, load_runs, main, seed_table
 
 GEO = "synthetic/geometry"
 
@@ -49,17 +50,87 @@ def _folders(tmp_path: Path) -> tuple[Path, Path]:
 def test_table_numbers_match_the_records(tmp_path) -> None:
     one, two = _folders(tmp_path)
     lines = seed_table([one, two]).splitlines()
-    assert lines[0].startswith("| Method | in-domain % (seed 0/1) | p vs base (seed 0/1) |")
-    assert lines[2] == "| Base model | 10.0 | | 100.0 | 100.0 | | | 50 |"
+    assert lines[0] == (
+        "| Method | in-domain % (seed 0/1) | p vs base (seed 0/1) | OOD avg % | POPE % | "
+        "question-level pooled p vs vanilla (wins/losses) | seed-level p vs vanilla (mean diff, pts) | "
+        "differ from vanilla % (seed 0/1) | shortcut % |"
+    )
+    assert lines[1] == "|---|---|---|---:|---:|---:|---:|---|---:|"
+    assert lines[2] == "| Base model | 10.0 | | 100.0 | 100.0 | | | | 50 |"
     p_v0 = binomtest(5, 5, 0.5).pvalue  # vanilla seed 0: 5 wins, 0 losses against the base
     p_v1 = binomtest(3, 3, 0.5).pvalue
-    assert lines[3] == f"| Vanilla GRPO | 60.0/40.0 | {p_v0:.2g}/{p_v1:.2g} | 50.0 | 50.0 | — | — | 0 |"
+    assert lines[3] == f"| Vanilla GRPO | 60.0/40.0 | {p_v0:.2g}/{p_v1:.2g} | 50.0 | 50.0 | — | — | — | 0 |"
+    # vanilla seed 0 vs seed 1: they differ on q4 and q5 (seed 0 right both times)
+    assert lines[4] == (
+        f"| Vanilla seed-to-seed (seeds 0-1) | | | | | {binomtest(2, 2, 0.5).pvalue:.2g} (2/0) | | 20.0 | |"
+    )
     p_m0, p_m1 = binomtest(6, 6, 0.5).pvalue, binomtest(6, 6, 0.5).pvalue
     pooled = binomtest(5, 6, 0.5).pvalue  # 2 + 3 wins, 1 + 0 losses
-    assert lines[4] == (
-        f"| NC-GRPO σ0=0.2 | 70.0/70.0 | {p_m0:.2g}/{p_m1:.2g} | 100.0 | 100.0 | {pooled:.2g} (5/1) | 30.0/30.0 | 0 |"
+    # seed-level: the method is +10 and +30 points over vanilla in seeds 0 and 1
+    seed_p = ttest_rel([70.0, 70.0], [60.0, 40.0]).pvalue
+    assert lines[5] == (
+        f"| NC-GRPO σ0=0.2 | 70.0/70.0 | {p_m0:.2g}/{p_m1:.2g} | 100.0 | 100.0 | {pooled:.2g} (5/1) | "
+        f"{seed_p:.2g} (+20.0) | 30.0/30.0 | 0 |"
     )
-    assert len(lines) == 5
+    assert len(lines) == 6  # both tests non-significant: no note
+
+
+def _three_seeds(tmp_path: Path, method: dict[str, list[tuple[int, int]]]) -> Path:
+    """One folder, 20 in-domain questions, vanilla right on the first 10 in each seed; each method's
+    seed s wins/loses the given (wins, losses) questions against vanilla."""
+    folder = tmp_path / "S"
+    vanilla = [True] * 10 + [False] * 10
+    _write(folder, "base", "Base model", [False] * 20)
+    for s in range(3):
+        _write(folder, f"grpo-seed{s}", "Vanilla GRPO", vanilla)
+    for slug, counts in method.items():
+        for s, (wins, losses) in enumerate(counts):
+            geo = [False] * losses + [True] * (10 - losses) + [True] * wins + [False] * (10 - wins)
+            _write(folder, f"{slug}-seed{s}", f"{slug} (seed {s})", geo)
+    return folder
+
+
+def test_notes_where_question_level_and_seed_level_disagree(tmp_path) -> None:
+    folder = _three_seeds(
+        tmp_path,
+        {
+            "spsa-sigma0.2": [(3, 1), (2, 0), (4, 1)],  # +10/+10/+15 pts: seed-level only
+            "image": [(10, 0), (0, 0), (0, 1)],  # +50/0/-5 pts: question-level only
+            "antithetic-sigma0.2": [(1, 1), (0, 0), (2, 2)],  # 0 in every seed: neither
+        },
+    )
+    text = seed_table([folder])
+    table, notes = text.split("\n\n")
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+    assert list(rows) == ["Base model", "Vanilla GRPO", "Vanilla seed-to-seed (seeds 0-1/1-2)", "image",
+                          "antithetic-sigma0.2", "spsa-sigma0.2"]  # fmt: skip
+    # vanilla's seeds answer alike here: the reference says 0% differ, p = 1
+    assert rows["Vanilla seed-to-seed (seeds 0-1/1-2)"] == (
+        "| Vanilla seed-to-seed (seeds 0-1/1-2) | | | | | 1 (0/0) | | 0.0/0.0 | |"
+    )
+    spsa_p = ttest_1samp([10.0, 10.0, 15.0], 0.0).pvalue
+    spsa_pooled = binomtest(9, 11, 0.5).pvalue
+    assert spsa_p < 0.05 < spsa_pooled
+    assert f"| {spsa_pooled:.2g} (9/2) | {spsa_p:.2g} (+11.7) | 20.0/10.0/25.0 |" in rows["spsa-sigma0.2"]
+    image_p = ttest_1samp([50.0, 0.0, -5.0], 0.0).pvalue
+    image_pooled = binomtest(10, 11, 0.5).pvalue
+    assert image_pooled < 0.05 < image_p
+    assert f"| {image_pooled:.2g} (10/1) | {image_p:.2g} (+15.0) |" in rows["image"]
+    assert "| 1 (3/3) | 1 (+0.0) | 10.0/0.0/20.0 |" in rows["antithetic-sigma0.2"]
+    assert notes.splitlines() == [
+        f"- image: question-level pooled McNemar p = {image_pooled:.2g} is below 0.05 but seed-level "
+        f"p = {image_p:.2g} (3 seeds) is not: these models differ on the questions, but not detectably "
+        "more than retraining with another seed changes them",
+        f"- spsa-sigma0.2: seed-level p = {spsa_p:.2g} (3 seeds) is below 0.05 but question-level pooled "
+        f"McNemar p = {spsa_pooled:.2g} is not: the seeds agree on the difference, but it is small against "
+        "the per-question noise",
+    ]
+
+
+def test_seed_level_cell_when_the_t_test_is_undefined(tmp_path) -> None:
+    folder = _three_seeds(tmp_path, {"spsa-sigma0.2": [(2, 0), (2, 0), (2, 0)]})  # +10 pts every seed
+    row = seed_table([folder]).splitlines()[-1]
+    assert f"| {binomtest(6, 6, 0.5).pvalue:.2g} (6/0) | n/a (+10.0) |" in row
 
 
 def test_folders_must_agree_and_pair(tmp_path) -> None:
@@ -83,11 +154,13 @@ def test_folders_must_agree_and_pair(tmp_path) -> None:
     # rows in the paper's order whatever the folders' order, the propagating site's last
     three = tmp_path / "T5"
     for slug, name in [("first-token-t1.2", "First-token"), ("ncgrpo-sigma0.2-L1", "NC @L1"), ("image", "Image"),
+                       ("first-token-marginal", "First-token marginal"),
                        ("spsa-sigma0.2", "SPSA"), ("ncgrpo-sigma0.5", "NC 0.5")]:  # fmt: skip
         _write(three, f"{slug}-seed0", name, [True] * 10)
     _, runs = load_runs([one, three, two])
     assert [r.name for r in runs.values()] == [
-        "Vanilla GRPO", "NC-GRPO σ0=0.2", "NC 0.5", "Image", "SPSA", "First-token", "NC @L1"]  # fmt: skip
+        "Vanilla GRPO", "NC-GRPO σ0=0.2", "NC 0.5", "Image", "SPSA", "First-token", "First-token marginal",
+        "NC @L1"]  # fmt: skip
     with pytest.raises(ValueError, match="no eval/ folder"):
         load_runs([tmp_path / "missing"])
 
@@ -99,3 +172,94 @@ def test_command_line(tmp_path, capsys) -> None:
     assert main([str(tmp_path / "nowhere")]) == 2
     assert "ncgrpo.toy.seed_table: error: " in capsys.readouterr().err
     assert main([]) == 2
+
+
+# --- the committed form of the records -------------------------------------------------------
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+
+
+def test_export_prints_the_same_table(tmp_path) -> None:
+    one, two = _folders(tmp_path)
+    dest = tmp_path / "records"
+    written, removed = export([one, two], dest)
+    assert sorted(p.name for p in written) == sorted(p.name for p in dest.iterdir()) == [
+        "base.jsonl.gz", "grpo-seed0.jsonl.gz", "grpo-seed1.jsonl.gz",
+        "ncgrpo-sigma0.2-seed0.jsonl.gz", "ncgrpo-sigma0.2-seed1.jsonl.gz"]  # fmt: skip
+    assert removed == []
+    assert seed_table([dest]) == seed_table([one, two])
+    # an export beside a demo folder is one more folder: the same base records, the same table
+    part = tmp_path / "part"
+    export([one], part)
+    assert seed_table([part, two]) == seed_table([one, two])
+    # each file: a header with the run's display name, then the table's fields, sorted
+    rows = _lines(dest / "ncgrpo-sigma0.2-seed1.jsonl.gz")
+    assert rows[0] == {
+        "format": EXPORT_FORMAT,
+        "name": "NC-GRPO σ0=0.2",
+        "seed": 1,
+        "slug": "ncgrpo-sigma0.2",
+    }
+    assert set(rows[1]) == {"benchmark", "question_id", "role", "gold", "prompt_hash", "correct", "shortcut"}
+    keys = [(r["benchmark"], r["question_id"]) for r in rows[1:]]
+    assert keys == sorted(keys) and len(keys) == 10 + len(OOD_FAMILIES) + 1
+    assert sum(r["shortcut"] for r in _lines(dest / "base.jsonl.gz")[1:]) == 5
+
+
+def test_export_bytes_are_deterministic_and_stale_runs_go(tmp_path) -> None:
+    one, two = _folders(tmp_path)
+    a, b = tmp_path / "a", tmp_path / "b"
+    export([one, two], a)
+    export([one, two], b)
+    for f in a.iterdir():
+        assert f.read_bytes() == (b / f.name).read_bytes(), f.name
+        assert f.read_bytes()[3:8] == bytes(5)  # gzip header: no flags (no file name), mtime 0
+    # a run no longer given is removed from DEST; files that are not exports are left alone
+    (b / "spsa-sigma0.2-seed3.jsonl.gz").write_bytes((b / "grpo-seed0.jsonl.gz").read_bytes())
+    (b / "NOTES.md").write_text("keep me")
+    _, removed = export([one], b)
+    assert sorted(p.name for p in removed) == [
+        "ncgrpo-sigma0.2-seed0.jsonl.gz", "ncgrpo-sigma0.2-seed1.jsonl.gz", "spsa-sigma0.2-seed3.jsonl.gz"]  # fmt: skip
+    assert (b / "NOTES.md").read_text() == "keep me"
+    assert seed_table([b]) == seed_table([one])
+    assert not list(b.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_export_read_errors_name_the_file(tmp_path) -> None:
+    one, two = _folders(tmp_path)
+    dest = tmp_path / "records"
+    export([one, two], dest)
+    good = (dest / "grpo-seed1.jsonl.gz").read_bytes()
+    (dest / "grpo-seed1.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"grpo-seed1.jsonl.gz: not a gzip file"):
+        seed_table([dest])
+    (dest / "grpo-seed1.jsonl.gz").write_bytes(good)
+    (dest / "grpo-seed1.jsonl.gz").rename(dest / "grpo-seed4.jsonl.gz")  # header and name disagree
+    with pytest.raises(ValueError, match=r"grpo-seed4.jsonl.gz:1: header says run 'grpo' seed 1"):
+        seed_table([dest])
+    (dest / "grpo-seed4.jsonl.gz").unlink()
+    rows = _lines(dest / "grpo-seed0.jsonl.gz")
+    del rows[3]["correct"]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (dest / "grpo-seed0.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    with pytest.raises(ValueError, match=r"grpo-seed0.jsonl.gz:4: missing field\(s\) \['correct'\]"):
+        seed_table([dest])
+    (dest / "grpo-seed0.jsonl.gz").write_bytes(gzip.compress(b'{"benchmark": "x"}\n'))
+    with pytest.raises(ValueError, match=r"grpo-seed0.jsonl.gz:1: not a seed-table export"):
+        seed_table([dest])
+
+
+def test_export_command_line(tmp_path, capsys) -> None:
+    one, two = _folders(tmp_path)
+    dest = tmp_path / "records"
+    assert main(["--export", str(dest), str(one), str(two)]) == 0
+    out, err = capsys.readouterr()
+    assert out == seed_table([one, two]) and f"wrote 5 files to {dest}" in err
+    assert main([str(dest)]) == 0 and capsys.readouterr().out == out
+    assert main(["--export", str(dest)]) == 2
+    assert "--export needs DEST and at least one FOLDER" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["--export", str(tmp_path / "file"), str(one)]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err

@@ -4,36 +4,101 @@
 module adds the view a toy needs to be read honestly: each seed's in-domain accuracy and its exact
 McNemar test against the untrained base model (did GRPO learn at all?), the share of in-domain
 questions whose outcome differs from vanilla's in the same seed (did the method change anything?),
-one McNemar test pooled over the seeds against vanilla, and the share of greedy answers that take the
-warm-up's image-blind shortcut (:func:`ncgrpo.toy.synthetic.shortcut_trace`).
+one question-level McNemar test pooled over the seeds against vanilla, the seed-level test against
+vanilla (a paired t-test over training seeds of the in-domain accuracy difference, the seeds being
+the unit of replication; ``ncgrpo.eval.stats.seed_ttest``), and the share of greedy answers that
+take the warm-up's image-blind shortcut (:func:`ncgrpo.toy.synthetic.shortcut_trace`). A "Vanilla
+seed-to-seed" row gives what two vanilla seeds already differ by, the reference for the "differ from
+vanilla" column; a note under the table names each row whose question-level and seed-level tests
+disagree at p < 0.05.
 
 Several demo folders may be given (e.g. one per process, split with ``--rollout_methods``): rows are
 keyed by run folder name, the base model and vanilla GRPO are read from the first folder that has
 them, and every folder must hold the same base records (same model, same test questions).
 
     python -m ncgrpo.toy.seed_table runs/T1 runs/T2 runs/T3
+
+The records behind a published table are kept in a compact form (one gzip JSONL per run: the
+fields the table reads, deterministic bytes), from which the same table is printed:
+
+    python -m ncgrpo.toy.seed_table --export docs/records/seed-table runs/T1 runs/T2 runs/T3
+    python -m ncgrpo.toy.seed_table docs/records/seed-table
+
+``--export`` writes the files atomically, removes export files of runs no longer given, and prints
+the table read back from DEST (the wrote-message goes to stderr).
 """
 
 from __future__ import annotations
 
+import gzip
+import json
+import os
 import re
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import tempfile
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ncgrpo.eval.records import EvalRecord
+from ncgrpo.eval.records import EvalRecord, _umask
 from ncgrpo.eval.report import load_run
-from ncgrpo.eval.stats import align, mcnemar_pooled
+from ncgrpo.eval.stats import align, disagreement_note, mcnemar_pooled, seed_to_seed, seed_ttest
 
-__all__ = ["IN_DOMAIN", "OOD_FAMILIES", "POPE", "MethodRows", "load_runs", "main", "seed_table"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "IN_DOMAIN",
+    "OOD_FAMILIES",
+    "POPE",
+    "MethodRows",
+    "TableRecord",
+    "export",
+    "load_runs",
+    "main",
+    "seed_table",
+]
 
 IN_DOMAIN = "synthetic/geometry"
 #: The out-of-domain families averaged in the "OOD avg" column (POPE has its own column).
 OOD_FAMILIES = ("synthetic/counting", "synthetic/bar_chart", "synthetic/compare", "synthetic/colour_choice")
 POPE = "synthetic/pope"
+#: The benchmarks the table reads (and an export keeps).
+TABLE_BENCHMARKS = (IN_DOMAIN, *OOD_FAMILIES, POPE)
 BASE_DIR, VANILLA_SLUG = "base", "grpo"
 _SHORTCUT = re.compile(r"<think>answer:")
+
+#: First line of every export file; bump when the line format changes.
+EXPORT_FORMAT = "ncgrpo.seed_table/1"
+BASE_FILE = "base.jsonl.gz"
+_EXPORT_RUN = re.compile(r"(.+)-seed(\d+)\.jsonl\.gz")
+
+
+@dataclass(frozen=True)
+class TableRecord:
+    """What the table reads of one question's record: its identity (benchmark, question_id, plus
+    role, gold and prompt_hash, so two runs of other questions or prompts cannot pass for each
+    other), whether the answer is correct, and whether it takes the shortcut."""
+
+    benchmark: str
+    question_id: str
+    role: str
+    gold: str
+    prompt_hash: str
+    correct: bool
+    shortcut: bool
+
+    @classmethod
+    def of(cls, r: EvalRecord) -> TableRecord:
+        return cls(
+            r.benchmark,
+            r.question_id,
+            r.role,
+            r.gold,
+            r.prompt_hash,
+            r.correct,
+            bool(_SHORTCUT.search(r.output)),
+        )
 
 
 @dataclass
@@ -41,33 +106,84 @@ class MethodRows:
     """One configuration: its table name and its records per seed."""
 
     name: str
-    seeds: dict[int, list[EvalRecord]] = field(default_factory=dict)
+    seeds: dict[int, list[TableRecord]] = field(default_factory=dict)
 
 
-def load_runs(folders: Sequence[str | Path]) -> tuple[list[EvalRecord], dict[str, MethodRows]]:
-    """(base records, {run slug: rows}) from demo ``--out`` folders, vanilla first."""
-    base: list[EvalRecord] | None = None
+# One run in a folder: (slug, seed, read it -> (name, records)); read only if the run is used.
+_Entry = tuple[str, int, Callable[[], tuple[str, list[TableRecord]]]]
+
+
+def _demo_folder(folder: Path) -> tuple[Callable[[], list[TableRecord]] | None, list[_Entry]]:
+    eval_root = folder / "eval"
+    base = None
+    if (eval_root / BASE_DIR / "records.jsonl").is_file():
+
+        def base() -> list[TableRecord]:
+            return [TableRecord.of(r) for r in load_run(eval_root / BASE_DIR).records]
+
+    entries: list[_Entry] = []
+    for d in sorted(eval_root.iterdir()):
+        m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
+        if m is None or not (d / "records.jsonl").is_file():
+            continue
+
+        def read(d: Path = d) -> tuple[str, list[TableRecord]]:
+            run = load_run(d)
+            return re.sub(r" \(seed \d+\)$", "", run.name), [TableRecord.of(r) for r in run.records]
+
+        entries.append((m.group(1), int(m.group(2)), read))
+    return base, entries
+
+
+def _export_folder(folder: Path) -> tuple[Callable[[], list[TableRecord]] | None, list[_Entry]]:
+    base = None
+    if (folder / BASE_FILE).is_file():
+
+        def base() -> list[TableRecord]:
+            return _read_export(folder / BASE_FILE, "base", None)[1]
+
+    entries: list[_Entry] = []
+    for path in sorted(folder.iterdir()):
+        m = _EXPORT_RUN.fullmatch(path.name)
+        if m is None:
+            continue
+        slug, seed = m.group(1), int(m.group(2))
+        entries.append((slug, seed, lambda path=path, slug=slug, seed=seed: _read_export(path, slug, seed)))
+    return base, entries
+
+
+def _is_export(folder: Path) -> bool:
+    return folder.is_dir() and (
+        (folder / BASE_FILE).is_file() or any(_EXPORT_RUN.fullmatch(p.name) for p in folder.iterdir())
+    )
+
+
+def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[str, MethodRows]]:
+    """(base records, {run slug: rows}) from demo ``--out`` folders or ``--export`` folders, vanilla first."""
+    base: list[TableRecord] | None = None
     runs: dict[str, MethodRows] = {}
     for folder in map(Path, folders):
-        eval_root = folder / "eval"
-        if not eval_root.is_dir():
-            raise ValueError(f"{folder}: no eval/ folder; pass the --out folder of an ncgrpo demo run")
-        if (eval_root / BASE_DIR / "records.jsonl").is_file():
-            here = load_run(eval_root / BASE_DIR).records
+        if (folder / "eval").is_dir():
+            read_base, entries = _demo_folder(folder)
+        elif _is_export(folder):
+            read_base, entries = _export_folder(folder)
+        else:
+            raise ValueError(
+                f"{folder}: no eval/ folder; pass the --out folder of an ncgrpo demo run "
+                "(or a folder written by --export)"
+            )
+        if read_base is not None:
+            here = read_base()
             if base is None:
                 base = here
-            elif sorted(r.outcome() for r in here) != sorted(r.outcome() for r in base):
+            elif _base_key(here) != _base_key(base):
                 raise ValueError(f"{folder}: its base-model records differ from the first folder's")
-        for d in sorted(eval_root.iterdir()):
-            m = re.fullmatch(r"(.+)-seed(\d+)", d.name)
-            if m is None or not (d / "records.jsonl").is_file():
-                continue
-            slug, seed = m.group(1), int(m.group(2))
+        for slug, seed, read in entries:
             if slug in runs and seed in runs[slug].seeds:
                 continue  # vanilla repeated in several folders: the first one counts
-            run = load_run(d)
-            rows = runs.setdefault(slug, MethodRows(re.sub(r" \(seed \d+\)$", "", run.name)))
-            rows.seeds[seed] = run.records
+            name, records = read()
+            rows = runs.setdefault(slug, MethodRows(name))
+            rows.seeds[seed] = records
     if base is None:
         raise ValueError("no base-model records (eval/base) in any folder")
     if VANILLA_SLUG not in runs:
@@ -77,45 +193,65 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[EvalRecord], dict[str
     return base, ordered
 
 
+def _base_key(records: Sequence[TableRecord]) -> list[tuple[Any, ...]]:
+    """What must agree between two folders' base records (the table's benchmarks only, so a demo
+    folder and an export of it agree)."""
+    return sorted(
+        (r.benchmark, r.question_id, r.role, r.gold, r.correct, r.shortcut)
+        for r in records
+        if r.benchmark in TABLE_BENCHMARKS
+    )
+
+
 def _row_order(slug: str) -> tuple[bool, int, str]:
-    """The paper's row order (NC-GRPO by scale, image, antithetic, SPSA, the first-token control), the
-    propagating site's runs (``...-L1``) last."""
-    prefixes = ("ncgrpo-", "image", "antithetic-", "spsa-", "first-token-")
-    rank = next((i for i, p in enumerate(prefixes) if slug.startswith(p)), len(prefixes))
+    """The paper's row order (NC-GRPO by scale, image, antithetic, SPSA, the first-token control, then
+    its noise-averaged variant ``first-token-marginal``), the propagating site's runs (``...-L1``)
+    last."""
+    prefixes = ("ncgrpo-", "image", "antithetic-", "spsa-", "first-token-", "first-token-marginal")
+    matching = [i for i, p in enumerate(prefixes) if slug.startswith(p)]
+    rank = max(matching, key=lambda i: len(prefixes[i])) if matching else len(prefixes)  # longest prefix
     return ("-L" in slug, rank, slug)
 
 
-def _accuracy(records: Sequence[EvalRecord], benchmark: str) -> float:
+def _accuracy(records: Sequence[TableRecord], benchmark: str) -> float:
     oks = [r.correct for r in records if r.benchmark == benchmark]
     if not oks:
         raise ValueError(f"no records of {benchmark}")
     return 100.0 * sum(oks) / len(oks)
 
 
-def _shortcut(records: Sequence[EvalRecord]) -> float:
+def _shortcut(records: Sequence[TableRecord]) -> float:
     rows = [r for r in records if r.benchmark == IN_DOMAIN]
-    return 100.0 * sum(bool(_SHORTCUT.search(r.output)) for r in rows) / len(rows)
+    return 100.0 * sum(r.shortcut for r in rows) / len(rows)
 
 
 def _p(p: float) -> str:
+    if p != p:  # nan: the seed-level t-test is undefined (one seed, or no spread)
+        return "n/a"
     return "<1e-4" if p < 1e-4 else f"{p:.2g}"
 
 
 def seed_table(folders: Sequence[str | Path]) -> str:
-    """The Markdown table (see the module docstring) of the demo runs in ``folders``."""
-    base, runs = load_runs(folders)
+    """The Markdown table (see the module docstring) of the demo runs in ``folders``, then one note
+    line per row whose question-level and seed-level tests disagree."""
+    return _render(*load_runs(folders))
+
+
+def _render(base: list[TableRecord], runs: dict[str, MethodRows]) -> str:
     vanilla = runs[VANILLA_SLUG].seeds
     per_seed = "(seed " + "/".join(map(str, sorted(vanilla))) + ")"
     lines = [
         f"| Method | in-domain % {per_seed} | p vs base {per_seed} | OOD avg % | POPE % | "
-        f"pooled p vs vanilla (wins/losses) | differ from vanilla % {per_seed} | shortcut % |",
-        "|---|---|---|---:|---:|---:|---|---:|",
+        "question-level pooled p vs vanilla (wins/losses) | seed-level p vs vanilla (mean diff, pts) | "
+        f"differ from vanilla % {per_seed} | shortcut % |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|",
     ]
     ood = sum(_accuracy(base, f) for f in OOD_FAMILIES) / len(OOD_FAMILIES)
     lines.append(
-        f"| Base model | {_accuracy(base, IN_DOMAIN):.1f} | | {ood:.1f} | {_accuracy(base, POPE):.1f} | | | "
+        f"| Base model | {_accuracy(base, IN_DOMAIN):.1f} | | {ood:.1f} | {_accuracy(base, POPE):.1f} | | | | "
         f"{_shortcut(base):.0f} |"
     )
+    notes = []
     for slug, rows in runs.items():
         seeds = sorted(rows.seeds)
         acc, vs_base, differ, pairs = [], [], [], []
@@ -132,8 +268,13 @@ def seed_table(folders: Sequence[str | Path]) -> str:
         if pairs:
             pooled = mcnemar_pooled(pairs)
             pooled_cell = f"{_p(pooled.p)} ({pooled.n10}/{pooled.n01})"
+            seed_level = seed_ttest(pairs)
+            seed_cell = f"{_p(seed_level.p)} ({seed_level.mean_pp:+.1f})"
+            note = disagreement_note(pooled.p, seed_level.p, n_seeds=len(pairs), label=rows.name)
+            if note:
+                notes.append(note)
         else:
-            pooled_cell = "—"
+            pooled_cell = seed_cell = "—"
         ood = sum(_accuracy(rows.seeds[s], f) for s in seeds for f in OOD_FAMILIES) / (
             len(seeds) * len(OOD_FAMILIES)
         )
@@ -141,9 +282,137 @@ def seed_table(folders: Sequence[str | Path]) -> str:
         shortcut = sum(_shortcut(rows.seeds[s]) for s in seeds) / len(seeds)
         lines.append(
             f"| {rows.name} | {'/'.join(acc)} | {'/'.join(vs_base)} | {ood:.1f} | {pope:.1f} | {pooled_cell} | "
-            f"{'/'.join(differ) or '—'} | {shortcut:.0f} |"
+            f"{seed_cell} | {'/'.join(differ) or '—'} | {shortcut:.0f} |"
         )
-    return "\n".join(lines) + "\n"
+        if slug == VANILLA_SLUG and len(seeds) > 1:
+            lines.append(_seed_to_seed_row(rows))
+    out = "\n".join(lines) + "\n"
+    if notes:
+        out += "\n" + "".join(f"- {n}\n" for n in notes)
+    return out
+
+
+def _seed_to_seed_row(vanilla: MethodRows) -> str:
+    """How often two consecutive vanilla seeds differ on the in-domain questions (as "differ from
+    vanilla"), and their question-level McNemar pooled over those pairs (wins = the earlier seed
+    right, the later wrong)."""
+    seeds = sorted(vanilla.seeds)
+    first = vanilla.seeds[seeds[0]]
+    outcomes = {s: align(vanilla.seeds[s], first, benchmark=IN_DOMAIN).a for s in seeds}
+    null = seed_to_seed(outcomes, pairs=list(zip(seeds[:-1], seeds[1:], strict=True)))
+    differ = "/".join(f"{100.0 * d:.1f}" for d in null.differ)
+    label = "/".join(f"{i}-{j}" for i, j in null.pairs)
+    q = null.pooled
+    return f"| Vanilla seed-to-seed (seeds {label}) | | | | | {_p(q.p)} ({q.n10}/{q.n01}) | | {differ} | |"
+
+
+# --- the committed form of the records ---------------------------------------------------------
+
+
+def _export_bytes(header: dict[str, Any], records: Sequence[TableRecord]) -> bytes:
+    """One gzip JSONL file: the header line, then one line per record of the table's benchmarks,
+    sorted; gzip with mtime 0 and no file name, so the same records give the same bytes."""
+    rows = sorted(
+        (r for r in records if r.benchmark in TABLE_BENCHMARKS), key=lambda r: (r.benchmark, r.question_id)
+    )
+    lines = [{"format": EXPORT_FORMAT, **header}] + [asdict(r) for r in rows]
+    text = "".join(
+        json.dumps(x, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n" for x in lines
+    )
+    return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
+
+
+def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[TableRecord]]:
+    """(name, records) of one export file; errors name the file and line."""
+    try:
+        data = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"{path}: not a gzip file ({e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i}: a line must be a JSON object, got {type(row).__name__}")
+        rows.append((i, row))
+    if not rows or rows[0][1].get("format") != EXPORT_FORMAT:
+        raise ValueError(f"{path}:1: not a seed-table export (first line must say format {EXPORT_FORMAT!r})")
+    header = rows[0][1]
+    if header.get("slug") != slug or header.get("seed") != seed:
+        raise ValueError(
+            f"{path}:1: header says run {header.get('slug')!r} seed {header.get('seed')!r}, "
+            f"the file name {slug!r} seed {seed!r}"
+        )
+    name = header.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{path}:1: header has no run name")
+    fields = TableRecord.__dataclass_fields__
+    records = []
+    for i, row in rows[1:]:
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise ValueError(f"{path}:{i}: missing field(s) {missing}")
+        for f in ("correct", "shortcut"):
+            if not isinstance(row[f], bool):
+                raise ValueError(f"{path}:{i}: field {f!r} must be true/false, got {row[f]!r}")
+        records.append(TableRecord(**{f: row[f] for f in fields}))
+    if not records:
+        raise ValueError(f"{path}: no records")
+    return name, records
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Atomically, with the mode a plain open() would give (as ``eval.records.atomic_write_text``)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path], list[Path]]:
+    """Write the records the table of ``folders`` needs into ``dest`` (``base.jsonl.gz`` and one
+    ``<slug>-seed<N>.jsonl.gz`` per run); remove export files in ``dest`` of runs not written now,
+    so a stale run cannot stay in the table. Returns (written, removed).
+
+    Raises if the table read back from ``dest`` is not the table of ``folders`` (a bug, not bad input).
+    """
+    base, runs = load_runs(folders)
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"--export {dest} exists and is not a folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {BASE_FILE: _export_bytes({"slug": "base", "seed": None, "name": "Base model"}, base)}
+    for slug, rows in runs.items():
+        for seed in sorted(rows.seeds):
+            header = {"slug": slug, "seed": seed, "name": rows.name}
+            files[f"{slug}-seed{seed}.jsonl.gz"] = _export_bytes(header, rows.seeds[seed])
+    for name, data in files.items():
+        _write_bytes(dest / name, data)
+    stale = sorted(
+        p
+        for p in dest.iterdir()
+        if (p.name == BASE_FILE or _EXPORT_RUN.fullmatch(p.name)) and p.name not in files
+    )
+    for p in stale:
+        p.unlink()
+    if seed_table([dest]) != _render(base, runs):
+        raise RuntimeError(f"{dest}: the exported records do not give the folders' table")
+    return [dest / n for n in files], stale
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,7 +421,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         return 0 if args else 2
     try:
-        sys.stdout.write(seed_table(args))
+        if args[0] == "--export":
+            if len(args) < 3:
+                print(
+                    "ncgrpo.toy.seed_table: error: --export needs DEST and at least one FOLDER",
+                    file=sys.stderr,
+                )
+                return 2
+            written, removed = export(args[2:], args[1])
+            gone = f"; removed {', '.join(p.name for p in removed)}" if removed else ""
+            print(f"wrote {len(written)} files to {args[1]}{gone}", file=sys.stderr)
+            sys.stdout.write(seed_table([args[1]]))
+        else:
+            sys.stdout.write(seed_table(args))
     except (ValueError, OSError) as e:
         print(f"ncgrpo.toy.seed_table: error: {e}", file=sys.stderr)
         return 2
