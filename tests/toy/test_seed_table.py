@@ -151,6 +151,14 @@ def test_folders_must_agree_and_pair(tmp_path) -> None:
     _write(lone, "spsa-seed5", "SPSA", [True] * 10)
     with pytest.raises(ValueError, match="SPSA: seed 5 has no vanilla GRPO run"):
         seed_table([lone])
+    # a run evaluated on other test questions (same ids, other gold answers)
+    other_split = tmp_path / "T6"
+    _write(other_split, "base", "Base model", [True] + [False] * 9)
+    _write(other_split, "grpo-seed0", "Vanilla GRPO", [True] * 10)
+    records = other_split / "eval" / "grpo-seed0" / "records.jsonl"
+    records.write_text(records.read_text().replace('"gold": "3"', '"gold": "4"', 1))
+    with pytest.raises(ValueError, match=r"Vanilla GRPO seed 0: question synthetic/geometry/q0 has gold '4'"):
+        load_runs([other_split])
     # rows in the paper's order whatever the folders' order, the propagating site's last
     three = tmp_path / "T5"
     for slug, name in [("first-token-t1.2", "First-token"), ("ncgrpo-sigma0.2-L1", "NC @L1"), ("image", "Image"),
@@ -202,7 +210,7 @@ def test_export_prints_the_same_table(tmp_path) -> None:
         "seed": 1,
         "slug": "ncgrpo-sigma0.2",
     }
-    assert set(rows[1]) == {"benchmark", "question_id", "role", "gold", "prompt_hash", "correct", "shortcut"}
+    assert set(rows[1]) == {"benchmark", "question_id", "role", "gold", "correct", "shortcut"}
     keys = [(r["benchmark"], r["question_id"]) for r in rows[1:]]
     assert keys == sorted(keys) and len(keys) == 10 + len(OOD_FAMILIES) + 1
     assert sum(r["shortcut"] for r in _lines(dest / "base.jsonl.gz")[1:]) == 5

@@ -76,29 +76,22 @@ _EXPORT_RUN = re.compile(r"(.+)-seed(\d+)\.jsonl\.gz")
 
 @dataclass(frozen=True)
 class TableRecord:
-    """What the table reads of one question's record: its identity (benchmark, question_id, plus
-    role, gold and prompt_hash, so two runs of other questions or prompts cannot pass for each
-    other), whether the answer is correct, and whether it takes the shortcut."""
+    """What the table reads of one question's record: its identity (benchmark and question_id, the
+    pairing key, and the gold answer, checked against the base model's so runs on other test
+    questions cannot pass for each other), whether the answer is correct, and whether it takes the
+    shortcut. (Not the prompt_hash: it would double an export's size, and gold already tells two
+    test splits apart.)"""
 
     benchmark: str
     question_id: str
     role: str
     gold: str
-    prompt_hash: str
     correct: bool
     shortcut: bool
 
     @classmethod
     def of(cls, r: EvalRecord) -> TableRecord:
-        return cls(
-            r.benchmark,
-            r.question_id,
-            r.role,
-            r.gold,
-            r.prompt_hash,
-            r.correct,
-            bool(_SHORTCUT.search(r.output)),
-        )
+        return cls(r.benchmark, r.question_id, r.role, r.gold, r.correct, bool(_SHORTCUT.search(r.output)))
 
 
 @dataclass
@@ -188,6 +181,18 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[st
         raise ValueError("no base-model records (eval/base) in any folder")
     if VANILLA_SLUG not in runs:
         raise ValueError("no vanilla GRPO records (eval/grpo-seedN) in any folder")
+    gold = {(r.benchmark, r.question_id): r.gold for r in base}
+    for rows in runs.values():
+        for seed, records in rows.seeds.items():
+            for r in records:
+                if (
+                    r.benchmark in TABLE_BENCHMARKS
+                    and gold.get((r.benchmark, r.question_id), r.gold) != r.gold
+                ):
+                    raise ValueError(
+                        f"{rows.name} seed {seed}: question {r.benchmark}/{r.question_id} has gold {r.gold!r}, "
+                        f"the base model's records {gold[r.benchmark, r.question_id]!r} (other test questions?)"
+                    )
     ordered = {VANILLA_SLUG: runs.pop(VANILLA_SLUG)}
     ordered.update(sorted(runs.items(), key=lambda kv: _row_order(kv[0])))
     return base, ordered
