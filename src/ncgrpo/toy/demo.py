@@ -138,13 +138,17 @@ class DemoConfig:
     )
     all_methods: bool = field(
         default=False,
-        metadata={"help": "also train NoisyRollout (image), antithetic, SPSA and first-token temperature"},
+        metadata={
+            "help": "also train NoisyRollout (image), antithetic, SPSA and the two first-token controls (temperature "
+            "T0, and sampling from the noise-averaged distribution q̄ of sigma0)"
+        },
     )
     rollout_methods: list[str] = field(
         default_factory=list,
         metadata={
             "help": "train only these of the configurations above, by rollout method (latent, image, antithetic, "
-            "spsa, first_token_temperature); vanilla GRPO, the baseline of every test, always runs. Empty: all. "
+            "spsa, first_token_temperature, first_token_marginal); vanilla GRPO, the baseline of every test, always "
+            "runs. Empty: all. "
             "E.g. to share a 3-seed table between processes, each with its own --out"
         },
     )
@@ -195,11 +199,13 @@ class DemoConfig:
         },
     )
     first_token_temperature: float = field(
-        default=1.23,
+        default=1.02,
         metadata={
             "help": "starting temperature T0 of the first-token control (--all_methods), annealed with the noise; "
-            "1.23 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' (ncgrpo probe: "
-            "equal mean first-token TV, 0.076)"
+            "1.02 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' on what generates the "
+            "rollouts: `ncgrpo probe --prompts 128 --sigma 0.2 --branch_prefix '<think>'` gives noise-averaged "
+            "first-token TV 0.0066 and matched T0 1.0195 (the per-draw TV, 0.076, would give 1.23, which moves the "
+            "sampled distribution about 11x more than the noise does)"
         },
     )
     val_limit: int = field(
@@ -378,6 +384,15 @@ class DemoConfig:
                     {"first_token_temperature": self.first_token_temperature},
                 ),
             ]
+            if self.noise_site == "final_norm":  # q̄ of the final-norm site only (through the LM head)
+                out.append(
+                    MethodSpec(
+                        f"First-token q̄ σ0={s:g}",
+                        f"first-token-marginal-sigma{s:g}",
+                        "first_token_marginal",
+                        {"sigma0": s},
+                    )
+                )
         if self.rollout_methods:
             out = [m for m in out if m.rollout_method in ("vanilla", *self.rollout_methods)]
         return out
@@ -412,6 +427,10 @@ class RunResult:
     train_time_s: float = 0.0
     eval_time_s: float = 0.0
     accuracy: dict[str, float] = field(default_factory=dict)  # benchmark -> accuracy on the test split
+    #: mean ``noise/first_token_marginal_tv`` / ``noise/first_token_tv`` over the steps before the anneal's
+    #: midpoint (None where not logged)
+    marginal_tv: float | None = None
+    per_draw_tv: float | None = None
     #: mean of ``noise/first_token_divergence`` over training (two-pass methods): how often a noisy
     #: rollout's first token differed from the clean branch point's argmax. 0 with the final-norm site
     #: means the noise never changed a rollout, i.e. the run was token-for-token vanilla GRPO.
@@ -601,12 +620,23 @@ def _callbacks(
     return [val, Progress()]
 
 
-def _mean_metric(train_dir: Path, key: str) -> float | None:
+def _mean_metric(train_dir: Path, key: str, last_step: float | None = None) -> float | None:
+    """Mean of ``key`` over the logged steps (those ``<= last_step`` if given); None if never logged."""
     from ncgrpo.eval.plots import read_metrics
 
-    vals = [row[key] for row in read_metrics(train_dir) if isinstance(row.get(key), int | float)]
+    vals = [
+        row[key]
+        for row in read_metrics(train_dir)
+        if isinstance(row.get(key), int | float) and (last_step is None or row.get("step", 0) <= last_step)
+    ]
     vals = [float(v) for v in vals if math.isfinite(v)]
     return sum(vals) / len(vals) if vals else None
+
+
+def _noise_means(cfg: DemoConfig, result: RunResult) -> None:
+    """The run's first-token TVs averaged over the steps before eq. (3)'s midpoint (the noise at full scale)."""
+    result.marginal_tv = _mean_metric(result.train_dir, "noise/first_token_marginal_tv", cfg.k_mid)
+    result.per_draw_tv = _mean_metric(result.train_dir, "noise/first_token_tv", cfg.k_mid)
 
 
 def _free(device: str) -> None:
@@ -770,6 +800,7 @@ def _run_one(
         _check_settings(eval_marker, found, eval_settings)
         result.accuracy = found.get("accuracy", {})
         result.first_token_divergence = _mean_metric(train_dir, "noise/first_token_divergence")
+        _noise_means(cfg, result)
         _say(cfg, f"{run}: trained and evaluated already (skipped)")
         return result
 
@@ -788,6 +819,7 @@ def _run_one(
         result.trained = True
 
     result.first_token_divergence = _mean_metric(train_dir, "noise/first_token_divergence")
+    _noise_means(cfg, result)
     t0 = time.perf_counter()
     if model is None:
         from ncgrpo.training import load_model_and_processor
@@ -932,8 +964,22 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
         if _trace(r.train_dir) == _trace(base.train_dir):
             div = "n/a" if r.first_token_divergence is None else f"{r.first_token_divergence:.4f}"
             same.append(f"{r.name} (seed {r.seed}; mean noise/first_token_divergence {div})")
+    notes = []
+    measured = [r for r in runs if r.marginal_tv is not None]
+    if measured:
+        notes.append(
+            "What the noise did to the rollouts (mean over steps 1-"
+            f"{cfg.k_mid:g}, before the anneal): noise-averaged first-token TV "
+            + "; ".join(
+                f"{r.name} seed {r.seed} {r.marginal_tv:.4f}"
+                + ("" if r.per_draw_tv is None else f" (per draw {r.per_draw_tv:.4f})")
+                for r in measured
+            )
+            + ". The noise-averaged TV is what the noisy half samples its first token from; the per-draw TV "
+            "describes one draw and overstates it."
+        )
     if not same:
-        return []
+        return notes
     note = (
         f"{'; '.join(same)}: every logged step (reward, reward std, loss, completion length) equals {BASELINE}'s "
         "of the same seed, so the noisy half sampled exactly vanilla GRPO's rollouts and the two models are the "
@@ -945,7 +991,7 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
             "model's first token is a near-certain format token. The propagating variant, which reaches the KV "
             "cache, is --noise-site <decoder layer index> (e.g. 1)."
         )
-    return [note]
+    return [*notes, note]
 
 
 # --------------------------------------------------------------------------------- parallel runs
