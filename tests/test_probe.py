@@ -58,9 +58,10 @@ def test_deterministic_first_token_is_inert(fixed_model, tok):
     assert r.entropy < 1e-6 and r.top1 > 0.999999
     for row in r.rows:
         assert row.tv < 1e-6 and row.flip == 0.0 and row.changed == 0.0 and row.first_changed == 0.0
+        assert row.marginal_tv < 1e-6 and row.marginal_kl < 1e-6
         assert row.rel > 0.1  # the noise was applied; it just has nothing to act on
         assert row.verdict.startswith("inert") and row.p_value == 1.0
-    assert r.verdict.startswith("inert at sigma 0.2: 0.0% of rollouts change")
+    assert r.verdict.startswith("inert at sigma 0.2: noise-averaged first-token TV 0.0000")
     assert not r.live
 
 
@@ -74,8 +75,13 @@ def test_live_model_changes_rollouts_and_sigma_zero_changes_none(live_model, tok
     assert big.tv > 0.05 and big.changed > 0.02 and not big.verdict.startswith("inert")
     assert "sigma 2" in r.verdict and "sigma 0:" not in r.verdict
     assert big.n_rollouts == len(QUESTIONS) * 4
-    # the matched control: no noise -> the sampling temperature; noise -> a hotter first token
-    assert zero.matched_temperature == 1.0 and big.matched_temperature > 1.0
+    # the mixture moves less than one draw does
+    assert 0 < big.marginal_tv < big.tv and big.marginal_tv_se < 0.25 * big.marginal_tv
+    assert len(big.per_prompt) == len(QUESTIONS) and big.per_prompt[0]["question_id"] == "q0"
+    # the matched control: no noise -> the sampling temperature; noise -> a hotter first token, and the
+    # per-draw calibration hotter still
+    assert zero.matched_temperature == 1.0 and 1.0 < big.matched_temperature < big.matched_temperature_per_draw
+    assert 0.5 < big.equivalent_temperature < 2.0  # model-dependent: a mixture need not be hotter
 
 
 def test_common_random_numbers_are_row_aligned(live_model, tok):
@@ -83,9 +89,9 @@ def test_common_random_numbers_are_row_aligned(live_model, tok):
     inputs = _inputs(tok, QUESTIONS[:2], 4, torch.device("cpu"))
     kw = dict(site="final_norm", layer_decay=0.5, temperature=1.0, max_new_tokens=6, pad_id=tok.pad_token_id)
     rows = [RowNoise()] * 8
-    a, la, _ = _sample(live_model, inputs, rows, seed=1, **kw)
-    b, lb, _ = _sample(live_model, inputs, rows, seed=1, **kw)
-    c, _, _ = _sample(live_model, inputs, rows, seed=2, **kw)
+    a, la, _, _ = _sample(live_model, inputs, rows, seed=1, **kw)
+    b, lb, _, _ = _sample(live_model, inputs, rows, seed=1, **kw)
+    c, _, _, _ = _sample(live_model, inputs, rows, seed=2, **kw)
     assert a == b and torch.equal(la, lb)
     assert a != c
 
@@ -98,7 +104,7 @@ def test_probe_json_and_table(live_model, tok, tmp_path):
     console = Console(record=True, width=220)
     console.print(format_probe(r))
     text = console.export_text()
-    assert "first-token TV" in text and "verdict:" in text
+    assert "marginal" in text and "TV per" in text and "verdict:" in text
 
 
 def test_probe_reads_the_prompt_with_the_branch_prefix(live_model, tok):
@@ -116,6 +122,69 @@ def test_probe_bad_arguments(live_model, tok):
         probe(live_model, tok, QUESTIONS, [-1.0], progress=False)
     with pytest.raises(ValueError, match="even"):
         probe(live_model, tok, QUESTIONS, [0.2], rollouts=3, method="antithetic", progress=False)
+    with pytest.raises(ValueError, match="final-norm site"):
+        probe(live_model, tok, QUESTIONS, [0.2], site=[1], target_marginal_tv=0.01, progress=False)
+    with pytest.raises(ValueError, match="target_marginal_tv"):
+        probe(live_model, tok, QUESTIONS, [0.2], target_marginal_tv=1.5, progress=False)
+
+
+def test_target_marginal_tv_finds_the_sigma_that_reaches_it(live_model, tok):
+    r = _probe(live_model, tok, [1.0], rollouts=2, target_marginal_tv=0.002, max_new_tokens=2)
+    assert r.target_sigma is not None and 0 < r.target_sigma < 4
+    again = _probe(live_model, tok, [r.target_sigma], rollouts=2, max_new_tokens=2)
+    assert again.rows[0].marginal_tv == pytest.approx(0.002, abs=3 * again.rows[0].marginal_tv_se + 2e-4)
+    # this random model's mixture barely moves: 0.5 is not reached, and the probe says so
+    far = _probe(live_model, tok, [1.0], rollouts=2, target_marginal_tv=0.5, max_new_tokens=2)
+    assert far.target_sigma is None
+    console = Console(record=True, width=220)
+    console.print(format_probe(far))
+    assert "not reached at any sigma <= 4" in console.export_text()
+
+
+def test_layer_site_marginal_comes_from_the_rollouts_draws(live_model, tok):
+    r = _probe(live_model, tok, [2.0], site=[1], rollouts=4, max_new_tokens=2)
+    row = r.rows[0]
+    assert row.marginal_draws == 4 and 0 < row.marginal_tv <= row.tv + 1e-6
+
+
+@pytest.mark.parametrize("sigma", [0.2, 0.5])
+def test_embedded_base_marginal_within_monte_carlo_error_of_an_independent_computation(sigma):
+    """The probe's TV(q, q_bar) on the embedded base (the README's figure, branch_prefix '<think>') against
+    a brute-force computation: fresh torch.randn draws through the LM head's weights, written out here."""
+    import math
+
+    from ncgrpo.toy.pretrain import ensure_base_model
+    from ncgrpo.toy.synthetic import build_suite
+    from ncgrpo.training import load_model_and_processor
+
+    model, processor = load_model_and_processor(str(ensure_base_model()), dtype="float32", device="cpu")
+    qs = [q for q in build_suite(0, {"train": 40})["train"] if q.metadata["family"] == "geometry"][:3]
+    r = probe(model, processor, qs, [sigma], rollouts=1, max_new_tokens=1, branch_prefix="<think>",
+              marginal_draws=2048, progress=False)  # fmt: skip
+    proc = with_branch_prefix(processor, "<think>")
+    inputs = _inputs(proc, qs, 1, torch.device("cpu"))
+    cap = {}
+
+    def grab(module, args, output):
+        cap.setdefault("h", args[0][:, -1].detach())
+
+    handle = model.lm_head.register_forward_hook(grab)
+    with torch.no_grad():
+        logits = model(**inputs).logits[:, -1]
+    handle.remove()
+    W = model.lm_head.weight.detach()
+    g = torch.Generator().manual_seed(1234)
+    for i, pp in enumerate(r.rows[0].per_prompt):
+        h = cap["h"][i]
+        d = h.numel()
+        q_bar = torch.zeros(W.shape[0], dtype=torch.float64)
+        for _ in range(10):
+            eps = torch.randn(20_000, d, generator=g)
+            q_bar += torch.softmax((h + sigma * h.norm() / math.sqrt(d) * eps) @ W.T, -1).double().sum(0)
+        q_bar /= 200_000
+        truth = 0.5 * float((q_bar - torch.softmax(logits[i].double(), -1)).abs().sum())
+        assert abs(pp["marginal_tv"] - truth) < 4 * pp["marginal_tv_se"] + 5e-4, (pp, truth)
+        assert pp["tv"] > 3 * truth  # the per-draw TV overstates what the rollouts see
 
 
 # ------------------------------------------------------------------------------------ branch_prefix
@@ -246,4 +315,20 @@ def test_trainer_warns_when_sampling_hides_inert_noise(tmp_path):
     logged = [m for m in tr.nc_history]
     assert logged[0].metrics["noise/first_token_divergence"] >= 0.01  # the old signal: silent from step 1
     inert = [w for w in caught if issubclass(w.category, InertNoiseWarning)]
-    assert len(inert) == 1 and "noise/first_token_tv" in str(inert[0].message)
+    assert len(inert) == 1 and "noise/first_token_marginal_tv" in str(inert[0].message)
+
+
+def test_inert_monitor_reads_the_marginal_and_falls_back_to_the_per_draw_tv():
+    """A per-draw TV of 0.05 can sit on a mixture that barely moves: the marginal decides; where it is
+    not logged (layer sites, the image method) the per-draw TV does, at its own threshold."""
+    m = InertNoiseMonitor(steps=2)
+    metrics = {"noise/first_token_marginal_tv": 0.001, "noise/first_token_tv": 0.05}
+    assert m.update_from(1, 0.2, metrics) is None
+    msg = m.update_from(2, 0.2, metrics)
+    assert msg is not None and "noise/first_token_marginal_tv stayed below 0.002" in msg
+    m = InertNoiseMonitor(steps=2)
+    assert m.update_from(1, 0.2, {"noise/first_token_tv": 0.05}) is None and m.done  # live by the fallback
+    m = InertNoiseMonitor(steps=1)
+    msg = m.update_from(1, 0.2, {"noise/first_token_tv": 0.001})
+    assert msg is not None and "noise/first_token_tv stayed below 0.01" in msg
+    assert InertNoiseMonitor().update_from(1, 0.2, {}) is None

@@ -75,6 +75,8 @@ from ncgrpo.rewards import math_reward
 
 __all__ = ["INERT_BELOW", "LIVE_FROM", "ProbeResult", "SigmaProbe", "format_probe", "probe", "verdict"]
 
+#: the largest sigma ``target_marginal_tv`` searches
+TARGET_SIGMA_MAX = 4.0
 #: below this marginal first-token TV the noise is called inert; from LIVE_FROM on, live.
 INERT_BELOW = 0.002
 LIVE_FROM = 0.02
@@ -507,7 +509,9 @@ def probe(
             )
 
         result.target_marginal_tv = target_marginal_tv
-        result.target_sigma = round(sigma_for_marginal_tv(tv_at, target_marginal_tv), 5)
+        found = sigma_for_marginal_tv(tv_at, target_marginal_tv, hi=TARGET_SIGMA_MAX)
+        # None: not reached even at TARGET_SIGMA_MAX
+        result.target_sigma = None if found >= TARGET_SIGMA_MAX else round(found, 5)
     result.wall_s = round(time.perf_counter() - t0, 2)
     return result
 
@@ -553,9 +557,11 @@ def format_probe(result: ProbeResult) -> Any:
         "the same marginal TV",
         f"verdict: {result.verdict}",
     ]
-    if result.target_sigma is not None:
+    if result.target_marginal_tv is not None:
         lines.append(
             f"target: marginal TV {result.target_marginal_tv:g} is reached at sigma {result.target_sigma:g}"
+            if result.target_sigma is not None
+            else f"target: marginal TV {result.target_marginal_tv:g} is not reached at any sigma <= {TARGET_SIGMA_MAX:g}"
         )
     if not result.live and result.site == "final_norm":
         lines.append(
