@@ -80,7 +80,9 @@ def test_live_model_changes_rollouts_and_sigma_zero_changes_none(live_model, tok
     assert len(big.per_prompt) == len(QUESTIONS) and big.per_prompt[0]["question_id"] == "q0"
     # the matched control: no noise -> the sampling temperature; noise -> a hotter first token, and the
     # per-draw calibration hotter still
-    assert zero.matched_temperature == 1.0 and 1.0 < big.matched_temperature < big.matched_temperature_per_draw
+    assert (
+        zero.matched_temperature == 1.0 and 1.0 < big.matched_temperature < big.matched_temperature_per_draw
+    )
     assert 0.5 < big.equivalent_temperature < 2.0  # model-dependent: a mixture need not be hotter
 
 

@@ -295,7 +295,9 @@ def test_marginal_tv_is_logged_below_the_per_draw_tv_and_feeds_the_inert_warning
 def test_first_token_controls_log_their_marginal(tmp_path) -> None:
     """The temperature control's marginal is exact (its q_bar is softmax(z / T_k), the same as one draw);
     the q_bar control samples through its hook and logs the same estimator as NC-GRPO."""
-    tr = tiny.trainer(tmp_path / "t", rollout_method="first_token_temperature", first_token_temperature=3.0, max_steps=1)
+    tr = tiny.trainer(
+        tmp_path / "t", rollout_method="first_token_temperature", first_token_temperature=3.0, max_steps=1
+    )
     tr.train()
     m = _last_metrics(tr)[0]
     assert m["noise/first_token_marginal_tv"] == pytest.approx(m["noise/first_token_tv"], rel=1e-5)

@@ -36,7 +36,9 @@ def test_branch_point_agreement_is_one_without_change_and_falls_with_distance():
     # a deterministic clean policy: 1 if the noisy one is the same, 0 if it moved
     det = torch.tensor([[100.0, 0.0, 0.0]])
     assert branch_point_agreement(det, det).item() == 1.0
-    assert branch_point_agreement(det, torch.tensor([[0.0, 100.0, 0.0]])).item() == pytest.approx(0.0, abs=1e-12)
+    assert branch_point_agreement(det, torch.tensor([[0.0, 100.0, 0.0]])).item() == pytest.approx(
+        0.0, abs=1e-12
+    )
 
 
 def test_branch_point_agreement_mean_over_draws_is_its_value_at_the_mixture():

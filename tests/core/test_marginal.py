@@ -127,7 +127,10 @@ def peaked():
 
 def _first_tokens(model, ids, rows=None, *, keys=None, seed=0):
     n = len(rows) if rows is not None else len(keys)
-    inputs = {"input_ids": ids.expand(n, -1).contiguous(), "attention_mask": torch.ones(n, ids.shape[1], dtype=torch.long)}
+    inputs = {
+        "input_ids": ids.expand(n, -1).contiguous(),
+        "attention_mask": torch.ones(n, ids.shape[1], dtype=torch.long),
+    }
     torch.manual_seed(seed)
     kw = dict(do_sample=True, top_k=0, top_p=1.0, max_new_tokens=1, pad_token_id=0)
     with torch.no_grad():
