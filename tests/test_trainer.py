@@ -80,6 +80,7 @@ def _cfg(tmp_path, **kw) -> NCGRPOConfig:
         (dict(first_token_marginal_draws=0), "first_token_marginal_draws"),
         (dict(marginal_tv_draws=-1), "marginal_tv_draws"),
         (dict(rollout_method="first_token_marginal", noise_site="1"), "no such q_bar"),
+        (dict(first_token_temperature_auto=True, noise_site="1"), "first_token_temperature_auto"),
         (
             dict(rollout_method="spsa", num_generations=4, per_device_train_batch_size=4, noise_site="1"),
             "different directions",
@@ -309,6 +310,34 @@ def test_first_token_controls_log_their_marginal(tmp_path) -> None:
     rows = tr.nc_history[0].rows
     assert any(r[2] for r in rows) and all((r[4] is None) == (not r[2]) for r in rows)
     assert all(x == 0.0 for x in tr.nc_history[0].rel)  # no noise in the forward
+
+
+def test_first_token_temperature_auto_matches_the_noise_marginal(tmp_path) -> None:
+    """T0 calibrated at the first generation: the control then moves the first-token distribution as much
+    as latent noise at sigma0 does (equal noise-averaged first-token TV), and T0 survives a checkpoint."""
+    kw = dict(sigma0=2.0, sigma_schedule="constant", max_steps=1)
+    tr = tiny.trainer(
+        tmp_path / "c", rollout_method="first_token_temperature", first_token_temperature_auto=True, **kw
+    )
+    tr.train()
+    m = _last_metrics(tr)[0]
+    assert tr.first_token_t0 > 1.0 and m["control/first_token_temperature_t0"] == pytest.approx(
+        tr.first_token_t0
+    )
+    assert m["control/first_token_temperature"] == pytest.approx(tr.first_token_t0)  # constant schedule
+    lat = tiny.trainer(tmp_path / "l", rollout_method="latent", **kw)
+    lat.train()
+    ml = _last_metrics(lat)[0]
+    assert m["noise/first_token_marginal_tv"] == pytest.approx(ml["noise/first_token_marginal_tv"], rel=0.35)
+    # the calibrated T0 is part of the checkpoint state; a checkpoint without it cannot be resumed
+    tr.save_nc_state(str(tmp_path / "ckpt"))
+    again = tiny.trainer(
+        tmp_path / "c2", rollout_method="first_token_temperature", first_token_temperature_auto=True, **kw
+    )
+    again.load_nc_state(str(tmp_path / "ckpt"))
+    assert again.first_token_t0 == tr.first_token_t0
+    with pytest.raises(ValueError, match="no calibrated first_token_temperature_t0"):
+        again.load_nc_state(str(tmp_path / "nowhere"))
 
 
 def test_proposition_2_on_real_rollouts(tmp_path) -> None:

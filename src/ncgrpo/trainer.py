@@ -241,6 +241,15 @@ class NCGRPOConfig(GRPOConfig):
             "noise-averaged, i.e. marginal, first-token total-variation distance: what generates the rollouts)."
         },
     )
+    first_token_temperature_auto: bool = field(
+        default=False,
+        metadata={
+            "help": "rollout_method='first_token_temperature': set T0 at the first generation so that the control "
+            "moves the first-token distribution as much as latent noise at sigma0 would (equal noise-averaged "
+            "first-token TV on that batch's prompts, final-norm site; averaged over processes); overrides "
+            "first_token_temperature, is logged as control/first_token_temperature_t0 and kept in checkpoints."
+        },
+    )
     first_token_marginal_draws: int = field(
         default=16,
         metadata={
@@ -365,6 +374,12 @@ class NCGRPOConfig(GRPOConfig):
                 or v < (1 if name == "first_token_marginal_draws" else 0)
             ):
                 raise ValueError(f"{name} must be an integer >= {1 if 'first' in name else 0}, got {v!r}")
+        if self.first_token_temperature_auto and parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                "first_token_temperature_auto matches T0 to the final-norm site's noise-averaged first-token "
+                f"distribution; noise_site={self.noise_site!r} has none through the LM head alone. Use "
+                "noise_site='final_norm' or set first_token_temperature by hand."
+            )
         if m == "first_token_marginal" and parse_noise_site(self.noise_site) != "final_norm":
             raise ValueError(
                 "rollout_method='first_token_marginal' samples the first token from the final-norm site's "
@@ -631,6 +646,8 @@ class NCGRPOTrainer(GRPOTrainer):
         self.method = args.rollout_method
         self.nc_history: list[StepRecord] = []
         self.spsa_mu: torch.Tensor | None = None
+        #: first_token_temperature_auto: the calibrated T0 (None until the first generation)
+        self.first_token_t0: float | None = None
         self._nc_inputs: list[dict] | None = None
         self._nc_gen: _LocalGen | None = None
         self._nc_rewards_per_func: torch.Tensor | None = None
@@ -709,9 +726,51 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def first_token_temperature_at(self, k: int, K: int) -> float:
         """The control's first-token temperature at ``k``: ``T + (T0 - T) * decay_k`` (eq. 3's decay), so
-        it anneals to the sampling temperature exactly as ``sigma_k`` anneals to 0."""
-        t, t0 = float(self.temperature), float(self.args.first_token_temperature)
+        it anneals to the sampling temperature exactly as ``sigma_k`` anneals to 0. ``T0`` is the calibrated
+        one with ``first_token_temperature_auto``."""
+        t = float(self.temperature)
+        t0 = float(
+            self.first_token_t0 if self.first_token_t0 is not None else self.args.first_token_temperature
+        )
         return t + (t0 - t) * self._schedule(k, K, 1.0)
+
+    def _calibrate_first_token_t0(self, plans: list[RowPlan], prompt_ids, multimodal_fields) -> float:
+        """``first_token_temperature_auto``: one clean prompt-only pass of the local rows, then per prompt the
+        noise-averaged first-token TV of latent noise at ``sigma0`` (:mod:`ncgrpo.core.marginal`,
+        ``max(marginal_tv_draws, 64)`` draws through the LM head) and the ``T0`` whose first-token TV on those
+        prompts equals its mean (:func:`ncgrpo.core.agreement.match_first_token_temperature`). Each process
+        calibrates on its own prompts; the values are averaged over processes so every rank uses one T0."""
+        from ncgrpo.core.agreement import match_first_token_temperature
+        from ncgrpo.core.marginal import marginal_estimate, marginal_keys, noisy_probs
+        from ncgrpo.engines.transformers import find_text_stack
+
+        a = self.args
+        T = float(self.temperature)
+        model = self.accelerator.unwrap_model(self.model)
+        with self._nc_branch_point_hooks(model, [nz.RowNoise()] * len(plans)) as (_, captured):
+            self._nc_prefill_only(prompt_ids, multimodal_fields)
+        logits, states = captured[0], captured[1]
+        head = find_text_stack(model)[0].lm_head
+        first = {}
+        for i, p in enumerate(plans):
+            first.setdefault(p.group, i)
+        rows = sorted(first.values())
+        tvs = []
+        for i in rows:
+            keys = marginal_keys(self.noise_base_seed, 0, plans[i].prompt_id, max(a.marginal_tv_draws, 64))
+            eps = torch.cat([nz.draw_eps(k, [0], states.shape[-1]) for k in keys])
+            draws = noisy_probs(head, states[i], eps, a.sigma0, temperature=T)
+            tvs.append(marginal_estimate(torch.softmax(logits[i].float() / T, -1), draws, seed=i).tv)
+        target = min(max(sum(tvs) / len(tvs), 0.0), 1.0)
+        t0 = match_first_token_temperature(logits[rows].float().cpu(), target, temperature=T)
+        both = self._gather(torch.tensor([[t0, target]], dtype=torch.float64))  # [processes, 2]
+        t0, target = (float(x) for x in both.mean(0))
+        if self.accelerator.is_main_process:
+            print(
+                f"ncgrpo: first_token_temperature_auto: T0 = {t0:.4f} (noise-averaged first-token TV {target:.4f} "
+                f"of latent noise at sigma0 = {a.sigma0:g} on {len(rows)} prompts per process)"
+            )
+        return t0
 
     # -- generation (algorithm lines 1-7) --------------------------------------------------------
     def _nc_generate(self, generate, prompt_ids, images, multimodal_fields, num_generations):
@@ -752,6 +811,8 @@ class NCGRPOTrainer(GRPOTrainer):
             multimodal_fields = self._distort_images(images, multimodal_fields, plans, gen.image_t)
             gen.gen_pixel_values = multimodal_fields.get("pixel_values")
         if self.method == "first_token_temperature":
+            if a.first_token_temperature_auto and self.first_token_t0 is None:
+                self.first_token_t0 = self._calibrate_first_token_t0(plans, prompt_ids, multimodal_fields)
             gen.first_token_temperature = self.first_token_temperature_at(k, K)
         model = self.accelerator.unwrap_model(self.model)
         with ExitStack() as stack:
@@ -873,6 +934,8 @@ class NCGRPOTrainer(GRPOTrainer):
         scales = None
         if self.method == "first_token_temperature":
             k, K = self.schedule_position()
+            if self.args.first_token_temperature_auto and self.first_token_t0 is None:
+                self.first_token_t0 = self._calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
             gen.first_token_temperature = self.first_token_temperature_at(k, K)
             scale = float(self.temperature) / gen.first_token_temperature
             scales = [scale if p.noisy else None for p in gen.plans]
@@ -1117,6 +1180,8 @@ class NCGRPOTrainer(GRPOTrainer):
             metrics["image_noise/t"] = float(gen.image_t)
         if self.method == "first_token_temperature":
             metrics["control/first_token_temperature"] = float(gen.first_token_temperature)
+            if self.first_token_t0 is not None:
+                metrics["control/first_token_temperature_t0"] = float(self.first_token_t0)
         if gen.branch_argmax is not None:
             argmax = self._gather(gen.branch_argmax)
             first = self._gather(gen.first_token)
@@ -1218,6 +1283,7 @@ class NCGRPOTrainer(GRPOTrainer):
             "rollout_method": self.method,
             "global_step": self.state.global_step,
             "spsa_mu": self.spsa_mu,
+            "first_token_temperature_t0": self.first_token_t0,
         }
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -1226,10 +1292,23 @@ class NCGRPOTrainer(GRPOTrainer):
         os.replace(tmp, path)
 
     def load_nc_state(self, checkpoint: str) -> None:
-        """Restore SPSA's ``mu`` from a checkpoint folder (other methods keep no state)."""
-        if self.method != "spsa":
+        """Restore SPSA's ``mu`` / the calibrated first-token ``T0`` from a checkpoint folder (other methods
+        keep no state)."""
+        auto = self.method == "first_token_temperature" and self.args.first_token_temperature_auto
+        if self.method != "spsa" and not auto:
             return
         path = os.path.join(checkpoint, STATE_FILE)
+        if auto:
+            state = torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else {}
+            t0 = state.get("first_token_temperature_t0")
+            if t0 is None:
+                raise ValueError(
+                    f"{path} holds no calibrated first_token_temperature_t0, so the resumed run would calibrate T0 "
+                    "again on another batch; resume from a checkpoint of this run, or set first_token_temperature "
+                    "by hand"
+                )
+            self.first_token_t0 = float(t0)
+            return
         if not os.path.exists(path):
             raise FileNotFoundError(
                 f"{path} is missing: this checkpoint was not written by an NC-GRPO spsa run, so the steering vector "

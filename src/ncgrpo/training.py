@@ -609,6 +609,7 @@ RUN_IDENTITY_KEYS = (
     "spsa_min_sigma_ratio",
     "spsa_max_step_ratio",
     "first_token_temperature",
+    "first_token_temperature_auto",
     "first_token_marginal_draws",
     "image_noise_step",
     "noisy_importance_sampling",
