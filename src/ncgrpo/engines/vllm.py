@@ -465,6 +465,11 @@ class _ArmedLogits:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.armed = False  # from here on a plain pass-through to what it wrapped
+        if vars(self.model).get("compute_logits") is not self:
+            # another patch was installed on top during the step (verl's monkey_patch_compute_logits reads
+            # model.compute_logits and wraps it): keep theirs, which now calls this pass-through
+            return
         if self.had:
             object.__setattr__(self.model, "compute_logits", self.prev)
         else:
@@ -555,9 +560,13 @@ def _wrap_v2_add_requests(orig):
         for req in scheduler_output.scheduled_new_reqs:
             sp = req.sampling_params
             spec = parse_noise_spec(sp.extra_args) if sp is not None else None
-            resumed = req.prefill_token_ids is not None and len(req.prefill_token_ids) > req.prompt_len
+            # vLLM 0.24's NewRequestData has no prompt_len; its V2 runner takes len(prompt_token_ids)
+            prompt_len = getattr(req, "prompt_len", None)
+            if prompt_len is None and spec is not None:
+                prompt_len = len(req.prompt_token_ids)
+            resumed = req.prefill_token_ids is not None and len(req.prefill_token_ids) > (prompt_len or 0)
             if spec is not None and spec.noisy and not resumed:  # resumed: first token already sampled
-                specs[req.req_id] = (spec, int(req.prompt_len))
+                specs[req.req_id] = (spec, int(prompt_len))
             else:
                 specs.pop(req.req_id, None)
         _STATS["seconds"] += time.perf_counter() - t

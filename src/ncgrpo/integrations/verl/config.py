@@ -1,0 +1,456 @@
+"""The verl integration's pure part (imports no verl, no Ray, no vLLM): the ``ncgrpo:`` config block, the
+plan of one verl session, the prompt id, the per-half metrics and the checks of verl's own config.
+
+verl runs a group of ``G = actor_rollout_ref.rollout.n`` rollouts of one prompt as ``G`` sessions
+(``session_id = 0 .. G-1``) under one ``uid`` (verl 0.9.1, ``AgentLoopWorkerTQ._run_prompt``), and
+its GRPO normalises rewards over the rows sharing a ``uid``. So NC-GRPO on verl is: session
+``session_id`` is row ``branch = session_id`` of :func:`ncgrpo.core.plan.plan_rows` (the one row plan
+every engine uses), sessions ``n .. G-1`` carry the vLLM plugin's noise spec, and verl's plain GRPO
+advantage over the joint group of ``2n`` rows is Prop. 2's (``tests/integrations/test_verl.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ncgrpo.core.advantages import contrast_statistic
+from ncgrpo.core.noise import noise_seed, sigma_schedule
+from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, PAIRED_METHODS, plan_rows, prompt_id_for, row_noise
+from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, control_extra_args, noise_extra_args
+
+__all__ = [
+    "CONFIG_KEY",
+    "REFUSED_METHODS",
+    "VERL_EPS",
+    "VERL_METHODS",
+    "NCGRPOVerlConfig",
+    "SessionNoise",
+    "check_verl_config",
+    "half_metrics",
+    "plan_session",
+    "verl_prompt_id",
+    "with_noise",
+]
+
+#: The top-level key of verl's Hydra config that holds :class:`NCGRPOVerlConfig`.
+CONFIG_KEY = "ncgrpo"
+#: verl's GRPO denominator guard, ``(r - mean) / (std + 1e-6)`` (``core_algos.compute_grpo_outcome_advantage``).
+VERL_EPS = 1e-6
+#: Rollout methods the verl integration runs.
+VERL_METHODS = ("vanilla", "latent", "antithetic", "first_token_temperature")
+#: The others, with the reason (raised before any worker starts).
+REFUSED_METHODS = {
+    "image": "NoisyRollout's image noise distorts the noisy half's pixels before vLLM's processor; on verl that "
+    "is NoisyRollout's own EasyR1 fork (a data-pipeline change, not a rollout spec). Use ncgrpo's TRL trainer "
+    "for the image baseline",
+    "spsa": "eq. (6) updates the steering vector mu from each step's pair rewards on the trainer and must send it "
+    "to every agent-loop worker before the next step's rollouts; that round trip is not built for verl. Use "
+    "ncgrpo's TRL trainer for the SPSA probe",
+    "first_token_marginal": "the q_bar control samples the first token from a pool of noisy logit rows, which "
+    "the vLLM plugin does not implement. Use ncgrpo's TRL trainer (transformers engine)",
+}
+
+
+def _get(config: Any, path: str, default: Any = None) -> Any:
+    """``config.a.b.c`` or ``default`` (verl's OmegaConf DictConfig or plain dicts)."""
+    node = config
+    for part in path.split("."):
+        if node is None:
+            return default
+        getter = getattr(node, "get", None)
+        node = getter(part, None) if getter is not None else getattr(node, part, None)
+    return default if node is None else node
+
+
+# --------------------------------------------------------------------------------------------------
+# the `ncgrpo:` block of verl's config
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NCGRPOVerlConfig:
+    """NC-GRPO's settings on verl: the top-level ``ncgrpo:`` block of verl's Hydra config.
+
+    Field names are :class:`ncgrpo.trainer.NCGRPOConfig`'s (one name per concept). ``k`` of eq. (3) is
+    verl's ``global_steps`` (1-based; one step = one rollout batch, EasyR1's and so NoisyRollout's
+    unit), ``K`` is ``schedule_total_steps`` or else ``trainer.total_training_steps``.
+    """
+
+    rollout_method: str = "latent"
+    """'latent' (NC-GRPO, eq. 2), 'antithetic' (+eps/-eps pairs in the joint group), 'first_token_temperature'
+    (control: the noisy half's first token at T_k) or 'vanilla' (plain GRPO)."""
+    sigma0: float = 0.2
+    """sigma_0 of eq. (2)/(3)."""
+    sigma_schedule: str = "sigmoid"
+    """eq. (3) ('sigmoid'), or 'constant' / 'linear' (ablations)."""
+    schedule_gamma: float = 30.0
+    """gamma of eq. (3)."""
+    schedule_k_mid: float = 40.0
+    """k_mid of eq. (3), in verl steps (rollout batches)."""
+    schedule_total_steps: int | None = None
+    """K of eq. (3); None: verl's ``trainer.total_training_steps`` (which must then be set)."""
+    noise_seed: int = 1
+    """The run seed of every NoiseKey."""
+    first_token_temperature: float = 2.0
+    """T0 of the first-token-temperature control: T_k = T + (T0 - T) * sigma_k / sigma0."""
+    noisy_importance_sampling: str = "exclude"
+    """'exclude': refuse verl settings that reweight or drop the noisy rows (rollout_is, rollout_rs,
+    bypass_mode), the paper's no-density-correction; 'apply': allow them."""
+
+    def __post_init__(self) -> None:
+        m = self.rollout_method
+        if m in REFUSED_METHODS:
+            raise ValueError(f"ncgrpo.rollout_method={m!r} is not supported on verl: {REFUSED_METHODS[m]}")
+        if m not in VERL_METHODS:
+            raise ValueError(f"ncgrpo.rollout_method={m!r}: use one of {', '.join(VERL_METHODS)}")
+        if not math.isfinite(self.sigma0) or self.sigma0 < 0:
+            raise ValueError(f"ncgrpo.sigma0 must be a finite number >= 0, got {self.sigma0}")
+        if self.schedule_total_steps is not None and int(self.schedule_total_steps) < 1:
+            raise ValueError(f"ncgrpo.schedule_total_steps must be >= 1, got {self.schedule_total_steps}")
+        if self.noisy_importance_sampling not in ("exclude", "apply"):
+            raise ValueError(
+                f"ncgrpo.noisy_importance_sampling must be 'exclude' or 'apply', got {self.noisy_importance_sampling!r}"
+            )
+        if not self.first_token_temperature > 0:
+            raise ValueError(
+                f"ncgrpo.first_token_temperature must be > 0, got {self.first_token_temperature}"
+            )
+        sigma_schedule(1, 1, self.sigma0, kind=self.sigma_schedule)  # unknown kinds fail here
+
+    @classmethod
+    def from_mapping(cls, block: Mapping[str, Any] | None) -> NCGRPOVerlConfig:
+        """From the ``ncgrpo:`` block (a dict or OmegaConf node); an unknown key is an error naming the nearest."""
+        block = dict(block or {})
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in block if k not in names]
+        if unknown:
+            hints = {k: difflib.get_close_matches(k, names, n=1) for k in unknown}
+            raise ValueError(
+                "unknown keys in verl's `ncgrpo:` block: "
+                + ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+            )
+        return cls(**block)
+
+    @classmethod
+    def from_verl_config(cls, config: Any) -> NCGRPOVerlConfig:
+        """From verl's whole config: the ``ncgrpo:`` block, with ``K`` resolved from the trainer section."""
+        cfg = cls.from_mapping(_get(config, CONFIG_KEY, {}))
+        K = cfg.schedule_total_steps or _get(config, "trainer.total_training_steps")
+        if cfg.rollout_method != "vanilla" and cfg.sigma_schedule != "constant" and not K:
+            raise ValueError(
+                "eq. (3) needs K: set trainer.total_training_steps (the paper's Geometry3K run: 60) or "
+                "ncgrpo.schedule_total_steps; verl derives its own total from the dataloader in the trainer "
+                "process only, which the rollout workers cannot see"
+            )
+        return dataclasses.replace(cfg, schedule_total_steps=int(K) if K else None)
+
+    def sigma_at(self, step: int) -> float:
+        """sigma_k of eq. (3) at verl step ``k = step``."""
+        return sigma_schedule(
+            int(step),
+            int(self.schedule_total_steps or 1),
+            self.sigma0,
+            kind=self.sigma_schedule,
+            gamma=self.schedule_gamma,
+            k_mid=self.schedule_k_mid,
+        )
+
+    def first_token_temperature_at(self, step: int, temperature: float) -> float:
+        """The control's first-token temperature ``T + (T0 - T) * decay_k`` (eq. 3's decay)."""
+        decay = sigma_schedule(
+            int(step),
+            int(self.schedule_total_steps or 1),
+            1.0,
+            kind=self.sigma_schedule,
+            gamma=self.schedule_gamma,
+            k_mid=self.schedule_k_mid,
+        )
+        t = float(temperature)
+        return t + (float(self.first_token_temperature) - t) * decay
+
+
+# --------------------------------------------------------------------------------------------------
+# one verl session: the plan of its rollout row
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SessionNoise:
+    """What one verl session (one rollout of a group) sends to vLLM.
+
+    ``extra_args`` is ``SamplingParams.extra_args`` for the session's FIRST request (``{}``: clean);
+    later turns of a multi-turn session are clean (the paper perturbs only the branch point, the
+    first generated token). ``sigma`` is sigma_k on noisy rows of the hidden-noise methods, else 0.
+    """
+
+    step: int
+    branch: int = 0
+    noisy: bool = False
+    sigma: float = 0.0
+    extra_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def provenance(self) -> dict[str, Any]:
+        """The row's record in verl's ``extra_fields["ncgrpo"]`` (read back by the trainer's metrics)."""
+        spec = self.extra_args.get(EXTRA_ARGS_KEY) or {}
+        return {
+            "step": int(self.step),
+            "branch": int(self.branch),
+            "noisy": bool(self.noisy),
+            "sigma": float(self.sigma),
+            "draw": spec.get("draw"),
+            "sign": spec.get("sign"),
+            "logit_scale": spec.get("logit_scale"),
+        }
+
+
+def plan_session(
+    cfg: NCGRPOVerlConfig,
+    *,
+    step: int,
+    prompt_id: int,
+    session_id: int,
+    group_size: int,
+    temperature: float = 1.0,
+    validate: bool = False,
+) -> SessionNoise:
+    """The noise of session ``session_id`` of a group of ``group_size`` sessions at verl step ``step``.
+
+    The session is row ``branch = session_id`` of :func:`ncgrpo.core.plan.plan_rows` for one prompt:
+    ``NoiseKey(noise_seed, step, prompt_id, draw)`` on the noisy half (``branch >= G/2``), antithetic
+    pairs sharing a draw with opposite signs. The key depends only on these numbers, so every
+    agent-loop worker, vLLM replica and tensor-parallel rank computes the same one. Validation is
+    clean (the paper's evaluation is noise-free).
+    """
+    step = int(step)
+    if validate or cfg.rollout_method == "vanilla":
+        return SessionNoise(step, int(session_id))
+    G = int(group_size)
+    if not 0 <= int(session_id) < G:
+        raise ValueError(f"session_id {session_id} outside the group of {G} sessions")
+    (p,) = plan_rows(
+        [int(session_id)],
+        [int(prompt_id)],
+        num_generations=G,
+        method=cfg.rollout_method,
+        seed=cfg.noise_seed,
+        step=step,
+    )
+    if not p.noisy:
+        return SessionNoise(step, p.branch)
+    if cfg.rollout_method in HIDDEN_NOISE_METHODS:
+        sigma = cfg.sigma_at(step)
+        return SessionNoise(
+            step, p.branch, True, sigma, noise_extra_args(row_noise(p, sigma, cfg.rollout_method))
+        )
+    # first_token_temperature: the noisy half's first-token logits times T / T_k, no hidden noise
+    if not temperature > 0:
+        raise ValueError(
+            "rollout_method='first_token_temperature' needs a sampling temperature > 0, got "
+            + str(temperature)
+        )
+    t_k = cfg.first_token_temperature_at(step, temperature)
+    return SessionNoise(step, p.branch, True, 0.0, control_extra_args(float(temperature) / t_k))
+
+
+def with_noise(sampling_params: Mapping[str, Any], extra_args: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of verl's sampling-params dict with ``extra_args`` merged in (the caller's dict, which a
+    multi-turn loop reuses every turn, is left alone). verl's server builds ``SamplingParams(**d)``."""
+    out = dict(sampling_params)
+    if extra_args:
+        merged = dict(out.get("extra_args") or {})
+        merged.update(extra_args)
+        out["extra_args"] = merged
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the prompt id: a stable 63-bit integer naming the prompt's noise streams
+# --------------------------------------------------------------------------------------------------
+def _feed(h: Any, obj: Any) -> None:
+    """A canonical byte stream of a prompt's content (messages, text, image pixels) into ``h``."""
+    if obj is None:
+        h.update(b"N")
+    elif isinstance(obj, str):
+        b = obj.encode()
+        h.update(b"s" + struct.pack("<Q", len(b)) + b)
+    elif isinstance(obj, bytes | bytearray | memoryview):
+        b = bytes(obj)
+        h.update(b"b" + struct.pack("<Q", len(b)) + b)
+    elif isinstance(obj, bool | int | float):
+        h.update(b"n" + repr(obj).encode())
+    elif isinstance(obj, Mapping):
+        h.update(b"{")
+        for k in sorted(obj, key=str):
+            _feed(h, str(k))
+            _feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, torch.Tensor):
+        _feed(h, obj.detach().cpu().numpy())
+    elif hasattr(obj, "tobytes") and hasattr(obj, "mode") and hasattr(obj, "size"):  # a PIL image: its pixels
+        h.update(b"i" + f"{obj.mode}:{obj.size}".encode())
+        h.update(obj.tobytes())
+    elif hasattr(obj, "tobytes") and hasattr(obj, "dtype") and getattr(obj.dtype, "kind", "O") != "O":
+        h.update(b"a" + f"{obj.dtype}:{obj.shape}".encode())  # a numeric numpy array
+        h.update(obj.tobytes())
+    elif isinstance(obj, Sequence) or hasattr(obj, "tolist"):  # lists, tuples, object arrays
+        h.update(b"[")
+        for item in obj.tolist() if hasattr(obj, "tolist") else obj:
+            _feed(h, item)
+        h.update(b"]")
+    else:
+        h.update(b"r" + repr(obj).encode())
+
+
+def verl_prompt_id(prompt: Mapping[str, Any]) -> int:
+    """The stable 63-bit id of one verl prompt (a row of the agent loop's batch).
+
+    ``extra_info["question_id"]`` when the dataset has one (:func:`ncgrpo.core.plan.prompt_id_for`, as
+    the TRL trainer hashes its ``question_id`` column); otherwise a hash of the prompt's content:
+    ``raw_prompt`` (the chat messages, image pixels included: Geometry3K has many identical question
+    texts with different figures) and the ``images`` / ``videos`` columns when present. Not ``uid``
+    (a fresh uuid4 per batch) and not ``index`` (0 for every row of a dataset without
+    ``extra_info.index``). Independent of worker, process, batch layout and Python's hash seed.
+    """
+    extra = prompt.get("extra_info")
+    if isinstance(extra, Mapping) and extra.get("question_id") is not None:
+        return prompt_id_for(question_id=extra["question_id"])
+    if prompt.get("raw_prompt") is None:
+        raise ValueError(
+            "a verl prompt needs `raw_prompt` (or extra_info.question_id) to name its noise streams"
+        )
+    h = hashlib.blake2b(digest_size=16)
+    for key in ("raw_prompt", "images", "videos"):
+        if prompt.get(key) is not None:
+            _feed(h, key)
+            _feed(h, prompt[key])
+    return noise_seed("verl_prompt", h.hexdigest())
+
+
+# --------------------------------------------------------------------------------------------------
+# per-half metrics (plain arrays in, floats out)
+# --------------------------------------------------------------------------------------------------
+def half_metrics(
+    rewards: Sequence[float] | torch.Tensor,
+    groups: Sequence[Any],
+    noisy: Sequence[bool] | torch.Tensor,
+    sigmas: Sequence[float] | torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    eps: float = VERL_EPS,
+) -> dict[str, float]:
+    """``reward/clean``, ``reward/noisy``, ``reward/contrast`` and ``noise/sigma_k`` of one verl step
+    (the TRL trainer's names), from one row per session.
+
+    ``reward/contrast`` is the mean over groups with both halves of eq. (5)'s clean-row contrast
+    ``(r_c - r_eta) / (2 s)`` (:func:`ncgrpo.core.advantages.contrast_statistic`) with verl's ``s``
+    (group std + 1e-6, or 1 with ``norm_adv_by_std_in_grpo=False``). Groups may be incomplete or
+    unordered (verl drops a failed session); each is taken as it came.
+    """
+    r = torch.as_tensor(rewards, dtype=torch.float32).flatten()
+    m = torch.as_tensor(noisy, dtype=torch.bool).flatten()
+    s = torch.as_tensor(sigmas, dtype=torch.float32).flatten()
+    if not (len(groups) == r.numel() == m.numel() == s.numel()):
+        raise ValueError(
+            f"one group, noisy flag and sigma per reward: {len(groups)}, {m.numel()}, {s.numel()}, {r.numel()}"
+        )
+    out: dict[str, float] = {}
+    if (~m).any():
+        out["reward/clean"] = float(torch.nanmean(r[~m]))
+    if m.any():
+        out["reward/noisy"] = float(torch.nanmean(r[m]))
+        out["noise/sigma_k"] = float(s[m].mean())
+    by_group: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(g, []).append(i)
+    contrasts = []
+    for rows in by_group.values():
+        gm = m[rows]
+        if gm.all() or not gm.any():
+            continue
+        c = contrast_statistic(r[rows][None, :], gm, scale="group" if norm_by_std else "none", eps=eps)
+        contrasts.append(c)
+    if contrasts:
+        c = torch.cat(contrasts)
+        out["reward/contrast"] = float(torch.nanmean(c)) if torch.isfinite(c).any() else 0.0
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# verl's own settings that NC-GRPO depends on
+# --------------------------------------------------------------------------------------------------
+def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
+    """Refuse verl settings under which NC-GRPO would silently not be NC-GRPO, saying what to change.
+
+    - ``trainer.use_v1`` (the agent-loop worker is the v1 trainer's) and ``trainer.v1.trainer_mode=sync``:
+      the async modes resume an interrupted request as prompt + partial response, whose first sampled
+      token (mid-response) the plugin would perturb again.
+    - ``actor_rollout_ref.rollout.name=vllm`` (the plugin is vLLM's).
+    - ``rollout.n`` even (``n`` clean + ``n`` noisy), a multiple of 4 for antithetic pairs.
+    - ``algorithm.adv_estimator`` ``grpo`` (or ``grpo_vectorized``): the joint-group advantage of Prop. 2.
+    - rollout correction: ``algorithm.rollout_correction.rollout_is`` / ``rollout_rs`` would reweight or
+      drop the noisy rows (their first token was sampled from perturbed logits, so the rollout/trainer
+      ratio there is far from 1) and ``bypass_mode`` would use those perturbed rollout log-probs as the
+      PPO anchor; the paper applies no density correction (section 3.1). Refused unless
+      ``ncgrpo.noisy_importance_sampling=apply``.
+    """
+    cfg = cfg or NCGRPOVerlConfig.from_verl_config(config)
+    if cfg.rollout_method == "vanilla":
+        return
+    problems = []
+    if not _get(config, "trainer.use_v1", False):
+        problems.append(
+            "trainer.use_v1 must be true (the NC-GRPO agent-loop worker extends verl's v1 AgentLoopWorkerTQ)"
+        )
+    mode = _get(config, "trainer.v1.trainer_mode", "sync")
+    if mode != "sync":
+        problems.append(
+            f"trainer.v1.trainer_mode={mode!r}: only 'sync'. The async modes resume interrupted requests as prompt + "
+            "partial response, and the plugin would perturb that resumed request's first token, mid-response"
+        )
+    name = _get(config, "actor_rollout_ref.rollout.name")
+    if name != "vllm":
+        problems.append(
+            f"actor_rollout_ref.rollout.name={name!r}: the NC-GRPO noise is a vLLM plugin; use vllm"
+        )
+    n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
+    if n % 2 or (cfg.rollout_method in PAIRED_METHODS and n % 4):
+        need = "a multiple of 4 (pairs in the noisy half)" if cfg.rollout_method in PAIRED_METHODS else "even"
+        problems.append(f"actor_rollout_ref.rollout.n={n} must be {need}: G = n clean + n noisy rollouts")
+    est = str(_get(config, "algorithm.adv_estimator", "grpo"))
+    if est not in ("grpo", "grpo_vectorized"):
+        problems.append(
+            f"algorithm.adv_estimator={est!r}: NC-GRPO's contrast lives in GRPO's joint-group normalisation "
+            "(Prop. 2); use grpo"
+        )
+    if cfg.noisy_importance_sampling == "exclude":
+        rc = _get(config, "algorithm.rollout_correction", {}) or {}
+        for key in ("rollout_is", "rollout_rs"):
+            if _get(rc, key) is not None:
+                problems.append(
+                    f"algorithm.rollout_correction.{key}={_get(rc, key)!r} would reweight or drop the noisy rows (their "
+                    "first token comes from perturbed logits); set it to null, or ncgrpo.noisy_importance_sampling=apply"
+                )
+        if _get(rc, "bypass_mode", False):
+            problems.append(
+                "algorithm.rollout_correction.bypass_mode=true uses the rollout log-probs (perturbed on the noisy rows' "
+                "first token) as the PPO anchor; set it to false (old log-probs recomputed clean), or "
+                "ncgrpo.noisy_importance_sampling=apply"
+            )
+        if _get(config, "actor_rollout_ref.actor.policy_loss.loss_mode") == "bypass_mode":
+            problems.append(
+                "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: same as bypass_mode above"
+            )
+    if (
+        cfg.rollout_method == "first_token_temperature"
+        and not float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0)) > 0
+    ):
+        problems.append(
+            "rollout_method='first_token_temperature' needs actor_rollout_ref.rollout.temperature > 0"
+        )
+    if problems:
+        raise ValueError("NC-GRPO cannot run with this verl config:\n- " + "\n- ".join(problems))

@@ -1,0 +1,358 @@
+"""The verl integration's pure part, without verl (default suite): the ``ncgrpo:`` block, the plan of
+each verl session, the prompt id, the per-half metrics, the checks of verl's config, and the two
+vLLM-plugin changes the integration needed (a patch installed on top of the armed wrapper survives;
+vLLM 0.24's V2 requests have no ``prompt_len``). tests/integrations/test_verl.py runs verl's real
+classes in .venv-verl.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ncgrpo.core.advantages import decompose_advantages
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows, sigma_schedule
+from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, _ArmedLogits, parse_noise_spec
+from ncgrpo.integrations.verl.config import (
+    VERL_EPS,
+    NCGRPOVerlConfig,
+    check_verl_config,
+    half_metrics,
+    plan_session,
+    verl_prompt_id,
+    with_noise,
+)
+
+
+def cfg(**kw) -> NCGRPOVerlConfig:
+    return NCGRPOVerlConfig(**{"schedule_total_steps": 60, **kw})
+
+
+def group(c: NCGRPOVerlConfig, G: int = 12, step: int = 5, prompt_id: int = 77, **kw):
+    return [
+        plan_session(c, step=step, prompt_id=prompt_id, session_id=i, group_size=G, **kw) for i in range(G)
+    ]
+
+
+def keys(sessions):
+    out = []
+    for s in sessions:
+        spec = s.extra_args.get(EXTRA_ARGS_KEY)
+        out.append(
+            None
+            if spec is None
+            else (spec["seed"], spec["step"], spec["prompt_id"], spec["draw"], spec["sign"])
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# the session plan
+# --------------------------------------------------------------------------------------------------
+def test_latent_gives_exactly_the_second_half_its_own_draws():
+    sessions = group(cfg(), G=12, step=5, prompt_id=77)
+    assert [s.noisy for s in sessions] == [False] * 6 + [True] * 6
+    assert all(s.extra_args == {} for s in sessions[:6])
+    k = keys(sessions)[6:]
+    assert k == [(1, 5, 77, j, 1) for j in range(6)]  # NoiseKey(seed, verl step, prompt id, draw)
+    sigma = sigma_schedule(5, 60, 0.2, gamma=30.0, k_mid=40.0)
+    assert all(s.sigma == sigma and s.extra_args[EXTRA_ARGS_KEY]["sigma"] == sigma for s in sessions[6:])
+    for s in sessions[6:]:  # every spec is one the plugin accepts, with a noisy row
+        spec = parse_noise_spec(s.extra_args)
+        assert spec.noisy and spec.row.mode == "independent"
+
+
+def test_keys_are_unique_per_draw_across_prompts_and_steps():
+    c = cfg()
+    seen = [k for pid in (1, 2) for step in (3, 4) for k in keys(group(c, step=step, prompt_id=pid)) if k]
+    assert len(seen) == 2 * 2 * 6 and len(set(seen)) == len(seen)
+
+
+def test_antithetic_pairs_share_a_draw_with_opposite_signs():
+    sessions = group(cfg(rollout_method="antithetic"), G=12)
+    k = keys(sessions)
+    assert k[:6] == [None] * 6
+    assert [(d, sgn) for *_, d, sgn in k[6:]] == [(0, 1), (0, -1), (1, 1), (1, -1), (2, 1), (2, -1)]
+    assert {parse_noise_spec(s.extra_args).row.mode for s in sessions[6:]} == {"antithetic"}
+
+
+def test_validation_and_vanilla_are_clean():
+    assert all(s.extra_args == {} and not s.noisy for s in group(cfg(), validate=True))
+    assert all(s.extra_args == {} and not s.noisy for s in group(cfg(rollout_method="vanilla")))
+
+
+def test_first_token_temperature_control_scales_the_noisy_halfs_first_token():
+    c = cfg(rollout_method="first_token_temperature", first_token_temperature=2.0)
+    for step in (1, 40, 60):
+        sessions = group(c, step=step, temperature=1.0)
+        t_k = 1.0 + (2.0 - 1.0) * sigma_schedule(step, 60, 1.0)
+        assert all(s.extra_args == {} for s in sessions[:6])
+        assert [s.extra_args[EXTRA_ARGS_KEY] for s in sessions[6:]] == [{"logit_scale": 1.0 / t_k}] * 6
+    with pytest.raises(ValueError, match="temperature > 0"):
+        group(c, temperature=0.0)
+
+
+def test_sigma_follows_verls_step_and_anneals_to_zero():
+    c = cfg(sigma0=0.5)
+    for step in (1, 30, 40, 50, 60):
+        noisy = group(c, step=step)[6:]
+        assert {s.sigma for s in noisy} == {sigma_schedule(step, 60, 0.5, gamma=30.0, k_mid=40.0)}
+    assert group(c, step=40)[6].sigma == pytest.approx(0.25)  # eq. (3): half way at k_mid
+    assert group(c, step=60)[6].sigma < 1e-3 * 0.5
+    assert group(cfg(sigma_schedule="constant"), step=59)[6].sigma == 0.2
+
+
+def test_the_plan_is_a_pure_function_of_its_numbers_in_any_process():
+    """Every agent-loop worker, vLLM replica and tensor-parallel rank gets the same key from the same
+    numbers: here a fresh interpreter with another hash seed computes the same specs and prompt id."""
+    prompt = {"raw_prompt": [{"role": "user", "content": "Find x."}], "uid": "u"}
+    code = textwrap.dedent(
+        """
+        import json
+        from ncgrpo.integrations.verl.config import NCGRPOVerlConfig, plan_session, verl_prompt_id
+        c = NCGRPOVerlConfig(schedule_total_steps=60)
+        pid = verl_prompt_id({"raw_prompt": [{"role": "user", "content": "Find x."}], "uid": "other"})
+        print(json.dumps([pid, [dict(plan_session(c, step=7, prompt_id=pid, session_id=i, group_size=4).extra_args)
+                                for i in range(4)]]))
+        """
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    import json
+
+    pid, specs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert pid == verl_prompt_id(prompt)
+    here = [
+        dict(plan_session(cfg(), step=7, prompt_id=pid, session_id=i, group_size=4).extra_args)
+        for i in range(4)
+    ]
+    assert specs == here and specs[2] and specs[3] and not specs[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# the prompt id
+# --------------------------------------------------------------------------------------------------
+def _msgs(text: str, image=None):
+    content = (
+        [{"type": "image", "image": image}, {"type": "text", "text": text}] if image is not None else text
+    )
+    return [{"role": "user", "content": content}]
+
+
+def test_prompt_id_reads_content_not_uid_or_index_and_sees_image_pixels():
+    a, b = Image.new("RGB", (8, 8), (0, 0, 0)), Image.new("RGB", (8, 8), (0, 0, 0))
+    b.putpixel((3, 3), (1, 0, 0))
+    base = verl_prompt_id({"raw_prompt": _msgs("Find x.", a), "uid": "1", "index": 0})
+    assert base == verl_prompt_id({"raw_prompt": _msgs("Find x.", a.copy()), "uid": "2", "index": 0})
+    assert base != verl_prompt_id({"raw_prompt": _msgs("Find x.", b), "uid": "1", "index": 0})  # one pixel
+    assert base != verl_prompt_id({"raw_prompt": _msgs("Find y.", a), "uid": "1", "index": 0})
+    assert 0 <= base < 2**63
+    arr = np.array([_msgs("Find x.", a)[0]], dtype=object)  # verl hands rows over as numpy object arrays
+    assert verl_prompt_id({"raw_prompt": arr}) == verl_prompt_id({"raw_prompt": list(arr)})
+    q = verl_prompt_id({"raw_prompt": _msgs("Find x."), "extra_info": {"question_id": "geo-17"}})
+    assert q == verl_prompt_id({"raw_prompt": _msgs("other"), "extra_info": {"question_id": "geo-17"}})
+    with pytest.raises(ValueError, match="raw_prompt"):
+        verl_prompt_id({"uid": "1"})
+
+
+def test_with_noise_merges_into_a_copy():
+    sp = {"temperature": 1.0, "extra_args": {"kv_transfer_params": {"a": 1}}}
+    spec = plan_session(cfg(), step=1, prompt_id=1, session_id=3, group_size=4).extra_args
+    out = with_noise(sp, spec)
+    assert out["extra_args"] == {"kv_transfer_params": {"a": 1}, **spec}
+    assert sp == {
+        "temperature": 1.0,
+        "extra_args": {"kv_transfer_params": {"a": 1}},
+    }  # caller's dict untouched
+    assert with_noise(sp, {}) == sp
+
+
+# --------------------------------------------------------------------------------------------------
+# per-half metrics: eq. (5)'s contrast with verl's scale
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm", [True, False])
+def test_half_metrics_contrast_is_eq5s_with_verls_scale(norm):
+    g = torch.Generator().manual_seed(0)
+    r = torch.randint(0, 2, (5, 12), generator=g).float() * 0.9 + torch.rand(5, 12, generator=g) * 0.1
+    mask = torch.tensor([False] * 6 + [True] * 6)
+    _, contrast = decompose_advantages(r, mask, scale="group" if norm else "none", eps=VERL_EPS)
+    perm = torch.randperm(60, generator=g)  # rows arrive in any order
+    uids = [f"u{i // 12}" for i in range(60)]
+    m = half_metrics(
+        r.flatten()[perm],
+        [uids[i] for i in perm],
+        mask.repeat(5)[perm],
+        torch.full((60,), 0.13),
+        norm_by_std=norm,
+    )
+    assert m["reward/clean"] == pytest.approx(float(r[:, :6].mean()))
+    assert m["reward/noisy"] == pytest.approx(float(r[:, 6:].mean()))
+    assert m["reward/contrast"] == pytest.approx(float(contrast[:, 0].mean()), rel=1e-5)
+    assert m["noise/sigma_k"] == pytest.approx(0.13)
+
+
+def test_half_metrics_skip_groups_without_both_halves():
+    m = half_metrics([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"], [False, True, False, False], [0, 0.2, 0, 0])
+    assert m["reward/contrast"] == pytest.approx(
+        (1.0 - 0.0) / (2 * (float(np.std([1, 0], ddof=1)) + VERL_EPS))
+    )
+    assert "reward/contrast" not in half_metrics([1.0, 0.0], ["a", "a"], [False, False], [0, 0])
+
+
+# --------------------------------------------------------------------------------------------------
+# the config block and verl's settings
+# --------------------------------------------------------------------------------------------------
+def verl_config(**over):
+    c = {
+        "trainer": {"use_v1": True, "v1": {"trainer_mode": "sync"}, "total_training_steps": 60},
+        "actor_rollout_ref": {
+            "rollout": {"name": "vllm", "n": 12, "temperature": 1.0},
+            "actor": {"policy_loss": {"loss_mode": "vanilla"}},
+        },
+        "algorithm": {
+            "adv_estimator": "grpo",
+            "rollout_correction": {"rollout_is": None, "rollout_rs": None, "bypass_mode": False},
+        },
+        "ncgrpo": {"rollout_method": "latent", "sigma0": 0.2},
+    }
+    for path, value in over.items():
+        node = c
+        *head, last = path.split(".")
+        for p in head:
+            node = node[p]
+        node[last] = value
+    return c
+
+
+def test_config_block_reads_K_from_verl_and_refuses_what_it_cannot_run():
+    c = NCGRPOVerlConfig.from_verl_config(verl_config())
+    assert c.schedule_total_steps == 60 and c.sigma0 == 0.2
+    assert (
+        NCGRPOVerlConfig.from_verl_config(
+            verl_config(**{"ncgrpo.schedule_total_steps": 7})
+        ).schedule_total_steps
+        == 7
+    )
+    with pytest.raises(ValueError, match="needs K"):
+        NCGRPOVerlConfig.from_verl_config(verl_config(**{"trainer.total_training_steps": None}))
+    with pytest.raises(ValueError, match="did you mean 'sigma0'"):
+        NCGRPOVerlConfig.from_mapping({"sigma_0": 0.2})
+    for method, why in [("image", "EasyR1"), ("spsa", "steering vector"), ("first_token_marginal", "q_bar")]:
+        with pytest.raises(ValueError, match=why):
+            NCGRPOVerlConfig(rollout_method=method)
+    with pytest.raises(ValueError, match="sigma0"):
+        NCGRPOVerlConfig(sigma0=-0.1)
+    with pytest.raises(ValueError, match="schedule kind"):
+        NCGRPOVerlConfig(sigma_schedule="cosine")
+
+
+@pytest.mark.parametrize(
+    "path, value, match",
+    [
+        ("trainer.use_v1", False, "use_v1"),
+        ("trainer.v1.trainer_mode", "colocate_async", "resume"),
+        ("actor_rollout_ref.rollout.name", "sglang", "vLLM plugin"),
+        ("actor_rollout_ref.rollout.n", 7, "even"),
+        ("algorithm.adv_estimator", "gae", "joint-group"),
+        ("algorithm.rollout_correction.rollout_is", "sequence", "reweight or drop"),
+        ("algorithm.rollout_correction.rollout_rs", "seq_mean_k3", "reweight or drop"),
+        ("algorithm.rollout_correction.bypass_mode", True, "PPO anchor"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", "bypass_mode", "bypass_mode"),
+    ],
+)
+def test_verl_settings_that_would_silently_break_nc_grpo_are_refused(path, value, match):
+    check_verl_config(verl_config())  # the recipe's settings pass
+    with pytest.raises(ValueError, match=match):
+        check_verl_config(verl_config(**{path: value}))
+
+
+def test_refusals_are_lifted_where_they_should_be():
+    check_verl_config(verl_config(**{"ncgrpo.rollout_method": "vanilla", "trainer.use_v1": False}))
+    check_verl_config(
+        verl_config(
+            **{
+                "ncgrpo.noisy_importance_sampling": "apply",
+                "algorithm.rollout_correction.rollout_is": "token",
+            }
+        )
+    )
+    with pytest.raises(ValueError, match="multiple of 4"):
+        check_verl_config(
+            verl_config(**{"ncgrpo.rollout_method": "antithetic", "actor_rollout_ref.rollout.n": 6})
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# the vLLM plugin's two changes
+# --------------------------------------------------------------------------------------------------
+class _Model:
+    def __init__(self, d=8, v=6):
+        self.w = torch.randn(d, v, generator=torch.Generator().manual_seed(0))
+
+    def compute_logits(self, h):
+        return h @ self.w
+
+
+def _wrap_on_top(model):
+    """A patch like verl's monkey_patch_compute_logits: reads model.compute_logits, installs its own."""
+    inner = model.compute_logits
+
+    def compute_logits(h):
+        out = inner(h)
+        out[..., -1] = float("-inf")
+        return out
+
+    model.compute_logits = compute_logits
+
+
+def test_a_patch_installed_on_top_of_the_armed_wrapper_survives_the_step():
+    r = RowNoise(1.0, NoiseKey(1, 2, 3, 0))
+    spec = parse_noise_spec({EXTRA_ARGS_KEY: {"seed": 1, "step": 2, "prompt_id": 3, "draw": 0, "sigma": 1.0}})
+    h = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    model = _Model()
+    with _ArmedLogits(model, lambda hs: [(1, spec)]):
+        _wrap_on_top(model)  # installed while armed
+        out = model.compute_logits(h)
+    ref, _ = perturb_rows(h[1][None, None], [r])
+    assert torch.allclose(out[1, :-1], (ref[0, 0] @ model.w)[:-1]) and out[1, -1] == float("-inf")
+    assert torch.allclose(out[0, :-1], (h[0] @ model.w)[:-1])
+    after = model.compute_logits(h)  # the patch is still there; the wrapper below it is a pass-through
+    assert torch.allclose(after[:, :-1], (h @ model.w)[:, :-1]) and (after[:, -1] == float("-inf")).all()
+    model2 = _Model()  # the old behaviour would have dropped the patch: a plain step restores the original
+    with _ArmedLogits(model2, lambda hs: []):
+        pass
+    assert "compute_logits" not in vars(model2)
+
+
+def test_v2_add_requests_reads_vllm_024_requests_without_prompt_len():
+    from ncgrpo.engines.vllm import _wrap_v2_add_requests
+
+    class Runner:
+        def add_requests(self, scheduler_output):
+            pass
+
+    Runner.add_requests = _wrap_v2_add_requests(Runner.add_requests)
+    extra = {EXTRA_ARGS_KEY: {"seed": 1, "step": 2, "prompt_id": 3, "draw": 0, "sigma": 1.0}}
+    req = SimpleNamespace(  # vLLM 0.24's NewRequestData: prompt_token_ids, no prompt_len
+        req_id="a",
+        prompt_token_ids=[5, 6, 7],
+        prefill_token_ids=[5, 6, 7],
+        sampling_params=SimpleNamespace(extra_args=extra),
+    )
+    resumed = SimpleNamespace(
+        req_id="b",
+        prompt_token_ids=[5, 6],
+        prefill_token_ids=[5, 6, 9],
+        sampling_params=SimpleNamespace(extra_args=extra),
+    )
+    runner = Runner()
+    runner.add_requests(SimpleNamespace(scheduled_new_reqs=[req, resumed]))
+    assert set(runner._ncgrpo_specs) == {"a"} and runner._ncgrpo_specs["a"][1] == 3
