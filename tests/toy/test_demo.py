@@ -70,13 +70,18 @@ def test_roster_schedule_and_batch() -> None:
         "antithetic",
         "spsa",
         "first_token_temperature",
+        "first_token_marginal",
     ]
-    assert len({m.slug for m in everything.methods()}) == 7
+    assert len({m.slug for m in everything.methods()}) == 8
+    # the controls: T0 matched on the noise-averaged first-token TV; q̄ of the first sigma0
+    names = [m.name for m in everything.methods()]
+    assert names[-2:] == ["First-token T0=1.02", "First-token q̄ σ0=0.2"]
     assert everything.seed_values() == [0, 1, 2]
     # the propagating variant is named by its site, in the table and in the run folders
     layered = DemoConfig(noise_site="1", all_methods=True).methods()
     assert [m.name for m in layered][1] == "NC-GRPO σ0=0.2 @L1" and layered[1].slug == "ncgrpo-sigma0.2-L1"
     assert [m.name for m in layered][2] == "NoisyRollout (image)"  # no hidden noise: no site
+    assert "first_token_marginal" not in [m.rollout_method for m in layered]  # q̄ is the final-norm site's
     # a subset of the roster (one process per subset); the baseline always trains
     some = DemoConfig(sigma0=(0.2, 0.5), all_methods=True, rollout_methods=["image", "spsa"]).methods()
     assert [m.rollout_method for m in some] == ["vanilla", "image", "spsa"]
