@@ -85,6 +85,7 @@ import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -742,25 +743,30 @@ class NCGRPOTrainer(GRPOTrainer):
         calibrates on its own prompts; the values are averaged over processes so every rank uses one T0."""
         from ncgrpo.core.agreement import match_first_token_temperature
         from ncgrpo.core.marginal import marginal_estimate, marginal_keys, noisy_probs
-        from ncgrpo.engines.transformers import find_text_stack
 
         a = self.args
         T = float(self.temperature)
-        model = self.accelerator.unwrap_model(self.model)
-        with self._nc_branch_point_hooks(model, [nz.RowNoise()] * len(plans)) as (_, captured):
-            self._nc_prefill_only(prompt_ids, multimodal_fields)
-        logits, states = captured[0], captured[1]
-        head = find_text_stack(model)[0].lm_head
         first = {}
         for i, p in enumerate(plans):
             first.setdefault(p.group, i)
         rows = sorted(first.values())
-        tvs = []
-        for i in rows:
-            keys = marginal_keys(self.noise_base_seed, 0, plans[i].prompt_id, max(a.marginal_tv_draws, 64))
-            eps = torch.cat([nz.draw_eps(k, [0], states.shape[-1]) for k in keys])
-            draws = noisy_probs(head, states[i], eps, a.sigma0, temperature=T)
-            tvs.append(marginal_estimate(torch.softmax(logits[i].float() / T, -1), draws, seed=i).tv)
+
+        def marginal_tvs(head, logits, states) -> list[float]:  # inside the head's forward (ZeRO-3)
+            tvs = []
+            for i in rows:
+                keys = marginal_keys(
+                    self.noise_base_seed, 0, plans[i].prompt_id, max(a.marginal_tv_draws, 64)
+                )
+                eps = torch.cat([nz.draw_eps(k, [0], states.shape[-1]) for k in keys])
+                draws = noisy_probs(head, states[i], eps, a.sigma0, temperature=T)
+                clean = torch.softmax(logits[i].float() / T, -1)
+                tvs.append(marginal_estimate(clean, draws.to(clean.device), seed=i).tv)
+            return tvs
+
+        model = self.accelerator.unwrap_model(self.model)
+        with self._nc_branch_point_hooks(model, [nz.RowNoise()] * len(plans), marginal_tvs) as (_, captured):
+            self._nc_prefill_only(prompt_ids, multimodal_fields)
+        logits, tvs = captured[0], captured[2]
         target = min(max(sum(tvs) / len(tvs), 0.0), 1.0)
         t0 = match_first_token_temperature(logits[rows].float().cpu(), target, temperature=T)
         both = self._gather(torch.tensor([[t0, target]], dtype=torch.float64))  # [processes, 2]
@@ -816,7 +822,9 @@ class NCGRPOTrainer(GRPOTrainer):
             gen.first_token_temperature = self.first_token_temperature_at(k, K)
         model = self.accelerator.unwrap_model(self.model)
         with ExitStack() as stack:
-            branch = stack.enter_context(self._nc_branch_point_hooks(model, rows))
+            branch = stack.enter_context(
+                self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen))
+            )
             if self.method == "first_token_temperature":
                 stack.enter_context(
                     first_token_temperature(
@@ -838,20 +846,21 @@ class NCGRPOTrainer(GRPOTrainer):
                     )
                 )
             completion_ids, logprobs = generate(multimodal_fields)
-        self._nc_record_branch_point(gen, *branch, model=model, control=control)
+        self._nc_record_branch_point(gen, *branch, control=control)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
         return completion_ids, logprobs
 
     @contextmanager
-    def _nc_branch_point_hooks(self, model, rows: list):
+    def _nc_branch_point_hooks(self, model, rows: list, on_branch=None):
         """Around one prefill of ``model`` (``generate``'s first forward): eq. (2) on ``rows``
         (:func:`ncgrpo.engines.transformers.prefill_noise` with this run's site, positions and SPSA's ``mu``)
         and the last-position logits of that forward (the branch point), read by an ``lm_head`` hook
         inside the forward so it also works where weights are only gathered during generate (ZeRO-3).
         Yields ``(hook, captured)``: ``captured`` holds ``[L, V]`` float32 logits after the prefill, then
         the LM head's input at that position ``[L, d]`` (model dtype; the clean final-norm state on clean
-        rows)."""
+        rows), then, with ``on_branch``, ``on_branch(head, logits, states)``: run INSIDE the head's forward,
+        where ``head`` (the LM head as a plain function, no hooks) has its weights even under ZeRO-3."""
         from ncgrpo.engines.transformers import find_text_stack, prefill_noise
 
         a = self.args
@@ -861,6 +870,20 @@ class NCGRPOTrainer(GRPOTrainer):
             if not captured:
                 captured.append(output[:, -1].detach().float())
                 captured.append(args[0][:, -1].detach())
+                if on_branch is not None:
+
+                    def head(x: torch.Tensor) -> torch.Tensor:
+                        if module.weight.numel() == 0:  # a ZeRO-3 partition: not gathered at the branch point
+                            raise RuntimeError(
+                                "NC-GRPO's first-token marginal (noise/first_token_marginal_tv, "
+                                "first_token_temperature_auto, first_token_marginal) reads the LM head's weights "
+                                "inside the prefill, but they are partitioned there (DeepSpeed ZeRO-3 with "
+                                "ds3_gather_for_generation=False). Set ds3_gather_for_generation=True, or "
+                                "marginal_tv_draws=0 and neither of the two controls' marginal options."
+                            )
+                        return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
+
+                    captured.append(on_branch(head, captured[0], captured[1]))
 
         with ExitStack() as stack:
             handle = find_text_stack(model)[0].lm_head.register_forward_hook(_capture)
@@ -877,9 +900,7 @@ class NCGRPOTrainer(GRPOTrainer):
             )
             yield hook, captured
 
-    def _nc_record_branch_point(
-        self, gen: _LocalGen, hook, captured: list[torch.Tensor], *, model=None, control=None
-    ) -> None:
+    def _nc_record_branch_point(self, gen: _LocalGen, hook, captured: list, *, control=None) -> None:
         """Fill ``gen.rel`` / ``branch_argmax`` / ``branch_tv`` / ``branch_agreement`` /
         ``branch_marginal`` from one prefill under :meth:`_nc_branch_point_hooks` (both engines' paths go
         through here). ``control``: the ``first_token_marginal`` hook, whose rewritten rows are what its
@@ -895,8 +916,8 @@ class NCGRPOTrainer(GRPOTrainer):
             gen.branch_tv, gen.branch_agreement = self._branch_point_stats(
                 gen.plans, logits, gen.first_token_temperature, noisy_logits=noisy_logits
             )
-            if model is not None and len(captured) > 1:
-                gen.branch_marginal = self._branch_point_marginal(gen, model, logits, captured[1])
+            if len(captured) > 2:
+                gen.branch_marginal = captured[2]
 
     def _nc_measure_branch_point(
         self, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields
@@ -915,9 +936,9 @@ class NCGRPOTrainer(GRPOTrainer):
         if self.method == "image":
             fields = self._distort_images(images, multimodal_fields, gen.plans, gen.image_t)
         model = self.accelerator.unwrap_model(self.model)
-        with self._nc_branch_point_hooks(model, rows) as branch:
+        with self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen)) as branch:
             self._nc_prefill_only(prompt_ids, fields)
-        self._nc_record_branch_point(gen, *branch, model=model)
+        self._nc_record_branch_point(gen, *branch)
 
     def _nc_generate_vllm(self, generate, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields):
         """The vLLM leg of :meth:`_nc_generate`: one request per row (TRL's colocate mode already sends
@@ -972,7 +993,7 @@ class NCGRPOTrainer(GRPOTrainer):
         return out
 
     def _branch_point_marginal(
-        self, gen: _LocalGen, model, logits: torch.Tensor, states: torch.Tensor
+        self, gen: _LocalGen, head, logits: torch.Tensor, states: torch.Tensor
     ) -> torch.Tensor | None:
         """``TV(q, q_bar)`` per group with a clean row on this rank, on the group's first noisy row (NaN
         elsewhere): the distribution the noisy half's first tokens are sampled from
@@ -980,10 +1001,11 @@ class NCGRPOTrainer(GRPOTrainer):
         ``first_token_marginal``: ``marginal_tv_draws`` draws ``NoiseKey(seed, step, prompt_id, -1 - m)``
         (the row's own noise mode and SPSA's ``mu``) through the LM head on the clean partner's state,
         bootstrap bias-corrected; the temperature control: exact (its q_bar is ``softmax(z / T_k)``).
-        None where it is not defined this way (image method, layer sites) or ``marginal_tv_draws=0``."""
+        None where it is not defined this way (image method, layer sites) or ``marginal_tv_draws=0``.
+        Called inside the LM head's forward (:meth:`_nc_branch_point_hooks`), ``head`` its weights as a
+        function."""
         from ncgrpo.core.agreement import first_token_tv
         from ncgrpo.core.marginal import marginal_estimate, marginal_keys, noisy_probs
-        from ncgrpo.engines.transformers import find_text_stack
 
         a = self.args
         T = float(self.temperature)
@@ -1009,7 +1031,6 @@ class NCGRPOTrainer(GRPOTrainer):
         if gen.sigma_k <= 0:
             out[[i for i, _ in pairs]] = 0.0
             return out
-        head = find_text_stack(model)[0].lm_head
         mode = NOISE_MODE.get(self.method, "independent")
         steer = self.spsa_mu if self.method == "spsa" else None
         d = states.shape[-1]
@@ -1019,7 +1040,7 @@ class NCGRPOTrainer(GRPOTrainer):
             eps = torch.cat([nz.draw_eps(k, [0], d, mode=mode) for k in keys])
             draws = noisy_probs(head, states[c], eps, gen.sigma_k, temperature=T, steer=steer)
             clean = torch.softmax(logits[c].float() / T, -1)
-            out[i] = marginal_estimate(clean, draws, bootstrap=32, seed=p.prompt_id).tv
+            out[i] = marginal_estimate(clean, draws.to(clean.device), bootstrap=32, seed=p.prompt_id).tv
         return out
 
     def _branch_point_stats(

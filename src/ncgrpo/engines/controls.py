@@ -141,6 +141,11 @@ class FirstTokenMarginalHook:
                 f"{logits.shape[0]} rows; pass one key (or None) per row of the expanded batch"
             )
         h = args[0][:, -1]  # [B, d] the final-norm state at the branch point (clean)
+        if module.weight.numel() == 0:  # a ZeRO-3 partition (ds3_gather_for_generation=False)
+            raise RuntimeError(
+                "first_token_marginal needs the LM head's full weights at the prefill; they are partitioned "
+                "there (DeepSpeed ZeRO-3 with ds3_gather_for_generation=False): set ds3_gather_for_generation=True"
+            )
 
         def head(x: torch.Tensor) -> torch.Tensor:  # the LM head without re-entering this hook
             return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
