@@ -44,12 +44,11 @@ __all__ = [
 ]
 
 
-class FirstTokenTemperatureHook:
-    """Handle of :func:`first_token_temperature`: ``calls`` counts prefill forwards it rescaled."""
+class _PrefillHeadHook:
+    """A forward pre-hook on the text model that notes whether this forward is the prefill (empty KV
+    cache), and a forward hook on ``lm_head`` that rewrites the prefill's logits once (:meth:`rewrite`)."""
 
-    def __init__(self, flags: torch.Tensor, factor: float) -> None:
-        self.flags = flags  # [B] bool
-        self.factor = factor
+    def __init__(self) -> None:
         self.calls = 0
         self._prefill = False
 
@@ -60,7 +59,43 @@ class FirstTokenTemperatureHook:
     def head_post(self, module: nn.Module, args: tuple, output: Any):
         if not self._prefill:
             return None
-        self._prefill = False  # one rescale per prefill forward
+        self._prefill = False  # one rewrite per prefill forward
+        out = self.rewrite(module, args, output)
+        self.calls += 1
+        return out
+
+    def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @contextmanager
+    def installed(self, model: nn.Module) -> Iterator[_PrefillHeadHook]:
+        """Both hooks on ``model``'s text stack and ``lm_head``; removed on exit, also on error."""
+        top, _, _ = find_text_stack(model)
+        head = getattr(top, "lm_head", None)
+        if not isinstance(head, nn.Linear):
+            raise NotImplementedError(
+                f"{type(top).__name__} has no linear `lm_head` to rewrite the first token at"
+            )
+        handles = [
+            top.register_forward_pre_hook(self.top_pre, with_kwargs=True),
+            head.register_forward_hook(self.head_post),
+        ]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+class FirstTokenTemperatureHook(_PrefillHeadHook):
+    """Handle of :func:`first_token_temperature`: ``calls`` counts prefill forwards it rescaled."""
+
+    def __init__(self, flags: torch.Tensor, factor: float) -> None:
+        super().__init__()
+        self.flags = flags  # [B] bool
+        self.factor = factor
+
+    def rewrite(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         logits = output  # [B, T_keep, V]
         if logits.shape[0] != self.flags.numel():
             raise ValueError(
@@ -72,7 +107,6 @@ class FirstTokenTemperatureHook:
             torch.tensor(self.factor, dtype=logits.dtype, device=logits.device),
             torch.tensor(1.0, dtype=logits.dtype, device=logits.device),
         )  # [B]
-        self.calls += 1
         return logits * scale.view(-1, *([1] * (logits.dim() - 1)))
 
 
@@ -93,47 +127,28 @@ def first_token_temperature(
         raise ValueError(
             f"temperatures must be > 0, got temperature={temperature}, first_token_temperature={first_token_temperature}"
         )
-    top, _, _ = find_text_stack(model)
-    head = getattr(top, "lm_head", None)
-    if not isinstance(head, nn.Module):
-        raise NotImplementedError(f"{type(top).__name__} has no `lm_head` module to rescale")
     hook = FirstTokenTemperatureHook(
         torch.as_tensor(list(flags) if not isinstance(flags, torch.Tensor) else flags, dtype=torch.bool),
         temperature / first_token_temperature,
     )
-    handles = [
-        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
-        head.register_forward_hook(hook.head_post),
-    ]
-    try:
+    with hook.installed(model):
         yield hook
-    finally:
-        for h in handles:
-            h.remove()
 
 
-class FirstTokenMarginalHook:
+class FirstTokenMarginalHook(_PrefillHeadHook):
     """Handle of :func:`first_token_marginal`: ``calls`` counts prefill forwards it rewrote; ``rows`` the
     rows rewritten in the last one."""
 
     def __init__(self, keys: list[NoiseKey | None], sigma: float, temperature: float, draws: int) -> None:
+        super().__init__()
         self.keys = keys
         self.sigma = float(sigma)
         self.temperature = float(temperature)
         self.draws = int(draws)
-        self.calls = 0
         self.rows: list[int] = []
         self.last_logits: torch.Tensor | None = None  # [B, V] float32: what each row sampled from
-        self._prefill = False
 
-    def top_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
-        self._prefill = cache is None or cache.get_seq_length() == 0
-
-    def head_post(self, module: nn.Module, args: tuple, output: Any):
-        if not self._prefill:
-            return None
-        self._prefill = False
+    def rewrite(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         logits = output  # [B, T_keep, V]
         if logits.shape[0] != len(self.keys):
             raise ValueError(
@@ -160,7 +175,6 @@ class FirstTokenMarginalHook:
             )
             out[b, -1] = (self.temperature * logq).to(out.dtype)
             self.rows.append(b)
-        self.calls += 1
         self.last_logits = out[:, -1].detach().float()
         return out
 
@@ -186,17 +200,6 @@ def first_token_marginal(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if not (sigma >= 0 and draws >= 1):
         raise ValueError(f"sigma must be >= 0 and draws >= 1, got sigma={sigma}, draws={draws}")
-    top, _, _ = find_text_stack(model)
-    head = getattr(top, "lm_head", None)
-    if not isinstance(head, nn.Linear):
-        raise NotImplementedError(f"{type(top).__name__} has no linear `lm_head` to sample q_bar through")
     hook = FirstTokenMarginalHook(list(keys), sigma, temperature, draws)
-    handles = [
-        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
-        head.register_forward_hook(hook.head_post),
-    ]
-    try:
+    with hook.installed(model):
         yield hook
-    finally:
-        for h in handles:
-            h.remove()
