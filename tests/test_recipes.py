@@ -14,7 +14,8 @@ from ncgrpo.training import ModelArguments, ScriptArguments, train_dataclasses
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
-ALL_RECIPES = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.parts)
+# recipes/verl/ holds verl's Hydra configs, not ncgrpo recipes (tests/integrations/test_verl.py composes them)
+ALL_RECIPES = sorted(p for p in RECIPES.rglob("*.yaml") if not {"accelerate", "verl"} & set(p.parts))
 RUN_RECIPES = sorted(RECIPES.glob("*.yaml"))  # runnable ones; recipes/base/ holds shared blocks
 PAPER_RECIPES = [p for p in RUN_RECIPES if not p.name.startswith("tiny")]
 ACCELERATE = RECIPES / "accelerate"
