@@ -1,7 +1,7 @@
 """``ncgrpo eval``: greedy, noise-free evaluation with crash-safe per-question records.
 
 Options are the fields of :class:`EvalArgs` (``--config FILE.yaml`` and/or one ``--flag`` per field,
-see ``ncgrpo.commands._dataclass_args``). Every option is checked before the model is loaded and
+see ``ncgrpo.commands._common``). Every option is checked before the model is loaded and
 before anything is written: a bad value leaves no run folder behind.
 """
 
@@ -11,8 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.cli import UsageError
-from ncgrpo.commands._dataclass_args import add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command
 
 HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (resumable)"
 DESCRIPTION = (

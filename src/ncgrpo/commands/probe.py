@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.commands._dataclass_args import add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command
 
 HELP = "measure whether NC-GRPO's prefill noise changes first tokens and rollouts, before training"
 
@@ -96,8 +96,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _questions(args: ProbeArgs) -> list:
-    from ncgrpo.cli import UsageError
-
     if args.benchmark == "synthetic" and args.data is None:
         from ncgrpo.toy.synthetic import build_suite
 
