@@ -747,9 +747,9 @@ class NCGRPOTrainer(GRPOTrainer):
         a = self.args
         T = float(self.temperature)
         model = self.accelerator.unwrap_model(self.model)
-        with self._nc_branch_point_hooks(model, [nz.RowNoise()] * len(plans)) as (_, captured):
+        with self._nc_branch_point_hooks(model, [nz.RowNoise()] * len(plans)) as (_, point):
             self._nc_prefill_only(prompt_ids, multimodal_fields)
-        logits, states = captured[0], captured[1]
+        logits, states = point.logits, point.states
         head = find_text_stack(model)[0].lm_head
         first = {}
         for i, p in enumerate(plans):
@@ -849,22 +849,14 @@ class NCGRPOTrainer(GRPOTrainer):
         (:func:`ncgrpo.engines.transformers.prefill_noise` with this run's site, positions and SPSA's ``mu``)
         and the last-position logits of that forward (the branch point), read by an ``lm_head`` hook
         inside the forward so it also works where weights are only gathered during generate (ZeRO-3).
-        Yields ``(hook, captured)``: ``captured`` holds ``[L, V]`` float32 logits after the prefill, then
-        the LM head's input at that position ``[L, d]`` (model dtype; the clean final-norm state on clean
-        rows)."""
-        from ncgrpo.engines.transformers import find_text_stack, prefill_noise
+        Yields ``(hook, point)``: after the prefill ``point.logits`` holds ``[L, V]`` float32 logits and
+        ``point.states`` the LM head's input at that position ``[L, d]`` (model dtype; the clean
+        final-norm state on clean rows); see :func:`ncgrpo.engines.transformers.branch_point_capture`."""
+        from ncgrpo.engines.transformers import branch_point_capture, prefill_noise
 
         a = self.args
-        captured: list[torch.Tensor] = []
-
-        def _capture(module, args, output):
-            if not captured:
-                captured.append(output[:, -1].detach().float())
-                captured.append(args[0][:, -1].detach())
-
         with ExitStack() as stack:
-            handle = find_text_stack(model)[0].lm_head.register_forward_hook(_capture)
-            stack.callback(handle.remove)
+            point = stack.enter_context(branch_point_capture(model))
             hook = stack.enter_context(
                 prefill_noise(
                     model,
@@ -875,19 +867,17 @@ class NCGRPOTrainer(GRPOTrainer):
                     positions=a.noise_positions,
                 )
             )
-            yield hook, captured
+            yield hook, point
 
-    def _nc_record_branch_point(
-        self, gen: _LocalGen, hook, captured: list[torch.Tensor], *, model=None, control=None
-    ) -> None:
+    def _nc_record_branch_point(self, gen: _LocalGen, hook, point, *, model=None, control=None) -> None:
         """Fill ``gen.rel`` / ``branch_argmax`` / ``branch_tv`` / ``branch_agreement`` /
         ``branch_marginal`` from one prefill under :meth:`_nc_branch_point_hooks` (both engines' paths go
         through here). ``control``: the ``first_token_marginal`` hook, whose rewritten rows are what its
         noisy rows sampled from."""
         if hook.records:
             gen.rel = hook.records[0].rel.float()  # the prefill
-        if captured:
-            logits = captured[0]
+        if point.logits is not None:
+            logits = point.logits
             gen.branch_argmax = logits.argmax(-1).cpu()
             noisy_logits = None
             if control is not None and control.last_logits is not None:
@@ -895,8 +885,8 @@ class NCGRPOTrainer(GRPOTrainer):
             gen.branch_tv, gen.branch_agreement = self._branch_point_stats(
                 gen.plans, logits, gen.first_token_temperature, noisy_logits=noisy_logits
             )
-            if model is not None and len(captured) > 1:
-                gen.branch_marginal = self._branch_point_marginal(gen, model, logits, captured[1])
+            if model is not None:
+                gen.branch_marginal = self._branch_point_marginal(gen, model, logits, point.states)
 
     def _nc_measure_branch_point(
         self, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields

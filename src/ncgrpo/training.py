@@ -19,12 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import TrainerCallback
 from trl import ModelConfig
 
+from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
 from ncgrpo.eval.records import METRICS_FILE
-from ncgrpo.processors import tokenizer_of  # noqa: F401  (re-exported: the setup API)
+from ncgrpo.models import (  # noqa: F401  (re-exported: the setup API)
+    VISION_TOWER_PATHS,
+    find_vision_tower,
+    freeze_vision_tower,
+    load_model_and_processor,
+    resolve_device,
+    resolve_dtype,
+    tokenizer_of,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -49,132 +57,6 @@ __all__ = [
     "train_dataclasses",
     "train_run",
 ]
-
-#: Where VL models keep their vision tower, tried in order (Qwen2/2.5/3-VL: ``model.visual``).
-VISION_TOWER_PATHS = ("model.visual", "visual", "model.vision_tower", "vision_tower", "model.vision_model")
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on a GPU that supports it, float32 elsewhere."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def is_vision_language(config: Any) -> bool:
-    return getattr(config, "vision_config", None) is not None
-
-
-def load_model_and_processor(
-    path: str | Path,
-    *,
-    dtype: str | torch.dtype | None = "auto",
-    device: str | None = "auto",
-    attn_implementation: str | None = None,
-    min_pixels: int | None = None,
-    max_pixels: int | None = None,
-    freeze_vision: bool = False,
-) -> tuple[Any, Any]:
-    """``(model, processor)`` for a vision-language checkpoint, ``(model, tokenizer)`` for a text one.
-
-    ``path`` is a local folder (or a hub id already in the cache). ``dtype``: ``auto`` (bfloat16 on a
-    GPU that has it, float32 elsewhere) or a name such as ``bfloat16``. ``device``: the model is put
-    there in eval mode; ``None`` leaves it where ``from_pretrained`` put it (the Trainer moves it).
-    ``min_pixels`` / ``max_pixels`` go to the image processor. ``freeze_vision``: see
-    :func:`freeze_vision_tower`. The tokenizer pads on the left, which batched generation needs.
-    """
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
-        AutoProcessor,
-        AutoTokenizer,
-    )
-
-    import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL processors)
-
-    dev = resolve_device(device) if device is not None else None
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except OSError as e:
-        raise FileNotFoundError(
-            f"cannot load a model config from {path!s}: {e}. Pass a folder written by save_pretrained "
-            "(config.json, weights, tokenizer/processor files)."
-        ) from None
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, dev or torch.device("cpu"))}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    if is_vision_language(config):
-        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
-        pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
-        processor = AutoProcessor.from_pretrained(path, **pixels)
-        if getattr(processor, "image_processor", None) is None:
-            raise ValueError(
-                f"{path}: AutoProcessor gave {type(processor).__name__}, which has no image processor; "
-                "a vision-language model needs its processor saved next to it"
-            )
-        tok = processor.tokenizer
-        if freeze_vision:
-            freeze_vision_tower(model)
-    else:  # a text-only model has no vision tower: freeze_vision has nothing to do
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        processor = AutoTokenizer.from_pretrained(path)
-        tok = processor
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    if dev is not None:
-        model.to(dev).eval()
-    return model, processor
-
-
-def find_vision_tower(model) -> tuple[str, Any] | None:
-    """``(path, module)`` of the vision tower (first of :data:`VISION_TOWER_PATHS`), or ``None``."""
-    for path in VISION_TOWER_PATHS:
-        node = model
-        for part in path.split("."):
-            node = getattr(node, part, None)
-            if node is None:
-                break
-        if node is not None:
-            return path, node
-    return None
-
-
-def freeze_vision_tower(model) -> str:
-    """Set ``requires_grad=False`` on the vision tower's parameters (the paper's recipe, section 4.1);
-    returns where it was found."""
-    found = find_vision_tower(model)
-    if found is None:
-        raise ValueError(
-            f"{type(model).__name__}: no vision tower at any of {', '.join(VISION_TOWER_PATHS)}; "
-            "set freeze_vision_tower=false for a text-only model"
-        )
-    path, tower = found
-    for p in tower.parameters():
-        p.requires_grad_(False)
-    return path
 
 
 def _jsonable(v: Any) -> Any:
@@ -659,7 +541,7 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
     against one generation batch (TRL would otherwise train 0 steps and save the base weights)."""
     a = plan_args
     site = a.noise_site_parsed
-    if site != "final_norm" and a.rollout_method in ("latent", "antithetic", "spsa"):
+    if site != "final_norm" and a.rollout_method in HIDDEN_NOISE_METHODS:
         n_layers = _text_layers(model_args.model_name_or_path)
         if n_layers is not None and max(site) >= n_layers:
             raise ValueError(

@@ -54,9 +54,13 @@ from torch import nn
 from ncgrpo.core.noise import RowNoise, depth_decayed_sigmas, noise_seed, perturb_rows, reverse_positions
 
 __all__ = [
+    "BranchPoint",
     "NoiseHook",
     "PrefillRecord",
     "SiteRecord",
+    "branch_point_capture",
+    "cut_after_eos",
+    "eos_token_ids",
     "find_text_stack",
     "prefill_noise",
     "unwrap_model",
@@ -117,6 +121,57 @@ def find_text_stack(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
         f"for {looked} (a module with a final `.norm` and decoder `.layers`). Supported: Qwen2-VL, "
         "Qwen2.5-VL, Qwen3-VL and text-only Qwen2/Qwen3/Llama causal LMs."
     )
+
+
+def eos_token_ids(model: nn.Module, generation_config: Any = None) -> set[int]:
+    """The end-of-sequence token ids ``generate`` stops at: ``generation_config``'s if it names any,
+    else the model's own ``generation_config``'s (empty when neither does)."""
+    for cfg in (generation_config, getattr(model, "generation_config", None)):
+        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+        if eos is None:
+            continue
+        ids = {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+        if ids:
+            return ids
+    return set()
+
+
+def cut_after_eos(rows: Sequence[Sequence[int]], eos: set[int]) -> list[list[int]]:
+    """Each row of generated ids up to and including its first EOS (``generate`` pads finished rows
+    after their EOS)."""
+    out = []
+    for ids in rows:
+        cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        out.append(list(ids[:cut]))
+    return out
+
+
+@dataclass
+class BranchPoint:
+    """What :func:`branch_point_capture` read at the first ``lm_head`` call (the prefill)."""
+
+    logits: torch.Tensor | None = None  # [B, V] float32, last position, before any temperature
+    states: torch.Tensor | None = None  # [B, d] the LM head's input there (model dtype)
+
+
+@contextmanager
+def branch_point_capture(model: nn.Module) -> Iterator[BranchPoint]:
+    """Read the branch point (the prompt's last position) of the next forward of ``model``: an
+    ``lm_head`` forward hook keeps the first call's last-position logits and the head's input there.
+    The hook runs inside the forward, so it also works where weights are only gathered during
+    ``generate`` (ZeRO-3); it is removed on exit."""
+    point = BranchPoint()
+
+    def capture(module, args, output):
+        if point.logits is None:
+            point.logits = output[:, -1].detach().float()
+            point.states = args[0][:, -1].detach()
+
+    handle = find_text_stack(model)[0].lm_head.register_forward_hook(capture)
+    try:
+        yield point
+    finally:
+        handle.remove()
 
 
 @dataclass

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ from ncgrpo.eval.records import (
     iter_records,
     repair_torn_tail,
 )
-from ncgrpo.processors import tokenizer_of
-from ncgrpo.rewards import score
+from ncgrpo.models import tokenizer_of
+from ncgrpo.rewards import Score, score
 
 
 @dataclass
@@ -198,6 +199,30 @@ def generate_greedy(
     return tok.batch_decode(completions, skip_special_tokens=True)
 
 
+def score_greedy(
+    model: Any, processor: Any, questions: Sequence[Question], settings: DecodingSettings
+) -> list[tuple[str, Score]]:
+    """Greedy completions of one batch (:func:`generate_greedy`) and each one's :class:`Score` by
+    ``settings.grader``: the one greedy-then-score step of ``ncgrpo eval``, the demo's validation and
+    the embedded base's evaluation (training rewards call the same :func:`ncgrpo.rewards.score`)."""
+    outputs = generate_greedy(model, processor, questions, settings)
+    return [
+        (text, score(text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader))
+        for q, text in zip(questions, outputs, strict=True)
+    ]
+
+
+@contextmanager
+def eval_mode(model: Any) -> Iterator[Any]:
+    """``model`` in eval mode inside the block; its own mode (training or not) restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 def _batches(questions: list[Question], size: int) -> list[list[Question]]:
     # Questions with and without images cannot share a processor call; keep each batch uniform
     # while preserving the input order inside each kind.
@@ -291,51 +316,43 @@ def _evaluate_locked(
 
     from tqdm.auto import tqdm
 
-    was_training = model.training
-    model.eval()
     new = 0
-    try:
-        with (
-            RecordWriter(records_path) as writer,
-            tqdm(
-                total=len(questions),
-                initial=len(questions) - len(todo),
-                desc=f"eval {out.name}",
-                unit="q",
-                disable=not progress,
-            ) as bar,
-        ):
-            for batch in _batches(todo, settings.batch_size):
-                outputs = generate_greedy(model, processor, batch, settings)
-                recs = []
-                for q, text in zip(batch, outputs, strict=True):
-                    s = score(
-                        text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader
+    with (
+        eval_mode(model),
+        RecordWriter(records_path) as writer,
+        tqdm(
+            total=len(questions),
+            initial=len(questions) - len(todo),
+            desc=f"eval {out.name}",
+            unit="q",
+            disable=not progress,
+        ) as bar,
+    ):
+        for batch in _batches(todo, settings.batch_size):
+            recs = []
+            for q, (text, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
+                msgs = build_messages(
+                    q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
+                )
+                recs.append(
+                    EvalRecord(
+                        benchmark=q.benchmark,
+                        question_id=q.question_id,
+                        role=q.role,
+                        prompt_hash=prompt_hash(msgs),
+                        output=text,
+                        extracted=s.extracted,
+                        gold=q.answer,
+                        correct=bool(s.correct),
+                        model=model_id,
+                        checkpoint=checkpoint,
+                        seed=seed,
+                        decoding=decoding,
                     )
-                    msgs = build_messages(
-                        q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
-                    )
-                    recs.append(
-                        EvalRecord(
-                            benchmark=q.benchmark,
-                            question_id=q.question_id,
-                            role=q.role,
-                            prompt_hash=prompt_hash(msgs),
-                            output=text,
-                            extracted=s.extracted,
-                            gold=q.answer,
-                            correct=bool(s.correct),
-                            model=model_id,
-                            checkpoint=checkpoint,
-                            seed=seed,
-                            decoding=decoding,
-                        )
-                    )
-                writer.write(recs)
-                new += len(recs)
-                bar.update(len(recs))
-    finally:
-        model.train(was_training)
+                )
+            writer.write(recs)
+            new += len(recs)
+            bar.update(len(recs))
 
     wanted = set(uids)
     acc: dict[str, list[int]] = {}

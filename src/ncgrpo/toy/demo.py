@@ -64,7 +64,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
 from ncgrpo.eval.records import METRICS_FILE, RUN_FILE
+from ncgrpo.toy.synthetic import first_per_family
 
 __all__ = [
     "BASELINE",
@@ -473,19 +475,6 @@ def _say(cfg: DemoConfig, msg: str) -> None:
         print(msg, flush=True)
 
 
-def first_per_family(questions: Sequence[Any], limit: int | None) -> list[Any]:
-    """The first ``limit`` questions of each family (benchmark), in order; all when ``limit`` is None."""
-    if limit is None:
-        return list(questions)
-    seen: dict[str, int] = {}
-    kept = []
-    for q in questions:
-        if seen.get(q.benchmark, 0) < limit:
-            seen[q.benchmark] = seen.get(q.benchmark, 0) + 1
-            kept.append(q)
-    return kept
-
-
 def _read_marker(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -518,23 +507,16 @@ def validation_accuracy(
 ) -> dict[str, float]:
     """Greedy, noise-free accuracy on ``questions``: ``val/accuracy`` (all of them) and
     ``val/accuracy/<role>`` per role present (in_domain, ood, general). Restores the model's mode."""
-    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
-    from ncgrpo.rewards import score
+    from ncgrpo.eval.evaluate import DecodingSettings, eval_mode, score_greedy
 
     settings = DecodingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
-    was_training = model.training
-    model.eval()
     by_role: dict[str, list[bool]] = {}
-    try:
-        questions = list(questions)
+    questions = list(questions)
+    with eval_mode(model):
         for start in range(0, len(questions), batch_size):
             batch = questions[start : start + batch_size]
-            outputs = generate_greedy(model, processor, batch, settings)
-            for q, text in zip(batch, outputs, strict=True):
-                ok = bool(score(text, q.answer, choices=q.choices, answer_type=q.answer_type).correct)
-                by_role.setdefault(q.role, []).append(ok)
-    finally:
-        model.train(was_training)
+            for q, (_, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
+                by_role.setdefault(q.role, []).append(bool(s.correct))
     everything = [ok for oks in by_role.values() for ok in oks]
     out = {"val/accuracy": sum(everything) / len(everything)}
     for role in ("in_domain", "ood", "general"):
@@ -692,7 +674,7 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
         "learning_rate": cfg.learning_rate,
         "lr_scheduler_type": cfg.lr_scheduler_type,
         # where the noise acts matters only to the hidden-noise methods
-        **({"noise_site": cfg.noise_site} if spec.rollout_method in ("latent", "antithetic", "spsa") else {}),
+        **({"noise_site": cfg.noise_site} if spec.rollout_method in HIDDEN_NOISE_METHODS else {}),
         "schedule_k_mid": cfg.k_mid,
         **({"branch_prefix": cfg.branch_prefix} if cfg.branch_prefix else {}),
         "base_model": base_id,
