@@ -2,13 +2,16 @@
 
 Layers, lowest first; a module may import its own layer and the ones below, never above:
 
-0. ``core``                       the paper's math, pure tensor code
-1. ``processors``, ``data``      model-independent inputs
-2. ``rewards``, ``engines``      the scorer; engine adapters around the core
-3. ``eval``, ``trainer``         the evaluation protocol; the TRL seam
-4. ``training``, ``config``      run setup shared by every entry point
-5. ``toy``                        the embedded default (the library never imports it)
-6. ``commands``, ``cli``          argument parsing (nothing imports it but ``cli``)
+0. ``core``                                 the paper's math, pure tensor code
+1. ``processors``, ``models``, ``data``,     model-independent inputs and model loading; the run
+   ``runs.folder``                           folder's files
+2. ``rewards``, ``engines``                the scorer; engine adapters around the core
+3. ``eval``, ``trainer``                   the evaluation protocol; the TRL seam
+4. ``runs.driver``, ``config``, ``probe``  the run driver shared by train and the demo; config files
+5. ``toy``                                  the embedded default (the library never imports it)
+6. ``commands``, ``cli``                    the command line (nothing imports it but ``cli``)
+
+A package may give its modules their own layers (``runs.folder`` 1, ``runs.driver`` 4).
 
 and there is no import cycle between modules.
 """
@@ -28,7 +31,10 @@ LAYERS = {
     "engines": 2,
     "eval": 3,
     "trainer": 3,
-    "training": 4,
+    "models": 1,
+    "runs": 1,
+    "runs.folder": 1,
+    "runs.driver": 4,
     "config": 4,
     "probe": 4,
     "prefix": 1,
@@ -66,7 +72,9 @@ def _imports() -> dict[str, set[str]]:
 
 def _layer(module: str) -> int | None:
     parts = module.split(".")
-    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+    if len(parts) < 2:
+        return None
+    return LAYERS.get(".".join(parts[1:3]), LAYERS.get(parts[1]))
 
 
 def test_no_upward_import() -> None:

@@ -82,7 +82,6 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -92,6 +91,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ncgrpo.core import noise as nz
 from ncgrpo.core.advantages import contrast_statistic, group_advantages
+from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.plan import (
     NOISE_MODE,
     PAIRED_METHODS,
@@ -105,6 +105,12 @@ from ncgrpo.core.plan import (
 )
 from ncgrpo.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.prefix import branch_prefix_scope, prefix_completions
+from ncgrpo.runs.folder import (  # noqa: F401  (checkpoint_problem, last_complete_checkpoint: re-exported)
+    STATE_FILE,
+    checkpoint_problem,
+    checkpoint_weight_files,
+    last_complete_checkpoint,
+)
 
 __all__ = [
     "NCGRPOConfig",
@@ -116,33 +122,10 @@ __all__ = [
     "parse_noise_site",
 ]
 
-STATE_FILE = "ncgrpo_state.pt"
-
 
 # ==================================================================================================
 # Config
 # ==================================================================================================
-def parse_noise_site(site: str | int | Sequence[int]) -> str | list[int]:
-    """``"final_norm"`` -> ``"final_norm"``; ``"12"`` / ``"10,14"`` (or ints) -> sorted layer list."""
-    if isinstance(site, int):
-        site = str(site)
-    if not isinstance(site, str):
-        site = ",".join(str(int(s)) for s in site)
-    s = site.strip()
-    if s == "final_norm":
-        return "final_norm"
-    try:
-        layers = [int(p) for p in s.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"noise_site={site!r} is not understood: use 'final_norm' (the paper's site) or comma-separated "
-            "decoder-layer indices such as '12' or '10,14' (the propagating variant)"
-        ) from None
-    if any(layer < 0 for layer in layers) or len(set(layers)) != len(layers):
-        raise ValueError(f"noise_site={site!r}: layer indices must be distinct and >= 0")
-    return sorted(layers)
-
-
 @dataclass
 class NCGRPOConfig(GRPOConfig):
     r"""``GRPOConfig`` plus NC-GRPO's rollout fields (one name per concept: field == CLI key == docs).
@@ -486,78 +469,6 @@ def apply_noisy_importance_sampling(
 # ==================================================================================================
 # Trainer
 # ==================================================================================================
-def _safetensors_files(checkpoint: str) -> list[str]:
-    """The model weight files of a Trainer checkpoint (single file or sharded index); [] if none."""
-    import json
-
-    single = os.path.join(checkpoint, "model.safetensors")
-    if os.path.isfile(single):
-        return [single]
-    index = os.path.join(checkpoint, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(checkpoint, s) for s in shards]
-    return []
-
-
-def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None) -> str | None:
-    """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
-
-    Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
-    (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
-    exist (a safetensors file or index), ``optimizer.pt`` unless the state says nothing was saved
-    beyond the model, and, for every NC-GRPO method, ``ncgrpo_state.pt`` loads (it is written
-    first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
-    by a kill is incomplete; so is one whose files were torn.
-    """
-    import json
-
-    ckpt = str(checkpoint)
-    state_path = os.path.join(ckpt, "trainer_state.json")
-    try:
-        with open(state_path, encoding="utf-8") as f:
-            json.load(f)
-    except (OSError, ValueError) as e:
-        return f"{state_path} is missing or torn ({type(e).__name__})"
-    if not _safetensors_files(ckpt) and not os.path.isfile(os.path.join(ckpt, "pytorch_model.bin")):
-        return f"{ckpt} has no model weights"
-    if not os.path.isfile(os.path.join(ckpt, "optimizer.pt")) and os.path.isfile(
-        os.path.join(ckpt, "scheduler.pt")
-    ):
-        return f"{ckpt} has a scheduler but no optimizer.pt"
-    if method is not None and method != "vanilla":
-        path = os.path.join(ckpt, STATE_FILE)
-        try:
-            torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unreadable state file makes the checkpoint unusable
-            return f"{path} is missing or unreadable ({type(e).__name__})"
-    return None
-
-
-def last_complete_checkpoint(
-    output_dir: str | os.PathLike, method: str | None = None
-) -> tuple[str | None, list[str]]:
-    """``(newest complete checkpoint-N folder or None, [why each newer one was skipped])``."""
-    import re
-
-    out = str(output_dir)
-    if not os.path.isdir(out):
-        return None, []
-    steps = []
-    for name in os.listdir(out):
-        m = re.fullmatch(r"checkpoint-(\d+)", name)
-        if m and os.path.isdir(os.path.join(out, name)):
-            steps.append((int(m.group(1)), name))
-    skipped = []
-    for _, name in sorted(steps, reverse=True):
-        problem = checkpoint_problem(os.path.join(out, name), method)
-        if problem is None:
-            return os.path.join(out, name), skipped
-        skipped.append(f"{name}: {problem}")
-    return None, skipped
-
-
 @dataclass
 class StepRecord:
     """What NC-GRPO did at one generation (kept in ``trainer.nc_history``; identical on every rank).
@@ -1564,7 +1475,7 @@ class NCGRPOTrainer(GRPOTrainer):
         """
         model = self.model if model is None else model
         mapping = self._renamed_checkpoint_keys(model)
-        files = _safetensors_files(resume_from_checkpoint)
+        files = checkpoint_weight_files(resume_from_checkpoint)
         plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled or hasattr(model, "peft_config"))
         if not (plain and mapping and files):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)

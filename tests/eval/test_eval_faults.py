@@ -63,7 +63,7 @@ def suite_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def model_and_processor(tiny_vl_dir):
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
     return load_model_and_processor(tiny_vl_dir, device="cpu")
 

@@ -180,7 +180,7 @@ def run(args: EvalArgs) -> int:
 
     from ncgrpo.eval.evaluate import DecodingSettings, check_folder, evaluate, model_id_of, run_identity
     from ncgrpo.eval.records import FolderLock
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
     out = Path(args.out)
     settings = DecodingSettings(

@@ -77,7 +77,7 @@ class ProbeArgs:
     progress: bool = field(default=True, metadata=_h("progress bar (--no_progress: none)"))
 
     def __post_init__(self) -> None:
-        from ncgrpo.trainer import parse_noise_site
+        from ncgrpo.core.noise import parse_noise_site
 
         for name in ("prompts", "rollouts", "max_new_tokens", "batch_size"):
             if getattr(self, name) < 1:
@@ -116,9 +116,9 @@ def run(args: ProbeArgs) -> int:
     import torch
     from rich.console import Console
 
+    from ncgrpo.core.noise import parse_noise_site
+    from ncgrpo.models import load_model_and_processor
     from ncgrpo.probe import format_probe, probe
-    from ncgrpo.trainer import parse_noise_site
-    from ncgrpo.training import load_model_and_processor
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -334,7 +334,7 @@ class DemoConfig:
             raise ValueError(
                 f"workers must be a positive number of processes (or None: automatic), got {self.workers!r}"
             )
-        from ncgrpo.trainer import parse_noise_site
+        from ncgrpo.core.noise import parse_noise_site
 
         self.noise_site = str(self.noise_site).replace(" ", "")
         parse_noise_site(self.noise_site)  # raises, saying what to write
@@ -532,7 +532,7 @@ def _callbacks(
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
-    from ncgrpo.training import MetricsCallback
+    from ncgrpo.runs.driver import MetricsCallback
 
     # A second writer of the file train_run's own MetricsCallback writes, for the validation lines only:
     # it is not a trainer callback itself (that would write every training log line twice).
@@ -695,14 +695,15 @@ def _train(
     val_questions: list[Any],
     train_dir: Path,
 ) -> tuple[Any, Any]:
-    """One run through :func:`ncgrpo.training.train_run` (``ncgrpo train``'s driver); returns the
+    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver); returns the
     trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
     import torch
 
     from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
     from ncgrpo.rewards import math_reward
+    from ncgrpo.runs.driver import train_run
     from ncgrpo.trainer import NCGRPOConfig
-    from ncgrpo.training import find_vision_tower, freeze_vision_tower, load_model_and_processor, train_run
 
     model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
     if find_vision_tower(model) is not None:
@@ -786,10 +787,10 @@ def _run_one(
         _say(cfg, f"{run}: trained and evaluated already (skipped)")
         return result
 
-    from ncgrpo.training import read_run_info
+    from ncgrpo.runs.folder import read_run_json
 
     model = processor = None
-    found = read_run_info(train_dir)
+    found = read_run_json(train_dir)
     if found is not None and found.get("finished"):
         _check_settings(train_dir / RUN_FILE, found, settings)
         _say(cfg, f"{run}: trained already (skipped); evaluating")
@@ -804,7 +805,7 @@ def _run_one(
     _noise_means(cfg, result)
     t0 = time.perf_counter()
     if model is None:
-        from ncgrpo.training import load_model_and_processor
+        from ncgrpo.models import load_model_and_processor
 
         model, processor = load_model_and_processor(
             train_dir, dtype=_dtype_for(cfg.device), device=cfg.device
@@ -835,7 +836,7 @@ def _run_one(
 def _evaluate_base(cfg: DemoConfig, base: Path, base_id: str, test_questions: list[Any]) -> Path:
     """Greedy test records of the untrained base model (the table's first row), once per folder."""
     from ncgrpo.eval.evaluate import DecodingSettings, evaluate
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
     eval_dir = cfg.out / "eval" / "base"
     settings = {
