@@ -403,6 +403,35 @@ def test_resume_with_changed_settings_is_refused_unless_forced(tmp_path: Path, g
     assert "changed settings (--force)" in capsys.readouterr().err
 
 
+def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> None:
+    """Run identity is every setting ncgrpo declares minus a short list of what may change on resume:
+    a field added to NCGRPOConfig (here by a subclass, as an edit of the class would) is covered."""
+    import dataclasses
+
+    from ncgrpo.commands.train import (
+        INHERITED_IDENTITY,
+        MAY_CHANGE_ON_RESUME,
+        ModelArguments,
+        ScriptArguments,
+        run_identity_keys,
+    )
+    from ncgrpo.runs.folder import changed_identity
+    from ncgrpo.trainer import NCGRPOConfig
+
+    @dataclasses.dataclass
+    class WithANewField(NCGRPOConfig):
+        brand_new_setting: float = 1.0
+
+    keys = run_identity_keys((ScriptArguments, WithANewField, ModelArguments))
+    assert "brand_new_setting" in keys and "brand_new_setting" not in run_identity_keys()
+    assert {"sigma0", "noise_site", "rollout_method", "freeze_vision_tower", "dataset_name"} <= set(keys)
+    assert set(INHERITED_IDENTITY) <= set(keys) and not MAY_CHANGE_ON_RESUME & set(keys)
+    # logging, saving and the output folder are TRL's and may change
+    assert not {"logging_steps", "save_steps", "output_dir", "run_name"} & set(keys)
+    old, new = {"brand_new_setting": 1.0}, {"brand_new_setting": 2.0}
+    assert changed_identity(old, new, keys) == ["brand_new_setting: 1.0 -> 2.0"]
+
+
 def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Path) -> None:
     from ncgrpo.commands.train import prepare_run, train_dataclasses
     from ncgrpo.config import ConfigParser

@@ -459,7 +459,7 @@ def prepare_run(
         raise ValueError(
             f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume or another --output_dir"
         )
-    previous = read_run_json(output_dir)
+    previous = read_run_json(output_dir, hint="move it away or fix it")
     if previous is not None and previous.get("finished") and not overwrite and not dry_run:
         raise ValueError(
             f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "

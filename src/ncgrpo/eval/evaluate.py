@@ -11,7 +11,6 @@ always noise-free").
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -34,6 +33,7 @@ from ncgrpo.eval.records import (
 )
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import Score, score
+from ncgrpo.runs.folder import read_run_json
 
 
 @dataclass
@@ -124,14 +124,9 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a folder")
     path = out / RUN_FILE
-    if not path.exists():
+    old = read_run_json(out, hint="use another --out folder")
+    if old is None:
         return None
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable run.json ({e}); use another --out folder") from None
-    if not isinstance(old, dict):
-        raise ValueError(f"{path}: not a run.json (a JSON object); use another --out folder")
     for k in IDENTITY_KEYS:
         if old.get(k) != run.get(k):
             raise ValueError(

@@ -29,7 +29,6 @@ the family of all listed tests. Renderers: rich (terminal), Markdown, LaTeX (boo
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -38,7 +37,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, read_records
+from ncgrpo.eval.records import RECORDS_FILE, EvalRecord, read_records
 from ncgrpo.eval.stats import (
     ALPHA,
     BOOTSTRAP_RESAMPLES,
@@ -56,6 +55,7 @@ from ncgrpo.eval.stats import (
     seed_level,
     seed_to_seed,
 )
+from ncgrpo.runs.folder import read_run_json
 
 #: What a pooled McNemar column is, in its header, where seeds were pooled into it.
 QUESTION_LEVEL = "question-level, pooled over seeds"
@@ -134,19 +134,10 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     path = Path(path)
-    run_file, rec_file = path / RUN_FILE, path / RECORDS_FILE
+    rec_file = path / RECORDS_FILE
     if not rec_file.exists():
         raise FileNotFoundError(f"{path}: no {RECORDS_FILE} (is this an `ncgrpo eval --out` directory?)")
-    info: dict[str, Any] = {}
-    if run_file.exists():
-        try:
-            info = json.loads(run_file.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{run_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{run_file}:{e.lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(info, dict):
-            raise ValueError(f"{run_file}: must hold a JSON object, got {type(info).__name__}")
+    info: dict[str, Any] = read_run_json(path) or {}
     records = read_records(rec_file)
     if not records:
         raise ValueError(f"{rec_file}: no records")

@@ -163,20 +163,22 @@ def repair_torn_tail(path: str | os.PathLike) -> int:
     return torn
 
 
-def read_run_json(
-    folder: str | os.PathLike, *, hint: str = "move it away or fix it"
-) -> dict[str, Any] | None:
-    """The folder's ``run.json`` as a dict, or ``None`` when there is none. A file that is not a JSON
-    object is a ``ValueError`` naming it and ending with ``hint`` (what the user can do)."""
+def read_run_json(folder: str | os.PathLike, *, hint: str | None = None) -> dict[str, Any] | None:
+    """The folder's ``run.json`` as a dict, or ``None`` when there is none: the one reader of every
+    kind of run folder (training, evaluation, demo). A file that is not UTF-8, not JSON or not a JSON
+    object is a ``ValueError`` naming the file (and line), followed by ``hint`` (what to do) if given."""
     path = Path(folder) / RUN_FILE
     if not path.exists():
         return None
+    tail = f"; {hint}" if hint else ""
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable run.json ({e}); {hint}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}){tail}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}){tail}") from None
     if not isinstance(info, dict):
-        raise ValueError(f"{path}: not a run.json (a JSON object); {hint}")
+        raise ValueError(f"{path}: must hold a JSON object, got {type(info).__name__}{tail}")
     return info
 
 
