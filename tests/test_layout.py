@@ -11,7 +11,8 @@ Layers, lowest first; a module may import its own layer and the ones below, neve
 5. ``toy``                                  the embedded default (the library never imports it)
 6. ``commands``, ``cli``                    the command line (nothing imports it but ``cli``)
 
-A package may give its modules their own layers (``runs.folder`` 1, ``runs.driver`` 4).
+A package may give its modules their own layers (``runs.folder`` 1, ``runs.driver`` 4). ``prefix`` and
+``inert`` are names kept for one release for what moved into ``trainer`` (layer 3).
 
 and there is no import cycle between modules.
 """
@@ -37,8 +38,8 @@ LAYERS = {
     "runs.driver": 4,
     "config": 4,
     "probe": 4,
-    "prefix": 1,
-    "inert": 2,
+    "prefix": 3,
+    "inert": 3,
     "toy": 5,
     "commands": 6,
     "cli": 6,
