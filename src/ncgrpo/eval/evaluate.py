@@ -124,14 +124,14 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a folder")
     path = out / RUN_FILE
-    old = read_run_json(out, hint="use another --out folder")
+    old = read_run_json(out, hint="use another --output_dir folder")
     if old is None:
         return None
     for k in IDENTITY_KEYS:
         if old.get(k) != run.get(k):
             raise ValueError(
                 f"{path}: this folder holds records of {k}={old.get(k)!r}, not {run.get(k)!r}; "
-                "use another --out folder (records of different runs must not mix)"
+                "use another --output_dir folder (records of different runs must not mix)"
             )
     return old
 

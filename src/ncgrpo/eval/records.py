@@ -1,6 +1,6 @@
 """Per-question evaluation records: schema, crash-safe appends, resumable reads.
 
-A run directory (``ncgrpo eval --out DIR``) holds:
+A run directory (``ncgrpo eval --output_dir DIR``) holds:
 
 - ``DIR/run.json``: what was evaluated (``name``, ``method``, ``seed``, ``model``, ``checkpoint``,
   ``decoding``, ``split``, ``benchmarks``); written atomically. The identity part of it is checked

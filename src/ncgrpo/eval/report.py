@@ -136,7 +136,9 @@ def load_run(path: str | Path) -> Run:
     path = Path(path)
     rec_file = path / RECORDS_FILE
     if not rec_file.exists():
-        raise FileNotFoundError(f"{path}: no {RECORDS_FILE} (is this an `ncgrpo eval --out` directory?)")
+        raise FileNotFoundError(
+            f"{path}: no {RECORDS_FILE} (is this an `ncgrpo eval --output_dir` directory?)"
+        )
     info: dict[str, Any] = read_run_json(path) or {}
     records = read_records(rec_file)
     if not records:

@@ -1056,7 +1056,6 @@ class PretrainConfig:
         default=1,
         metadata={
             "help": "torch intra-op threads (1: reproducible, fast on busy CPUs)",
-            "aliases": ["--threads"],
         },
     )
     progress: bool = field(default=True, metadata={"help": "progress bar (--no_progress: none)"})

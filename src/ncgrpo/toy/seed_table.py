@@ -161,7 +161,7 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[st
             read_base, entries = _export_folder(folder)
         else:
             raise ValueError(
-                f"{folder}: no eval/ folder; pass the --out folder of an ncgrpo demo run "
+                f"{folder}: no eval/ folder; pass the --output_dir folder of an ncgrpo demo run "
                 "(or a folder written by --export)"
             )
         if read_base is not None:
