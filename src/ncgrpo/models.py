@@ -13,12 +13,14 @@ import torch
 
 __all__ = [
     "VISION_TOWER_PATHS",
+    "check_noise_site",
     "find_vision_tower",
     "freeze_vision_tower",
     "is_vision_language",
     "load_model_and_processor",
     "resolve_device",
     "resolve_dtype",
+    "text_layers",
     "tokenizer_of",
 ]
 
@@ -153,3 +155,32 @@ def freeze_vision_tower(model) -> str:
     for p in tower.parameters():
         p.requires_grad_(False)
     return path
+
+
+def text_layers(model_name_or_path: str | Path) -> int | None:
+    """Decoder layers of the model's language stack, from its config alone (no weights); None if the
+    config cannot be read here (then the trainer checks once the model is loaded)."""
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(model_name_or_path)
+    except Exception:  # noqa: BLE001 - not readable without the model: the trainer checks later
+        return None
+    n = getattr(cfg.get_text_config(), "num_hidden_layers", None)
+    return int(n) if n is not None else None
+
+
+def check_noise_site(noise_site: str, model_name_or_path: str | Path) -> None:
+    """Refuse a layer noise site past the model's decoder layers, read from its config before any
+    weight is loaded (``final_norm`` fits every model)."""
+    from ncgrpo.core.noise import parse_noise_site
+
+    site = parse_noise_site(noise_site)
+    if site == "final_norm":
+        return
+    n_layers = text_layers(model_name_or_path)
+    if n_layers is not None and max(site) >= n_layers:
+        raise ValueError(
+            f"noise_site={noise_site!r} names layer {max(site)} but {model_name_or_path} has "
+            f"{n_layers} decoder layers (0..{n_layers - 1})"
+        )

@@ -145,6 +145,26 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path, capsys) -> None:
     assert f"{conf}: unknown key 'max_stepz' (did you mean 'max_steps'?)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--noise_site", "99"], "names layer 99 but .* has 3 decoder layers"),
+        (["--noise_site", "1", "--all_methods"], "SPSA .*: rollout_method='spsa'.*final_norm"),
+    ],
+)
+def test_every_setting_is_checked_before_anything_is_written(tmp_path, capsys, flags, match) -> None:
+    """As ``ncgrpo train``: a noise site past the base model's layers, or one a method refuses, fails
+    before the suite, the base model's records or any run is written."""
+    import re
+
+    from ncgrpo.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--output_dir", str(out), "--no_progress", *flags]) == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_every_demo_field_is_a_documented_flag() -> None:
     import dataclasses
 

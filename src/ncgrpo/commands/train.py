@@ -23,7 +23,7 @@ from typing import Any
 from trl import ModelConfig
 
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
-from ncgrpo.models import load_model_and_processor
+from ncgrpo.models import check_noise_site, load_model_and_processor
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
     RUN_FILE,
@@ -377,31 +377,12 @@ def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str
     return [k for k in keys if k not in MAY_CHANGE_ON_RESUME]
 
 
-def _text_layers(model_name_or_path: str) -> int | None:
-    """Decoder layers of the model's language stack, from its config alone (no weights); None if the
-    config cannot be read here (then the trainer checks once the model is loaded)."""
-    try:
-        from transformers import AutoConfig
-
-        cfg = AutoConfig.from_pretrained(model_name_or_path)
-    except Exception:  # noqa: BLE001 - not readable without the model: the trainer checks later
-        return None
-    n = getattr(cfg.get_text_config(), "num_hidden_layers", None)
-    return int(n) if n is not None else None
-
-
 def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset) -> None:
     """Checks that need no weights: the noise site against the model's config, and the dataset
     against one generation batch (TRL would otherwise train 0 steps and save the base weights)."""
     a = plan_args
-    site = a.noise_site_parsed
-    if site != "final_norm" and a.rollout_method in HIDDEN_NOISE_METHODS:
-        n_layers = _text_layers(model_args.model_name_or_path)
-        if n_layers is not None and max(site) >= n_layers:
-            raise ValueError(
-                f"noise_site={a.noise_site!r} names layer {max(site)} but {model_args.model_name_or_path} has "
-                f"{n_layers} decoder layers (0..{n_layers - 1})"
-            )
+    if a.rollout_method in HIDDEN_NOISE_METHODS:
+        check_noise_site(a.noise_site, model_args.model_name_or_path)
     per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
     prompts_needed = per_generation // a.num_generations
     if len(train_dataset) < prompts_needed:

@@ -684,30 +684,11 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
     }
 
 
-def _train(
-    cfg: DemoConfig,
-    spec: MethodSpec,
-    seed: int,
-    base: Path,
-    settings: dict[str, Any],
-    train_questions: list[Any],
-    val_questions: list[Any],
-    train_dir: Path,
-) -> tuple[Any, Any]:
-    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver); returns the
-    trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
-    import torch
-
-    from ncgrpo.data.geometry3k import to_trl_dataset
-    from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
-    from ncgrpo.rewards import math_reward
-    from ncgrpo.runs.driver import train_run
+def training_args(cfg: DemoConfig, spec: MethodSpec, seed: int, train_dir: Path, *, bf16: bool = False):
+    """The ``NCGRPOConfig`` of one training run of the demo: what ``ncgrpo train`` would be given."""
     from ncgrpo.trainer import NCGRPOConfig
 
-    model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
-    if find_vision_tower(model) is not None:
-        freeze_vision_tower(model)  # section 4.1: frozen vision tower
-    args = NCGRPOConfig(
+    return NCGRPOConfig(
         output_dir=str(train_dir),
         run_name=f"{spec.slug}-seed{seed}",
         rollout_method=spec.rollout_method,
@@ -726,10 +707,50 @@ def _train(
         save_strategy="no",
         report_to="none",
         use_cpu=cfg.device == "cpu",
-        bf16=next(model.parameters()).dtype == torch.bfloat16,
+        bf16=bf16,
         dataloader_num_workers=0,
         disable_tqdm=True,  # the demo's own one-line bar instead of a dict per step
     )
+
+
+def check_settings(cfg: DemoConfig, base: Path) -> None:
+    """Every setting, checked before anything is written (as ``ncgrpo train`` does): each configuration's
+    ``NCGRPOConfig`` (e.g. SPSA only at the final-norm site) and the noise site against the base
+    model's decoder layers, read from its config. A ``ValueError`` says which configuration and what."""
+    from ncgrpo.models import check_noise_site
+
+    for spec in cfg.methods():
+        try:
+            args = training_args(cfg, spec, 0, cfg.output_dir / "train" / f"{spec.slug}-seed0")
+            if spec.rollout_method in HIDDEN_NOISE_METHODS:
+                check_noise_site(args.noise_site, base)
+        except ValueError as e:
+            raise ValueError(f"{spec.name}: {e}") from None
+
+
+def _train(
+    cfg: DemoConfig,
+    spec: MethodSpec,
+    seed: int,
+    base: Path,
+    settings: dict[str, Any],
+    train_questions: list[Any],
+    val_questions: list[Any],
+    train_dir: Path,
+) -> tuple[Any, Any]:
+    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver); returns the
+    trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
+    import torch
+
+    from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
+    from ncgrpo.rewards import math_reward
+    from ncgrpo.runs.driver import train_run
+
+    model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
+    if find_vision_tower(model) is not None:
+        freeze_vision_tower(model)  # section 4.1: frozen vision tower
+    args = training_args(cfg, spec, seed, train_dir, bf16=next(model.parameters()).dtype == torch.bfloat16)
     metrics_path = train_dir / METRICS_FILE
     metrics_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
     trainer = train_run(
@@ -996,8 +1017,29 @@ def _load_questions(
 _WORKER_QUESTIONS: dict[tuple[Any, ...], tuple[list[Any], list[Any], list[Any]]] = {}
 
 
-def _worker_init(num_threads: int | None, parent_pid: int) -> None:
-    """Start of each worker process: die with the demo process, take its thread count."""
+def quiet_libraries() -> None:
+    """The demo prints its own progress: one bar per training run and per evaluation. Library chatter
+    (weight-loading and parquet bars, info logs, TRL's deprecation notices for transformers v6) is
+    silenced, in the demo's process and in each worker."""
+    global _QUIET
+    import warnings
+
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    _QUIET = True
+
+
+_QUIET = False  # quiet_libraries() was called in this process: workers are quieted too
+
+
+def _worker_init(num_threads: int | None, parent_pid: int, quiet: bool = False) -> None:
+    """Start of each worker process: die with the demo process, take its thread count and (``quiet``)
+    the demo's silence about library chatter (:func:`quiet_libraries`)."""
     if sys.platform.startswith("linux"):
         # PR_SET_PDEATHSIG: the kernel SIGKILLs this worker when the demo process dies, even by SIGKILL,
         # so no orphan goes on writing a run folder that a rerun of the demo will write too.
@@ -1014,6 +1056,8 @@ def _worker_init(num_threads: int | None, parent_pid: int) -> None:
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+    if quiet:
+        quiet_libraries()
 
 
 def _run_in_worker(
@@ -1060,7 +1104,9 @@ def _run_in_processes(
     results: dict[int, RunResult] = {}
     try:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or thread state
-        with ctx.Pool(workers, initializer=_worker_init, initargs=(cfg.num_threads, os.getpid())) as pool:
+        with ctx.Pool(
+            workers, initializer=_worker_init, initargs=(cfg.num_threads, os.getpid(), _QUIET)
+        ) as pool:
             pending = {
                 i: pool.apply_async(_run_in_worker, (quiet, spec, seed, base, base_id, suite))
                 for i, (spec, seed) in enumerate(jobs)
@@ -1100,20 +1146,23 @@ def run_demo(
     previous_threads = torch.get_num_threads()
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
+
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        if on_stage is not None:
+            on_stage(name)
+        t0 = time.perf_counter()
+        value = fn()
+        stage_times[name] = stage_times.get(name, 0.0) + time.perf_counter() - t0
+        return value
+
     lock = FolderLock(cfg.output_dir, "ncgrpo demo")  # one demo per folder: a second fails at once
     try:
-        lock.acquire()
-
-        def stage(name: str, fn: Callable[[], Any]) -> Any:
-            if on_stage is not None:
-                on_stage(name)
-            t0 = time.perf_counter()
-            value = fn()
-            stage_times[name] = stage_times.get(name, 0.0) + time.perf_counter() - t0
-            return value
-
-        suite = stage("suite", lambda: _ensure_suite(cfg))
+        # the base model (built into its cache on first use) and every setting, before the first byte
+        # of the output folder is written
         base = stage("base_model", lambda: _base_model(cfg))
+        check_settings(cfg, base)
+        lock.acquire()
+        suite = stage("suite", lambda: _ensure_suite(cfg))
         base_id = model_id_of(base)
         specs, seeds = cfg.methods(), cfg.seed_values()
         jobs = [(spec, seed) for spec in specs for seed in seeds]

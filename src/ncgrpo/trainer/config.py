@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -168,6 +171,11 @@ class NCGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is True:
+            # TRL's default (gradient checkpointing on) under the name this transformers wants: its
+            # `gradient_checkpointing` is a deprecated alias that warns at every config. A value the user
+            # gave under the old name other than TRL's default still gets transformers' warning.
+            self.activation_checkpointing, self.gradient_checkpointing = True, None
         super().__post_init__()
         m = self.rollout_method
         if m not in ROLLOUT_METHODS:
@@ -327,3 +335,20 @@ class NCGRPOConfig(GRPOConfig):
     @property
     def noise_site_parsed(self) -> str | list[int]:
         return parse_noise_site(self.noise_site)
+
+
+@contextmanager
+def trl_checkpointing_calls() -> Iterator[None]:
+    """TRL turns gradient checkpointing off and on around every generation by transformers' old names
+    (``is_gradient_checkpointing``, ``gradient_checkpointing_disable`` / ``_enable``), which
+    transformers 5.2x deprecates with a FutureWarning on every use. Only TRL can act on it, so inside
+    this block it is not shown (the config's own deprecated field is avoided in
+    :meth:`NCGRPOConfig.__post_init__`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` "
+            "is deprecated",
+            category=FutureWarning,
+        )
+        yield

@@ -99,7 +99,7 @@ from ncgrpo.core.plan import (
 from ncgrpo.core.spsa import spsa_step
 from ncgrpo.runs.folder import checkpoint_weight_files
 from ncgrpo.trainer.checkpoints import CheckpointState
-from ncgrpo.trainer.config import NCGRPOConfig
+from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
 from ncgrpo.trainer.images import ImageNoise
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.metrics import BranchPointMetrics, StepRecord, _LocalGen
@@ -460,7 +460,7 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
     # Each override is a few lines delegating to the methods above; upgrading TRL means reading this.
     # ==============================================================================================
     def _generate_and_score_completions(self, inputs):
-        with branch_prefix_scope(self, self.args.branch_prefix):
+        with branch_prefix_scope(self, self.args.branch_prefix), trl_checkpointing_calls():
             return self._nc_generate_and_score_completions(inputs)
 
     def _nc_generate_and_score_completions(self, inputs):
