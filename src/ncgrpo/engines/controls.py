@@ -44,12 +44,16 @@ __all__ = [
 ]
 
 
-class FirstTokenTemperatureHook:
-    """Handle of :func:`first_token_temperature`: ``calls`` counts prefill forwards it rescaled."""
+class _PrefillHeadHook:
+    """Rewrites the LM head's output once per prefill forward (a forward of the top model whose KV
+    cache is empty: the first token's logits); decode steps pass through. ``calls`` counts rewrites."""
 
-    def __init__(self, flags: torch.Tensor, factor: float) -> None:
-        self.flags = flags  # [B] bool
-        self.factor = factor
+    name = ""  # the control, in messages
+    given = ""  # what the caller gives per row, in messages
+    per_row = ""
+
+    def __init__(self, n_rows: int) -> None:
+        self.n_rows = n_rows
         self.calls = 0
         self._prefill = False
 
@@ -60,13 +64,43 @@ class FirstTokenTemperatureHook:
     def head_post(self, module: nn.Module, args: tuple, output: Any):
         if not self._prefill:
             return None
-        self._prefill = False  # one rescale per prefill forward
-        logits = output  # [B, T_keep, V]
-        if logits.shape[0] != self.flags.numel():
+        self._prefill = False  # one rewrite per prefill forward
+        if output.shape[0] != self.n_rows:
             raise ValueError(
-                f"first_token_temperature got {self.flags.numel()} row flags but the prefill batch has "
-                f"{logits.shape[0]} rows; pass one flag per row of the expanded batch"
+                f"{self.name} got {self.n_rows} {self.given} but the prefill batch has "
+                f"{output.shape[0]} rows; pass {self.per_row} per row of the expanded batch"
             )
+        return self.rewrite(module, args, output)  # output: [B, T_keep, V]
+
+    def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@contextmanager
+def _installed(top: nn.Module, head: nn.Module, hook: _PrefillHeadHook) -> Iterator[_PrefillHeadHook]:
+    """``hook`` on ``top``'s forward (prefill detection) and ``head``'s output, removed on exit."""
+    handles = [
+        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
+        head.register_forward_hook(hook.head_post),
+    ]
+    try:
+        yield hook
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class FirstTokenTemperatureHook(_PrefillHeadHook):
+    """Handle of :func:`first_token_temperature`: ``calls`` counts prefill forwards it rescaled."""
+
+    name, given, per_row = "first_token_temperature", "row flags", "one flag"
+
+    def __init__(self, flags: torch.Tensor, factor: float) -> None:
+        super().__init__(flags.numel())
+        self.flags = flags  # [B] bool
+        self.factor = factor
+
+    def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
         scale = torch.where(
             self.flags.to(logits.device),
             torch.tensor(self.factor, dtype=logits.dtype, device=logits.device),
@@ -101,45 +135,26 @@ def first_token_temperature(
         torch.as_tensor(list(flags) if not isinstance(flags, torch.Tensor) else flags, dtype=torch.bool),
         temperature / first_token_temperature,
     )
-    handles = [
-        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
-        head.register_forward_hook(hook.head_post),
-    ]
-    try:
+    with _installed(top, head, hook):
         yield hook
-    finally:
-        for h in handles:
-            h.remove()
 
 
-class FirstTokenMarginalHook:
+class FirstTokenMarginalHook(_PrefillHeadHook):
     """Handle of :func:`first_token_marginal`: ``calls`` counts prefill forwards it rewrote; ``rows`` the
     rows rewritten in the last one."""
 
+    name, given, per_row = "first_token_marginal", "row keys", "one key (or None)"
+
     def __init__(self, keys: list[NoiseKey | None], sigma: float, temperature: float, draws: int) -> None:
+        super().__init__(len(keys))
         self.keys = keys
         self.sigma = float(sigma)
         self.temperature = float(temperature)
         self.draws = int(draws)
-        self.calls = 0
         self.rows: list[int] = []
         self.last_logits: torch.Tensor | None = None  # [B, V] float32: what each row sampled from
-        self._prefill = False
 
-    def top_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
-        self._prefill = cache is None or cache.get_seq_length() == 0
-
-    def head_post(self, module: nn.Module, args: tuple, output: Any):
-        if not self._prefill:
-            return None
-        self._prefill = False
-        logits = output  # [B, T_keep, V]
-        if logits.shape[0] != len(self.keys):
-            raise ValueError(
-                f"first_token_marginal got {len(self.keys)} row keys but the prefill batch has "
-                f"{logits.shape[0]} rows; pass one key (or None) per row of the expanded batch"
-            )
+    def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
         h = args[0][:, -1]  # [B, d] the final-norm state at the branch point (clean)
 
         def head(x: torch.Tensor) -> torch.Tensor:  # the LM head without re-entering this hook
@@ -186,12 +201,5 @@ def first_token_marginal(
     if not isinstance(head, nn.Linear):
         raise NotImplementedError(f"{type(top).__name__} has no linear `lm_head` to sample q_bar through")
     hook = FirstTokenMarginalHook(list(keys), sigma, temperature, draws)
-    handles = [
-        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
-        head.register_forward_hook(hook.head_post),
-    ]
-    try:
+    with _installed(top, head, hook):
         yield hook
-    finally:
-        for h in handles:
-            h.remove()

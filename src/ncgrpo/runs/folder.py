@@ -44,6 +44,7 @@ __all__ = [
     "checkpoint_problem",
     "checkpoint_weight_files",
     "iter_json_lines",
+    "json_rows",
     "last_complete_checkpoint",
     "read_run_json",
     "repair_torn_tail",
@@ -130,19 +131,31 @@ def iter_json_lines(path: str | os.PathLike, what: str = "row") -> Iterator[tupl
     """
     path = Path(path)
     data, _ = _complete_part(path.read_bytes())
-    for i, raw in enumerate(data.splitlines(), start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+    def lines() -> Iterator[tuple[int, str]]:
+        for i, raw in enumerate(data.splitlines(), start=1):
+            try:
+                yield i, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+    yield from json_rows(lines(), path, what)
+
+
+def json_rows(
+    lines: Iterable[tuple[int, str]], where: str | os.PathLike, what: str = "row"
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of each non-blank ``(line number, text)``: a line that is not JSON or
+    not a JSON object is an error naming ``where`` and the line (``what``: the kind of row)."""
+    for i, line in lines:
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            raise ValueError(f"{where}:{i}: not valid JSON ({e.msg})") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i}: a {what} must be a JSON object, got {type(row).__name__}")
+            raise ValueError(f"{where}:{i}: a {what} must be a JSON object, got {type(row).__name__}")
         yield i, row
 
 

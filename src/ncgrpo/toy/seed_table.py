@@ -43,7 +43,7 @@ from typing import Any
 from ncgrpo.eval.records import EvalRecord
 from ncgrpo.eval.report import load_run
 from ncgrpo.eval.stats import align, disagreement_note, mcnemar_pooled, seed_to_seed, seed_ttest
-from ncgrpo.runs.folder import atomic_write_bytes
+from ncgrpo.runs.folder import atomic_write_bytes, json_rows
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -336,17 +336,7 @@ def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[Tab
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for i, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i}: a line must be a JSON object, got {type(row).__name__}")
-        rows.append((i, row))
+    rows = list(json_rows(enumerate(text.splitlines(), start=1), path, "line"))
     if not rows or rows[0][1].get("format") != EXPORT_FORMAT:
         raise ValueError(f"{path}:1: not a seed-table export (first line must say format {EXPORT_FORMAT!r})")
     header = rows[0][1]
