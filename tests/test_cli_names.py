@@ -115,3 +115,13 @@ def test_an_old_and_a_new_key_for_one_setting_is_an_error(tmp_path, capsys) -> N
     conf.write_text("steps: 3\nmax_steps: 4\n")
     assert main(["demo", "--config", str(conf)]) == 2
     assert "'steps' and 'max_steps' are one setting; keep only 'max_steps'" in capsys.readouterr().err
+
+
+def test_the_command_line_imports_no_torch_until_a_command_runs() -> None:
+    """``ncgrpo --help`` imports every command module; they must stay light (torch and transformers are
+    imported by the command that runs)."""
+    import subprocess
+    import sys
+
+    code = "import sys, ncgrpo.cli; bad = {'torch', 'transformers'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -22,8 +22,8 @@ from typing import Any
 
 from trl import ModelConfig
 
-from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
-from ncgrpo.models import check_noise_site, load_model_and_processor
+# torch and transformers are imported inside the functions that need them: `ncgrpo --help` imports
+# every command module
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
     RUN_FILE,
@@ -380,6 +380,9 @@ def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str
 def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset) -> None:
     """Checks that need no weights: the noise site against the model's config, and the dataset
     against one generation batch (TRL would otherwise train 0 steps and save the base weights)."""
+    from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
+    from ncgrpo.models import check_noise_site
+
     a = plan_args
     if a.rollout_method in HIDDEN_NOISE_METHODS:
         check_noise_site(a.noise_site, model_args.model_name_or_path)
@@ -522,6 +525,8 @@ def reward_functions(names: Sequence[str]) -> list:
 def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
     """(model, processor or tokenizer) as :class:`ModelArguments` say, left where ``from_pretrained``
     put it (the Trainer places it)."""
+    from ncgrpo.models import load_model_and_processor
+
     m = model_args
     return load_model_and_processor(
         m.model_name_or_path,
