@@ -151,3 +151,13 @@ def test_no_import_cycle() -> None:
     # imports `ncgrpo.core` etc., never the root, so the root is left out of the cycle check
     cycles = [c for c in cycles if c != ["ncgrpo", "ncgrpo.trainer"]]
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_class_over_500_lines() -> None:
+    """A class a reader can hold in their head: the trainer's jobs are modules of ``ncgrpo.trainer``."""
+    big = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 500:
+                big.append(f"{_module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not big, big
