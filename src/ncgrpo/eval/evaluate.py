@@ -83,8 +83,10 @@ class EvalSummary:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-#: run.json keys that say which outputs the records are; a rerun into the folder must match them.
-IDENTITY_KEYS = ("model", "checkpoint", "seed", "split", "benchmarks", "decoding")
+#: run.json keys that may change between reruns into one folder (display names, the batch size). Every
+#: other key :func:`run_identity` writes says which outputs the records are, and a rerun must match it,
+#: so a new setting is part of the identity with no edit here.
+MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size")
 
 
 def run_identity(
@@ -102,16 +104,20 @@ def run_identity(
     name is kept, or the model id for a new folder)."""
     settings = settings or DecodingSettings()
     return {
-        "name": name,
-        "method": method,
-        "seed": seed,
         "model": model_id,
         "checkpoint": checkpoint,
+        "seed": seed,
         "split": split,
         "benchmarks": None if benchmarks is None else list(benchmarks),
         "decoding": settings.identity(),
+        "name": name,
+        "method": method,
         "batch_size": settings.batch_size,
     }
+
+
+#: The identity keys of an evaluation folder today (run.json keys but :data:`MAY_CHANGE_ON_RERUN`).
+IDENTITY_KEYS = tuple(k for k in run_identity(model_id="") if k not in MAY_CHANGE_ON_RERUN)
 
 
 def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | None:
@@ -127,7 +133,7 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     old = read_run_json(out, hint="use another --output_dir folder")
     if old is None:
         return None
-    for k in IDENTITY_KEYS:
+    for k in (k for k in run if k not in MAY_CHANGE_ON_RERUN):
         if old.get(k) != run.get(k):
             raise ValueError(
                 f"{path}: this folder holds records of {k}={old.get(k)!r}, not {run.get(k)!r}; "
