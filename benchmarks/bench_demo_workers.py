@@ -52,8 +52,8 @@ def main() -> None:
                 if suite is not None:
                     shutil.copytree(suite, out / "suite")
                 cfg = DemoConfig(
-                    out=out,
-                    steps=args.steps,
+                    output_dir=out,
+                    max_steps=args.steps,
                     eval_limit=args.eval_limit,
                     val_limit=8,
                     workers=settings[name],

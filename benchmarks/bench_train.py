@@ -90,7 +90,7 @@ def _tiny_grpo():
 
 
 def parse_args(argv=None):
-    from ncgrpo.trainer import ROLLOUT_METHODS
+    from ncgrpo.core.plan import ROLLOUT_METHODS
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -278,7 +278,7 @@ def build(args, dtype: torch.dtype):
         overrides.update(SMALL_VISION)
     model = tiny_qwen2_5_vl(processor=proc, seed=args.seed, **overrides).to(dtype=dtype)
     if not args.train_vision:
-        from ncgrpo.training import freeze_vision_tower
+        from ncgrpo.models import freeze_vision_tower
 
         freeze_vision_tower(model)  # the paper's recipe (section 4.1); deep copies keep requires_grad
     n_prompts = args.prompts_per_step * args.steps  # every step of a run sees new prompts

@@ -155,9 +155,9 @@ def test_embedded_base_marginal_within_monte_carlo_error_of_an_independent_compu
     a brute-force computation: fresh torch.randn draws through the LM head's weights, written out here."""
     import math
 
+    from ncgrpo.models import load_model_and_processor
     from ncgrpo.toy.pretrain import ensure_base_model
     from ncgrpo.toy.synthetic import build_suite
-    from ncgrpo.training import load_model_and_processor
 
     model, processor = load_model_and_processor(str(ensure_base_model()), dtype="float32", device="cpu")
     qs = [q for q in build_suite(0, {"train": 40})["train"] if q.metadata["family"] == "geometry"][:3]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ncgrpo.commands.train import ModelArguments, ScriptArguments, train_dataclasses
 from ncgrpo.config import ConfigError, ConfigParser, ParsedConfig, load_config_file
-from ncgrpo.training import ModelArguments, ScriptArguments, train_dataclasses
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

@@ -84,8 +84,8 @@ def _args(out: Path, geo3k: Path, model: str | Path, *extra: str) -> list[str]:
 
 
 def _parse(path: Path, *flags: str):
+    from ncgrpo.commands.train import train_dataclasses
     from ncgrpo.config import ConfigParser
-    from ncgrpo.training import train_dataclasses
 
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path), *flags]).parsed_config
 
@@ -159,7 +159,7 @@ def test_output_dir_defaults_to_runs_slash_run_name(tmp_path: Path, geo3k: Path,
 
 
 def test_build_datasets_in_trl_form(tmp_path: Path, geo3k: Path) -> None:
-    from ncgrpo.training import ScriptArguments, build_datasets
+    from ncgrpo.commands.train import ScriptArguments, build_datasets
 
     script = ScriptArguments(
         dataset_name="geo3k",
@@ -195,7 +195,7 @@ def test_synthetic_without_path_generates_the_suite(tmp_path: Path, capsys) -> N
     assert "4 training prompts" in capsys.readouterr().out
     assert sorted(p.name for p in (out / "synthetic-data" / "data").iterdir())[0].startswith("test-")
 
-    from ncgrpo.training import ScriptArguments, build_datasets
+    from ncgrpo.commands.train import ScriptArguments, build_datasets
 
     train, ev = build_datasets(ScriptArguments(dataset_name="synthetic", dataset_train_limit=4), out, seed=0)
     assert len(train) == 4 and ev is None  # the generated folder is reused
@@ -250,7 +250,7 @@ def test_help_lists_every_field(capsys) -> None:
 
 
 def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
-    from ncgrpo.training import MetricsCallback
+    from ncgrpo.runs.driver import MetricsCallback
 
     path = tmp_path / "metrics.jsonl"
     cb = MetricsCallback(path)
@@ -276,7 +276,7 @@ def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
 
 
 def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
-    from ncgrpo.training import ModelArguments, load_model
+    from ncgrpo.commands.train import ModelArguments, load_model
 
     model, processor = load_model(
         ModelArguments(model_name_or_path=str(tiny_vl), dtype="float32", max_pixels=3136)
@@ -293,7 +293,7 @@ def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
 
 
 def test_text_model_loads_with_tokenizer(tmp_path: Path) -> None:
-    from ncgrpo.training import ModelArguments, load_model
+    from ncgrpo.commands.train import ModelArguments, load_model
     from tiny_models import build_tokenizer, save_tiny, tiny_text_model
 
     tok = build_tokenizer()
@@ -308,7 +308,7 @@ def test_text_model_loads_with_tokenizer(tmp_path: Path) -> None:
 def test_freeze_vision_tower_needs_a_tower() -> None:
     import torch
 
-    from ncgrpo.training import freeze_vision_tower
+    from ncgrpo.models import freeze_vision_tower
 
     with pytest.raises(ValueError, match="no vision tower"):
         freeze_vision_tower(torch.nn.Linear(2, 2))
@@ -403,9 +403,38 @@ def test_resume_with_changed_settings_is_refused_unless_forced(tmp_path: Path, g
     assert "changed settings (--force)" in capsys.readouterr().err
 
 
+def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> None:
+    """Run identity is every setting ncgrpo declares minus a short list of what may change on resume:
+    a field added to NCGRPOConfig (here by a subclass, as an edit of the class would) is covered."""
+    import dataclasses
+
+    from ncgrpo.commands.train import (
+        INHERITED_IDENTITY,
+        MAY_CHANGE_ON_RESUME,
+        ModelArguments,
+        ScriptArguments,
+        run_identity_keys,
+    )
+    from ncgrpo.runs.folder import changed_identity
+    from ncgrpo.trainer import NCGRPOConfig
+
+    @dataclasses.dataclass
+    class WithANewField(NCGRPOConfig):
+        brand_new_setting: float = 1.0
+
+    keys = run_identity_keys((ScriptArguments, WithANewField, ModelArguments))
+    assert "brand_new_setting" in keys and "brand_new_setting" not in run_identity_keys()
+    assert {"sigma0", "noise_site", "rollout_method", "freeze_vision_tower", "dataset_name"} <= set(keys)
+    assert set(INHERITED_IDENTITY) <= set(keys) and not MAY_CHANGE_ON_RESUME & set(keys)
+    # logging, saving and the output folder are TRL's and may change
+    assert not {"logging_steps", "save_steps", "output_dir", "run_name"} & set(keys)
+    old, new = {"brand_new_setting": 1.0}, {"brand_new_setting": 2.0}
+    assert changed_identity(old, new, keys) == ["brand_new_setting: 1.0 -> 2.0"]
+
+
 def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Path) -> None:
+    from ncgrpo.commands.train import prepare_run, train_dataclasses
     from ncgrpo.config import ConfigParser
-    from ncgrpo.training import prepare_run, train_dataclasses
 
     out = tmp_path / "run"
     _fake_complete_checkpoint(out / "checkpoint-2")

@@ -1,6 +1,11 @@
 """``ncgrpo train`` killed at random points (real SIGKILL, real subprocesses) and resumed with
 ``--resume`` until it finishes: the final weights equal an uninterrupted run's, and every step is
-logged once. A fast variant (2 kills) runs by default; the 20-kill one is marked slow."""
+logged once. A fast variant (2 kills) runs by default; the 20-kill one is marked slow.
+
+Kill points are placed by the run's observed progress (a step's log line, a checkpoint's
+trainer_state.json) plus a seeded delay, never by wall time measured on another run: an earlier
+version timed kills from an uninterrupted reference run and flaked when that run was loaded and the
+killed one was not ("no kill landed before the run finished")."""
 
 from __future__ import annotations
 
@@ -59,24 +64,80 @@ def _run_to_end(out: Path, model: Path, data: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def _kill_loop(out: Path, model: Path, data: Path, kills: int, seed: int, span: float) -> list[float]:
-    """Start, SIGKILL after a seeded random time in (0.1, 0.95) x ``span`` (an uninterrupted run's
-    wall time), repeat ``kills`` times or until the run finished; then run it to the end."""
+def _resumed_step(out: Path) -> int:
+    """The step a restart resumes from: the newest complete checkpoint (0: none)."""
+    from ncgrpo.runs.folder import last_complete_checkpoint
+
+    ckpt, _ = last_complete_checkpoint(out, "spsa")
+    return 0 if ckpt is None else int(Path(ckpt).name.split("-")[1])
+
+
+def _logged_steps(path: Path) -> set[int]:
+    """Optimizer steps with a training log line (``loss``) in ``metrics.jsonl`` (torn lines ignored)."""
+    steps = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except OSError:
+        return steps
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if line.endswith("\n") and "loss" in row:
+            steps.add(int(row["step"]))
+    return steps
+
+
+def _reached(out: Path, event: tuple[str, int], stale_inode: int | None) -> bool:
+    """Whether the running attempt has reached ``event``: ``("logged", s)``, step ``s``'s log line is in
+    metrics.jsonl (the kill then lands while checkpoint ``s`` is being written); ``("saved", s)``,
+    checkpoint ``s`` is complete (the kill lands in step ``s + 1``). ``stale_inode``: the metrics file
+    held lines past the resumed step, which the attempt cuts (a new file) first; until then its lines
+    are the previous attempt's."""
+    kind, step = event
+    if kind == "saved":
+        return (out / f"checkpoint-{step}" / "trainer_state.json").is_file()
+    path = out / "metrics.jsonl"
+    try:
+        if stale_inode is not None and path.stat().st_ino == stale_inode:
+            return False
+    except OSError:
+        return False
+    return step in _logged_steps(path)
+
+
+def _kill_loop(out: Path, model: Path, data: Path, kills: int, seed: int) -> list[tuple[str, int, float]]:
+    """Start the run, SIGKILL it at a seeded point of its OBSERVED progress, repeat ``kills`` times or
+    until it finished; then run it to the end. A kill point is an event of the attempt (a step logged,
+    or a checkpoint written, at a seeded step that leaves training to do) plus a seeded delay of at most
+    50 ms; no wall time measured elsewhere is involved, so a loaded machine or a fast one moves the
+    kill with the run. Returns the kills that landed (event kind, step, delay)."""
     rng = random.Random(seed)
     landed = []
     for _ in range(kills):
         if _finished(out):
             break
+        start = _resumed_step(out)
+        if start >= STEPS - 1:
+            break  # only the last step is left: no event of this attempt leaves work behind it
+        metrics = out / "metrics.jsonl"
+        stale = metrics.stat().st_ino if any(s > start for s in _logged_steps(metrics)) else None
+        event = (rng.choice(("logged", "saved")), rng.randint(start + 1, STEPS - 1))
+        delay = rng.uniform(0.0, 0.05)
         p = subprocess.Popen(
             _cmd(out, model, data), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
-        wait = rng.uniform(0.1 * span, 0.95 * span)
-        try:
-            p.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + 600
+        while p.poll() is None and not _reached(out, event, stale):
+            assert time.monotonic() < deadline, f"{event} not reached in 10 minutes"
+            time.sleep(0.005)
+        if p.poll() is None:
+            time.sleep(delay)
+        if p.poll() is None:
             os.kill(p.pid, signal.SIGKILL)
             p.wait()
-            landed.append(wait)
+            landed.append((*event, delay))
         else:
             assert p.returncode == 0, p.stderr.read().decode()[-3000:]
     if not _finished(out):
@@ -93,19 +154,19 @@ def _check_same_as_uninterrupted(out: Path, ref: Path) -> None:
     assert logged == list(range(1, STEPS + 1)), logged
 
 
-def _reference(tmp_path: Path, setup) -> tuple[Path, float]:
+def _reference(tmp_path: Path, setup) -> Path:
     model, data = setup
     ref = tmp_path / "ref"
-    t0 = time.monotonic()
     _run_to_end(ref, model, data)
-    return ref, time.monotonic() - t0
+    return ref
 
 
 def test_train_killed_twice_resumes_to_the_same_weights(tmp_path: Path, setup) -> None:
     model, data = setup
-    ref, span = _reference(tmp_path, setup)
+    ref = _reference(tmp_path, setup)
     out = tmp_path / "killed"
-    landed = _kill_loop(out, model, data, kills=2, seed=0, span=span)
+    landed = _kill_loop(out, model, data, kills=2, seed=0)
+    # the first kill waits for an event with at least one more optimizer step behind it, then <= 50 ms
     assert landed, "no kill landed before the run finished"
     _check_same_as_uninterrupted(out, ref)
 
@@ -113,12 +174,12 @@ def test_train_killed_twice_resumes_to_the_same_weights(tmp_path: Path, setup) -
 @pytest.mark.slow
 def test_train_killed_20_times_resumes_to_the_same_weights(tmp_path: Path, setup) -> None:
     model, data = setup
-    ref, span = _reference(tmp_path, setup)
+    ref = _reference(tmp_path, setup)
     landed = []
     for seed in range(20):  # a fresh run per seed, so every kill lands somewhere new
         out = tmp_path / f"killed-{seed}"
         t0 = time.monotonic()
-        landed += _kill_loop(out, model, data, kills=3, seed=seed, span=span)
+        landed += _kill_loop(out, model, data, kills=3, seed=seed)
         _check_same_as_uninterrupted(out, ref)
         assert time.monotonic() - t0 < 600
         if len(landed) >= 20:

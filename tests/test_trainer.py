@@ -221,6 +221,25 @@ def test_latent_sigma0_zero_is_vanilla(tmp_path) -> None:
     assert m["noise/sigma_k"] == 0.0 and m["noise/rel_perturbation"] == 0.0
 
 
+def test_no_gradient_checkpointing_deprecation_reaches_the_user(tmp_path) -> None:
+    """transformers 5.2x renamed gradient checkpointing to activation checkpointing. TRL's default is set
+    under the new name, and TRL's own calls of the old names around each generation are not shown (only
+    TRL can act on them); a user who sets the old field still gets transformers' warning."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tr = tiny.trainer(tmp_path, rollout_method="latent", max_steps=1)
+        tr.train()
+    said = [
+        str(w.message) for w in caught if "checkpointing" in str(w.message) and "deprecated" in str(w.message)
+    ]
+    assert not said, said
+    assert tr.args.activation_checkpointing and tr.args.gradient_checkpointing  # still on, as TRL's default
+    with pytest.warns(FutureWarning, match="`gradient_checkpointing` is deprecated"):
+        tiny.config(tmp_path, gradient_checkpointing=False)
+
+
 def _check_run(trainer, expected: tuple[str, ...]) -> None:
     before = _params(trainer.model)
     trainer.train()

@@ -17,6 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 import ncgrpo.processors  # noqa: F401  (registers the torchvision-free processors with AutoProcessor)
+from ncgrpo.models import tokenizer_of
 from ncgrpo.toy.model import *  # noqa: F403  (the tests import every builder from here)
 from ncgrpo.toy.model import (
     EOS_TOKEN,
@@ -27,7 +28,6 @@ from ncgrpo.toy.model import (
     _mrope_text_config,
     _special_config_fields,
     _token_ids,
-    _tokenizer_of,
     _vl_config_kwargs,
     build_processor,
     build_tokenizer,
@@ -60,7 +60,7 @@ def tiny_qwen2_vl_config(
     """A `Qwen2VLConfig` at toy scale (same conventions as `tiny_qwen2_5_vl_config`)."""
     from transformers import Qwen2VLConfig
 
-    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    tokenizer = tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
     text_config = _mrope_text_config(
         ids,
@@ -117,7 +117,7 @@ def tiny_qwen3_vl_config(
     except ImportError as e:  # pragma: no cover - 5.23 has it
         raise NotImplementedError("this transformers version has no Qwen3-VL") from e
 
-    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    tokenizer = tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
     head_dim = head_dim or hidden_size // num_attention_heads
     text_config = dict(
@@ -210,7 +210,7 @@ def tiny_text_config(
     """Config for a tiny Qwen2 / Qwen3 / Llama causal LM (special ids from `tokenizer`)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    tokenizer = tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
     cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[arch]
     kw: dict[str, Any] = dict(
@@ -246,7 +246,7 @@ def tiny_text_model(
     """Tiny random causal LM (`Qwen2ForCausalLM`, `Qwen3ForCausalLM` or `LlamaForCausalLM`)."""
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 
-    tok = _tokenizer_of(tokenizer) if tokenizer is not None else build_tokenizer()
+    tok = tokenizer_of(tokenizer) if tokenizer is not None else build_tokenizer()
     config = tiny_text_config(arch, vocab_size=vocab_size, tokenizer=tok, **overrides)
     cls = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM}[arch]
     model = _instantiate(cls, config, seed=seed, dtype=dtype, attn_implementation=attn_implementation)

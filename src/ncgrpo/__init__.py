@@ -9,12 +9,16 @@ Where things are (each folder is one layer; a layer imports only the ones above 
 - ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
 - ``ncgrpo.config``: ``ConfigParser``, TRL's ``--config file.yaml`` + one ``--flag`` per dataclass field,
   with ``base:`` includes.
-- ``ncgrpo.training``: run setup shared by every entry point (model loading, metrics, the run driver,
-  ``ncgrpo train``'s argument dataclasses and pipeline).
+- ``ncgrpo.models``: model and processor loading, vision-tower freezing, ``tokenizer_of``
+  (``ncgrpo.processors``: the torchvision-free Qwen VL processors it loads).
+- ``ncgrpo.runs``: the run folder's one home: ``runs.folder`` (file names, atomic writers, the
+  ``run.json`` reader, run identity, checkpoint completeness, the folder lock) and ``runs.driver``
+  (the metrics callback and the run driver shared by ``ncgrpo train`` and the demo).
 - ``ncgrpo.eval``: greedy evaluation, records, statistics, tables, plots.
 - ``ncgrpo.toy``: the embedded default (synthetic suite, tiny base model, demo); the library never
   imports it.
-- ``ncgrpo.commands`` / ``ncgrpo.cli``: argument parsing only; nothing imports them.
+- ``ncgrpo.commands`` / ``ncgrpo.cli``: the command line (``commands.train`` holds ``ncgrpo train``'s
+  argument dataclasses and pipeline, as TRL's ``scripts/grpo.py``); nothing imports them.
 
 ``from ncgrpo import NCGRPOConfig, NCGRPOTrainer`` works (imported on first use: TRL is heavy).
 """

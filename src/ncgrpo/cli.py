@@ -14,20 +14,18 @@ underscores and dash aliases; the parsed values arrive as ``args.parsed_config``
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
-# Subcommand modules under ncgrpo.commands, in the order --help lists them.
-COMMANDS: tuple[str, ...] = ("demo", "train", "eval", "compare", "plot", "pretrain", "probe")
+from ncgrpo.commands import compare, demo, plot, pretrain, probe, train
+from ncgrpo.commands import eval as eval_command
+from ncgrpo.commands._common import BAD_INPUT, UsageError
 
+__all__ = ["BAD_INPUT", "COMMANDS", "UsageError", "build_parser", "main"]
 
-class UsageError(Exception):
-    """Bad input from the user: printed as ``ncgrpo <command>: error: <message>``, exit code 2."""
-
-
-#: Exceptions that mean "the input is wrong" when they escape a command.
-BAD_INPUT = (UsageError, ValueError, OSError, KeyError)
+# Subcommand modules, in the order --help lists them (each registers itself by ``add_parser``).
+_MODULES = (demo, train, eval_command, compare, plot, pretrain, probe)
+COMMANDS: tuple[str, ...] = tuple(m.__name__.rsplit(".", 1)[1] for m in _MODULES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     # a subcommand gets dataclass-backed parsing by add_parser(..., dataclass_types=...); without them
     # ConfigParser is a plain ArgumentParser
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ConfigParser)
-    for name in COMMANDS:
-        importlib.import_module(f"ncgrpo.commands.{name}").add_parser(sub)
+    for module in _MODULES:
+        module.add_parser(sub)
     return parser
 
 

@@ -42,9 +42,38 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-__all__ = ["ConfigError", "ConfigParser", "ParsedConfig", "load_config_file"]
+__all__ = ["RENAMED", "ConfigError", "ConfigParser", "ParsedConfig", "load_config_file"]
 
 CONFIG_FLAG = "--config"
+
+#: One name per concept on every command: old spelling -> the name ``ncgrpo train`` uses (or, where a
+#: command's setting is another thing of the same kind, the first of these names the command has: the
+#: probe writes one file, ``output_file``, not a folder). A parser accepts an old spelling (as a flag or
+#: a config key, with a deprecation message on stderr) where it has the new field and no field of the
+#: old name, until the next release.
+RENAMED: dict[str, tuple[str, ...]] = {
+    "sigma": ("sigma0",),
+    "site": ("noise_site",),
+    "layer_decay": ("noise_layer_decay",),
+    "steps": ("max_steps",),
+    "out": ("output_dir", "output_file"),
+    "model": ("model_name_or_path",),
+    "method": ("rollout_method",),
+    "threads": ("num_threads",),
+    "max_new_tokens": ("max_completion_length",),
+}
+#: Old boolean spellings that mean the negation of a field (``no_progress: true`` is ``progress: false``;
+#: the flag ``--no_progress`` is the field's own negative form and needs no rename).
+NEGATED: dict[str, str] = {"no_progress": "progress"}
+
+
+def _deprecated(old: str, new: str, where: str | None = None) -> None:
+    what = f"{where}: key '{old}'" if where else f"--{old}"
+    now = f"'{new}'" if where else f"--{new}"
+    print(
+        f"ncgrpo: warning: {what} is deprecated and will be removed in the next release; use {now}",
+        file=sys.stderr,
+    )
 
 
 class ConfigError(ValueError):
@@ -67,16 +96,21 @@ class ConfigFile:
     sources: list[str] = field(default_factory=list)  # the file, then its bases, outermost last
 
 
-def load_config_file(path: str | os.PathLike, known: Iterable[str] | None = None) -> ConfigFile:
+def load_config_file(
+    path: str | os.PathLike, known: Iterable[str] | None = None, deprecated: Iterable[str] = ()
+) -> ConfigFile:
     """Read ``path`` and its ``base:`` chain (relative to each including file) into one flat mapping.
 
-    ``known``: the valid keys; any other key is an error naming the file that has it. ``env:``
-    mappings set environment variables (base first), as TRL's parser does.
+    ``known``: the valid keys; any other key is an error naming the file that has it (and the nearest
+    known key; ``deprecated`` keys are accepted but never suggested). ``env:`` mappings set
+    environment variables (base first), as TRL's parser does.
     """
-    return _read(Path(path), (), None if known is None else set(known))
+    return _read(Path(path), (), None if known is None else set(known), frozenset(deprecated))
 
 
-def _read(path: Path, chain: tuple[Path, ...], known: set[str] | None) -> ConfigFile:
+def _read(
+    path: Path, chain: tuple[Path, ...], known: set[str] | None, deprecated: frozenset[str] = frozenset()
+) -> ConfigFile:
     if path.resolve() in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve()))
         raise ConfigError(f"{path}: 'base' include cycle: {cycle}")
@@ -102,7 +136,7 @@ def _read(path: Path, chain: tuple[Path, ...], known: set[str] | None) -> Config
         raise ConfigError(f"{path}: 'env' must be a mapping of environment variables")
     if known is not None:
         for key in data:
-            if key not in known:
+            if key not in known and key not in deprecated:
                 raise ConfigError(f"{path}: unknown key '{key}'{suggest(str(key), known)}")
     if base is None:
         out = ConfigFile(sources=[str(path)])
@@ -112,7 +146,7 @@ def _read(path: Path, chain: tuple[Path, ...], known: set[str] | None) -> Config
         base_path = Path(os.path.expanduser(base))
         if not base_path.is_absolute():
             base_path = path.parent / base_path
-        out = _read(base_path, (*chain, path.resolve()), known)
+        out = _read(base_path, (*chain, path.resolve()), known, deprecated)
         out.sources.insert(0, str(path))
     for key, value in (env or {}).items():
         os.environ[str(key)] = str(value)
@@ -336,8 +370,18 @@ class ConfigParser(TrlParser):
             elif tok.startswith(CONFIG_FLAG + "="):
                 config = tok.split("=", 1)[1]
         fields = self._fields()
+        renamed = {
+            old: next(n for n in news if n in fields)
+            for old, news in RENAMED.items()
+            if old not in fields and any(n in fields for n in news)
+        }
+        negated = {old: new for old, new in NEGATED.items() if new in fields and old not in fields}
+        argv = self._rename_flags(argv, renamed)
         self._refuse_repeated_lists(argv)
-        loaded = load_config_file(config, fields) if config else ConfigFile()
+        loaded = ConfigFile()
+        if config:
+            loaded = load_config_file(config, fields, deprecated=[*renamed, *negated])
+        self._rename_keys(loaded, renamed, negated)
         saved = []
         try:
             for key, value in loaded.values.items():
@@ -380,6 +424,40 @@ class ConfigParser(TrlParser):
             argv=argv,
         )
         return ns, []
+
+    @staticmethod
+    def _rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
+        """``--old`` / ``--old=v`` (underscores or dashes) -> ``--new``, with a deprecation message."""
+        spelled = {f"--{o}": n for o, n in renamed.items()}
+        spelled.update({f"--{o.replace('_', '-')}": n for o, n in renamed.items()})
+        out = []
+        for tok in argv:
+            flag, eq, value = tok.partition("=")
+            new = spelled.get(flag)
+            if new is None:
+                out.append(tok)
+                continue
+            _deprecated(flag[2:], new)
+            out.append(f"--{new}{eq}{value}")
+        return out
+
+    @staticmethod
+    def _rename_keys(loaded: ConfigFile, renamed: Mapping[str, str], negated: Mapping[str, str]) -> None:
+        """Old config keys -> their new names in ``loaded`` (negated booleans inverted)."""
+        for old, new in [*renamed.items(), *negated.items()]:
+            if old not in loaded.values:
+                continue
+            where = loaded.origin.pop(old)
+            if new in loaded.values:
+                raise ConfigError(f"{where}: '{old}' and '{new}' are one setting; keep only '{new}'")
+            _deprecated(old, new, where)
+            value = loaded.values.pop(old)
+            if old in negated:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{where}: '{old}' takes true or false, got {value!r}")
+                value = not value
+            loaded.values[new] = value
+            loaded.origin[new] = where
 
     def _refuse_repeated_lists(self, argv: Sequence[str]) -> None:
         """A list option given twice (``--data a=x --data b=y``) would keep only the last list: refuse."""

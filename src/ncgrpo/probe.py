@@ -69,7 +69,16 @@ from ncgrpo.core.noise import RowNoise, draw_eps, noise_seed
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, NOISE_MODE, plan_group, prompt_noise_id
 from ncgrpo.data.prompts import build_messages
 from ncgrpo.data.types import Question
-from ncgrpo.engines.transformers import Site, find_text_stack, prefill_noise, unwrap_model
+from ncgrpo.engines.transformers import (
+    Site,
+    branch_point_capture,
+    cut_after_eos,
+    eos_token_ids,
+    find_text_stack,
+    prefill_noise,
+    unwrap_model,
+)
+from ncgrpo.models import tokenizer_of
 from ncgrpo.prefix import prefix_completions, with_branch_prefix
 from ncgrpo.rewards import math_reward
 
@@ -167,17 +176,6 @@ def verdict(sigma: float, marginal_tv: float, temperature: float | None = None) 
     return f"{state} at sigma {sigma:g}: noise-averaged first-token TV {marginal_tv:.4f}{like}"
 
 
-def _tokenizer(processor: Any) -> Any:
-    return getattr(processor, "tokenizer", processor)
-
-
-def _eos_ids(model: Any) -> set[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
-
-
 def _inputs(processor: Any, questions: Sequence[Question], repeat: int, device: torch.device) -> dict:
     """Left-padded model inputs for ``questions``, each row repeated ``repeat`` times (prompt-major)."""
     texts = [
@@ -185,7 +183,7 @@ def _inputs(processor: Any, questions: Sequence[Question], repeat: int, device: 
         for q in questions
     ]
     rep = [t for t in texts for _ in range(repeat)]
-    tok = _tokenizer(processor)
+    tok = tokenizer_of(processor)
     old = getattr(tok, "padding_side", "left")
     tok.padding_side = "left"
     try:
@@ -219,39 +217,25 @@ def _sample(
     on the CPU as the sampler sees them before temperature, measured ``rel`` ``# [B]``, the LM head's
     input at the branch point ``# [B, d]`` in the model's dtype: the final-norm state, noisy on noisy
     rows at the final-norm site)."""
-    top = find_text_stack(model)[0]
     device = next(model.parameters()).device
-    first: list[torch.Tensor] = []
-    states: list[torch.Tensor] = []
-
-    def capture(module, args, output):
-        if not first:
-            first.append(output[:, -1].detach().float().cpu())
-            states.append(args[0][:, -1].detach())
-
-    handle = top.lm_head.register_forward_hook(capture)
-    try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            with torch.no_grad(), prefill_noise(model, rows, site=site, layer_decay=layer_decay) as hook:
-                out = model.generate(
-                    **inputs,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_k=0,
-                    top_p=1.0,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=pad_id,
-                )
-    finally:
-        handle.remove()
+    with (
+        branch_point_capture(model) as point,
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+    ):
+        torch.manual_seed(seed)
+        with torch.no_grad(), prefill_noise(model, rows, site=site, layer_decay=layer_decay) as hook:
+            out = model.generate(
+                **inputs,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad_id,
+            )
     T = inputs["input_ids"].shape[1]
-    eos = _eos_ids(model)
-    ids = []
-    for row in out[:, T:].tolist():
-        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-        ids.append(row[:cut])
-    return ids, first[0], hook.last.rel.float(), states[0]
+    ids = cut_after_eos(out[:, T:].tolist(), eos_token_ids(model))
+    return ids, point.logits.cpu(), hook.last.rel.float(), point.states
 
 
 def _paired_p(diffs: Sequence[float]) -> float:
@@ -324,7 +308,7 @@ def probe(
     was_training = gen_model.training
     gen_model.eval()
     device = next(gen_model.parameters()).device
-    pad_id = _tokenizer(processor).pad_token_id
+    pad_id = tokenizer_of(processor).pad_token_id
     R = rollouts
     chunks = [list(questions[i : i + batch_size]) for i in range(0, len(questions), batch_size)]
 
@@ -384,7 +368,7 @@ def probe(
             answers = [q.answer for q in qs for _ in range(R)]
             choices = [q.choices for q in qs for _ in range(R)]
             types = [q.answer_type for q in qs for _ in range(R)]
-            tok = _tokenizer(processor)
+            tok = tokenizer_of(processor)
             texts_clean = prefix_completions(
                 tok.batch_decode(clean_ids, skip_special_tokens=True), branch_prefix
             )

@@ -7,7 +7,7 @@ the video slot and are otherwise the upstream classes (same ``__call__``, chat t
 expansion). They are registered with ``AutoProcessor`` (under private config keys, so no upstream
 mapping changes) when this module is imported: ``AutoProcessor.from_pretrained(saved_dir)`` then loads
 a folder whose ``processor_config.json`` names one of them in any process that imported this module
-(:func:`ncgrpo.training.load_model_and_processor` does).
+(:func:`ncgrpo.models.load_model_and_processor` does).
 
 The class names keep the ``Tiny`` prefix they were first saved under, so existing folders still load.
 """
@@ -19,13 +19,7 @@ __all__ = [
     "TinyQwen2VLProcessor",
     "TinyQwen2_5_VLProcessor",
     "TinyQwen3VLProcessor",
-    "tokenizer_of",
 ]
-
-
-def tokenizer_of(processor):
-    """The tokenizer behind a processor (or the tokenizer itself)."""
-    return getattr(processor, "tokenizer", processor)
 
 
 def _make_image_only(base):

@@ -63,7 +63,7 @@ def suite_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def model_and_processor(tiny_vl_dir):
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
     return load_model_and_processor(tiny_vl_dir, device="cpu")
 
@@ -76,8 +76,8 @@ def _questions(suite_dir: Path, split: str = "test"):
 
 def _argv(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "eval", "--model", str(model), "--benchmarks", "synthetic", "--data", f"synthetic={data}",
-        "--split", "test", "--out", str(out), "--batch_size", "1", "--max_new_tokens", "16",
+        "eval", "--model_name_or_path", str(model), "--benchmarks", "synthetic", "--data", f"synthetic={data}",
+        "--split", "test", "--output_dir", str(out), "--batch_size", "1", "--max_new_tokens", "16",
         "--no_progress", "--device", "cpu", *extra,
     ]  # fmt: skip
 
@@ -246,7 +246,7 @@ def test_cli_refuses_another_split_or_benchmark_set(tiny_vl_dir, suite_dir, tmp_
         (["--data", "synthetic"], "NAME=PATH"),
         (["--data", "synthetic=/no/such/folder"], "does not exist"),
         (["--split", ""], "--split is empty"),
-        (["--model", "/no/such/model"], "--model /no/such/model"),
+        (["--model_name_or_path", "/no/such/model"], "--model_name_or_path /no/such/model"),
         (["--bogus", "1"], "unknown option --bogus"),
     ],
 )
@@ -282,8 +282,16 @@ def test_zero_row_data_file_names_the_file(tiny_vl_dir, tmp_path, capsys) -> Non
     empty = tmp_path / "empty.parquet"
     pq.write_table(pq.read_table(src).slice(0, 0), empty)
     out = tmp_path / "run"
-    argv = ["eval", "--model", str(tiny_vl_dir), "--benchmarks", "geo3k", "--data", f"geo3k={empty}"]
-    assert cli.main([*argv, "--out", str(out), "--device", "cpu"]) == 2
+    argv = [
+        "eval",
+        "--model_name_or_path",
+        str(tiny_vl_dir),
+        "--benchmarks",
+        "geo3k",
+        "--data",
+        f"geo3k={empty}",
+    ]
+    assert cli.main([*argv, "--output_dir", str(out), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ncgrpo eval: error:") and str(empty) in err and not out.exists()
 

@@ -14,8 +14,8 @@ import pytest
 
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
 from ncgrpo.eval.records import RECORDS_FILE, read_records
+from ncgrpo.models import load_model_and_processor
 from ncgrpo.toy.synthetic import build_suite, export_geo3k
-from ncgrpo.training import load_model_and_processor
 from tiny_models import save_tiny_vl
 
 
@@ -131,7 +131,7 @@ def _cli(model: Path, data: Path, out: Path) -> list[str]:
         "-m",
         "ncgrpo",
         "eval",
-        "--model",
+        "--model_name_or_path",
         str(model),
         "--benchmarks",
         "synthetic",
@@ -139,7 +139,7 @@ def _cli(model: Path, data: Path, out: Path) -> list[str]:
         f"synthetic={data}",
         "--split",
         "test",
-        "--out",
+        "--output_dir",
         str(out),
         "--batch-size",
         "1",

@@ -21,7 +21,7 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
-        (dict(steps=0), "steps must be a positive integer"),
+        (dict(max_steps=0), "max_steps must be a positive integer"),
         (dict(seeds=0), "seeds must be a positive integer"),
         (dict(num_generations=3), "num_generations must be even"),
         (dict(num_generations=6, all_methods=True), "multiple of 4"),
@@ -47,7 +47,7 @@ def test_config_rejects_bad_values_and_says_what_to_fix(kw, match) -> None:
 
 def test_config_names_a_model_folder_without_config(tmp_path) -> None:
     with pytest.raises(ValueError, match=f"{tmp_path}.*config.json"):
-        DemoConfig(model=tmp_path)
+        DemoConfig(model_name_or_path=tmp_path)
 
 
 def test_roster_schedule_and_batch() -> None:
@@ -56,9 +56,9 @@ def test_roster_schedule_and_batch() -> None:
         (BASELINE, "vanilla", {}),
         ("NC-GRPO σ0=0.2", "latent", {"sigma0": 0.2}),
     ]
-    assert DemoConfig(steps=60).k_mid == 40.0  # the paper's k_mid for K = 60
+    assert DemoConfig(max_steps=60).k_mid == 40.0  # the paper's k_mid for K = 60
     assert cfg.k_mid == 80.0 and cfg.steps == 120  # the demo's K: the anneal keeps its shape
-    assert DemoConfig(steps=30).k_mid == 20.0  # scaled: the anneal keeps its shape
+    assert DemoConfig(max_steps=30).k_mid == 20.0  # scaled: the anneal keeps its shape
     assert cfg.batch_size == cfg.prompts_per_step * cfg.num_generations
     everything = DemoConfig(sigma0=(0.2, 0.5), all_methods=True, seeds=3)
     methods = [m.rollout_method for m in everything.methods()]
@@ -113,30 +113,61 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path, capsys) -> None:
             "--no_progress", "--rollout_methods", "image", "latent", "--lr_scheduler_type", "constant",
             "--workers", "3"]  # fmt: skip
     assert main(argv) == 2  # the ValueError is reported, not raised
-    assert "ncgrpo demo: error: stop here" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "ncgrpo demo: error: stop here" in err
+    # the old spellings still work for one release, each with a deprecation message
+    for old, new in (("out", "output_dir"), ("steps", "max_steps"), ("threads", "num_threads")):
+        assert f"--{old} is deprecated and will be removed in the next release; use --{new}" in err
     cfg = seen["cfg"]
-    assert (cfg.out, cfg.steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (tmp_path, 7, 3, (0.2, 0.5), True)
+    assert (cfg.output_dir, cfg.max_steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (
+        tmp_path,
+        7,
+        3,
+        (0.2, 0.5),
+        True,
+    )
     assert (cfg.eval_limit, cfg.noise_site, cfg.num_threads, cfg.progress) == (5, "1", None, False)
     assert (cfg.rollout_methods, cfg.lr_scheduler_type, cfg.workers) == (("image", "latent"), "constant", 3)
 
     # a config file, with flags overriding it
     conf = tmp_path / "demo.yaml"
-    conf.write_text("steps: 9\nsigma0: [0.3]\nval_limit: 0\nmodel: null\n")
-    assert main(["demo", "--config", str(conf), "--steps", "11"]) == 2
+    conf.write_text("steps: 9\nsigma0: [0.3]\nval_limit: 0\nmodel: null\n")  # old keys: deprecated
+    assert main(["demo", "--config", str(conf), "--max_steps", "11"]) == 2
+    assert f"{conf}: key 'steps' is deprecated" in capsys.readouterr().err
     cfg = seen["cfg"]
-    assert (cfg.steps, cfg.sigma0, cfg.val_limit, cfg.model) == (11, (0.3,), 0, None)
+    assert (cfg.max_steps, cfg.sigma0, cfg.val_limit, cfg.model_name_or_path) == (11, (0.3,), 0, None)
 
     for bad, message in [
         (["--sigma0", "0.2", "x"], "argument --sigma0: invalid float value: 'x'"),
         (["--sigma0", "0.2,0.5"], "invalid float value: '0.2,0.5'"),
         (["--num_generations", "3"], "num_generations must be even"),
-        (["--stepz", "3"], "unknown option --stepz (did you mean '--steps'?)"),
+        (["--max_stepz", "3"], "unknown option --max_stepz (did you mean '--max_steps'?)"),
     ]:
         assert main(["demo", *bad]) == 2
         assert message in capsys.readouterr().err
-    conf.write_text("stepz: 9\n")
+    conf.write_text("max_stepz: 9\n")
     assert main(["demo", "--config", str(conf)]) == 2
-    assert f"{conf}: unknown key 'stepz' (did you mean 'steps'?)" in capsys.readouterr().err
+    assert f"{conf}: unknown key 'max_stepz' (did you mean 'max_steps'?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--noise_site", "99"], "names layer 99 but .* has 3 decoder layers"),
+        (["--noise_site", "1", "--all_methods"], "SPSA .*: rollout_method='spsa'.*final_norm"),
+    ],
+)
+def test_every_setting_is_checked_before_anything_is_written(tmp_path, capsys, flags, match) -> None:
+    """As ``ncgrpo train``: a noise site past the base model's layers, or one a method refuses, fails
+    before the suite, the base model's records or any run is written."""
+    import re
+
+    from ncgrpo.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--output_dir", str(out), "--no_progress", *flags]) == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert not out.exists()
 
 
 def test_every_demo_field_is_a_documented_flag() -> None:
@@ -163,7 +194,7 @@ def micro_model(tmp_path_factory) -> Path:
 
 def _tiny_cfg(out: Path, model: Path, **kw) -> DemoConfig:
     base = dict(
-        out=out, model=model, steps=2, num_generations=4, prompts_per_step=1, max_completion_length=8,
+        output_dir=out, model_name_or_path=model, max_steps=2, num_generations=4, prompts_per_step=1, max_completion_length=8,
         max_new_tokens=8, eval_limit=2, val_limit=1, val_every=1, train_size=8, validation_size=2, test_size=2,
         eval_batch_size=8, progress=False,
     )  # fmt: skip
@@ -216,7 +247,7 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
     tests = {t.scope for t in result.table.tests}
     assert {"pooled OOD", "synthetic/geometry", "synthetic/pope"} <= tests
     summary = json.loads(result.files["summary"].read_text())
-    assert summary["wall_time_s"] > 0 and summary["config"]["steps"] == 2
+    assert summary["wall_time_s"] > 0 and summary["config"]["max_steps"] == 2
 
     # 6. rerun: nothing retrained or re-evaluated, same records, same table
     again = run_demo(cfg)
@@ -227,13 +258,13 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
 
     # a finished run is never silently reused with other settings
     with pytest.raises(ValueError, match="steps: 2 -> 3"):
-        run_demo(_tiny_cfg(out, micro_model, steps=3))
+        run_demo(_tiny_cfg(out, micro_model, max_steps=3))
 
 
 def test_demo_resumes_evaluation_of_a_trained_run(micro_model, tmp_path) -> None:
     """A run killed after training (train marker written, no eval marker) is evaluated, not retrained."""
     out = tmp_path / "demo"
-    cfg = _tiny_cfg(out, micro_model, sigma0=(0.5,), val_limit=0, steps=1, lr_scheduler_type="constant")
+    cfg = _tiny_cfg(out, micro_model, sigma0=(0.5,), val_limit=0, max_steps=1, lr_scheduler_type="constant")
     first = run_demo(cfg)
     rows = [json.loads(line) for line in (first.runs[1].train_dir / "metrics.jsonl").read_text().splitlines()]
     assert {row["learning_rate"] for row in rows if "reward" in row} == {cfg.learning_rate}  # constant
@@ -355,7 +386,7 @@ def test_sigkill_of_the_demo_kills_its_workers_and_a_rerun_finishes(micro_model,
     import time
 
     out = tmp_path / "demo"
-    flags = ["--out", str(out), "--model", str(micro_model), "--steps", "400", "--num_generations", "4",
+    flags = ["--output_dir", str(out), "--model_name_or_path", str(micro_model), "--max_steps", "400", "--num_generations", "4",
              "--prompts_per_step", "1", "--max_completion_length", "8", "--max_new_tokens", "8", "--eval_limit", "2",
              "--val_limit", "0", "--train_size", "8", "--validation_size", "2", "--test_size", "2",
              "--workers", "2", "--no_progress"]  # fmt: skip
@@ -383,5 +414,5 @@ def test_sigkill_of_the_demo_kills_its_workers_and_a_rerun_finishes(micro_model,
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
     # a rerun restarts both unfinished runs (their settings are checked only once finished) and finishes
-    again = run_demo(_tiny_cfg(out, micro_model, steps=3, val_limit=0, workers=2))
+    again = run_demo(_tiny_cfg(out, micro_model, max_steps=3, val_limit=0, workers=2))
     assert [(r.trained, r.evaluated) for r in again.runs] == [(True, True), (True, True)]

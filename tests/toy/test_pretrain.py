@@ -142,7 +142,7 @@ def test_same_seed_gives_identical_weights(small_run, tmp_path):
 
 def test_saved_folder_loads_and_generates(small_run):
     from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
     out, report = small_run
     model, proc = load_model_and_processor(out, dtype="float32", device="cpu")
@@ -483,8 +483,8 @@ def test_committed_checkpoint_matches_the_recipe_and_the_band():
 def test_committed_checkpoint_reproduces_its_recorded_greedy_answers():
     """The first 16 in-domain validation questions, in one batch as pretrain evaluated them."""
     from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
+    from ncgrpo.models import load_model_and_processor
     from ncgrpo.rewards import score
-    from ncgrpo.training import load_model_and_processor
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
     model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")
@@ -512,9 +512,9 @@ def test_committed_checkpoint_reads_the_image():
     greedy answers opened with a derivation (``<think>the``; the unprompted greedy answer is the
     image-blind shortcut, ncgrpo.toy.synthetic.shortcut_trace) must be right more often with the real
     figures (measured on the shipped checkpoint: loss 0.364 vs 0.373, +2.6%; 14 vs 9 of 64 right)."""
+    from ncgrpo.models import load_model_and_processor
     from ncgrpo.prefix import with_branch_prefix
     from ncgrpo.toy.synthetic import reasoning_trace
-    from ncgrpo.training import load_model_and_processor
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
     model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")

@@ -1,9 +1,11 @@
 """Subcommands of the ``ncgrpo`` CLI.
 
 Each module here exposes ``add_parser(subparsers)``, which registers one subcommand and sets
-``func=<callable(args) -> int>`` as its default. Commands whose options are one dataclass (``eval``,
-``compare``, ``plot``) register through :func:`ncgrpo.commands._dataclass_args.add_dataclass_command`:
-``cli.main`` hands them the rest of the command line (``takes_rest``) and a ``trl.TrlParser`` parses
-it. Heavy imports (torch, transformers) happen inside ``func`` so that ``ncgrpo compare`` and
-``ncgrpo --help`` stay fast.
+``func=<callable(args) -> int>`` as its default; ``ncgrpo.cli`` imports them by name. Commands whose
+options are one dataclass (``eval``, ``compare``, ``plot``, ``probe``) register through
+:func:`ncgrpo.commands._common.add_dataclass_command` (the same :class:`ncgrpo.config.ConfigParser` as
+``train``, ``demo`` and ``pretrain``); :class:`~ncgrpo.commands._common.UsageError` lives there too.
+``train`` holds ``ncgrpo train``'s argument dataclasses and pipeline, as TRL's ``scripts/grpo.py``.
+Heavy imports (torch, transformers) happen inside the functions that run a command, so that
+``ncgrpo --help`` and ``ncgrpo compare`` stay fast (tested).
 """

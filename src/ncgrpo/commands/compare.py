@@ -8,8 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.cli import UsageError
-from ncgrpo.commands._dataclass_args import add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command
 
 HELP = "paper-style tables, paired exact McNemar tests and seed-level tests from evaluation run directories"
 DESCRIPTION = (

@@ -34,19 +34,9 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     t0 = time.perf_counter()
-    # The demo prints its own progress: one bar per training run and per evaluation. Library chatter
-    # (weight-loading and parquet bars, TRL's deprecation notices for transformers v6) is silenced.
-    import warnings
+    from ncgrpo.toy.demo import DemoConfig, quiet_libraries, run_demo
 
-    import datasets
-    import transformers
-
-    from ncgrpo.toy.demo import DemoConfig, run_demo
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    warnings.filterwarnings("ignore", category=FutureWarning)
+    quiet_libraries()
     result = run_demo(args.parsed_config.build(DemoConfig))
     for note in result.notes:
         print(f"\nnote: {note}")

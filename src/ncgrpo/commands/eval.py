@@ -1,7 +1,7 @@
 """``ncgrpo eval``: greedy, noise-free evaluation with crash-safe per-question records.
 
 Options are the fields of :class:`EvalArgs` (``--config FILE.yaml`` and/or one ``--flag`` per field,
-see ``ncgrpo.commands._dataclass_args``). Every option is checked before the model is loaded and
+see ``ncgrpo.commands._common``). Every option is checked before the model is loaded and
 before anything is written: a bad value leaves no run folder behind.
 """
 
@@ -11,12 +11,12 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.cli import UsageError
-from ncgrpo.commands._dataclass_args import add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command
 
 HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (resumable)"
 DESCRIPTION = (
-    HELP + ". Rerunning into the same --out completes it: recorded questions are skipped. A folder holds "
+    HELP
+    + ". Rerunning into the same --output_dir completes it: recorded questions are skipped. A folder holds "
     "one model, checkpoint, seed, split, benchmark set and decoding setting (run.json); only the batch "
     "size may change between reruns. One writer per folder at a time (an advisory lock)."
 )
@@ -30,14 +30,14 @@ def _h(text: str) -> dict[str, str]:
 class EvalArgs:
     """Options of ``ncgrpo eval`` (checked in ``__post_init__``)."""
 
-    model: str = field(metadata=_h("model folder (save_pretrained layout) or cached hub id"))
+    model_name_or_path: str = field(metadata=_h("model folder (save_pretrained layout) or cached hub id"))
     benchmarks: list[str] = field(
         metadata=_h(
             "benchmark names, space-separated (geo3k hallusionbench mathvista mathverse mathvision wemath "
             "pope mmstar ai2d realworldqa chartqa) or synthetic (an exported synthetic suite, see --data)"
         )
     )
-    out: str = field(metadata=_h("output folder: run.json + records.jsonl"))
+    output_dir: str = field(metadata=_h("output folder: run.json + records.jsonl"))
     data_dir: str | None = field(
         default=None, metadata=_h("root folder holding one sub-folder per benchmark")
     )
@@ -57,20 +57,20 @@ class EvalArgs:
         metadata=_h("answer grader: 'ncgrpo' (the shared exact scorer) or 'mathruler' (NoisyRollout's)"),
     )
     name: str | None = field(default=None, metadata=_h("display name in tables; none: the model id"))
-    method: str | None = field(
-        default=None, metadata=_h("training method of the model, recorded in run.json")
+    rollout_method: str | None = field(
+        default=None, metadata=_h("training method of the model, recorded in run.json as `method`")
     )
     seed: int | None = field(default=None, metadata=_h("training seed of the model, recorded per question"))
     checkpoint: str | None = field(default=None, metadata=_h("checkpoint label recorded per question"))
     device: str = field(default="auto", metadata=_h("cpu, cuda, cuda:N or auto"))
     dtype: str = field(default="auto", metadata=_h("torch dtype of the weights, e.g. bfloat16"))
-    no_progress: bool = field(default=False, metadata=_h("no progress bar"))
+    progress: bool = field(default=True, metadata=_h("progress bar (--no_progress: none)"))
 
     def __post_init__(self) -> None:
         from ncgrpo.data.benchmarks import BENCHMARKS
 
-        if not str(self.model).strip():
-            raise UsageError("--model is empty; give a model folder or hub id")
+        if not str(self.model_name_or_path).strip():
+            raise UsageError("--model_name_or_path is empty; give a model folder or hub id")
         names: list[str] = []
         for item in self.benchmarks:
             parts = [p.strip() for p in str(item).split(",")]
@@ -97,11 +97,11 @@ class EvalArgs:
         for flag in ("batch_size", "max_new_tokens"):
             if getattr(self, flag) < 1:
                 raise UsageError(f"--{flag} must be >= 1, got {getattr(self, flag)}")
-        out = Path(self.out)
-        if not str(self.out).strip():
-            raise UsageError("--out is empty")
+        out = Path(self.output_dir)
+        if not str(self.output_dir).strip():
+            raise UsageError("--output_dir is empty")
         if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} exists and is not a folder")
+            raise UsageError(f"--output_dir {out} exists and is not a folder")
 
     def _data_paths(self) -> dict[str, Path | None]:
         explicit: dict[str, Path] = {}
@@ -181,18 +181,18 @@ def run(args: EvalArgs) -> int:
 
     from ncgrpo.eval.evaluate import DecodingSettings, check_folder, evaluate, model_id_of, run_identity
     from ncgrpo.eval.records import FolderLock
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
-    out = Path(args.out)
+    out = Path(args.output_dir)
     settings = DecodingSettings(
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         system_prompt=args.system_prompt,
         grader=args.grader,
     )
-    model_id = model_id_of(args.model)
+    model_id = model_id_of(args.model_name_or_path)
     identity = dict(
-        model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.method,
+        model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.rollout_method,
         settings=settings, split=args.splits(), benchmarks=args.benchmarks,
     )  # fmt: skip
     check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
@@ -201,10 +201,12 @@ def run(args: EvalArgs) -> int:
     # a new one is created (and locked) by evaluate only once everything has been checked.
     with FolderLock(out, what="ncgrpo eval") if out.is_dir() else contextlib.nullcontext():
         try:
-            model, processor = load_model_and_processor(args.model, dtype=args.dtype, device=args.device)
+            model, processor = load_model_and_processor(
+                args.model_name_or_path, dtype=args.dtype, device=args.device
+            )
         except (OSError, ValueError) as e:
-            raise UsageError(f"--model {args.model}: cannot load it ({e})") from e
-        summary = evaluate(model, processor, questions, out, progress=not args.no_progress, **identity)
+            raise UsageError(f"--model_name_or_path {args.model_name_or_path}: cannot load it ({e})") from e
+        summary = evaluate(model, processor, questions, out, progress=args.progress, **identity)
     table = Table(title=f"{out} ({summary.newly_recorded} new of {summary.total})")
     table.add_column("benchmark")
     table.add_column("n", justify="right")

@@ -6,8 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.cli import UsageError
-from ncgrpo.commands._dataclass_args import add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command
 from ncgrpo.commands.compare import names_list, run_dirs
 
 GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"

@@ -1,23 +1,566 @@
 """``ncgrpo train --config RECIPE.yaml [--FIELD VALUE ...] [--resume] [--dry-run]``: one GRPO/NC-GRPO run.
 
-Argument parsing only; the run is :func:`ncgrpo.training.prepare_run` (resolve the run folder, write
-``config.yaml`` and ``run.json``, build the datasets) then :func:`ncgrpo.training.execute_run` (load
-the model, train, save). Every field of ``ScriptArguments``, ``NCGRPOConfig`` and ``ModelArguments``
-is a flag and a config key (``ncgrpo train --help`` lists them); flags override the file.
+As TRL's ``scripts/grpo.py``: the settings are three dataclasses parsed together by
+:class:`ncgrpo.config.ConfigParser` (``--config recipe.yaml`` plus one ``--flag`` per field; flags
+override the file): :class:`ScriptArguments` (data and rewards), ``NCGRPOConfig`` (the trainer) and
+:class:`ModelArguments` (``trl.ModelConfig`` plus the vision settings); ``ncgrpo train --help`` lists
+them. The pipeline is :func:`prepare_run` (resolve the run folder, refuse one holding checkpoints
+unless resuming, check what needs no weights, write ``config.yaml`` and ``run.json``, build the
+datasets) then :func:`execute_run` (load the model, train through :func:`ncgrpo.runs.driver.train_run`,
+save).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from trl import ModelConfig
+
+# torch and transformers are imported inside the functions that need them: `ncgrpo --help` imports
+# every command module
+from ncgrpo.runs.folder import (
+    CONFIG_FILE,
+    RUN_FILE,
+    atomic_write_json,
+    atomic_write_text,
+    changed_identity,
+    last_complete_checkpoint,
+    read_run_json,
+)
+
+__all__ = [
+    "DATA_NAMES",
+    "INHERITED_IDENTITY",
+    "MAY_CHANGE_ON_RESUME",
+    "REWARD_NAMES",
+    "ModelArguments",
+    "RunPlan",
+    "ScriptArguments",
+    "add_parser",
+    "build_datasets",
+    "execute_run",
+    "load_model",
+    "prepare_run",
+    "run",
+    "run_identity_keys",
+    "train_dataclasses",
+]
+
+# ------------------------------------------------------------------------------ train settings
+#: ``dataset_name`` values: the real Geometry3K and the synthetic suite exported in its schema.
+DATA_NAMES = ("geo3k", "synthetic")
+#: ``reward_funcs`` entries: reward functions of :mod:`ncgrpo.rewards`.
+REWARD_NAMES = ("math_reward", "math_reward_mathruler", "accuracy_reward", "format_reward")
+_SYNTHETIC_SPLITS = ("train", "validation", "test")
+
+
+def _expand(path: str | None) -> str | None:
+    return None if path is None else os.path.expandvars(os.path.expanduser(str(path)))
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} must be a positive number of rows or null (all rows), got {value!r}")
+
+
+@dataclass
+class ScriptArguments:
+    """What ``ncgrpo train`` trains on and how it is rewarded (TRL's ``ScriptArguments`` role)."""
+
+    dataset_name: str = field(
+        default="geo3k",
+        metadata={
+            "help": "training data loader: geo3k (Geometry3K, hiyouga/geometry3k's schema) or synthetic "
+            "(the synthetic suite exported in that schema)",
+            "choices": list(DATA_NAMES),
+        },
+    )
+    dataset_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "folder in the hub layout (data/<split>-*.parquet) or one parquet file; $VARS and ~ expand. "
+            "null: geo3k reads hiyouga/geometry3k from the datasets cache; synthetic generates the suite "
+            "(seeded by --seed) into OUTPUT/synthetic-data"
+        },
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "split to train on"})
+    dataset_train_limit: int | None = field(
+        default=None, metadata={"help": "train on the first N rows of the split (null: all)"}
+    )
+    eval_dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "loader of the evaluation sets (null: dataset_name)",
+            "choices": list(DATA_NAMES),
+        },
+    )
+    eval_dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "path of the evaluation sets (null: dataset_path when the loader is the same)"},
+    )
+    eval_dataset_splits: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "splits evaluated during training (used when --eval_strategy is set); none by default"
+        },
+    )
+    eval_dataset_limit: int | None = field(
+        default=None, metadata={"help": "first N rows of each evaluation split (null: all)"}
+    )
+    system_prompt: str | None = field(default=None, metadata={"help": "system message of every prompt"})
+    math_prompt: str | None = field(
+        default=None,
+        metadata={"help": "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT)"},
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_reward"],
+        metadata={
+            "help": f"reward functions of ncgrpo.rewards: {', '.join(REWARD_NAMES)} "
+            "(math_reward = 0.9 * accuracy + 0.1 * format; weight several with --reward_weights)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("dataset_name", "eval_dataset_name"):
+            value = getattr(self, name)
+            if value is not None and value not in DATA_NAMES:
+                raise ValueError(f"{name} must be one of {', '.join(DATA_NAMES)}, got {value!r}")
+        self.dataset_path = _expand(self.dataset_path)
+        self.eval_dataset_path = _expand(self.eval_dataset_path)
+        _positive_or_none("dataset_train_limit", self.dataset_train_limit)
+        _positive_or_none("eval_dataset_limit", self.eval_dataset_limit)
+        self.eval_dataset_splits = list(self.eval_dataset_splits or [])
+        for name, splits in (
+            (self.dataset_name, [self.dataset_train_split]),
+            (self.eval_name, self.eval_dataset_splits),
+        ):
+            bad = [s for s in splits if name == "synthetic" and s not in _SYNTHETIC_SPLITS]
+            if bad:
+                raise ValueError(
+                    f"the synthetic suite has splits {', '.join(_SYNTHETIC_SPLITS)}; got {bad[0]!r}"
+                )
+        self.reward_funcs = list(self.reward_funcs or [])
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is empty; name at least one, e.g. math_reward")
+        import difflib
+
+        for r in self.reward_funcs:
+            if r not in REWARD_NAMES:
+                near = difflib.get_close_matches(r, REWARD_NAMES, n=1)
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                raise ValueError(f"unknown reward function '{r}'{hint}; known: {', '.join(REWARD_NAMES)}")
+
+    @property
+    def eval_name(self) -> str:
+        return self.eval_dataset_name or self.dataset_name
+
+    @property
+    def eval_path(self) -> str | None:
+        if self.eval_dataset_path is not None:
+            return self.eval_dataset_path
+        return self.dataset_path if self.eval_name == self.dataset_name else None
+
+
+#: ModelConfig features ncgrpo does not implement: field -> the value that means "off".
+_UNSUPPORTED_MODEL_FEATURES = {
+    "use_peft": (False, "PEFT/LoRA adapters"),
+    "load_in_8bit": (False, "8-bit quantisation"),
+    "load_in_4bit": (False, "4-bit quantisation"),
+    "model_revision": ("main", "hub revisions (pass a local folder saved at the revision you want)"),
+}
+
+
+@dataclass
+class ModelArguments(ModelConfig):
+    """``trl.ModelConfig`` plus the vision settings of the paper's recipe (section 4.1).
+
+    ncgrpo trains the whole language model: ``use_peft``, ``load_in_8bit``/``load_in_4bit`` and a
+    ``model_revision`` other than ``main`` are refused (the LoRA and bitsandbytes settings only matter
+    with them).
+    """
+
+    dtype: str | None = field(
+        default="bfloat16",
+        metadata={
+            "help": "dtype the weights are loaded in (auto: bfloat16 on a GPU that has it, else float32)",
+            "choices": ["auto", "bfloat16", "float16", "float32"],
+        },
+    )
+    freeze_vision_tower: bool = field(
+        default=True,
+        metadata={
+            "help": "freeze the vision encoder (requires_grad=False), as the paper and NoisyRollout do"
+        },
+    )
+    min_pixels: int | None = field(
+        default=None,
+        metadata={
+            "help": "image processor's minimum pixels per image (NoisyRollout: 262144; null: the processor's)"
+        },
+    )
+    max_pixels: int | None = field(
+        default=None,
+        metadata={
+            "help": "image processor's maximum pixels per image (NoisyRollout: 1000000; null: the processor's)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.model_name_or_path:
+            raise ValueError(
+                "model_name_or_path is required: a folder written by save_pretrained or a hub id in the cache "
+                "(set it in the config file or pass --model_name_or_path)"
+            )
+        self.model_name_or_path = _expand(self.model_name_or_path)
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be one of auto, bfloat16, float16, float32; got {self.dtype!r}")
+        for name, (off, what) in _UNSUPPORTED_MODEL_FEATURES.items():
+            if getattr(self, name) != off:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r}: ncgrpo does not support {what}; remove it from the config"
+                )
+        for name in ("min_pixels", "max_pixels"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive number of pixels or null, got {value!r}")
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels={self.min_pixels} is above max_pixels={self.max_pixels}")
+
+
+def train_dataclasses() -> tuple[type, type, type]:
+    """``(ScriptArguments, NCGRPOConfig, ModelArguments)``, the order TRL's GRPO script parses."""
+    from ncgrpo.trainer import NCGRPOConfig
+
+    return ScriptArguments, NCGRPOConfig, ModelArguments
+
+
+# ------------------------------------------------------------------------------------ pipeline
+def _questions(
+    name: str, path: str | None, split: str, limit: int | None, seed: int, output_dir: Path, synthetic
+):
+    from ncgrpo.data.geometry3k import load_geometry3k
+
+    if name == "synthetic" and path is None:
+        folder = output_dir / "synthetic-data"
+        if not (folder / "data").is_dir():
+            if synthetic is None:
+                raise ValueError(
+                    "dataset_name synthetic with no dataset_path needs a suite generator; pass dataset_path "
+                    "(a folder written by ncgrpo.toy.synthetic.export_geo3k)"
+                )
+            synthetic(folder, seed)
+        path = str(folder)
+    return load_geometry3k(path, split, limit=limit)
+
+
+def build_datasets(
+    script_args: ScriptArguments,
+    output_dir: str | os.PathLike,
+    *,
+    seed: int = 42,
+    synthetic: Callable[[Path, int], Any] | None = None,
+):
+    """(train dataset, eval dataset / dict of them / None) in the form ``to_trl_dataset`` makes.
+
+    ``synthetic(folder, seed)`` writes the synthetic suite (geo3k layout) into ``folder``; it is called
+    when ``dataset_name`` is synthetic and no path is given (``ncgrpo train`` passes the toy suite's).
+    """
+    from ncgrpo.data.geometry3k import to_trl_dataset
+
+    out = Path(output_dir)
+    kwargs: dict[str, Any] = {"system_prompt": script_args.system_prompt}
+    if script_args.math_prompt is not None:
+        kwargs["math_prompt"] = script_args.math_prompt
+
+    def build(name, path, split, limit):
+        return to_trl_dataset(_questions(name, path, split, limit, seed, out, synthetic), **kwargs)
+
+    s = script_args
+    train = build(s.dataset_name, s.dataset_path, s.dataset_train_split, s.dataset_train_limit)
+    evals = {
+        f"{s.eval_name}_{split}": build(s.eval_name, s.eval_path, split, s.eval_dataset_limit)
+        for split in dict.fromkeys(s.eval_dataset_splits)
+    }
+    if not evals:
+        return train, None
+    return train, (next(iter(evals.values())) if len(evals) == 1 else evals)
+
+
+@dataclass
+class RunPlan:
+    """A resolved run, ready to train: what :func:`prepare_run` returns."""
+
+    name: str
+    method: str
+    seed: int
+    output_dir: Path
+    checkpoint: str | None  # resume from here (None: from scratch)
+    script_args: ScriptArguments
+    model_args: ModelArguments
+    training_args: Any  # NCGRPOConfig; None for a dry run
+    train_dataset: Any
+    eval_dataset: Any
+    run_info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    main_process: bool = True  # this process writes files and prints
+
+    @property
+    def n_eval(self) -> int:
+        ev = self.eval_dataset
+        if ev is None:
+            return 0
+        return sum(map(len, ev.values())) if isinstance(ev, dict) else len(ev)
+
+
+#: ncgrpo's own settings that may change between a run and its resume (which splits are evaluated and
+#: how, and how many draws the logged noise-averaged TV takes). Every other setting ncgrpo defines (the
+#: fields of ScriptArguments, those ModelArguments and NCGRPOConfig add to TRL's) is part of the run's
+#: identity, so a new field is covered with no edit here.
+MAY_CHANGE_ON_RESUME = frozenset(
+    {
+        "eval_dataset_name",
+        "eval_dataset_path",
+        "eval_dataset_splits",
+        "eval_dataset_limit",
+        "marginal_tv_draws",
+    }
+)
+#: Settings inherited from TRL / transformers that change a run (the rest of theirs: logging, saving,
+#: batch layout, the output folder, ... may change on resume).
+INHERITED_IDENTITY = (
+    "model_name_or_path",
+    "dtype",
+    "seed",
+    "num_generations",
+    "max_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "temperature",
+    "top_p",
+    "beta",
+    "epsilon",
+    "loss_type",
+    "scale_rewards",
+    "max_completion_length",
+    "max_prompt_length",
+)
+
+
+def _own_fields(cls: type) -> list[str]:
+    """The fields ``cls`` and its non-TRL, non-transformers bases declare (what ncgrpo adds)."""
+    import dataclasses
+
+    ours = [c for c in cls.__mro__ if c is not object and c.__module__.split(".")[0] not in _UPSTREAM]
+    declared = {name for c in ours for name in c.__dict__.get("__annotations__", {})}
+    return [f.name for f in dataclasses.fields(cls) if f.name in declared]
+
+
+_UPSTREAM = ("trl", "transformers")
+
+
+def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str]:
+    """The settings that make a run what it is: resuming with any of them changed is refused unless
+    forced. Every field ncgrpo's dataclasses declare (all of :class:`ScriptArguments`, what
+    :class:`ModelArguments` and ``NCGRPOConfig`` add to TRL's) but :data:`MAY_CHANGE_ON_RESUME`, plus
+    :data:`INHERITED_IDENTITY`. ``dataclass_types``: default :func:`train_dataclasses`."""
+    types = dataclass_types if dataclass_types is not None else train_dataclasses()
+    keys = dict.fromkeys(INHERITED_IDENTITY)
+    for cls in types:
+        keys.update(dict.fromkeys(_own_fields(cls)))
+    return [k for k in keys if k not in MAY_CHANGE_ON_RESUME]
+
+
+def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset) -> None:
+    """Checks that need no weights: the noise site against the model's config, and the dataset
+    against one generation batch (TRL would otherwise train 0 steps and save the base weights)."""
+    from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
+    from ncgrpo.models import check_noise_site
+
+    a = plan_args
+    if a.rollout_method in HIDDEN_NOISE_METHODS:
+        check_noise_site(a.noise_site, model_args.model_name_or_path)
+    per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
+    prompts_needed = per_generation // a.num_generations
+    if len(train_dataset) < prompts_needed:
+        raise ValueError(
+            f"the training set has {len(train_dataset)} prompts but one generation batch takes "
+            f"{prompts_needed} (per_device_train_batch_size {a.per_device_train_batch_size} x "
+            f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
+            f"{a.num_generations}); use more data or a smaller batch"
+        )
+
+
+def prepare_run(
+    parsed,
+    *,
+    resume: bool = False,
+    dry_run: bool = False,
+    force: bool = False,
+    overwrite: bool = False,
+    synthetic: Callable[[Path, int], Any] | None = None,
+) -> RunPlan:
+    """Everything before the model: from a :class:`ncgrpo.config.ParsedConfig` of
+    :func:`train_dataclasses` to a :class:`RunPlan`.
+
+    ``run_name`` defaults to the config file's stem and ``output_dir`` to ``runs/<run_name>``; both are
+    recorded in the resolved config. Refused before anything is written:
+
+    - a folder holding ``checkpoint-*`` without ``resume`` (or ``dry_run``);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite``;
+    - ``resume`` with settings that change the run (:func:`run_identity_keys`) unless ``force``;
+    - trainer settings ``NCGRPOConfig`` rejects (not built in a dry run, which needs no accelerator);
+    - a noise site past the model's layers (read from its config, before the weights) and a training
+      set smaller than one generation batch.
+
+    ``resume`` continues from the newest COMPLETE checkpoint
+    (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
+    Then the main process builds the datasets and writes ``config.yaml`` and ``run.json``.
+    """
+    from accelerate import PartialState
+
+    from ncgrpo.trainer import NCGRPOConfig
+
+    script_args = parsed.build(ScriptArguments)
+    model_args = parsed.build(ModelArguments)
+    name = parsed.get("run_name") or (Path(parsed.config).stem if parsed.config else "ncgrpo")
+    output_dir = Path(parsed.get("output_dir") or Path("runs") / name)
+    parsed.set("run_name", name)
+    parsed.set("output_dir", str(output_dir))
+    method, seed = str(parsed.get("rollout_method")), int(parsed.get("seed"))
+
+    import yaml
+
+    notes = []
+    any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
+    if any_checkpoint and not resume and not dry_run:
+        raise ValueError(
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume or another --output_dir"
+        )
+    previous = read_run_json(output_dir, hint="move it away or fix it")
+    if previous is not None and previous.get("finished") and not overwrite and not dry_run:
+        raise ValueError(
+            f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
+            "use another --output_dir, or --overwrite to train it again from scratch"
+        )
+    checkpoint = None
+    if resume:
+        checkpoint, skipped = last_complete_checkpoint(output_dir, method)
+        notes += [f"skipping incomplete {s}" for s in skipped]
+        if checkpoint is None:
+            notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")
+        old_config = output_dir / CONFIG_FILE
+        if checkpoint is not None and old_config.exists():
+            try:
+                old = yaml.safe_load(old_config.read_text(encoding="utf-8")) or {}
+            except (OSError, yaml.YAMLError) as e:
+                raise ValueError(f"{old_config}: cannot read the run's config to compare ({e})") from None
+            new = yaml.safe_load(parsed.to_yaml()) or {}
+            changed = changed_identity(old, new, run_identity_keys())
+            if changed and not force:
+                raise ValueError(
+                    f"--resume with settings that change the run in {output_dir}: {'; '.join(changed)}. "
+                    "Resume with the run's own settings, use another --output_dir, or pass --force"
+                )
+            if changed:
+                notes.append("resuming with changed settings (--force): " + "; ".join(changed))
+
+    training_args = None
+    if not dry_run:
+        try:
+            training_args = parsed.build(NCGRPOConfig)
+        except (TypeError, ValueError) as e:
+            where = parsed.config or "the command line"
+            raise ValueError(f"{where}: trainer settings rejected by NCGRPOConfig: {e}") from None
+        # initialise the distributed state with the config's settings (backend, timeout) before the
+        # PartialState below shares it
+        _ = training_args.device
+
+    run_info = {
+        "name": name,
+        "method": method,
+        "seed": seed,
+        "model": model_args.model_name_or_path,
+        "recipe": parsed.config,
+        "output_dir": str(output_dir),
+    }
+    state = PartialState()
+    with state.main_process_first():
+        train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
+    if training_args is not None:
+        _check_before_the_model(training_args, model_args, train_ds)
+    if state.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(output_dir / CONFIG_FILE, parsed.to_yaml())
+        atomic_write_json(output_dir / RUN_FILE, run_info)
+    return RunPlan(
+        name=name,
+        method=method,
+        seed=seed,
+        output_dir=output_dir,
+        checkpoint=checkpoint,
+        script_args=script_args,
+        model_args=model_args,
+        training_args=training_args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        run_info=run_info,
+        notes=notes,
+        main_process=state.is_main_process,
+    )
+
+
+def reward_functions(names: Sequence[str]) -> list:
+    from ncgrpo import rewards
+
+    return [getattr(rewards, name) for name in names]
+
+
+def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
+    """(model, processor or tokenizer) as :class:`ModelArguments` say, left where ``from_pretrained``
+    put it (the Trainer places it)."""
+    from ncgrpo.models import load_model_and_processor
+
+    m = model_args
+    return load_model_and_processor(
+        m.model_name_or_path,
+        dtype=m.dtype,
+        device=None,
+        attn_implementation=m.attn_implementation,
+        min_pixels=m.min_pixels,
+        max_pixels=m.max_pixels,
+        freeze_vision=m.freeze_vision_tower,
+    )
+
+
+def execute_run(plan: RunPlan):
+    """Load the model (vision tower frozen if asked) and train the plan through
+    :func:`ncgrpo.runs.driver.train_run`."""
+    from ncgrpo.runs.driver import train_run
+
+    if plan.training_args is None:
+        raise ValueError("a dry-run plan has no trainer settings; prepare it with dry_run=False")
+    model, processor = load_model(plan.model_args)
+    return train_run(
+        plan.training_args,
+        model,
+        processor,
+        plan.train_dataset,
+        reward_funcs=reward_functions(plan.script_args.reward_funcs),
+        run_info=plan.run_info,
+        eval_dataset=plan.eval_dataset,
+        resume_from_checkpoint=plan.checkpoint,
+    )
+
+
+# ------------------------------------------------------------------------------------ the command
 HELP = "train with GRPO / NC-GRPO from a recipe (recipes/*.yaml)"
-
-
-def _dataclasses():
-    from ncgrpo.training import train_dataclasses
-
-    return train_dataclasses()
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -26,7 +569,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help=HELP,
         description=HELP + ". Multi-GPU: accelerate launch --config_file recipes/accelerate/zero3_8gpu.yaml "
         "-m ncgrpo.cli train --config RECIPE ...",
-        dataclass_types=_dataclasses,
+        dataclass_types=train_dataclasses,
     )
     p.add_argument(
         "--resume", action="store_true", help="continue from the last checkpoint in the run folder"
@@ -58,8 +601,6 @@ def _synthetic_suite(folder, seed: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ncgrpo.training import execute_run, prepare_run
-
     plan = prepare_run(
         args.parsed_config,
         resume=args.resume,

@@ -39,6 +39,7 @@ __all__ = [
     "agreement_kernel",
     "calibrated_delta",
     "depth_decayed_sigmas",
+    "parse_noise_site",
     "draw_direction",
     "draw_eps",
     "noise_seed",
@@ -430,6 +431,27 @@ def agreement_kernel(states: torch.Tensor, tau: float | None = None) -> torch.Te
 # --------------------------------------------------------------------------------------------------
 # multi-layer injection
 # --------------------------------------------------------------------------------------------------
+def parse_noise_site(site: str | int | Sequence[int]) -> str | list[int]:
+    """``"final_norm"`` -> ``"final_norm"``; ``"12"`` / ``"10,14"`` (or ints) -> sorted layer list."""
+    if isinstance(site, int):
+        site = str(site)
+    if not isinstance(site, str):
+        site = ",".join(str(int(s)) for s in site)
+    s = site.strip()
+    if s == "final_norm":
+        return "final_norm"
+    try:
+        layers = [int(p) for p in s.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"noise_site={site!r} is not understood: use 'final_norm' (the paper's site) or comma-separated "
+            "decoder-layer indices such as '12' or '10,14' (the propagating variant)"
+        ) from None
+    if any(layer < 0 for layer in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"noise_site={site!r}: layer indices must be distinct and >= 0")
+    return sorted(layers)
+
+
 def depth_decayed_sigmas(layers: Sequence[int], decay: float) -> dict[int, float]:
     """Per-layer sigma multipliers for multi-layer injection: the top-most site gets 1, the next
     one down ``decay``, then ``decay**2`` ... (section 3.1's "depth-decayed scales")."""

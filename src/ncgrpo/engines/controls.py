@@ -45,10 +45,15 @@ __all__ = [
 
 
 class _PrefillHeadHook:
-    """A forward pre-hook on the text model that notes whether this forward is the prefill (empty KV
-    cache), and a forward hook on ``lm_head`` that rewrites the prefill's logits once (:meth:`rewrite`)."""
+    """Rewrites the LM head's output once per prefill forward (a forward of the top model whose KV
+    cache is empty: the first token's logits); decode steps pass through. ``calls`` counts rewrites."""
 
-    def __init__(self) -> None:
+    name = ""  # the control, in messages
+    given = ""  # what the caller gives per row, in messages
+    per_row = ""
+
+    def __init__(self, n_rows: int) -> None:
+        self.n_rows = n_rows
         self.calls = 0
         self._prefill = False
 
@@ -60,53 +65,48 @@ class _PrefillHeadHook:
         if not self._prefill:
             return None
         self._prefill = False  # one rewrite per prefill forward
-        out = self.rewrite(module, args, output)
-        self.calls += 1
-        return out
+        if output.shape[0] != self.n_rows:
+            raise ValueError(
+                f"{self.name} got {self.n_rows} {self.given} but the prefill batch has "
+                f"{output.shape[0]} rows; pass {self.per_row} per row of the expanded batch"
+            )
+        return self.rewrite(module, args, output)  # output: [B, T_keep, V]
 
     def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    @contextmanager
-    def installed(self, model: nn.Module) -> Iterator[_PrefillHeadHook]:
-        """Both hooks on ``model``'s text stack and ``lm_head``; removed on exit, also on error."""
-        top, _, _ = find_text_stack(model)
-        head = getattr(top, "lm_head", None)
-        if not isinstance(head, nn.Linear):
-            raise NotImplementedError(
-                f"{type(top).__name__} has no linear `lm_head` to rewrite the first token at"
-            )
-        handles = [
-            top.register_forward_pre_hook(self.top_pre, with_kwargs=True),
-            head.register_forward_hook(self.head_post),
-        ]
-        try:
-            yield self
-        finally:
-            for h in handles:
-                h.remove()
+
+@contextmanager
+def _installed(top: nn.Module, head: nn.Module, hook: _PrefillHeadHook) -> Iterator[_PrefillHeadHook]:
+    """``hook`` on ``top``'s forward (prefill detection) and ``head``'s output, removed on exit."""
+    handles = [
+        top.register_forward_pre_hook(hook.top_pre, with_kwargs=True),
+        head.register_forward_hook(hook.head_post),
+    ]
+    try:
+        yield hook
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class FirstTokenTemperatureHook(_PrefillHeadHook):
     """Handle of :func:`first_token_temperature`: ``calls`` counts prefill forwards it rescaled."""
 
+    name, given, per_row = "first_token_temperature", "row flags", "one flag"
+
     def __init__(self, flags: torch.Tensor, factor: float) -> None:
-        super().__init__()
+        super().__init__(flags.numel())
         self.flags = flags  # [B] bool
         self.factor = factor
 
-    def rewrite(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        logits = output  # [B, T_keep, V]
-        if logits.shape[0] != self.flags.numel():
-            raise ValueError(
-                f"first_token_temperature got {self.flags.numel()} row flags but the prefill batch has "
-                f"{logits.shape[0]} rows; pass one flag per row of the expanded batch"
-            )
+    def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
         scale = torch.where(
             self.flags.to(logits.device),
             torch.tensor(self.factor, dtype=logits.dtype, device=logits.device),
             torch.tensor(1.0, dtype=logits.dtype, device=logits.device),
         )  # [B]
+        self.calls += 1
         return logits * scale.view(-1, *([1] * (logits.dim() - 1)))
 
 
@@ -127,11 +127,15 @@ def first_token_temperature(
         raise ValueError(
             f"temperatures must be > 0, got temperature={temperature}, first_token_temperature={first_token_temperature}"
         )
+    top, _, _ = find_text_stack(model)
+    head = getattr(top, "lm_head", None)
+    if not isinstance(head, nn.Module):
+        raise NotImplementedError(f"{type(top).__name__} has no `lm_head` module to rescale")
     hook = FirstTokenTemperatureHook(
         torch.as_tensor(list(flags) if not isinstance(flags, torch.Tensor) else flags, dtype=torch.bool),
         temperature / first_token_temperature,
     )
-    with hook.installed(model):
+    with _installed(top, head, hook):
         yield hook
 
 
@@ -139,8 +143,10 @@ class FirstTokenMarginalHook(_PrefillHeadHook):
     """Handle of :func:`first_token_marginal`: ``calls`` counts prefill forwards it rewrote; ``rows`` the
     rows rewritten in the last one."""
 
+    name, given, per_row = "first_token_marginal", "row keys", "one key (or None)"
+
     def __init__(self, keys: list[NoiseKey | None], sigma: float, temperature: float, draws: int) -> None:
-        super().__init__()
+        super().__init__(len(keys))
         self.keys = keys
         self.sigma = float(sigma)
         self.temperature = float(temperature)
@@ -148,13 +154,7 @@ class FirstTokenMarginalHook(_PrefillHeadHook):
         self.rows: list[int] = []
         self.last_logits: torch.Tensor | None = None  # [B, V] float32: what each row sampled from
 
-    def rewrite(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-        logits = output  # [B, T_keep, V]
-        if logits.shape[0] != len(self.keys):
-            raise ValueError(
-                f"first_token_marginal got {len(self.keys)} row keys but the prefill batch has "
-                f"{logits.shape[0]} rows; pass one key (or None) per row of the expanded batch"
-            )
+    def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
         h = args[0][:, -1]  # [B, d] the final-norm state at the branch point (clean)
         if module.weight.numel() == 0:  # a ZeRO-3 partition (ds3_gather_for_generation=False)
             raise RuntimeError(
@@ -175,6 +175,7 @@ class FirstTokenMarginalHook(_PrefillHeadHook):
             )
             out[b, -1] = (self.temperature * logq).to(out.dtype)
             self.rows.append(b)
+        self.calls += 1
         self.last_logits = out[:, -1].detach().float()
         return out
 
@@ -200,6 +201,10 @@ def first_token_marginal(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if not (sigma >= 0 and draws >= 1):
         raise ValueError(f"sigma must be >= 0 and draws >= 1, got sigma={sigma}, draws={draws}")
+    top, _, _ = find_text_stack(model)
+    head = getattr(top, "lm_head", None)
+    if not isinstance(head, nn.Linear):
+        raise NotImplementedError(f"{type(top).__name__} has no linear `lm_head` to sample q_bar through")
     hook = FirstTokenMarginalHook(list(keys), sigma, temperature, draws)
-    with hook.installed(model):
+    with _installed(top, head, hook):
         yield hook

@@ -21,7 +21,15 @@ import torch
 
 from ncgrpo.core.noise import NoiseKey
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, plan_group, prompt_noise_id, sampling_seed
-from ncgrpo.engines.transformers import PrefillRecord, Site, prefill_noise, unwrap_model
+from ncgrpo.engines.transformers import (
+    PrefillRecord,
+    Site,
+    cut_after_eos,
+    eos_token_ids,
+    prefill_noise,
+    unwrap_model,
+)
+from ncgrpo.models import tokenizer_of
 
 __all__ = ["GroupRollout", "RowMeta", "generate_groups"]
 
@@ -79,10 +87,6 @@ class GroupRollout:
 # --------------------------------------------------------------------------------------------------
 # rollout
 # --------------------------------------------------------------------------------------------------
-def _tokenizer_of(processor):
-    return getattr(processor, "tokenizer", processor)
-
-
 def _prompt_text(processor, prompt: Prompt) -> str:
     if isinstance(prompt, str):
         return prompt
@@ -95,18 +99,6 @@ def _as_image_list(img) -> list:
     if isinstance(img, (list, tuple)):
         return list(img)
     return [img]
-
-
-def _eos_ids(model, generation_config) -> set[int]:
-    ids: set[int] = set()
-    for cfg in (generation_config, getattr(model, "generation_config", None)):
-        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
-        if eos is None:
-            continue
-        ids.update([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
-        if ids:
-            break
-    return ids
 
 
 def generate_groups(
@@ -168,7 +160,7 @@ def generate_groups(
     G = 2 * n
     gen_model = unwrap_model(model)
     device = next(gen_model.parameters()).device
-    tokenizer = _tokenizer_of(processor)
+    tokenizer = tokenizer_of(processor)
 
     # ---- inputs: each prompt duplicated G times (prompt-major), left-padded -----------------------
     texts = [_prompt_text(processor, p) for p in prompts]
@@ -232,11 +224,7 @@ def generate_groups(
     sequences = out.sequences  # [R, T + L]
 
     # ---- per-row results --------------------------------------------------------------------------
-    eos = _eos_ids(gen_model, generation_config)
-    completion_ids: list[list[int]] = []
-    for ids in sequences[:, T:].tolist():  # generate pads finished rows after their EOS
-        cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
-        completion_ids.append(ids[:cut])
+    completion_ids = cut_after_eos(sequences[:, T:].tolist(), eos_token_ids(gen_model, generation_config))
     completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
 
     rel = record.rel.tolist() if record is not None else [0.0] * len(rows)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,9 +54,13 @@ from torch import nn
 from ncgrpo.core.noise import RowNoise, depth_decayed_sigmas, noise_seed, perturb_rows, reverse_positions
 
 __all__ = [
+    "BranchPoint",
     "NoiseHook",
     "PrefillRecord",
     "SiteRecord",
+    "branch_point_capture",
+    "cut_after_eos",
+    "eos_token_ids",
     "find_text_stack",
     "prefill_noise",
     "unwrap_model",
@@ -117,6 +121,75 @@ def find_text_stack(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
         f"for {looked} (a module with a final `.norm` and decoder `.layers`). Supported: Qwen2-VL, "
         "Qwen2.5-VL, Qwen3-VL and text-only Qwen2/Qwen3/Llama causal LMs."
     )
+
+
+def eos_token_ids(model: nn.Module, generation_config: Any = None) -> set[int]:
+    """The end-of-sequence token ids ``generate`` stops at: ``generation_config``'s if it names any,
+    else the model's own ``generation_config``'s (empty when neither does)."""
+    for cfg in (generation_config, getattr(model, "generation_config", None)):
+        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+        if eos is None:
+            continue
+        ids = {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+        if ids:
+            return ids
+    return set()
+
+
+def cut_after_eos(rows: Sequence[Sequence[int]], eos: set[int]) -> list[list[int]]:
+    """Each row of generated ids up to and including its first EOS (``generate`` pads finished rows
+    after their EOS)."""
+    out = []
+    for ids in rows:
+        cut = next((i + 1 for i, t in enumerate(ids) if t in eos), len(ids))
+        out.append(list(ids[:cut]))
+    return out
+
+
+@dataclass
+class BranchPoint:
+    """What :func:`branch_point_capture` read at the first ``lm_head`` call (the prefill)."""
+
+    logits: torch.Tensor | None = None  # [B, V] float32, last position, before any temperature
+    states: torch.Tensor | None = None  # [B, d] the LM head's input there (model dtype)
+    extra: Any = None  # what ``on_branch`` returned
+
+
+@contextmanager
+def branch_point_capture(model: nn.Module, on_branch: Callable | None = None) -> Iterator[BranchPoint]:
+    """Read the branch point (the prompt's last position) of the next forward of ``model``: an
+    ``lm_head`` forward hook keeps the first call's last-position logits and the head's input there.
+    The hook runs inside the forward, so it also works where weights are only gathered during
+    ``generate`` (ZeRO-3); it is removed on exit. ``on_branch(head, logits, states)``, if given, runs
+    there too (``head``: the LM head as a plain function, no hooks, its weights as gathered for the
+    forward) and its result is kept in ``point.extra``: computations that need the LM head's weights
+    after the prefill (the first-token marginal) must happen here, not after ``generate`` returns."""
+    point = BranchPoint()
+
+    def capture(module, args, output):
+        if point.logits is None:
+            point.logits = output[:, -1].detach().float()
+            point.states = args[0][:, -1].detach()
+            if on_branch is not None:
+
+                def head(x: torch.Tensor) -> torch.Tensor:
+                    if module.weight.numel() == 0:  # a ZeRO-3 partition: not gathered even here
+                        raise RuntimeError(
+                            "NC-GRPO's first-token marginal (noise/first_token_marginal_tv, "
+                            "first_token_temperature_auto) reads the LM head's weights inside the prefill, but "
+                            "they are partitioned there (DeepSpeed ZeRO-3 with ds3_gather_for_generation=False). "
+                            "Set ds3_gather_for_generation=True, or marginal_tv_draws=0 and no "
+                            "first_token_temperature_auto."
+                        )
+                    return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
+
+                point.extra = on_branch(head, point.logits, point.states)
+
+    handle = find_text_stack(model)[0].lm_head.register_forward_hook(capture)
+    try:
+        yield point
+    finally:
+        handle.remove()
 
 
 @dataclass

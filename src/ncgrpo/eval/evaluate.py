@@ -11,8 +11,8 @@ always noise-free").
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,9 @@ from ncgrpo.eval.records import (
     iter_records,
     repair_torn_tail,
 )
-from ncgrpo.processors import tokenizer_of
-from ncgrpo.rewards import score
+from ncgrpo.models import tokenizer_of
+from ncgrpo.rewards import Score, score
+from ncgrpo.runs.folder import read_run_json
 
 
 @dataclass
@@ -82,8 +83,10 @@ class EvalSummary:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-#: run.json keys that say which outputs the records are; a rerun into the folder must match them.
-IDENTITY_KEYS = ("model", "checkpoint", "seed", "split", "benchmarks", "decoding")
+#: run.json keys that may change between reruns into one folder (display names, the batch size). Every
+#: other key :func:`run_identity` writes says which outputs the records are, and a rerun must match it,
+#: so a new setting is part of the identity with no edit here.
+MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size")
 
 
 def run_identity(
@@ -101,16 +104,20 @@ def run_identity(
     name is kept, or the model id for a new folder)."""
     settings = settings or DecodingSettings()
     return {
-        "name": name,
-        "method": method,
-        "seed": seed,
         "model": model_id,
         "checkpoint": checkpoint,
+        "seed": seed,
         "split": split,
         "benchmarks": None if benchmarks is None else list(benchmarks),
         "decoding": settings.identity(),
+        "name": name,
+        "method": method,
         "batch_size": settings.batch_size,
     }
+
+
+#: The identity keys of an evaluation folder today (run.json keys but :data:`MAY_CHANGE_ON_RERUN`).
+IDENTITY_KEYS = tuple(k for k in run_identity(model_id="") if k not in MAY_CHANGE_ON_RERUN)
 
 
 def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | None:
@@ -123,19 +130,14 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a folder")
     path = out / RUN_FILE
-    if not path.exists():
+    old = read_run_json(out, hint="use another --output_dir folder")
+    if old is None:
         return None
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable run.json ({e}); use another --out folder") from None
-    if not isinstance(old, dict):
-        raise ValueError(f"{path}: not a run.json (a JSON object); use another --out folder")
-    for k in IDENTITY_KEYS:
+    for k in (k for k in run if k not in MAY_CHANGE_ON_RERUN):
         if old.get(k) != run.get(k):
             raise ValueError(
                 f"{path}: this folder holds records of {k}={old.get(k)!r}, not {run.get(k)!r}; "
-                "use another --out folder (records of different runs must not mix)"
+                "use another --output_dir folder (records of different runs must not mix)"
             )
     return old
 
@@ -196,6 +198,30 @@ def generate_greedy(
     )
     completions = out[:, inputs["input_ids"].shape[1] :]
     return tok.batch_decode(completions, skip_special_tokens=True)
+
+
+def score_greedy(
+    model: Any, processor: Any, questions: Sequence[Question], settings: DecodingSettings
+) -> list[tuple[str, Score]]:
+    """Greedy completions of one batch (:func:`generate_greedy`) and each one's :class:`Score` by
+    ``settings.grader``: the one greedy-then-score step of ``ncgrpo eval``, the demo's validation and
+    the embedded base's evaluation (training rewards call the same :func:`ncgrpo.rewards.score`)."""
+    outputs = generate_greedy(model, processor, questions, settings)
+    return [
+        (text, score(text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader))
+        for q, text in zip(questions, outputs, strict=True)
+    ]
+
+
+@contextmanager
+def eval_mode(model: Any) -> Iterator[Any]:
+    """``model`` in eval mode inside the block; its own mode (training or not) restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def _batches(questions: list[Question], size: int) -> list[list[Question]]:
@@ -291,51 +317,43 @@ def _evaluate_locked(
 
     from tqdm.auto import tqdm
 
-    was_training = model.training
-    model.eval()
     new = 0
-    try:
-        with (
-            RecordWriter(records_path) as writer,
-            tqdm(
-                total=len(questions),
-                initial=len(questions) - len(todo),
-                desc=f"eval {out.name}",
-                unit="q",
-                disable=not progress,
-            ) as bar,
-        ):
-            for batch in _batches(todo, settings.batch_size):
-                outputs = generate_greedy(model, processor, batch, settings)
-                recs = []
-                for q, text in zip(batch, outputs, strict=True):
-                    s = score(
-                        text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader
+    with (
+        eval_mode(model),
+        RecordWriter(records_path) as writer,
+        tqdm(
+            total=len(questions),
+            initial=len(questions) - len(todo),
+            desc=f"eval {out.name}",
+            unit="q",
+            disable=not progress,
+        ) as bar,
+    ):
+        for batch in _batches(todo, settings.batch_size):
+            recs = []
+            for q, (text, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
+                msgs = build_messages(
+                    q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
+                )
+                recs.append(
+                    EvalRecord(
+                        benchmark=q.benchmark,
+                        question_id=q.question_id,
+                        role=q.role,
+                        prompt_hash=prompt_hash(msgs),
+                        output=text,
+                        extracted=s.extracted,
+                        gold=q.answer,
+                        correct=bool(s.correct),
+                        model=model_id,
+                        checkpoint=checkpoint,
+                        seed=seed,
+                        decoding=decoding,
                     )
-                    msgs = build_messages(
-                        q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
-                    )
-                    recs.append(
-                        EvalRecord(
-                            benchmark=q.benchmark,
-                            question_id=q.question_id,
-                            role=q.role,
-                            prompt_hash=prompt_hash(msgs),
-                            output=text,
-                            extracted=s.extracted,
-                            gold=q.answer,
-                            correct=bool(s.correct),
-                            model=model_id,
-                            checkpoint=checkpoint,
-                            seed=seed,
-                            decoding=decoding,
-                        )
-                    )
-                writer.write(recs)
-                new += len(recs)
-                bar.update(len(recs))
-    finally:
-        model.train(was_training)
+                )
+            writer.write(recs)
+            new += len(recs)
+            bar.update(len(recs))
 
     wanted = set(uids)
     acc: dict[str, list[int]] = {}

@@ -29,7 +29,6 @@ the family of all listed tests. Renderers: rich (terminal), Markdown, LaTeX (boo
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -38,7 +37,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, read_records
+from ncgrpo.eval.records import RECORDS_FILE, EvalRecord, read_records
 from ncgrpo.eval.stats import (
     ALPHA,
     BOOTSTRAP_RESAMPLES,
@@ -56,6 +55,7 @@ from ncgrpo.eval.stats import (
     seed_level,
     seed_to_seed,
 )
+from ncgrpo.runs.folder import read_run_json
 
 #: What a pooled McNemar column is, in its header, where seeds were pooled into it.
 QUESTION_LEVEL = "question-level, pooled over seeds"
@@ -134,19 +134,12 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     path = Path(path)
-    run_file, rec_file = path / RUN_FILE, path / RECORDS_FILE
+    rec_file = path / RECORDS_FILE
     if not rec_file.exists():
-        raise FileNotFoundError(f"{path}: no {RECORDS_FILE} (is this an `ncgrpo eval --out` directory?)")
-    info: dict[str, Any] = {}
-    if run_file.exists():
-        try:
-            info = json.loads(run_file.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{run_file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{run_file}:{e.lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(info, dict):
-            raise ValueError(f"{run_file}: must hold a JSON object, got {type(info).__name__}")
+        raise FileNotFoundError(
+            f"{path}: no {RECORDS_FILE} (is this an `ncgrpo eval --output_dir` directory?)"
+        )
+    info: dict[str, Any] = read_run_json(path) or {}
     records = read_records(rec_file)
     if not records:
         raise ValueError(f"{rec_file}: no records")
@@ -889,70 +882,49 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
             rt.add_row(escape(row.name), *cells)
         out.append(rt)
     if ct.tests:
-        tt = RichTable(
-            title=f"Paired exact McNemar tests vs. {ct.baseline} (Holm/Bonferroni over {len(ct.tests)} tests)"
-        )
-        for name, justify in [
-            ("Configuration", "left"),
-            ("Test", "left"),
-            ("n", "right"),
-            ("n10", "right"),
-            ("n01", "right"),
-            ("Δ pp", "right"),
-            ("p", "right"),
-            ("Holm", "left"),
-            ("Bonf.", "left"),
-        ]:
-            tt.add_column(name, justify=justify)
-        for t in ct.tests:
-            r = t.result
-            tt.add_row(
-                escape(t.configuration),
-                escape(t.scope),
-                str(r.n),
-                str(r.n10),
-                str(r.n01),
-                f"{r.diff_pp:+.1f}",
-                f"{r.p:.3g}",
-                "reject" if t.holm_reject else "—",
+        columns = ["Configuration", "Test", "n", "n10", "n01", "Δ pp", "p", "Holm", "Bonf."]
+        rows = [
+            [
+                escape(t.configuration), escape(t.scope), str(t.result.n), str(t.result.n10), str(t.result.n01),
+                f"{t.result.diff_pp:+.1f}", f"{t.result.p:.3g}", "reject" if t.holm_reject else "—",
                 "reject" if t.bonferroni_reject else "—",
-            )
-        out.append(tt)
+            ]
+            for t in ct.tests
+        ]  # fmt: skip
+        title = f"Paired exact McNemar tests vs. {ct.baseline} (Holm/Bonferroni over {len(ct.tests)} tests)"
+        out.append(_rich_table(title, columns, "llrrrrrll", rows))
     if ct.seed_tests:
-        st = RichTable(
-            title=f"Seed-level tests vs. {ct.baseline} (paired t-test over training seeds; primary with several seeds)"
-        )
-        for name, justify in [
-            ("Configuration", "left"),
-            ("Test", "left"),
-            ("Δ pp per seed", "left"),
-            ("mean Δ pp", "right"),
-            ("t CI", "left"),
-            ("bootstrap CI", "left"),
-            ("seed-level p", "right"),
-            ("question-level p", "right"),
-            ("differ %", "right"),
-        ]:
-            st.add_column(name, justify=justify)
-        for t in ct.seed_tests:
-            tt, bs = t.result.ttest, t.result.bootstrap
-            st.add_row(
-                escape(t.configuration),
-                escape(t.scope),
-                "/".join(f"{d:+.1f}" for d in tt.diffs_pp),
-                f"{tt.mean_pp:+.1f}",
-                _ci(tt.ci_low_pp, tt.ci_high_pp),
-                _ci(bs.low_pp, bs.high_pp),
-                "n/a" if math.isnan(tt.p) else f"{tt.p:.3g}",
-                f"{t.question_level.p:.3g}",
-                f"{100 * t.differ:.1f}",
-            )
-        out.append(st)
+        columns = ["Configuration", "Test", "Δ pp per seed", "mean Δ pp", "t CI", "bootstrap CI", "seed-level p",
+                   "question-level p", "differ %"]  # fmt: skip
+        rows = [
+            [
+                escape(t.configuration), escape(t.scope), "/".join(f"{d:+.1f}" for d in t.result.ttest.diffs_pp),
+                f"{t.result.ttest.mean_pp:+.1f}", _ci(t.result.ttest.ci_low_pp, t.result.ttest.ci_high_pp),
+                _ci(t.result.bootstrap.low_pp, t.result.bootstrap.high_pp),
+                "n/a" if math.isnan(t.result.ttest.p) else f"{t.result.ttest.p:.3g}",
+                f"{t.question_level.p:.3g}", f"{100 * t.differ:.1f}",
+            ]
+            for t in ct.seed_tests
+        ]  # fmt: skip
+        title = f"Seed-level tests vs. {ct.baseline} (paired t-test over training seeds; primary with several seeds)"
+        out.append(_rich_table(title, columns, "lllrllrrr", rows))
     lines = [r for r in (seed_reference(ct, scope) for scope in ct.seed_null) if r]
     lines += [f"Note: {n}" for n in ct.notes]
     if lines:
         out.append(Text("\n".join(lines)))
     return out
+
+
+def _rich_table(title: str, columns: list[str], justify: str, rows: list[list[str]]) -> Any:
+    """A rich table: one column per name, ``justify`` one letter per column (l: left, r: right)."""
+    from rich.table import Table as RichTable
+
+    table = RichTable(title=title)
+    for name, j in zip(columns, justify, strict=True):
+        table.add_column(name, justify="left" if j == "l" else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def print_rich(ct: ComparisonTable, console: Any = None) -> None:

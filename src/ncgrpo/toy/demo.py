@@ -11,7 +11,7 @@ exactly that pipeline at toy scale, with the same code the full-scale runs use:
    Geometry3K loader (:func:`ncgrpo.data.geometry3k.load_geometry3k`), so training data takes the
    real-data path;
 2. the embedded base model (:func:`ncgrpo.toy.pretrain.ensure_base_model`: a tiny Qwen2.5-VL fine-tuned on
-   the suite's reasoning traces), or ``--model PATH``;
+   the suite's reasoning traces), or ``--model_name_or_path PATH``;
 3. one training run per configuration and seed with :class:`ncgrpo.trainer.NCGRPOTrainer` (TRL 1.16
    GRPO underneath), reward :data:`ncgrpo.rewards.math_reward`, frozen vision tower, ``K = steps``
    and the schedule's midpoint scaled as ``k_mid = 40/60 * K`` so eq. (3)'s anneal has the paper's
@@ -25,7 +25,7 @@ exactly that pipeline at toy scale, with the same code the full-scale runs use:
 
 Reruns are cheap: the suite, each finished training run and each finished evaluation leave a marker
 file holding the settings that produced them; a rerun with the same settings skips them, a rerun
-with different settings into the same ``--out`` is refused (records of different runs must not mix).
+with different settings into the same ``--output_dir`` is refused (records of different runs must not mix).
 
 Noise site: the default is the paper's (``final_norm``), where the noise reaches only the first-token
 logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999), so
@@ -48,7 +48,7 @@ step 1.7 s vs 8-32 s; two single-threaded training processes side by side steppe
 alone (2.58 vs 2.7 s). The runs share nothing but the read-only suite and base model, and each is
 seeded by its own seed, so the records do not depend on ``workers``
 (``tests/toy/test_demo.py::test_runs_in_worker_processes_equal_runs_in_one_process``). One demo
-writes a folder at a time (an advisory lock on ``--out``).
+writes a folder at a time (an advisory lock on ``--output_dir``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
 from ncgrpo.eval.records import METRICS_FILE, RUN_FILE
+from ncgrpo.toy.synthetic import first_per_family
 
 __all__ = [
     "BASELINE",
@@ -111,7 +113,7 @@ class MethodSpec:
 class DemoConfig:
     """Everything ``ncgrpo demo`` runs. Defaults fit the whole demo in 8 minutes on a 2-core CPU.
 
-    Training: ``steps`` optimizer steps per run, each on ``prompts_per_step`` prompts with
+    Training: ``max_steps`` optimizer steps per run, each on ``prompts_per_step`` prompts with
     ``num_generations`` rollouts each (TRL's ``G``; the two-pass methods split it into ``G/2`` clean
     and ``G/2`` noisy rollouts, vanilla samples all ``G`` clean), so TRL's
     ``per_device_train_batch_size = prompts_per_step * num_generations``.
@@ -121,11 +123,11 @@ class DemoConfig:
     turns it off).
     """
 
-    out: Path = field(
+    output_dir: Path = field(
         default=Path("runs/demo"),
         metadata={"help": "output folder; rerunning into the same folder skips finished runs"},
     )
-    steps: int = field(
+    max_steps: int = field(
         default=DEFAULT_STEPS,
         metadata={"help": "optimizer steps per run, K of eq. (3); k_mid = 40/60 K (the paper's K is 60)"},
     )
@@ -149,10 +151,10 @@ class DemoConfig:
             "help": "train only these of the configurations above, by rollout method (latent, image, antithetic, "
             "spsa, first_token_temperature, first_token_marginal); vanilla GRPO, the baseline of every test, always "
             "runs. Empty: all. "
-            "E.g. to share a 3-seed table between processes, each with its own --out"
+            "E.g. to share a 3-seed table between processes, each with its own --output_dir"
         },
     )
-    model: Path | None = field(
+    model_name_or_path: Path | None = field(
         default=None,
         metadata={"help": "base model folder, e.g. a bigger one (null: the embedded tiny base model)"},
     )
@@ -203,7 +205,7 @@ class DemoConfig:
         metadata={
             "help": "starting temperature T0 of the first-token control (--all_methods), annealed with the noise; "
             "1.02 is matched to sigma0 = 0.2 on the embedded base with branch_prefix '<think>' on what generates the "
-            "rollouts: `ncgrpo probe --prompts 128 --sigma 0.2 --branch_prefix '<think>'` gives noise-averaged "
+            "rollouts: `ncgrpo probe --prompts 128 --sigma0 0.2 --branch_prefix '<think>'` gives noise-averaged "
             "first-token TV 0.0066 and matched T0 1.0195 (the per-draw TV, 0.076, would give 1.23, which moves the "
             "sampled distribution about 11x more than the noise does)"
         },
@@ -226,14 +228,13 @@ class DemoConfig:
         default=1,
         metadata={
             "help": "torch CPU threads (1: the fastest on a small busy CPU); 0 or null: torch's default",
-            "aliases": ["--threads"],
         },
     )
     workers: int | None = field(
         default=None,
         metadata={
             "help": "runs trained and evaluated at once, one process each (null: on a CPU, the cores this process "
-            "may use divided by --threads, at most one per run; on a GPU, 1). Every run is seeded on its own, so "
+            "may use divided by --num_threads, at most one per run; on a GPU, 1). Every run is seeded on its own, so "
             "the records are the same for any value; more workers need one model's memory each"
         },
     )
@@ -242,12 +243,12 @@ class DemoConfig:
     )
 
     def __post_init__(self) -> None:
-        self.out = Path(self.out)
-        if self.model is not None:
-            self.model = Path(self.model)
-            if not (self.model / "config.json").is_file():
+        self.output_dir = Path(self.output_dir)
+        if self.model_name_or_path is not None:
+            self.model_name_or_path = Path(self.model_name_or_path)
+            if not (self.model_name_or_path / "config.json").is_file():
                 raise ValueError(
-                    f"model: {self.model} has no config.json; pass a folder written by save_pretrained "
+                    f"model_name_or_path: {self.model_name_or_path} has no config.json; pass a folder written by save_pretrained "
                     "(config, weights, processor files)"
                 )
         if self.cache_dir is not None:
@@ -263,7 +264,7 @@ class DemoConfig:
         if len(set(self.sigma0)) != len(self.sigma0):
             raise ValueError(f"sigma0: {list(self.sigma0)} lists a scale twice")
         positive = {
-            "steps": self.steps,
+            "max_steps": self.max_steps,
             "seeds": self.seeds,
             "prompts_per_step": self.prompts_per_step,
             "max_completion_length": self.max_completion_length,
@@ -323,7 +324,7 @@ class DemoConfig:
                 f"got {self.lr_scheduler_type!r}"
             )
         if self.num_threads == 0:
-            self.num_threads = None  # torch's default, as --threads 0 has always meant
+            self.num_threads = None  # torch's default, as --num_threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
         if self.workers is not None and (
@@ -332,7 +333,7 @@ class DemoConfig:
             raise ValueError(
                 f"workers must be a positive number of processes (or None: automatic), got {self.workers!r}"
             )
-        from ncgrpo.trainer import parse_noise_site
+        from ncgrpo.core.noise import parse_noise_site
 
         self.noise_site = str(self.noise_site).replace(" ", "")
         parse_noise_site(self.noise_site)  # raises, saying what to write
@@ -349,11 +350,11 @@ class DemoConfig:
     @property
     def k_mid(self) -> float:
         """eq. (3)'s midpoint scaled to this run's K, so the anneal has the paper's shape."""
-        return PAPER_K_MID / PAPER_K * self.steps
+        return PAPER_K_MID / PAPER_K * self.max_steps
 
     @property
     def validation_every(self) -> int:
-        return self.val_every if self.val_every is not None else max(1, round(self.steps / 6))
+        return self.val_every if self.val_every is not None else max(1, round(self.max_steps / 6))
 
     @property
     def suite_sizes(self) -> dict[str, int]:
@@ -473,19 +474,6 @@ def _say(cfg: DemoConfig, msg: str) -> None:
         print(msg, flush=True)
 
 
-def first_per_family(questions: Sequence[Any], limit: int | None) -> list[Any]:
-    """The first ``limit`` questions of each family (benchmark), in order; all when ``limit`` is None."""
-    if limit is None:
-        return list(questions)
-    seen: dict[str, int] = {}
-    kept = []
-    for q in questions:
-        if seen.get(q.benchmark, 0) < limit:
-            seen[q.benchmark] = seen.get(q.benchmark, 0) + 1
-            kept.append(q)
-    return kept
-
-
 def _read_marker(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
@@ -502,7 +490,7 @@ def _check_settings(marker: Path, found: dict[str, Any], wanted: dict[str, Any])
     if diff:
         details = ", ".join(f"{k}: {old.get(k)!r} -> {wanted.get(k)!r}" for k in diff)
         raise ValueError(
-            f"{marker}: this folder holds a finished run with other settings ({details}); use another --out "
+            f"{marker}: this folder holds a finished run with other settings ({details}); use another --output_dir "
             "or delete the folder to redo it"
         )
 
@@ -518,23 +506,16 @@ def validation_accuracy(
 ) -> dict[str, float]:
     """Greedy, noise-free accuracy on ``questions``: ``val/accuracy`` (all of them) and
     ``val/accuracy/<role>`` per role present (in_domain, ood, general). Restores the model's mode."""
-    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
-    from ncgrpo.rewards import score
+    from ncgrpo.eval.evaluate import DecodingSettings, eval_mode, score_greedy
 
     settings = DecodingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
-    was_training = model.training
-    model.eval()
     by_role: dict[str, list[bool]] = {}
-    try:
-        questions = list(questions)
+    questions = list(questions)
+    with eval_mode(model):
         for start in range(0, len(questions), batch_size):
             batch = questions[start : start + batch_size]
-            outputs = generate_greedy(model, processor, batch, settings)
-            for q, text in zip(batch, outputs, strict=True):
-                ok = bool(score(text, q.answer, choices=q.choices, answer_type=q.answer_type).correct)
-                by_role.setdefault(q.role, []).append(ok)
-    finally:
-        model.train(was_training)
+            for q, (_, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
+                by_role.setdefault(q.role, []).append(bool(s.correct))
     everything = [ok for oks in by_role.values() for ok in oks]
     out = {"val/accuracy": sum(everything) / len(everything)}
     for role in ("in_domain", "ood", "general"):
@@ -550,7 +531,7 @@ def _callbacks(
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
-    from ncgrpo.training import MetricsCallback
+    from ncgrpo.runs.driver import MetricsCallback
 
     # A second writer of the file train_run's own MetricsCallback writes, for the validation lines only:
     # it is not a trainer callback itself (that would write every training log line twice).
@@ -652,7 +633,7 @@ def _ensure_suite(cfg: DemoConfig) -> Path:
     """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema)."""
     from ncgrpo.toy.synthetic import build_suite, export_geo3k
 
-    path = cfg.out / "suite"
+    path = cfg.output_dir / "suite"
     marker = path / SUITE_MARKER
     settings = {"seed": cfg.suite_seed, "sizes": cfg.suite_sizes}
     found = _read_marker(marker)
@@ -667,8 +648,8 @@ def _ensure_suite(cfg: DemoConfig) -> Path:
 
 
 def _base_model(cfg: DemoConfig) -> Path:
-    if cfg.model is not None:
-        return cfg.model
+    if cfg.model_name_or_path is not None:
+        return cfg.model_name_or_path
     from ncgrpo.toy.pretrain import ensure_base_model
 
     _say(cfg, "getting the embedded base model (built on first use, then cached)")
@@ -685,14 +666,14 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
         "method": spec.rollout_method,
         **spec.fields,
         "seed": seed,
-        "steps": cfg.steps,
+        "steps": cfg.max_steps,
         "num_generations": cfg.num_generations,
         "prompts_per_step": cfg.prompts_per_step,
         "max_completion_length": cfg.max_completion_length,
         "learning_rate": cfg.learning_rate,
         "lr_scheduler_type": cfg.lr_scheduler_type,
         # where the noise acts matters only to the hidden-noise methods
-        **({"noise_site": cfg.noise_site} if spec.rollout_method in ("latent", "antithetic", "spsa") else {}),
+        **({"noise_site": cfg.noise_site} if spec.rollout_method in HIDDEN_NOISE_METHODS else {}),
         "schedule_k_mid": cfg.k_mid,
         **({"branch_prefix": cfg.branch_prefix} if cfg.branch_prefix else {}),
         "base_model": base_id,
@@ -701,6 +682,50 @@ def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) 
         "val_limit": cfg.val_limit,
         "val_every": cfg.validation_every,
     }
+
+
+def training_args(cfg: DemoConfig, spec: MethodSpec, seed: int, train_dir: Path, *, bf16: bool = False):
+    """The ``NCGRPOConfig`` of one training run of the demo: what ``ncgrpo train`` would be given."""
+    from ncgrpo.trainer import NCGRPOConfig
+
+    return NCGRPOConfig(
+        output_dir=str(train_dir),
+        run_name=f"{spec.slug}-seed{seed}",
+        rollout_method=spec.rollout_method,
+        **spec.fields,
+        schedule_k_mid=cfg.k_mid,
+        noise_site=cfg.noise_site,
+        branch_prefix=cfg.branch_prefix,
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.batch_size,
+        max_completion_length=cfg.max_completion_length,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        seed=seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=cfg.device == "cpu",
+        bf16=bf16,
+        dataloader_num_workers=0,
+        disable_tqdm=True,  # the demo's own one-line bar instead of a dict per step
+    )
+
+
+def check_settings(cfg: DemoConfig, base: Path) -> None:
+    """Every setting, checked before anything is written (as ``ncgrpo train`` does): each configuration's
+    ``NCGRPOConfig`` (e.g. SPSA only at the final-norm site) and the noise site against the base
+    model's decoder layers, read from its config. A ``ValueError`` says which configuration and what."""
+    from ncgrpo.models import check_noise_site
+
+    for spec in cfg.methods():
+        try:
+            args = training_args(cfg, spec, 0, cfg.output_dir / "train" / f"{spec.slug}-seed0")
+            if spec.rollout_method in HIDDEN_NOISE_METHODS:
+                check_noise_site(args.noise_site, base)
+        except ValueError as e:
+            raise ValueError(f"{spec.name}: {e}") from None
 
 
 def _train(
@@ -713,41 +738,19 @@ def _train(
     val_questions: list[Any],
     train_dir: Path,
 ) -> tuple[Any, Any]:
-    """One run through :func:`ncgrpo.training.train_run` (``ncgrpo train``'s driver); returns the
+    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver); returns the
     trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
     import torch
 
     from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
     from ncgrpo.rewards import math_reward
-    from ncgrpo.trainer import NCGRPOConfig
-    from ncgrpo.training import find_vision_tower, freeze_vision_tower, load_model_and_processor, train_run
+    from ncgrpo.runs.driver import train_run
 
     model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
     if find_vision_tower(model) is not None:
         freeze_vision_tower(model)  # section 4.1: frozen vision tower
-    args = NCGRPOConfig(
-        output_dir=str(train_dir),
-        run_name=f"{spec.slug}-seed{seed}",
-        rollout_method=spec.rollout_method,
-        **spec.fields,
-        schedule_k_mid=cfg.k_mid,
-        noise_site=cfg.noise_site,
-        branch_prefix=cfg.branch_prefix,
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.batch_size,
-        max_completion_length=cfg.max_completion_length,
-        max_steps=cfg.steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        seed=seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=cfg.device == "cpu",
-        bf16=next(model.parameters()).dtype == torch.bfloat16,
-        dataloader_num_workers=0,
-        disable_tqdm=True,  # the demo's own one-line bar instead of a dict per step
-    )
+    args = training_args(cfg, spec, seed, train_dir, bf16=next(model.parameters()).dtype == torch.bfloat16)
     metrics_path = train_dir / METRICS_FILE
     metrics_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
     trainer = train_run(
@@ -784,7 +787,7 @@ def _run_one(
     from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
 
     run = f"{spec.slug}-seed{seed}"
-    train_dir, eval_dir = cfg.out / "train" / run, cfg.out / "eval" / run
+    train_dir, eval_dir = cfg.output_dir / "train" / run, cfg.output_dir / "eval" / run
     settings = _train_settings(cfg, spec, seed, base_id)
     eval_settings = {
         **settings,
@@ -804,15 +807,15 @@ def _run_one(
         _say(cfg, f"{run}: trained and evaluated already (skipped)")
         return result
 
-    from ncgrpo.training import read_run_info
+    from ncgrpo.runs.folder import read_run_json
 
     model = processor = None
-    found = read_run_info(train_dir)
+    found = read_run_json(train_dir)
     if found is not None and found.get("finished"):
         _check_settings(train_dir / RUN_FILE, found, settings)
         _say(cfg, f"{run}: trained already (skipped); evaluating")
     else:
-        _say(cfg, f"{run}: training {spec.name} (seed {seed}) for {cfg.steps} steps")
+        _say(cfg, f"{run}: training {spec.name} (seed {seed}) for {cfg.max_steps} steps")
         t0 = time.perf_counter()
         model, processor = _train(cfg, spec, seed, base, settings, train_questions, val_questions, train_dir)
         result.train_time_s = time.perf_counter() - t0
@@ -822,7 +825,7 @@ def _run_one(
     _noise_means(cfg, result)
     t0 = time.perf_counter()
     if model is None:
-        from ncgrpo.training import load_model_and_processor
+        from ncgrpo.models import load_model_and_processor
 
         model, processor = load_model_and_processor(
             train_dir, dtype=_dtype_for(cfg.device), device=cfg.device
@@ -853,9 +856,9 @@ def _run_one(
 def _evaluate_base(cfg: DemoConfig, base: Path, base_id: str, test_questions: list[Any]) -> Path:
     """Greedy test records of the untrained base model (the table's first row), once per folder."""
     from ncgrpo.eval.evaluate import DecodingSettings, evaluate
-    from ncgrpo.training import load_model_and_processor
+    from ncgrpo.models import load_model_and_processor
 
-    eval_dir = cfg.out / "eval" / "base"
+    eval_dir = cfg.output_dir / "eval" / "base"
     settings = {
         "base_model": base_id,
         "eval_limit": cfg.eval_limit,
@@ -903,15 +906,15 @@ def _report(
     if cfg.progress:
         print_rich(ct, console)
     files = {
-        "table_md": cfg.out / "table.md",
-        "table_tex": cfg.out / "table.tex",
-        "table_json": cfg.out / "table.json",
+        "table_md": cfg.output_dir / "table.md",
+        "table_tex": cfg.output_dir / "table.tex",
+        "table_json": cfg.output_dir / "table.json",
     }
     atomic_write_text(files["table_md"], to_markdown(ct))
     atomic_write_text(files["table_tex"], to_latex(ct))
     atomic_write_json(files["table_json"], json.loads(json.dumps(ct.to_json(), default=str)))
 
-    plots = cfg.out / "plots"
+    plots = cfg.output_dir / "plots"
     if len({r.name for r in runs}) > 1:
         for p in plot_gains(
             ct, None, plots / "gains", title="Demo: gains over vanilla GRPO (* exact McNemar p<0.05)"
@@ -1014,8 +1017,29 @@ def _load_questions(
 _WORKER_QUESTIONS: dict[tuple[Any, ...], tuple[list[Any], list[Any], list[Any]]] = {}
 
 
-def _worker_init(num_threads: int | None, parent_pid: int) -> None:
-    """Start of each worker process: die with the demo process, take its thread count."""
+def quiet_libraries() -> None:
+    """The demo prints its own progress: one bar per training run and per evaluation. Library chatter
+    (weight-loading and parquet bars, info logs, TRL's deprecation notices for transformers v6) is
+    silenced, in the demo's process and in each worker."""
+    global _QUIET
+    import warnings
+
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    _QUIET = True
+
+
+_QUIET = False  # quiet_libraries() was called in this process: workers are quieted too
+
+
+def _worker_init(num_threads: int | None, parent_pid: int, quiet: bool = False) -> None:
+    """Start of each worker process: die with the demo process, take its thread count and (``quiet``)
+    the demo's silence about library chatter (:func:`quiet_libraries`)."""
     if sys.platform.startswith("linux"):
         # PR_SET_PDEATHSIG: the kernel SIGKILLs this worker when the demo process dies, even by SIGKILL,
         # so no orphan goes on writing a run folder that a rerun of the demo will write too.
@@ -1032,6 +1056,8 @@ def _worker_init(num_threads: int | None, parent_pid: int) -> None:
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+    if quiet:
+        quiet_libraries()
 
 
 def _run_in_worker(
@@ -1073,12 +1099,14 @@ def _run_in_processes(
         f"training {len(jobs)} runs, {workers} at a time, one process each "
         f"({cfg.num_threads or 'all'} torch thread(s) per process)",
     )
-    dirs = [cfg.out / "train" / f"{spec.slug}-seed{seed}" for spec, seed in jobs]
-    bar = tqdm(total=len(jobs) * cfg.steps, desc="train", unit="step", disable=not cfg.progress)
+    dirs = [cfg.output_dir / "train" / f"{spec.slug}-seed{seed}" for spec, seed in jobs]
+    bar = tqdm(total=len(jobs) * cfg.max_steps, desc="train", unit="step", disable=not cfg.progress)
     results: dict[int, RunResult] = {}
     try:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked torch or thread state
-        with ctx.Pool(workers, initializer=_worker_init, initargs=(cfg.num_threads, os.getpid())) as pool:
+        with ctx.Pool(
+            workers, initializer=_worker_init, initargs=(cfg.num_threads, os.getpid(), _QUIET)
+        ) as pool:
             pending = {
                 i: pool.apply_async(_run_in_worker, (quiet, spec, seed, base, base_id, suite))
                 for i, (spec, seed) in enumerate(jobs)
@@ -1094,7 +1122,7 @@ def _run_in_processes(
                         bar.write(
                             f"{dirs[i].name}: {done} (train {r.train_time_s:.0f} s, eval {r.eval_time_s:.0f} s)"
                         )
-                bar.update(sum(min(_steps_done(d), cfg.steps) for d in dirs) - bar.n)
+                bar.update(sum(min(_steps_done(d), cfg.max_steps) for d in dirs) - bar.n)
     finally:
         bar.close()
     return [results[i] for i in range(len(jobs))]
@@ -1104,7 +1132,7 @@ def _run_in_processes(
 def run_demo(
     cfg: DemoConfig, *, console: Any = None, on_stage: Callable[[str], None] | None = None
 ) -> DemoResult:
-    """Run the whole protocol (see the module docstring) into ``cfg.out``; returns what it did.
+    """Run the whole protocol (see the module docstring) into ``cfg.output_dir``; returns what it did.
 
     ``on_stage(name)`` is called as each stage starts (suite, base_model, train_eval, report).
     """
@@ -1118,20 +1146,23 @@ def run_demo(
     previous_threads = torch.get_num_threads()
     if cfg.num_threads is not None:
         torch.set_num_threads(cfg.num_threads)
-    lock = FolderLock(cfg.out, "ncgrpo demo")  # one demo per folder: a second fails at once
+
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        if on_stage is not None:
+            on_stage(name)
+        t0 = time.perf_counter()
+        value = fn()
+        stage_times[name] = stage_times.get(name, 0.0) + time.perf_counter() - t0
+        return value
+
+    lock = FolderLock(cfg.output_dir, "ncgrpo demo")  # one demo per folder: a second fails at once
     try:
-        lock.acquire()
-
-        def stage(name: str, fn: Callable[[], Any]) -> Any:
-            if on_stage is not None:
-                on_stage(name)
-            t0 = time.perf_counter()
-            value = fn()
-            stage_times[name] = stage_times.get(name, 0.0) + time.perf_counter() - t0
-            return value
-
-        suite = stage("suite", lambda: _ensure_suite(cfg))
+        # the base model (built into its cache on first use) and every setting, before the first byte
+        # of the output folder is written
         base = stage("base_model", lambda: _base_model(cfg))
+        check_settings(cfg, base)
+        lock.acquire()
+        suite = stage("suite", lambda: _ensure_suite(cfg))
         base_id = model_id_of(base)
         specs, seeds = cfg.methods(), cfg.seed_values()
         jobs = [(spec, seed) for spec in specs for seed in seeds]
@@ -1142,7 +1173,7 @@ def run_demo(
         )
         _say(
             cfg,
-            f"{len(specs)} configuration(s) x {len(seeds)} seed(s), {cfg.steps} steps each "
+            f"{len(specs)} configuration(s) x {len(seeds)} seed(s), {cfg.max_steps} steps each "
             f"({cfg.prompts_per_step} prompts x G={cfg.num_generations}); test: {len(test_q)} questions; "
             f"base model: {base}",
         )
@@ -1160,7 +1191,7 @@ def run_demo(
         table, files = stage("report", lambda: _report(cfg, runs, console, base_eval))
         wall = time.perf_counter() - t_start
         result = DemoResult(
-            out=cfg.out,
+            out=cfg.output_dir,
             base_model=base,
             runs=runs,
             table=table,
@@ -1169,7 +1200,7 @@ def run_demo(
             wall_time_s=wall,
             notes=_notes(cfg, runs),
         )
-        files["summary"] = cfg.out / "summary.json"
+        files["summary"] = cfg.output_dir / "summary.json"
         summary = result.to_json()
         summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
         atomic_write_json(files["summary"], summary)

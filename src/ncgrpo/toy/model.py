@@ -28,6 +28,7 @@ from typing import Any, Literal
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
+from ncgrpo.models import tokenizer_of
 from ncgrpo.processors import IMAGE_ONLY_PROCESSORS
 
 __all__ = [
@@ -222,10 +223,6 @@ def build_processor(
     )
 
 
-def _tokenizer_of(tok_or_proc) -> PreTrainedTokenizerFast:
-    return getattr(tok_or_proc, "tokenizer", tok_or_proc)
-
-
 def _token_ids(tokenizer) -> dict[str, int]:
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     bad = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
@@ -332,7 +329,7 @@ def tiny_qwen2_5_vl_config(
     """
     from transformers import Qwen2_5_VLConfig
 
-    tokenizer = _tokenizer_of(tokenizer) if tokenizer is not None else None
+    tokenizer = tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
     text_config = _mrope_text_config(
         ids,
@@ -407,7 +404,7 @@ def tiny_vl_model(
     """
     import transformers
 
-    tok = _tokenizer_of(processor) if processor is not None else tokenizer
+    tok = tokenizer_of(processor) if processor is not None else tokenizer
     if tok is None:
         tok = build_tokenizer()
     if processor is not None:

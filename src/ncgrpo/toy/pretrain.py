@@ -288,7 +288,7 @@ def evaluate_base(
     "sample_accuracy": {family: acc}, "counts": {family: n}}``. Scoring is :func:`ncgrpo.rewards.score`,
     the same function training rewards and ``ncgrpo eval`` use.
     """
-    from ncgrpo.eval.evaluate import DecodingSettings, generate_greedy
+    from ncgrpo.eval.evaluate import DecodingSettings, score_greedy
     from ncgrpo.rewards import score
 
     was_training = model.training
@@ -303,8 +303,8 @@ def evaluate_base(
         hits = []
         for i in range(0, len(qs), batch_size):
             batch = qs[i : i + batch_size]
-            for q, out in zip(batch, generate_greedy(model, processor, batch, settings), strict=True):
-                ok = bool(score(out, q.answer, choices=q.choices, answer_type=q.answer_type).correct)
+            for q, (_, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
+                ok = bool(s.correct)
                 correct[q.uid] = ok
                 hits.append(ok)
         acc[fam] = sum(hits) / len(hits)
@@ -674,20 +674,6 @@ def _sft_step(model: Any, opt: torch.optim.Optimizer, batch: dict[str, torch.Ten
     return float(loss.detach())
 
 
-def _first_per_family(questions: Sequence[Question], limit: int | None) -> list[Question]:
-    """The first ``limit`` questions of each family, in order (all of them when ``limit`` is None)."""
-    if limit is None:
-        return list(questions)
-    seen: dict[str, int] = {}
-    kept = []
-    for q in questions:
-        fam = q.metadata["family"]
-        if seen.get(fam, 0) < limit:
-            seen[fam] = seen.get(fam, 0) + 1
-            kept.append(q)
-    return kept
-
-
 def _suite_hashes(suite: Mapping[str, Sequence[Question]]) -> set[str]:
     return {q.metadata["hash"] for qs in suite.values() for q in qs}
 
@@ -908,7 +894,9 @@ def _pretrain(
     )
     if run_eval:
         t1 = time.perf_counter()
-        val = _first_per_family(suite["validation"], eval_limit)
+        from ncgrpo.toy.synthetic import first_per_family
+
+        val = first_per_family(suite["validation"], eval_limit)
         res = evaluate_base(model, processor, val, group_size=group_size, seed=seed)
         report.eval_time_s = round(time.perf_counter() - t1, 2)
         report.accuracy = {k: round(v, 4) for k, v in res["accuracy"].items()}
@@ -1068,7 +1056,6 @@ class PretrainConfig:
         default=1,
         metadata={
             "help": "torch intra-op threads (1: reproducible, fast on busy CPUs)",
-            "aliases": ["--threads"],
         },
     )
     progress: bool = field(default=True, metadata={"help": "progress bar (--no_progress: none)"})

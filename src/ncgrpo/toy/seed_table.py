@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import sys
-import tempfile
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncgrpo.eval.records import EvalRecord, _umask
+from ncgrpo.eval.records import EvalRecord
 from ncgrpo.eval.report import load_run
 from ncgrpo.eval.stats import align, disagreement_note, mcnemar_pooled, seed_to_seed, seed_ttest
+from ncgrpo.runs.folder import atomic_write_bytes, json_rows
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -162,7 +161,7 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[st
             read_base, entries = _export_folder(folder)
         else:
             raise ValueError(
-                f"{folder}: no eval/ folder; pass the --out folder of an ncgrpo demo run "
+                f"{folder}: no eval/ folder; pass the --output_dir folder of an ncgrpo demo run "
                 "(or a folder written by --export)"
             )
         if read_base is not None:
@@ -337,17 +336,7 @@ def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[Tab
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for i, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i}: a line must be a JSON object, got {type(row).__name__}")
-        rows.append((i, row))
+    rows = list(json_rows(enumerate(text.splitlines(), start=1), path, "line"))
     if not rows or rows[0][1].get("format") != EXPORT_FORMAT:
         raise ValueError(f"{path}:1: not a seed-table export (first line must say format {EXPORT_FORMAT!r})")
     header = rows[0][1]
@@ -374,21 +363,6 @@ def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[Tab
     return name, records
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Atomically, with the mode a plain open() would give (as ``eval.records.atomic_write_text``)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path], list[Path]]:
     """Write the records the table of ``folders`` needs into ``dest`` (``base.jsonl.gz`` and one
     ``<slug>-seed<N>.jsonl.gz`` per run); remove export files in ``dest`` of runs not written now,
@@ -407,7 +381,7 @@ def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path],
             header = {"slug": slug, "seed": seed, "name": rows.name}
             files[f"{slug}-seed{seed}.jsonl.gz"] = _export_bytes(header, rows.seeds[seed])
     for name, data in files.items():
-        _write_bytes(dest / name, data)
+        atomic_write_bytes(dest / name, data)
     stale = sorted(
         p
         for p in dest.iterdir()

@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from ncgrpo.data.types import LETTERS as ALL_LETTERS
 from ncgrpo.data.types import MATH_PROMPT, AnswerType, Question, Role
 
 __all__ = [
+    "first_per_family",
     "IMAGE_SIZE",
     "COLOURS",
     "SHAPES",
@@ -589,6 +590,20 @@ def build_suite(seed: int = 0, sizes: Mapping[str, int] | None = None) -> dict[s
                 count += 1
         suite[split] = questions
     return {split: suite[split] for split in SPLITS}
+
+
+def first_per_family(questions: Sequence[Any], limit: int | None) -> list[Any]:
+    """The first ``limit`` questions of each family (benchmark ``synthetic/<family>``), in order; all of
+    them when ``limit`` is None."""
+    if limit is None:
+        return list(questions)
+    seen: dict[str, int] = {}
+    kept = []
+    for q in questions:
+        if seen.get(q.benchmark, 0) < limit:
+            seen[q.benchmark] = seen.get(q.benchmark, 0) + 1
+            kept.append(q)
+    return kept
 
 
 def export_geo3k(suite: Mapping[str, list[Question]], out_dir: str | Path) -> dict[str, Path]:

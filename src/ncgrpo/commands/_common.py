@@ -1,4 +1,9 @@
-"""Commands whose options are one dataclass, parsed the TRL way.
+"""What the CLI and its commands share: the bad-input error and dataclass-backed commands.
+
+:class:`UsageError` (and :data:`BAD_INPUT`) live here, not in ``ncgrpo.cli``, so that ``cli`` imports
+the commands and no command imports ``cli`` back.
+
+Commands whose options are one dataclass are parsed the TRL way.
 
 A command registered with :func:`add_dataclass_command` takes ``--config FILE.yaml`` (keys = field
 names, ``base:`` includes) plus one ``--flag`` per field (``--batch_size`` and the ``--batch-size``
@@ -12,6 +17,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from typing import Any
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as ``ncgrpo <command>: error: <message>``, exit code 2."""
+
+
+#: Exceptions that mean "the input is wrong" when they escape a command.
+BAD_INPUT = (UsageError, ValueError, OSError, KeyError)
 
 
 def add_dataclass_command(

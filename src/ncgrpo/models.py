@@ -1,0 +1,186 @@
+"""Loading a model the transformers way: model and processor (or tokenizer) from a folder, the
+device and dtype rules, vision-tower freezing, and :func:`tokenizer_of`. Shared by ``ncgrpo train``,
+``ncgrpo eval``, ``ncgrpo probe``, the benchmarks and the embedded demo. The torchvision-free Qwen VL
+processors it loads are :mod:`ncgrpo.processors`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "VISION_TOWER_PATHS",
+    "check_noise_site",
+    "find_vision_tower",
+    "freeze_vision_tower",
+    "is_vision_language",
+    "load_model_and_processor",
+    "resolve_device",
+    "resolve_dtype",
+    "text_layers",
+    "tokenizer_of",
+]
+
+
+def tokenizer_of(processor: Any) -> Any:
+    """The tokenizer behind a processor (or the tokenizer itself)."""
+    return getattr(processor, "tokenizer", processor)
+
+
+#: Where VL models keep their vision tower, tried in order (Qwen2/2.5/3-VL: ``model.visual``).
+VISION_TOWER_PATHS = ("model.visual", "visual", "model.vision_tower", "vision_tower", "model.vision_model")
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU that supports it, float32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def is_vision_language(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_model_and_processor(
+    path: str | Path,
+    *,
+    dtype: str | torch.dtype | None = "auto",
+    device: str | None = "auto",
+    attn_implementation: str | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    freeze_vision: bool = False,
+) -> tuple[Any, Any]:
+    """``(model, processor)`` for a vision-language checkpoint, ``(model, tokenizer)`` for a text one.
+
+    ``path`` is a local folder (or a hub id already in the cache). ``dtype``: ``auto`` (bfloat16 on a
+    GPU that has it, float32 elsewhere) or a name such as ``bfloat16``. ``device``: the model is put
+    there in eval mode; ``None`` leaves it where ``from_pretrained`` put it (the Trainer moves it).
+    ``min_pixels`` / ``max_pixels`` go to the image processor. ``freeze_vision``: see
+    :func:`freeze_vision_tower`. The tokenizer pads on the left, which batched generation needs.
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoProcessor,
+        AutoTokenizer,
+    )
+
+    import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL processors)
+
+    dev = resolve_device(device) if device is not None else None
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as e:
+        raise FileNotFoundError(
+            f"cannot load a model config from {path!s}: {e}. Pass a folder written by save_pretrained "
+            "(config.json, weights, tokenizer/processor files)."
+        ) from None
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, dev or torch.device("cpu"))}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if is_vision_language(config):
+        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+        pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+        processor = AutoProcessor.from_pretrained(path, **pixels)
+        if getattr(processor, "image_processor", None) is None:
+            raise ValueError(
+                f"{path}: AutoProcessor gave {type(processor).__name__}, which has no image processor; "
+                "a vision-language model needs its processor saved next to it"
+            )
+        tok = processor.tokenizer
+        if freeze_vision:
+            freeze_vision_tower(model)
+    else:  # a text-only model has no vision tower: freeze_vision has nothing to do
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        processor = AutoTokenizer.from_pretrained(path)
+        tok = processor
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if dev is not None:
+        model.to(dev).eval()
+    return model, processor
+
+
+def find_vision_tower(model) -> tuple[str, Any] | None:
+    """``(path, module)`` of the vision tower (first of :data:`VISION_TOWER_PATHS`), or ``None``."""
+    for path in VISION_TOWER_PATHS:
+        node = model
+        for part in path.split("."):
+            node = getattr(node, part, None)
+            if node is None:
+                break
+        if node is not None:
+            return path, node
+    return None
+
+
+def freeze_vision_tower(model) -> str:
+    """Set ``requires_grad=False`` on the vision tower's parameters (the paper's recipe, section 4.1);
+    returns where it was found."""
+    found = find_vision_tower(model)
+    if found is None:
+        raise ValueError(
+            f"{type(model).__name__}: no vision tower at any of {', '.join(VISION_TOWER_PATHS)}; "
+            "set freeze_vision_tower=false for a text-only model"
+        )
+    path, tower = found
+    for p in tower.parameters():
+        p.requires_grad_(False)
+    return path
+
+
+def text_layers(model_name_or_path: str | Path) -> int | None:
+    """Decoder layers of the model's language stack, from its config alone (no weights); None if the
+    config cannot be read here (then the trainer checks once the model is loaded)."""
+    try:
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.from_pretrained(model_name_or_path)
+    except Exception:  # noqa: BLE001 - not readable without the model: the trainer checks later
+        return None
+    n = getattr(cfg.get_text_config(), "num_hidden_layers", None)
+    return int(n) if n is not None else None
+
+
+def check_noise_site(noise_site: str, model_name_or_path: str | Path) -> None:
+    """Refuse a layer noise site past the model's decoder layers, read from its config before any
+    weight is loaded (``final_norm`` fits every model)."""
+    from ncgrpo.core.noise import parse_noise_site
+
+    site = parse_noise_site(noise_site)
+    if site == "final_norm":
+        return
+    n_layers = text_layers(model_name_or_path)
+    if n_layers is not None and max(site) >= n_layers:
+        raise ValueError(
+            f"noise_site={noise_site!r} names layer {max(site)} but {model_name_or_path} has "
+            f"{n_layers} decoder layers (0..{n_layers - 1})"
+        )

@@ -1,0 +1,8 @@
+"""The run folder's one home.
+
+- :mod:`ncgrpo.runs.folder`: the layout of a run folder (file names), atomic writers, the JSON-lines
+  reader, the ``run.json`` reader, run identity, checkpoint completeness and the folder lock (plain
+  files; used by every command).
+- :mod:`ncgrpo.runs.driver`: the metrics callback and the run driver (:func:`~ncgrpo.runs.driver.train_run`),
+  shared by ``ncgrpo train`` and the demo.
+"""

@@ -1,0 +1,356 @@
+"""A run folder: its file names, how they are written, who may write, and what is read back.
+
+Every command writes its outputs into one folder; this module is the one place that knows the layout:
+
+- ``run.json`` (:data:`RUN_FILE`): what the folder holds, written atomically (:func:`atomic_write_json`),
+  read back by :func:`read_run_json`. A training run (``ncgrpo train``, the demo) records ``name``,
+  ``method``, ``seed``, ``model``, ``recipe``, ``output_dir``, ``finished`` (and ``global_step`` once
+  finished); an evaluation (``ncgrpo eval``) records its identity (``model``, ``checkpoint``, ``seed``,
+  ``split``, ``benchmarks``, ``decoding``) plus ``name``, ``method`` and the last ``batch_size``.
+- ``config.yaml`` (:data:`CONFIG_FILE`): a training run's resolved settings, read by ``--resume``.
+- ``metrics.jsonl`` (:data:`METRICS_FILE`), ``records.jsonl`` (:data:`RECORDS_FILE`): JSON lines,
+  appended and fsync'ed one line at a time, so a kill leaves at most a torn last line
+  (:func:`iter_json_lines` skips it, :func:`repair_torn_tail` cuts it).
+- ``checkpoint-N/`` (Trainer checkpoints, plus :data:`STATE_FILE` for NC-GRPO's own state): resumed
+  from the newest complete one (:func:`last_complete_checkpoint`).
+- ``.ncgrpo.lock`` (:data:`LOCK_FILE`): the advisory lock a writer holds (:class:`FolderLock`).
+
+A run's identity (what must not change when a folder is resumed or appended to) is compared by
+:func:`changed_identity`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONFIG_FILE",
+    "LOCK_FILE",
+    "METRICS_FILE",
+    "RECORDS_FILE",
+    "RUN_FILE",
+    "STATE_FILE",
+    "FolderBusyError",
+    "FolderLock",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "changed_identity",
+    "checkpoint_problem",
+    "checkpoint_weight_files",
+    "iter_json_lines",
+    "json_rows",
+    "last_complete_checkpoint",
+    "read_run_json",
+    "repair_torn_tail",
+]
+
+RUN_FILE = "run.json"
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+RECORDS_FILE = "records.jsonl"
+LOCK_FILE = ".ncgrpo.lock"
+#: NC-GRPO's own state in a Trainer checkpoint (noise schedule position, SPSA's ``mu``, ...).
+STATE_FILE = "ncgrpo_state.pt"
+
+
+class FolderBusyError(ValueError):
+    """Another process holds the advisory lock of an output folder."""
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    # No way to read the umask without setting it (before Linux's /proc "Umask:" line); set it back
+    # at once. Called only around file creation, never from threads that create files themselves.
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never a mix.
+
+    The file gets the mode a plain ``open(path, "w")`` would give (0666 less the umask), not the
+    0600 of the temporary file it is written through.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def _complete_part(data: bytes) -> tuple[bytes, int]:
+    """(the newline-terminated part of ``data``, bytes after it). Writers end every record with a
+    newline, so anything after the last one is a torn write: a cut line, possibly cut inside a
+    multi-byte UTF-8 character."""
+    cut = data.rfind(b"\n") + 1
+    return data[:cut], len(data) - cut
+
+
+def iter_json_lines(path: str | os.PathLike, what: str = "row") -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of each complete line of a JSONL file written one line at a time.
+
+    Bytes after the last newline are a torn write and are skipped (the file is not changed); blank
+    lines are skipped; a complete line that is not UTF-8, not JSON or not a JSON object is an error
+    naming the file and line (``what`` names the kind of row in that message).
+    """
+    path = Path(path)
+    data, _ = _complete_part(path.read_bytes())
+
+    def lines() -> Iterator[tuple[int, str]]:
+        for i, raw in enumerate(data.splitlines(), start=1):
+            try:
+                yield i, raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+    yield from json_rows(lines(), path, what)
+
+
+def json_rows(
+    lines: Iterable[tuple[int, str]], where: str | os.PathLike, what: str = "row"
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of each non-blank ``(line number, text)``: a line that is not JSON or
+    not a JSON object is an error naming ``where`` and the line (``what``: the kind of row)."""
+    for i, line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}:{i}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}:{i}: a {what} must be a JSON object, got {type(row).__name__}")
+        yield i, row
+
+
+def repair_torn_tail(path: str | os.PathLike) -> int:
+    """Cut the bytes after the last newline of ``path`` (a killed writer's torn record), fsync'ed.
+
+    Returns the number of bytes cut (0 when the file ends cleanly or does not exist).
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as f:
+        _, torn = _complete_part(f.read())
+        if torn:
+            f.truncate(f.tell() - torn)
+            f.flush()
+            os.fsync(f.fileno())
+    return torn
+
+
+def read_run_json(folder: str | os.PathLike, *, hint: str | None = None) -> dict[str, Any] | None:
+    """The folder's ``run.json`` as a dict, or ``None`` when there is none: the one reader of every
+    kind of run folder (training, evaluation, demo). A file that is not UTF-8, not JSON or not a JSON
+    object is a ``ValueError`` naming the file (and line), followed by ``hint`` (what to do) if given."""
+    path = Path(folder) / RUN_FILE
+    if not path.exists():
+        return None
+    tail = f"; {hint}" if hint else ""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}){tail}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}){tail}") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: must hold a JSON object, got {type(info).__name__}{tail}")
+    return info
+
+
+def changed_identity(old: Mapping[str, Any], new: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
+    """``key: old -> new`` for every identity key whose value differs between two settings mappings
+    (a key absent from ``old`` and ``None`` in ``new`` counts as unchanged: a setting added since)."""
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if a != b and not (a is None and k not in old and b is None):
+            out.append(f"{k}: {a!r} -> {b!r}")
+    return out
+
+
+# --- checkpoints --------------------------------------------------------------------------------
+
+
+def checkpoint_weight_files(checkpoint: str) -> list[str]:
+    """The model weight files of a Trainer checkpoint (single file or sharded index); [] if none."""
+    import json
+
+    single = os.path.join(checkpoint, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    index = os.path.join(checkpoint, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(checkpoint, s) for s in shards]
+    return []
+
+
+def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
+
+    Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
+    (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
+    exist (a safetensors file or index), ``optimizer.pt`` unless the state says nothing was saved
+    beyond the model, and, for every NC-GRPO method, ``ncgrpo_state.pt`` loads (it is written
+    first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
+    by a kill is incomplete; so is one whose files were torn.
+    """
+    import json
+
+    ckpt = str(checkpoint)
+    state_path = os.path.join(ckpt, "trainer_state.json")
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            json.load(f)
+    except (OSError, ValueError) as e:
+        return f"{state_path} is missing or torn ({type(e).__name__})"
+    if not checkpoint_weight_files(ckpt) and not os.path.isfile(os.path.join(ckpt, "pytorch_model.bin")):
+        return f"{ckpt} has no model weights"
+    if not os.path.isfile(os.path.join(ckpt, "optimizer.pt")) and os.path.isfile(
+        os.path.join(ckpt, "scheduler.pt")
+    ):
+        return f"{ckpt} has a scheduler but no optimizer.pt"
+    if method is not None and method != "vanilla":
+        path = os.path.join(ckpt, STATE_FILE)
+        try:
+            import torch
+
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable state file makes the checkpoint unusable
+            return f"{path} is missing or unreadable ({type(e).__name__})"
+    return None
+
+
+def last_complete_checkpoint(
+    output_dir: str | os.PathLike, method: str | None = None
+) -> tuple[str | None, list[str]]:
+    """``(newest complete checkpoint-N folder or None, [why each newer one was skipped])``."""
+    import re
+
+    out = str(output_dir)
+    if not os.path.isdir(out):
+        return None, []
+    steps = []
+    for name in os.listdir(out):
+        m = re.fullmatch(r"checkpoint-(\d+)", name)
+        if m and os.path.isdir(os.path.join(out, name)):
+            steps.append((int(m.group(1)), name))
+    skipped = []
+    for _, name in sorted(steps, reverse=True):
+        problem = checkpoint_problem(os.path.join(out, name), method)
+        if problem is None:
+            return os.path.join(out, name), skipped
+        skipped.append(f"{name}: {problem}")
+    return None, skipped
+
+
+# --- one writer per folder -----------------------------------------------------------------------
+
+
+class FolderLock:
+    """Advisory exclusive lock (``fcntl.flock``) on ``DIR/.ncgrpo.lock``, held while writing ``DIR``.
+
+    A second process fails at once with :class:`FolderBusyError` naming the holder's pid (written
+    into the lock file). The kernel drops the lock when its holder dies, even by SIGKILL, so a
+    stale lock file never blocks a rerun. The lock file stays; it holds only the last holder's pid.
+    Re-entrant within one process: an inner lock on a folder this process holds is a no-op.
+    """
+
+    _held: dict[str, int] = {}  # resolved folder -> nesting depth, in this process
+
+    def __init__(self, folder: str | os.PathLike, what: str = "ncgrpo"):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self.what = what
+        self._fd: int | None = None
+        self._key: str | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key = str(self.folder.resolve())
+        if key in FolderLock._held:
+            FolderLock._held[key] += 1
+            self._key = key
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise FolderBusyError(
+                f"{self.folder} is being written by another process ({holder}, lock {self.path}); "
+                "wait for it to finish or use another output folder"
+            ) from None
+        except OSError as e:  # e.g. a file system without flock support
+            os.close(fd)
+            raise OSError(
+                e.errno, f"{self.path}: cannot take the folder lock ({e.strerror}); use a local folder"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({self.what})\n".encode(), 0)
+        self._fd = fd
+        self._key = key
+        FolderLock._held[key] = 1
+
+    def release(self) -> None:
+        if self._key is None:
+            return
+        FolderLock._held[self._key] -= 1
+        if FolderLock._held[self._key] == 0:
+            del FolderLock._held[self._key]
+        self._key = None
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

