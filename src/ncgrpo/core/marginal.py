@@ -141,8 +141,8 @@ def marginal_estimate(
     ``M`` draws, seeded) gives the standard error and the bias correction (see
     :class:`MarginalEstimate`); ``bootstrap=0`` skips both (``tv_se`` NaN, ``tv`` the plug-in).
     """
-    p = p.float()
-    q = q_draws.float()
+    p = p.double()  # float64 sums: M identical draws average back to exactly p (KL 0 at sigma 0)
+    q = q_draws.double()
     M = q.shape[0]
     if M < 1:
         raise ValueError("marginal_estimate needs at least one draw")
