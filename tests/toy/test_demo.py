@@ -57,7 +57,7 @@ def test_roster_schedule_and_batch() -> None:
         ("NC-GRPO σ0=0.2", "latent", {"sigma0": 0.2}),
     ]
     assert DemoConfig(max_steps=60).k_mid == 40.0  # the paper's k_mid for K = 60
-    assert cfg.k_mid == 80.0 and cfg.steps == 120  # the demo's K: the anneal keeps its shape
+    assert cfg.k_mid == 80.0 and cfg.max_steps == 120  # the demo's K: the anneal keeps its shape
     assert DemoConfig(max_steps=30).k_mid == 20.0  # scaled: the anneal keeps its shape
     assert cfg.batch_size == cfg.prompts_per_step * cfg.num_generations
     everything = DemoConfig(sigma0=(0.2, 0.5), all_methods=True, seeds=3)
