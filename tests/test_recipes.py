@@ -148,7 +148,11 @@ def test_paper_protocol_is_shared() -> None:
         ("qwen2_5_vl_7b_spsa", {"rollout_method": "spsa", "sigma0": 0.2}),
         (
             "qwen2_5_vl_7b_first_token_temperature",
-            {"rollout_method": "first_token_temperature", "first_token_temperature_auto": True, "sigma0": 0.2},
+            {
+                "rollout_method": "first_token_temperature",
+                "first_token_temperature_auto": True,
+                "sigma0": 0.2,
+            },
         ),
         ("qwen2_5_vl_7b_first_token_marginal", {"rollout_method": "first_token_marginal", "sigma0": 0.2}),
         ("qwen2_5_vl_7b_latent_propagating", {"rollout_method": "latent", "noise_site": "14"}),

@@ -104,7 +104,10 @@ def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:
     warning fires."""
     path, tok = model_dir
     args = _config(tmp_path, rollout_method="latent", sigma0=1e-6, sigma_schedule="constant", max_steps=3)
-    with cpu_weight_sync(), pytest.warns(InertNoiseWarning, match="noise/first_token_marginal_tv stayed below"):
+    with (
+        cpu_weight_sync(),
+        pytest.warns(InertNoiseWarning, match="noise/first_token_marginal_tv stayed below"),
+    ):
         tr = vllm_trainer(NCGRPOTrainer, path, tok, args)
         tr.train()
     tvs = [h.metrics["noise/first_token_marginal_tv"] for h in tr.nc_history]
