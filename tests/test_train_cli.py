@@ -158,6 +158,17 @@ def test_output_dir_defaults_to_runs_slash_run_name(tmp_path: Path, geo3k: Path,
     assert "-> runs/r1" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("name", ["../../escaped", "a/b", "..", "a\\b"])
+def test_run_name_is_a_name_not_a_path(tmp_path: Path, geo3k: Path, monkeypatch, capsys, name: str) -> None:
+    """runs/<run_name> must stay inside runs/: a separator or '..' is refused before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in _args(tmp_path, geo3k, "/m", "--dry-run", "--run_name", name) if a != "--output_dir"]
+    args.remove(str(tmp_path))
+    assert main(args) == 2
+    assert "is not a name" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path.parent / "escaped").exists()
+
+
 def test_build_datasets_in_trl_form(tmp_path: Path, geo3k: Path) -> None:
     from ncgrpo.commands.train import ScriptArguments, build_datasets
 

@@ -78,6 +78,8 @@ def _cfg(tmp_path, **kw) -> NCGRPOConfig:
         (dict(spsa_min_sigma_ratio=2.0), "spsa_min_sigma_ratio"),
         (dict(first_token_temperature=float("inf")), "first_token_temperature"),
         (dict(first_token_marginal_draws=0), "first_token_marginal_draws"),
+        (dict(spsa_lr=float("nan")), "spsa_lr must be a finite number"),
+        (dict(spsa_mu_max=float("inf")), "spsa_mu_max must be a finite number"),
         (dict(marginal_tv_draws=-1), "marginal_tv_draws"),
         (dict(rollout_method="first_token_marginal", noise_site="1"), "no such q_bar"),
         (dict(first_token_temperature_auto=True, noise_site="1"), "first_token_temperature_auto"),

@@ -311,6 +311,10 @@ def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     # Errors are reported, not raised.
     assert cli.main(["compare", "--runs", str(table1_dirs[0]), "--baseline", "nope"]) == 2
     assert "ncgrpo compare: error: baseline 'nope'" in capsys.readouterr().err
+    # the same folder twice (also spelled differently) is named as such
+    twice = [str(table1_dirs[0]), str(table1_dirs[0]) + "/"]
+    assert cli.main(["compare", "--runs", *twice, "--baseline", "Vanilla GRPO"]) == 2
+    assert "the same folder twice" in capsys.readouterr().err
 
 
 def test_compare_cli_reads_a_config_file_and_flags_override_it(tmp_path, table1_dirs, capsys):

@@ -41,9 +41,14 @@ def run_dirs(values: list[str], flag: str = "--runs") -> list[str]:
     """Run folders: each must be a folder (what it holds is checked when read)."""
     if not values:
         raise UsageError(f"{flag} needs at least one folder")
+    seen: dict[Path, str] = {}
     for v in values:
         if not Path(v).is_dir():
             raise UsageError(f"{flag}: {v} is not a folder")
+        key = Path(v).resolve()
+        if key in seen:
+            raise UsageError(f"{flag}: the same folder twice ({seen[key]} and {v}); give each run once")
+        seen[key] = v
     return list(values)
 
 

@@ -430,6 +430,11 @@ def prepare_run(
     script_args = parsed.build(ScriptArguments)
     model_args = parsed.build(ModelArguments)
     name = parsed.get("run_name") or (Path(parsed.config).stem if parsed.config else "ncgrpo")
+    if "/" in name or "\\" in name or name in (".", "..") or not name.strip():
+        raise ValueError(
+            f"run_name {name!r} is not a name: it becomes the folder runs/<run_name>, so it may hold no path "
+            "separator and may not be '.' or '..' (to write elsewhere, set --output_dir)"
+        )
     output_dir = Path(parsed.get("output_dir") or Path("runs") / name)
     parsed.set("run_name", name)
     parsed.set("output_dir", str(output_dir))

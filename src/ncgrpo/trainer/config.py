@@ -228,8 +228,10 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"schedule_unit must be 'optimizer_step' or 'generation', got {self.schedule_unit!r}"
             )
-        if self.spsa_lr < 0 or self.spsa_mu_max < 0:
-            raise ValueError(f"spsa_lr and spsa_mu_max must be >= 0, got {self.spsa_lr}, {self.spsa_mu_max}")
+        for name in ("spsa_lr", "spsa_mu_max"):  # `< 0` alone lets NaN through (it compares False)
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if self.spsa_max_step_ratio is not None and not self.spsa_max_step_ratio > 0:
             raise ValueError(
                 f"spsa_max_step_ratio must be > 0 (or None: unbounded), got {self.spsa_max_step_ratio}"
