@@ -334,3 +334,15 @@ def test_inert_monitor_reads_the_marginal_and_falls_back_to_the_per_draw_tv():
     msg = m.update_from(1, 0.2, {"noise/first_token_tv": 0.001})
     assert msg is not None and "noise/first_token_tv stayed below 0.01" in msg
     assert InertNoiseMonitor().update_from(1, 0.2, {}) is None
+
+
+def test_probe_cli_refuses_a_device_and_threads_it_cannot_use_before_loading_anything(capsys, monkeypatch):
+    """--device cuda on a machine whose torch sees no GPU, and a negative thread count: exit 2 with the
+    reason, before the model loads (they used to be internal errors after it)."""
+    from ncgrpo.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["probe", "--device", "cuda", "--prompts", "2"]) == 2
+    assert "sees no CUDA device" in capsys.readouterr().err
+    assert main(["probe", "--num_threads", "-1", "--prompts", "2"]) == 2
+    assert "--num_threads must be >= 0" in capsys.readouterr().err

@@ -56,6 +56,22 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return _DTYPES[dtype]
 
 
+def check_device(device: str | None) -> None:
+    """Refuse, before any model loads, a device this machine's torch cannot use: ``cuda`` / ``cuda:N``
+    without CUDA (or past the last GPU), or a spelling other than ``auto``, ``cpu``, ``cuda``, ``cuda:N``."""
+    if device in (None, "auto", "cpu"):
+        return
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {device!r}: this torch ({torch.__version__}) sees no CUDA device; use --device cpu or auto"
+        )
+    if index and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: there are {torch.cuda.device_count()} CUDA devices (cuda:0..)")
+
+
 def resolve_device(device: str | None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -449,3 +449,19 @@ def test_a_list_option_given_twice_is_refused_not_truncated(tiny_vl_dir, suite_d
     argv = [*_argv(tiny_vl_dir, suite_dir, out), "--data", f"synthetic={suite_dir}"]
     assert cli.main(argv) == 2
     assert "--data is given twice" in capsys.readouterr().err and not out.exists()
+
+
+def test_eval_refuses_cuda_without_a_gpu_before_writing(tmp_path, capsys, monkeypatch):
+    """--device cuda where torch sees no GPU: exit 2 with the reason, nothing written (it used to fail
+    inside the model load with an AssertionError)."""
+    import torch
+
+    from ncgrpo.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "ev"
+    argv = ["eval", "--model_name_or_path", str(tmp_path), "--benchmarks", "geo3k", "--output_dir", str(out),
+            "--device", "cuda"]  # fmt: skip
+    assert main(argv) == 2
+    assert "sees no CUDA device" in capsys.readouterr().err
+    assert not out.exists()

@@ -36,6 +36,7 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
         (dict(rollout_methods=["latent", "imag"]), r"rollout_methods: \['imag'\] unknown"),
         (dict(rollout_methods=["spsa"]), r"rollout_methods: \['spsa'\] train only with --all_methods"),
         (dict(device="tpu"), "device must be"),
+        (dict(device="cuda:x"), "device must be"),
         (dict(num_threads=-1), "num_threads"),
         (dict(noise_site="last"), "final_norm"),
     ],
@@ -307,7 +308,11 @@ def test_worker_count(monkeypatch) -> None:
     assert DemoConfig().worker_count(7) == 4
     assert DemoConfig(num_threads=2).worker_count(7) == 2
     assert DemoConfig(num_threads=0).worker_count(7) == 1  # torch's default threads take every core
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine, as far as the check goes
     assert DemoConfig(device="cuda").worker_count(7) == 1
+    monkeypatch.undo()
     assert DemoConfig(workers=3).worker_count(7) == 3 and DemoConfig(workers=3).worker_count(2) == 2
     with pytest.raises(ValueError, match="workers must be a positive number of processes"):
         DemoConfig(workers=0)

@@ -71,6 +71,12 @@ class EvalArgs:
 
         if not str(self.model_name_or_path).strip():
             raise UsageError("--model_name_or_path is empty; give a model folder or hub id")
+        from ncgrpo.models import check_device
+
+        try:
+            check_device(self.device)  # before the model loads and anything is written
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         names: list[str] = []
         for item in self.benchmarks:
             parts = [p.strip() for p in str(item).split(",")]

@@ -85,6 +85,11 @@ class ProbeArgs:
         if not self.sigma0:
             raise ValueError("--sigma0 needs at least one noise scale")
         parse_noise_site(self.noise_site)
+        if self.num_threads < 0:
+            raise ValueError(f"--num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
+        from ncgrpo.models import check_device
+
+        check_device(self.device)  # before the model loads
         if self.data is not None:
             self.data = Path(self.data)
         if self.output_file is not None:

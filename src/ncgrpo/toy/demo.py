@@ -340,6 +340,9 @@ class DemoConfig:
         dev = self.device.split(":")[0]
         if dev not in _DEVICES:
             raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
+        from ncgrpo.models import check_device
+
+        check_device(self.device)  # before anything is written
 
     # -- derived ------------------------------------------------------------------------------------
     @property
