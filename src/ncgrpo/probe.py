@@ -59,13 +59,14 @@ import torch
 
 from ncgrpo.core.agreement import match_first_token_temperature
 from ncgrpo.core.marginal import (
+    branch_eps,
     closest_temperature,
     marginal_estimate,
     marginal_keys,
     noisy_probs,
     sigma_for_marginal_tv,
 )
-from ncgrpo.core.noise import RowNoise, draw_eps, noise_seed
+from ncgrpo.core.noise import RowNoise, noise_seed
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, NOISE_MODE, plan_group, prompt_noise_id
 from ncgrpo.data.prompts import build_messages
 from ncgrpo.data.types import Question
@@ -317,7 +318,7 @@ def probe(
     # final-norm site: per prompt, the clean branch-point state and its marginal draws (common to every
     # sigma: common random numbers)
     branch_h: list[torch.Tensor] = []
-    branch_eps: list[torch.Tensor] = []
+    prompt_eps: list[torch.Tensor] = []
     qids: list[str] = []
     head = find_text_stack(gen_model)[0].lm_head
     mode = NOISE_MODE[method]
@@ -357,9 +358,7 @@ def probe(
                 for p, pid in enumerate(pids):
                     branch_h.append(clean_h[p * R])
                     keys = marginal_keys(seed, 0, pid, marginal_draws)
-                    branch_eps.append(
-                        torch.cat([draw_eps(k, [0], clean_h.shape[-1], mode=mode) for k in keys])
-                    )
+                    prompt_eps.append(branch_eps(keys, clean_h.shape[-1], mode))
             p_clean = torch.softmax(clean_logits / temperature, -1)  # [B, V]
             H = -(p_clean * torch.log(p_clean.clamp_min(1e-30))).sum(-1)
             ent += H[::R].tolist()
@@ -385,7 +384,7 @@ def probe(
                 for p in range(len(qs)):
                     if final_norm:
                         draws = noisy_probs(
-                            head, branch_h[len(a["marginal"])], branch_eps[len(a["marginal"])], s,
+                            head, branch_h[len(a["marginal"])], prompt_eps[len(a["marginal"])], s,
                             temperature=temperature,
                         ).cpu()  # fmt: skip
                     else:  # the rollouts' own draws: every one a forward pass
@@ -438,7 +437,7 @@ def probe(
         m_tv = mean([e.tv for e in ests])
         m_se = math.sqrt(sum(e.tv_se**2 for e in ests if math.isfinite(e.tv_se))) / len(ests)
         per_draw_tv = [float(x) for x in torch.tensor(a["tv"]).view(len(questions), R).mean(1)]  # per prompt
-        eq_t = closest_temperature(logits_all / 1.0, torch.stack(a["qbar"])) if s > 0 else float(temperature)
+        eq_t = closest_temperature(logits_all, torch.stack(a["qbar"])) if s > 0 else float(temperature)
         matched = match_first_token_temperature(logits_all, min(max(m_tv, 0.0), 1.0), temperature=temperature)
         matched_draw = match_first_token_temperature(
             logits_all, min(max(tv, 0.0), 1.0), temperature=temperature
@@ -488,7 +487,7 @@ def probe(
                     marginal_estimate(
                         p, noisy_probs(head, h, e, sigma, temperature=temperature).cpu(), bootstrap=50, seed=i
                     ).tv
-                    for i, (h, e, p) in enumerate(zip(branch_h, branch_eps, p_all, strict=True))
+                    for i, (h, e, p) in enumerate(zip(branch_h, prompt_eps, p_all, strict=True))
                 ]
             )
 

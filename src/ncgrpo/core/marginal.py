@@ -42,6 +42,7 @@ __all__ = [
     "MARGINAL_DRAW_BASE",
     "MarginalEstimate",
     "closest_temperature",
+    "branch_eps",
     "marginal_estimate",
     "marginal_keys",
     "mixture_log_probs",
@@ -71,8 +72,8 @@ def pool_keys(key: NoiseKey, draws: int) -> list[NoiseKey]:
     return [NoiseKey(key.seed, key.step, key.prompt_id, base - m) for m in range(draws)]
 
 
-def _draws(keys: Sequence[NoiseKey], d: int, mode: NoiseMode) -> torch.Tensor:
-    """The last prompt position's eps of each key. ``# [M, d]``"""
+def branch_eps(keys: Sequence[NoiseKey], d: int, mode: NoiseMode = "independent") -> torch.Tensor:
+    """The branch point's (last prompt position's) eps of each key, as the hook draws it. ``# [M, d]``"""
     return torch.cat([draw_eps(k, [0], d, mode=mode) for k in keys]) if keys else torch.empty(0, d)
 
 
@@ -179,7 +180,7 @@ def mixture_log_probs(
     forward (module docstring).
     """
     d = h.shape[-1]
-    q = noisy_probs(head, h, _draws(keys, d, mode), sigma, temperature=temperature, steer=steer)
+    q = noisy_probs(head, h, branch_eps(keys, d, mode), sigma, temperature=temperature, steer=steer)
     return q.mean(0).clamp_min(1e-38).log()
 
 

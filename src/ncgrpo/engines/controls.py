@@ -34,7 +34,7 @@ from torch import nn
 
 from ncgrpo.core.marginal import mixture_log_probs, pool_keys
 from ncgrpo.core.noise import NoiseKey
-from ncgrpo.engines.transformers import find_text_stack
+from ncgrpo.engines.transformers import find_text_stack, head_function
 
 __all__ = [
     "FirstTokenMarginalHook",
@@ -156,14 +156,7 @@ class FirstTokenMarginalHook(_PrefillHeadHook):
 
     def rewrite(self, module: nn.Module, args: tuple, logits: torch.Tensor) -> torch.Tensor:
         h = args[0][:, -1]  # [B, d] the final-norm state at the branch point (clean)
-        if module.weight.numel() == 0:  # a ZeRO-3 partition (ds3_gather_for_generation=False)
-            raise RuntimeError(
-                "first_token_marginal needs the LM head's full weights at the prefill; they are partitioned "
-                "there (DeepSpeed ZeRO-3 with ds3_gather_for_generation=False): set ds3_gather_for_generation=True"
-            )
-
-        def head(x: torch.Tensor) -> torch.Tensor:  # the LM head without re-entering this hook
-            return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
+        head = head_function(module, "first_token_marginal")  # no re-entry into this hook
 
         out = logits.clone()
         self.rows = []

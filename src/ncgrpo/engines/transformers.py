@@ -59,6 +59,7 @@ __all__ = [
     "PrefillRecord",
     "SiteRecord",
     "branch_point_capture",
+    "head_function",
     "cut_after_eos",
     "eos_token_ids",
     "find_text_stack",
@@ -155,6 +156,23 @@ class BranchPoint:
     extra: Any = None  # what ``on_branch`` returned
 
 
+def head_function(module: nn.Module, who: str, otherwise: str = "") -> Callable[[torch.Tensor], torch.Tensor]:
+    """The LM head ``module`` as a plain function (``F.linear`` on its weights: no forward hooks run,
+    so it can be called from inside the head's own forward hook). Called where the weights are not
+    gathered (a DeepSpeed ZeRO-3 partition), it raises, naming ``who`` needs them and ``otherwise``."""
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        if module.weight.numel() == 0:  # a ZeRO-3 partition: not gathered even inside the forward
+            raise RuntimeError(
+                f"{who} reads the LM head's weights inside the prefill, but they are partitioned there "
+                f"(DeepSpeed ZeRO-3 with ds3_gather_for_generation=False). Set ds3_gather_for_generation=True"
+                + (f", {otherwise}." if otherwise else ".")
+            )
+        return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
+
+    return head
+
+
 @contextmanager
 def branch_point_capture(model: nn.Module, on_branch: Callable | None = None) -> Iterator[BranchPoint]:
     """Read the branch point (the prompt's last position) of the next forward of ``model``: an
@@ -171,18 +189,11 @@ def branch_point_capture(model: nn.Module, on_branch: Callable | None = None) ->
             point.logits = output[:, -1].detach().float()
             point.states = args[0][:, -1].detach()
             if on_branch is not None:
-
-                def head(x: torch.Tensor) -> torch.Tensor:
-                    if module.weight.numel() == 0:  # a ZeRO-3 partition: not gathered even here
-                        raise RuntimeError(
-                            "NC-GRPO's first-token marginal (noise/first_token_marginal_tv, "
-                            "first_token_temperature_auto) reads the LM head's weights inside the prefill, but "
-                            "they are partitioned there (DeepSpeed ZeRO-3 with ds3_gather_for_generation=False). "
-                            "Set ds3_gather_for_generation=True, or marginal_tv_draws=0 and no "
-                            "first_token_temperature_auto."
-                        )
-                    return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
-
+                head = head_function(
+                    module,
+                    "NC-GRPO's first-token marginal (noise/first_token_marginal_tv, first_token_temperature_auto)",
+                    "or marginal_tv_draws=0 and no first_token_temperature_auto",
+                )
                 point.extra = on_branch(head, point.logits, point.states)
 
     handle = find_text_stack(model)[0].lm_head.register_forward_hook(capture)

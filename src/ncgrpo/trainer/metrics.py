@@ -71,7 +71,7 @@ class BranchPointMetrics:
         prompts equals its mean (:func:`ncgrpo.core.agreement.match_first_token_temperature`). Each process
         calibrates on its own prompts; the values are averaged over processes so every rank uses one T0."""
         from ncgrpo.core.agreement import match_first_token_temperature
-        from ncgrpo.core.marginal import marginal_estimate, marginal_keys, noisy_probs
+        from ncgrpo.core.marginal import branch_eps, marginal_estimate, marginal_keys, noisy_probs
 
         a = self.args
         T = float(self.temperature)
@@ -86,7 +86,7 @@ class BranchPointMetrics:
                 keys = marginal_keys(
                     self.noise_base_seed, 0, plans[i].prompt_id, max(a.marginal_tv_draws, 64)
                 )
-                eps = torch.cat([nz.draw_eps(k, [0], states.shape[-1]) for k in keys])
+                eps = branch_eps(keys, states.shape[-1])
                 draws = noisy_probs(head, states[i], eps, a.sigma0, temperature=T)
                 clean = torch.softmax(logits[i].float() / T, -1)
                 tvs.append(marginal_estimate(clean, draws.to(clean.device), seed=i).tv)
@@ -165,7 +165,7 @@ class BranchPointMetrics:
         Runs inside the LM head's forward (``on_branch`` of :meth:`_nc_branch_point_hooks`; ``head`` its
         weights as a function), where ZeRO-3 has them gathered."""
         from ncgrpo.core.agreement import first_token_tv
-        from ncgrpo.core.marginal import marginal_estimate, marginal_keys, noisy_probs
+        from ncgrpo.core.marginal import branch_eps, marginal_estimate, marginal_keys, noisy_probs
 
         a = self.args
         T = float(self.temperature)
@@ -178,12 +178,9 @@ class BranchPointMetrics:
         if not pairs:
             return None
         if self.method == "first_token_temperature":
-            for i, c in pairs:
-                out[i] = float(
-                    first_token_tv(
-                        logits[c : c + 1], logits[c : c + 1], t_a=gen.first_token_temperature, t_b=T
-                    )[0]
-                )
+            idx, cidx = [i for i, _ in pairs], [c for _, c in pairs]
+            z = logits[cidx]
+            out[idx] = first_token_tv(z, z, t_a=gen.first_token_temperature, t_b=T).cpu()
             return out
         final_norm = a.noise_site_parsed == "final_norm"
         if self.method not in SIGMA_METHODS or not final_norm or a.marginal_tv_draws < 1:
@@ -197,7 +194,7 @@ class BranchPointMetrics:
         for i, c in pairs:
             p = gen.plans[i]
             keys = marginal_keys(p.key.seed, p.key.step, p.prompt_id, a.marginal_tv_draws)
-            eps = torch.cat([nz.draw_eps(k, [0], d, mode=mode) for k in keys])
+            eps = branch_eps(keys, d, mode)
             draws = noisy_probs(head, states[c], eps, gen.sigma_k, temperature=T, steer=steer)
             clean = torch.softmax(logits[c].float() / T, -1)
             out[i] = marginal_estimate(clean, draws.to(clean.device), bootstrap=32, seed=p.prompt_id).tv
