@@ -19,6 +19,19 @@ ALL_RECIPES = sorted(p for p in RECIPES.rglob("*.yaml") if not {"accelerate", "v
 RUN_RECIPES = sorted(RECIPES.glob("*.yaml"))  # runnable ones; recipes/base/ holds shared blocks
 PAPER_RECIPES = [p for p in RUN_RECIPES if not p.name.startswith("tiny")]
 ACCELERATE = RECIPES / "accelerate"
+SERVER_RECIPE = RECIPES / "qwen2_5_vl_7b_latent_sigma0.2_server.yaml"
+# recipes that stay on the transformers engine, and the NCGRPOConfig refusal that keeps them there
+TRANSFORMERS_ONLY = {
+    "qwen2_5_vl_7b_first_token_marginal.yaml": "runs on the transformers generate path only",
+    "qwen2_5_vl_7b_latent_propagating.yaml": "propagating layer site",
+}
+ENGINE_KEYS = {"use_vllm"}  # plus every vllm_* key
+# (attention heads, KV heads) from each model's public config.json: vLLM's tensor parallelism splits both
+HEADS = {
+    "Qwen/Qwen2.5-VL-7B-Instruct": (28, 4),
+    "Qwen/Qwen2.5-VL-3B-Instruct": (16, 2),
+    "Qwen/Qwen3-VL-8B-Thinking": (32, 8),
+}
 ROLLOUT_PROMPTS = 512  # NoisyRollout's rollout batch
 PROMPTS_PER_STEP = 128  # paper, section 4.1
 
@@ -100,6 +113,7 @@ def test_paper_protocol_is_shared() -> None:
     method_keys = (ncgrpo_only_fields() - {"sigma_schedule", "schedule_gamma", "schedule_k_mid"}) | {
         "run_name"
     }
+    method_keys |= ENGINE_KEYS  # where the rollouts are generated is not a hyperparameter (test_engine_*)
     by_model: dict[str, dict] = {}
     for path in PAPER_RECIPES:
         parsed = parse(path)
@@ -122,7 +136,7 @@ def test_paper_protocol_is_shared() -> None:
         assert model.freeze_vision_tower is True
         assert script.dataset_name == "geo3k" and script.dataset_train_split == "train"
         assert script.reward_funcs == ["math_reward"]
-        shared = {k: v for k, v in t.items() if k not in method_keys}
+        shared = {k: v for k, v in t.items() if k not in method_keys and not k.startswith("vllm_")}
         ref = by_model.setdefault(model.model_name_or_path, shared)
         assert shared == ref, f"{path.name} changes a shared hyperparameter"
     assert len(by_model) == 3
@@ -175,6 +189,122 @@ def test_model_variants_change_only_the_model() -> None:
         str(RECIPES / "base" / "geo3k_qwen2_5_vl_3b.yaml"),
         str(RECIPES / "base" / "geo3k_qwen2_5_vl_7b.yaml"),
     ]
+
+
+# ------------------------------------------------------------------------------ rollout engine
+def cli_parse(path: Path, *flags: str) -> ParsedConfig:
+    """Through the command line's own parser (``ncgrpo train --config PATH ...``)."""
+    from ncgrpo.cli import build_parser
+
+    args = build_parser().parse_args(["train", "--config", str(path), *flags])
+    return args.parsed_config
+
+
+def trainer_config(parsed: ParsedConfig):
+    return parsed.build(train_dataclasses()[1])
+
+
+CPU = ("--bf16", "false", "--use_cpu")  # so NCGRPOConfig builds on a machine without a GPU
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPES, ids=lambda p: p.name)
+def test_engine_paper_recipes_generate_with_vllm(path: Path, tmp_path: Path) -> None:
+    """vLLM by default (colocated; the server recipe in server mode), except the two methods the plugin
+    cannot run, which stay on the transformers engine explicitly."""
+    parsed = cli_parse(path, "--output_dir", str(tmp_path), *CPU)
+    config = trainer_config(parsed)
+    if path.name in TRANSFORMERS_ONLY:
+        assert config.use_vllm is False and "use_vllm" in load_config_file(path).values
+        return
+    assert config.use_vllm is True
+    assert config.vllm_mode == ("server" if path == SERVER_RECIPE else "colocate")
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPES, ids=lambda p: p.name)
+def test_engine_use_vllm_true_validates(path: Path, tmp_path: Path) -> None:
+    """Every paper recipe parses with --use_vllm true; NCGRPOConfig accepts it, or refuses it before any
+    engine starts with the reason (the two transformers-only methods)."""
+    parsed = cli_parse(path, "--output_dir", str(tmp_path), "--use_vllm", "true", *CPU)
+    assert parsed.get("use_vllm") is True
+    if path.name in TRANSFORMERS_ONLY:
+        with pytest.raises(NotImplementedError, match=TRANSFORMERS_ONLY[path.name]):
+            trainer_config(parsed)
+        return
+    config = trainer_config(parsed)
+    assert config.use_vllm is True and config.rollout_method == parsed.get("rollout_method")
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPES, ids=lambda p: p.name)
+def test_engine_transformers_is_one_flag_away(path: Path, tmp_path: Path) -> None:
+    """The documented override: --use_vllm false gives the transformers engine, the rest unchanged."""
+    on = cli_parse(path, "--output_dir", str(tmp_path), *CPU)
+    off = cli_parse(path, "--output_dir", str(tmp_path), "--use_vllm", "false", *CPU)
+    assert trainer_config(off).use_vllm is False
+    a, b = on.to_dict(), off.to_dict()
+    assert {k for k in a if a[k] != b.get(k)} <= {"use_vllm"}
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in PAPER_RECIPES if p.name not in TRANSFORMERS_ONLY], ids=lambda p: p.name
+)
+def test_engine_colocate_settings_fit_the_model_and_gpus(path: Path) -> None:
+    """Tensor parallelism divides the 8 training processes and the model's heads; the engine sleeps while
+    the trainer trains; its context holds the prompt and the whole response."""
+    parsed = cli_parse(path)
+    if parsed.get("vllm_mode") == "server":
+        return
+    tp = parsed.get("vllm_tensor_parallel_size")
+    heads, kv_heads = HEADS[parsed.get("model_name_or_path")]
+    for num_processes in (_accelerate("zero3_8gpu.yaml")["num_processes"], 16):
+        assert num_processes % tp == 0  # TRL: tensor_parallel_size must divide the world size
+    assert heads % tp == 0 and kv_heads % tp == 0
+    assert 0 < parsed.get("vllm_gpu_memory_utilization") <= 0.5  # the README's arithmetic; see there
+    assert parsed.get("vllm_enable_sleep_mode") is True
+    # a Geometry3K prompt: <= 1,000,000 / 28^2 = 1,276 image tokens at max_pixels, plus the question
+    assert parsed.get("vllm_max_model_length") >= parsed.get("max_completion_length") + 1536
+
+
+def test_engine_readme_arithmetic_uses_the_recipes_values() -> None:
+    """recipes/README.md's memory arithmetic is written for the base recipe's engine settings."""
+    text = (RECIPES / "README.md").read_text()
+    parsed = cli_parse(RECIPES / "qwen2_5_vl_7b_latent_sigma0.2.yaml")
+    for key in ("vllm_tensor_parallel_size", "vllm_gpu_memory_utilization", "vllm_max_model_length"):
+        assert f"`{key}: {parsed.get(key)}`" in text, key
+    assert "`--use_vllm false`" in text
+    assert "later work" not in text
+    for path in ALL_RECIPES:
+        assert "later work" not in path.read_text(), path.name
+
+
+def test_engine_server_recipe(tmp_path: Path) -> None:
+    """Two nodes: the main run in TRL's server mode, with the server command, the plugin check and the
+    training command written in the recipe; the image method is refused in server mode."""
+    parsed = cli_parse(SERVER_RECIPE, "--output_dir", str(tmp_path), "--vllm_server_host", "10.0.0.2", *CPU)
+    config = trainer_config(parsed)
+    assert (config.use_vllm, config.vllm_mode, config.vllm_server_host) == (True, "server", "10.0.0.2")
+    assert config.rollout_method == "latent" and config.sigma0 == 0.2 and config.noise_site == "final_norm"
+    latent = cli_parse(RECIPES / "qwen2_5_vl_7b_latent_sigma0.2.yaml")
+    differs = {k for k, v in parsed.to_dict().items() if latent.to_dict().get(k) != v}
+    assert {k for k in differs if not k.startswith("vllm_")} <= {"run_name", "output_dir", "bf16", "use_cpu"}
+    text = SERVER_RECIPE.read_text()
+    for needed in (
+        "trl vllm-serve --model Qwen/Qwen2.5-VL-7B-Instruct",
+        "--tensor_parallel_size 4",
+        "check_server_plugin_active",
+        'pip install -e ".[vllm]"',
+        "accelerate launch --config_file recipes/accelerate/zero3_8gpu.yaml -m ncgrpo.cli train",
+        f"--config recipes/{SERVER_RECIPE.name}",
+    ):
+        assert needed in text, needed
+    assert HEADS["Qwen/Qwen2.5-VL-7B-Instruct"][1] % 4 == 0  # the server's TP 4 splits the 4 KV heads
+    image = cli_parse(RECIPES / "qwen2_5_vl_7b_image.yaml", "--vllm_mode", "server", *CPU)
+    with pytest.raises(NotImplementedError, match="vllm_mode='server' is not supported"):
+        trainer_config(image)
+
+
+def test_engine_tiny_cpu_recipe_stays_on_transformers(tmp_path: Path) -> None:
+    config = trainer_config(cli_parse(RECIPES / "tiny_cpu_latent.yaml", "--output_dir", str(tmp_path)))
+    assert config.use_vllm is False and config.use_cpu is True
 
 
 # --------------------------------------------------------------------------- batch arithmetic
