@@ -343,6 +343,103 @@ def test_grade_yesno(pred, gold, answer_type, expected):
 
 
 # ----------------------------------------------------------------------------------------------
+# issue 25: correct forms the strictness work rejected, and the near misses that must stay wrong
+
+# Options whose text is itself a lowercase letter in parentheses (MathVista has two such rows);
+# our own arrangement: the option at position D reads "(b)", the one at B reads "(c)".
+LETTER_TEXTS = ["(d)", "(c)", "(a)", "(b)"]
+
+RIGHT_FORMS = [
+    # (pred, gold, choices, answer_type)
+    # \left( ... \right) around the value; the gold written a/b
+    (r"\left(\frac{1}{2}\right)", "1/2", None, "free"),
+    (r"(\frac{1}{2})", "1/2", None, "free"),
+    # a mixed number is its value (2 1/2 = 5/2), as math-verify reads it
+    (r"2\frac{1}{2}", "5/2", None, "free"),
+    (r"-2\frac{1}{2}", "-5/2", None, "free"),
+    (r"3\frac{1}{4}", "13/4", None, "number"),
+    # a nested \frac
+    (r"\frac{1}{\frac{4}{1}}", "1/4", None, "free"),
+    (r"\frac{\frac{1}{2}}{2}", "1/4", None, "number"),
+    # a sentence that states the answer: "The answer is" is presentation
+    (r"\text{The answer is } 5", "5", None, "free"),
+    ("The answer is 12 cm.", "12", None, "number"),
+    (r"\text{The final answer is: } \frac{1}{2}", "0.5", None, "free"),
+    ("The answer is yes", "yes", None, "yesno"),
+    ("The answer is (B)", "B", OPTIONS, "choice"),
+    # an option whose text is a lowercase letter is named by that text, in any of its spellings
+    ("(b)", "D", LETTER_TEXTS, "choice"),
+    ("b", "D", LETTER_TEXTS, "choice"),
+    (r"\text{(b)}", "D", LETTER_TEXTS, "choice"),
+    ("The answer is (b)", "D", LETTER_TEXTS, "choice"),
+]
+
+STILL_WRONG = [
+    # (pred, gold, choices, answer_type)
+    # another value in the same dress
+    (r"\left(\frac{1}{3}\right)", "1/2", None, "free"),
+    (r"\left(\frac{2}{1}\right)", "1/2", None, "free"),
+    # an exact fraction: a rounded decimal is not it, in parentheses either
+    (r"\left(0.333\right)", "1/3", None, "free"),
+    ("(0.3333333333)", "1/3", None, "free"),
+    # integers are exact in parentheses too (a float comparison would take 1 in 3e9)
+    ("(3000000001)", "3000000000", None, "number"),
+    # a fraction that is off by far less than float round-off is still another number
+    (r"\frac{1}{2}+10^{-12}", "1/2", None, "free"),
+    # a mixed number is not the product, nor another mixed number
+    (r"2\frac{1}{2}", "1", None, "free"),
+    (r"2\frac{1}{3}", "5/2", None, "free"),
+    # a nested \frac upside down
+    (r"\frac{\frac{4}{1}}{1}", "1/4", None, "free"),
+    # ratios, ranges and sums of plain numbers are compared as written, even against a/b
+    ("1:2", "1/2", None, "free"),
+    ("3-2.5", "1/2", None, "free"),
+    # several answers
+    (r"\frac{1}{2}, \frac{1}{4}", "1/2", None, "free"),
+    (r"\frac{1}{2} \text{ or } \frac{1}{4}", "1/2", None, "free"),
+    # the sentence does not rescue a wrong answer or a hedge
+    (r"\text{The answer is } 6", "5", None, "free"),
+    ("The answer is 5 or 6", "5", None, "free"),
+    ("The answer is 5, 6", "5", None, "free"),
+    ("The answer is yes or no", "yes", None, "yesno"),
+    ("The answer is no", "yes", None, "yesno"),
+    ("The answer is (B) or (C)", "B", OPTIONS, "choice"),
+    ("The answer is C", "B", OPTIONS, "choice"),
+    # letter-like option texts: a capital is the position letter (B reads "(c)")...
+    ("B", "D", LETTER_TEXTS, "choice"),
+    ("(B)", "D", LETTER_TEXTS, "choice"),
+    # ... and a lowercase letter that is an option's text names that option, not the position
+    ("(c)", "D", LETTER_TEXTS, "choice"),
+    ("c", "D", LETTER_TEXTS, "choice"),
+    ("(d)", "D", LETTER_TEXTS, "choice"),
+    ("The answer is (c)", "D", LETTER_TEXTS, "choice"),
+    # a letter with another option's text, and hedges
+    ("D. (a)", "D", LETTER_TEXTS, "choice"),
+    ("(b) or (c)", "D", LETTER_TEXTS, "choice"),
+    ("(b), (c)", "D", LETTER_TEXTS, "choice"),
+    ("(b) (c)", "D", LETTER_TEXTS, "choice"),
+]
+
+
+@pytest.mark.parametrize(("pred", "gold", "choices", "answer_type"), RIGHT_FORMS)
+def test_right_forms_are_accepted(pred, gold, choices, answer_type):
+    assert grade(pred, gold, choices=choices, answer_type=answer_type) is True
+
+
+@pytest.mark.parametrize(("pred", "gold", "choices", "answer_type"), STILL_WRONG)
+def test_near_misses_stay_wrong(pred, gold, choices, answer_type):
+    assert grade(pred, gold, choices=choices, answer_type=answer_type) is False
+
+
+def test_letter_text_options_keep_their_letters():
+    # with letter-text options the position letters keep working, with or without the option's text
+    for pred in ("D", "(D)", "D. (b)", "(D) (b)", "Option D"):
+        assert grade(pred, "D", choices=LETTER_TEXTS, answer_type="choice") is True, pred
+    # a lowercase letter that is no option's text is still a letter
+    assert grade("d", "D", choices=["(x)", "(y)", "(z)", "(w)"], answer_type="choice") is True
+
+
+# ----------------------------------------------------------------------------------------------
 # score = (extract, grade)
 
 

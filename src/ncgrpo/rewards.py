@@ -15,19 +15,24 @@ un-gameable: an answer that names two answers, or a value the gold does not stat
    option and no other: by letter ("B", "(B)", "B.", "Option B"), where any text after the letter
    must be that option's text ("B: 2\\sqrt{3}"); or by the option's text alone, where an option
    spelled exactly wins over one equal by arithmetic ("0.2 - 0.4" is not "0.0 - 0.2"; "2" is not
-   "2√{3}"). Hedges ("(A) or (B)", "A, B") are wrong.
+   "2√{3}"). Hedges ("(A) or (B)", "A, B") are wrong. A capital is always the position letter; a
+   lowercase one ("b", "(b)") is a letter unless an option's text is that letter (MathVista has
+   options "(c)", "(a)", "(e)", ...): then it names that option by its text.
 2. yes/no (``answer_type="yesno"`` or a gold of yes/no): the leading yes/no word of the prediction,
    case-insensitive ("Yes.", "\\text{No}", "no, because ..."); an answer with both words ("Yes or
    No", "yes/no") is wrong.
-3. everything else: both sides are normalised (``$``, ``\\text{}``, ``\\dfrac``, degrees, units after
-   a number, thousands commas, trailing period, the radical as ``\\sqrt{}``/``√{}``/``√3``,
-   ``x = `` prefix) and compared as strings; relations side by side; then as numbers TO THE PRECISION
-   THE GOLD STATES: integers and fractions exactly (``15018`` is not ``15017``, ``0.333`` is not
-   ``1/3``), a decimal with d decimals accepts what rounds to it (``1.449`` for ``1.45``, not ``1.4``
-   or ``1.48``); closed forms (``2\\sqrt{3}``, ``4\\pi``) by exact value (float round-off only), so a
-   decimal approximation of a surd is wrong (``3.4641`` is not ``2\\sqrt{3}``); expressions with
+3. everything else: both sides are normalised (``$``, ``\\text{}``, ``\\dfrac``, ``\\left(``/``\\right)``,
+   degrees, units after a number, thousands commas, trailing period, the radical as
+   ``\\sqrt{}``/``√{}``/``√3``, an ``x = `` or "The answer is" prefix) and compared as strings;
+   relations side by side; then as numbers TO THE PRECISION THE GOLD STATES: integers and fractions
+   exactly (``15018`` is not ``15017``, ``0.333`` is not ``1/3``), a decimal with d decimals accepts
+   what rounds to it (``1.449`` for ``1.45``, not ``1.4`` or ``1.48``); arithmetic of integers and
+   fractions (a mixed number ``2\\frac{1}{2}`` = 5/2, a nested ``\\frac``, a number in parentheses)
+   by its exact value; closed forms (``2\\sqrt{3}``, ``4\\pi``) by exact value (float round-off only),
+   so a decimal approximation of a surd is wrong (``3.4641`` is not ``2\\sqrt{3}``); expressions with
    variables symbolically with ``math-verify``. Ranges, orders and ratios of plain numbers
-   ("0.2 - 0.4", "5-4-3-2-1", "1:2") and text ("plants increase") are compared as written only.
+   ("0.2 - 0.4", "5-4-3-2-1", "1:2") and text ("plants increase") are compared as written only
+   (a gold ``a/b`` is the fraction).
 
 Degrees and radians are not converted (``30^\\circ`` matches ``30``, not ``\\frac{\\pi}{6}``).
 Units are presentation and are ignored (``12 cm`` matches ``12``; so does ``12 cm^3``).
@@ -160,6 +165,10 @@ _UNIT_RE = re.compile(
     re.IGNORECASE,
 )
 _METRE_RE = re.compile(r"(?P<val>.*?(?:[\d})]|\\pi))\s+m(?:\s*(?:\^\s*\{?\s*[23]\s*\}?|²|³))?")
+# "The answer is 5", "Final answer: B": the sentence around an answer is presentation.
+_ANSWER_PREFIX_RE = re.compile(
+    r"(?:the\s+)?(?:final\s+|correct\s+)?answer\s*(?:is\b\s*:?|:)\s*", re.IGNORECASE
+)
 _THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _NUM_RE = re.compile(_NUM)
@@ -192,6 +201,9 @@ def _normalize(s: str) -> str:
     s = s.replace("\\%", "").replace("%", "").replace("{,}", ",")
     s = re.sub(r"(?:\\+\s*)+$", "", s)  # a trailing LaTeX line break "\\" (MathVision options)
     s = re.sub(r"\s+", " ", s).strip().rstrip(".。").strip()
+    prefix = _ANSWER_PREFIX_RE.match(s)
+    if prefix and prefix.end() < len(s):
+        s = s[prefix.end() :]
     for unit_re in (_UNIT_RE, _METRE_RE):
         m = unit_re.fullmatch(s)
         if m:
@@ -207,6 +219,15 @@ def _balanced(s: str) -> bool:
     depth = 0
     for c in s:
         depth += (c == "{") - (c == "}")
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _parens_balanced(s: str) -> bool:
+    depth = 0
+    for c in s:
+        depth += (c == "(") - (c == ")")
         if depth < 0:
             return False
     return depth == 0
@@ -231,6 +252,9 @@ _MAX_EXPONENT = 400  # 1e99999 is "too big to be anyone's answer", not a 100,000
 def _literal(s: str) -> _Literal | None:
     """A plain number, ``a/b`` or ``\\frac{a}{b}`` as an exact value; None for anything else."""
     s = s.replace(" ", "")
+    for _ in range(4):  # (\frac{1}{2}), \left(5\right): parentheses around one number group nothing
+        if len(s) > 2 and s[0] == "(" and s[-1] == ")" and "," not in s and _parens_balanced(s[1:-1]):
+            s = s[1:-1]
     if _NUM_RE.fullmatch(s):
         mantissa, _, exponent = s.lower().partition("e")
         if exponent and abs(int(exponent)) > _MAX_EXPONENT:
@@ -329,6 +353,20 @@ def _numeric(expr: Any) -> float | None:
     return value.real if math.isfinite(value.real) else None
 
 
+def _rational(expr: Any) -> Fraction | None:
+    """Exact value of arithmetic on integers and fractions (a mixed number ``2\\frac{1}{2}``, a nested
+    ``\\frac``), so it is compared exactly, not to float round-off; None for anything else (decimals,
+    radicals, pi, variables)."""
+    from sympy import Basic, Rational
+
+    if not isinstance(expr, Basic) or not expr.is_number:
+        return None
+    if not all(isinstance(a, Rational) for a in expr.atoms()):
+        return None
+    value = expr.doit()
+    return Fraction(int(value.p), int(value.q)) if isinstance(value, Rational) else None
+
+
 def _grade_symbolic(pred: str, gold: str, gold_literal: _Literal | None) -> bool:
     """Closed forms: equal values (exact to 1e-9 relative, so ``3.4641`` is not ``2\\sqrt{3}``), or
     math-verify's symbolic equality for expressions with variables (``x(x+2)`` and ``x^2+2x``)."""
@@ -339,6 +377,10 @@ def _grade_symbolic(pred: str, gold: str, gold_literal: _Literal | None) -> bool
         gold_parsed, pred_parsed = _parse(gold), _parse(pred)
         if not gold_parsed or not pred_parsed:
             return False
+        if gold_literal is not None:
+            exact = _rational(pred_parsed[0])
+            if exact is not None:
+                return _within_stated_precision(exact, gold_literal)
         pv = _numeric(pred_parsed[0])
         if gold_literal is not None:
             return pv is not None and _within_stated_precision(pv, gold_literal)
@@ -372,8 +414,8 @@ def _grade_free(pred: str, gold: str) -> bool:
     gl, pl = _literal(g), _literal(p)
     if gl is not None and pl is not None:
         return _within_stated_precision(pl.value, gl)
-    if _LITERAL_EXPRESSION_RE.fullmatch(g) or _LITERAL_EXPRESSION_RE.fullmatch(p):
-        return False  # ranges, orders, ratios: only the string rule above
+    if (gl is None and _LITERAL_EXPRESSION_RE.fullmatch(g)) or _LITERAL_EXPRESSION_RE.fullmatch(p):
+        return False  # ranges, orders, ratios: only the string rule above (a gold a/b is a value)
     if not (_is_math(g) and _is_math(p)):
         return False  # text ("increase" / "decrease") is compared as text only
     return _grade_symbolic(p, g, gl)
@@ -393,6 +435,7 @@ def _yes_no(s: str) -> str | None:
 
 
 _LETTER_ONLY_RE = re.compile(r"\(?([A-Za-z])\)?[.:]?")
+_LOWER_LETTER_RE = re.compile(r"\(?([a-z])\)?[.:]?")
 _LETTER_LEAD_RE = re.compile(r"\(([A-Z])\)\s*[.:]?\s*(.*)|([A-Z])\s*[.:)](?:\s+(.*)|$)", re.DOTALL)
 _LETTER_WORD_RE = re.compile(
     r"(?:option|choice|answer)\s*:?\s*\(?([A-Za-z])\)?(?:[.:)]\s*(.*)|\s+(.*)|$)", re.IGNORECASE | re.DOTALL
@@ -400,17 +443,24 @@ _LETTER_WORD_RE = re.compile(
 _OTHER_LETTER_RE = re.compile(r"(?<![A-Za-z])[A-H](?![A-Za-z])|\bor\b", re.IGNORECASE)
 
 
+def _lower_letter(s: str) -> str | None:
+    """The lowercase letter a text is, in any spelling ("b", "(b)", "b."); None otherwise."""
+    m = _LOWER_LETTER_RE.fullmatch(_normalize(s))
+    return m.group(1) if m else None
+
+
 def _choice_letter(pred: str, choices: Sequence[str] | None, n: int) -> tuple[int, str] | None:
     """(option index, text after the letter) for a prediction that names an option by letter:
     "B", "(B)", "B.", "B: text", "(B) text", "Option B". None when it does not start with a letter.
 
-    A bare lowercase letter ("b") is a letter too, unless it is literally one of the options' texts
-    (AI2D labels diagram parts with letters): then it names that option by its text.
+    A lowercase letter ("b", "(b)") is a letter too, unless one of the options' texts is that letter
+    (AI2D labels diagram parts with letters; MathVista 168 and 849 have options "(c)", "(a)", ...):
+    then it names that option by its text. A capital is always the position letter.
     """
     s = _normalize(pred)
     m = _LETTER_ONLY_RE.fullmatch(s)
     if m:
-        if m.group(1).islower() and choices and any(_normalize(c) == m.group(1) for c in choices):
+        if m.group(1).islower() and choices and any(_lower_letter(c) == m.group(1) for c in choices):
             return None
         letter, rest = m.group(1), ""
     else:
@@ -434,8 +484,12 @@ def _option_text_matches(pred: str, option: str) -> bool:
 def _options_named(pred: str, choices: Sequence[str]) -> set[int]:
     """Options whose text ``pred`` is: the ones it spells exactly if any (so ``0.2 - 0.4`` is not
     ``0.0 - 0.2`` and ``2`` is not ``2\\sqrt{3}``), else the ones it equals by the free-form rules."""
-    key = _key(_normalize(pred))
-    exact = {i for i, c in enumerate(choices) if _key(_normalize(c)) == key}
+    key, letter = _key(_normalize(pred)), _lower_letter(pred)
+    exact = {
+        i
+        for i, c in enumerate(choices)
+        if _key(_normalize(c)) == key or (letter is not None and _lower_letter(c) == letter)
+    }
     return exact or {i for i, c in enumerate(choices) if _option_text_matches(pred, c)}
 
 

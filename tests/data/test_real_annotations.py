@@ -11,7 +11,8 @@ For every benchmark whose annotations are found:
    annotation rows put into the hub's field layout and one tiny placeholder image per row (the
    images are not needed to check conventions);
 2. every gold answer, written as a model would write it (the letter, ``(L)``, ``L. text`` and the
-   option text for choices; the number in the benchmark's own notation), scores correct;
+   option text for choices, also when that text is a lowercase letter such as MathVista's ``(b)``;
+   the number in the benchmark's own notation), scores correct;
 3. wrong answers made by fixed rules -- neighbouring integers, steps of the stated precision, a
    rounding to fewer digits, another option's letter and text, hedges ("A or B", "Yes or No"), a
    dropped radical, an inverted fraction, the negation, the opposite yes/no -- never score correct.
@@ -134,12 +135,15 @@ def model_form(gold: str) -> str:
     return g
 
 
-_LETTERISH_RE = re.compile(r"\(?[A-Za-z]\)?\.?")
+_LETTERISH_RE = re.compile(r"\(?([A-Za-z])\)?\.?")
 
 
 def _letterish(text: str) -> bool:
-    """Option texts that read as a letter ("(c)", "\\text{B}"): a model naming them is ambiguous."""
-    return _LETTERISH_RE.fullmatch(re.sub(r"\\text\{(.*)\}", r"\1", text).strip()) is not None
+    """Option texts that read as a CAPITAL letter ("B", "\\text{(C)}"): a capital is the position
+    letter, so a model naming such an option by its text is ambiguous. A lowercase one ("(c)",
+    MathVista 168 and 849) is read as the option's text by the scorer, so it is a form like any other."""
+    m = _LETTERISH_RE.fullmatch(re.sub(r"\\text\{(.*)\}", r"\1", text).strip())
+    return m is not None and m.group(1).isupper()
 
 
 def gold_forms(q: Question) -> list[str]:
@@ -316,6 +320,26 @@ def test_real_rows_load_and_score(name):
     result = check(name, questions)
     assert result["rejected_gold"] == [], result["rejected_gold"][:10]
     assert result["accepted_wrong"] == [], result["accepted_wrong"][:10]
+
+
+def _scores(q: Question, form: str) -> bool:
+    return score(f"\\boxed{{{form}}}", q.answer, choices=q.choices, answer_type=q.answer_type).correct
+
+
+@pytest.mark.parametrize("pid", ["168", "849"])
+def test_mathvista_option_text_that_is_a_letter(pid):
+    """MathVista pids 168 and 849: the gold option's text is itself ``(b)`` at another position
+    (issue 25). ``(b)`` names that option, not letter B; the position letter still works; every other
+    letter, every other option's text (each itself a letter) and hedges stay wrong."""
+    folder = _folder("mathvista")
+    q = next(q for q in load_real("mathvista", folder) if q.question_id == pid)
+    gi = LETTERS.index(q.answer)
+    assert q.choices is not None and q.choices[gi] == "(b)" and q.answer != "B"
+    right = [q.answer, f"({q.answer})", f"{q.answer}. (b)", "(b)", "b", "\\text{(b)}", "The answer is (b)"]
+    assert [f for f in right if not _scores(q, f)] == []
+    wrong = [h for j, t in enumerate(q.choices) if j != gi for h in (LETTERS[j], f"({LETTERS[j]})", t, t[1])]
+    wrong += ["B", "(B)", f"{q.answer}. (a)", "(b) or (c)", "(b), (c)", f"({q.answer}) or (B)"]
+    assert [f for f in wrong if _scores(q, f)] == []
 
 
 def test_hallusionbench_paper_split_gives_the_papers_ood_count():
