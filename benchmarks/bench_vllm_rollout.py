@@ -87,8 +87,10 @@ QWEN2_5_VL_3B = dict(
 QWEN2_5_VL_3B_VISION = dict(fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2)
 QWEN2_5_VL_3B_PARAMETERS = 3_754_622_976
 CONFIGS = (*TEXT_CONFIGS, "qwen2_5_vl_3b")
-# the recipes' pixel budget (max_pixels 1e6): the processor saved with the 3B-sized model resizes to it
-IMAGE_SIDE = 1000
+# the recipes' pixel budget (NoisyRollout's min_pixels / max_pixels), saved in the 3B-sized model's
+# processor: vLLM resizes images by the model folder's processor config, the trainer by the recipe's
+# limits, and the two must agree on every image's token count (recipes/README.md, "Images")
+MIN_PIXELS, MAX_PIXELS = 262144, 1_000_000
 
 
 def model_config(name: str, tokenizer=None, **overrides):
@@ -122,7 +124,8 @@ def _processor(name: str, tok):
         return tok
     from ncgrpo.toy.model import QWEN_CHAT_TEMPLATE, build_processor
 
-    toy = build_processor(tok, image_size=IMAGE_SIDE)
+    toy = build_processor(tok)
+    toy.image_processor.size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
     try:
         from transformers import Qwen2_5_VLProcessor, Qwen2VLVideoProcessor
 

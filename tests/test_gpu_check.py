@@ -275,7 +275,15 @@ def test_builder_at_tiny_scale_saves_and_reloads(tmp_path: Path) -> None:
     assert where == folder
     for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    assert proc2.image_processor.size["longest_edge"] == bench.IMAGE_SIDE**2  # max_pixels 1e6, the recipes'
+    # the recipes' pixel budget, which vLLM reads from the folder (recipes/README.md, "Images")
+    size = proc2.image_processor.size
+    assert (size["shortest_edge"], size["longest_edge"]) == (262144, 1_000_000)
+    from PIL import Image
+
+    grid = proc2.image_processor(images=[Image.new("RGB", (100, 80))], return_tensors="pt")["image_grid_thw"]
+    assert (
+        int(grid.prod()) * 14 * 14 >= 262144
+    )  # a small image is scaled up to min_pixels, as the trainer does
     texts = bench.prompt_texts(proc2.tokenizer, 3, 40)
     assert all(len(proc2.tokenizer(t, add_special_tokens=False)["input_ids"]) >= 40 for t in texts)
     with pytest.raises(SystemExit, match="holds --config qwen2_5_vl_3b seed 0, not tiny seed 0"):
