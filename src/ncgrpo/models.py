@@ -14,10 +14,12 @@ import torch
 __all__ = [
     "VISION_TOWER_PATHS",
     "check_noise_site",
+    "check_weight_files",
     "find_vision_tower",
     "freeze_vision_tower",
     "is_vision_language",
     "load_model_and_processor",
+    "load_processor",
     "resolve_device",
     "resolve_dtype",
     "text_layers",
@@ -100,29 +102,59 @@ def load_model_and_processor(
     ``min_pixels`` / ``max_pixels`` go to the image processor. ``freeze_vision``: see
     :func:`freeze_vision_tower`. The tokenizer pads on the left, which batched generation needs.
     """
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
-        AutoProcessor,
-        AutoTokenizer,
-    )
-
-    import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL processors)
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     dev = resolve_device(device) if device is not None else None
+    config = _load_config(path)
+    check_weight_files(path)  # a torn weights file is named here, not as SafetensorError inside the load
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, dev or torch.device("cpu"))}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
     try:
-        config = AutoConfig.from_pretrained(path)
+        model = auto.from_pretrained(path, **kwargs)
+    except Exception as e:  # noqa: BLE001 - only safetensors' own error is rewritten, the rest re-raised
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise ValueError(
+            f"{path}: cannot read its weights ({e}); is a .safetensors file torn or truncated?"
+        ) from e
+    processor = load_processor(path, config=config, min_pixels=min_pixels, max_pixels=max_pixels)
+    if is_vision_language(config) and freeze_vision:
+        freeze_vision_tower(model)  # a text-only model has no vision tower: freeze_vision has nothing to do
+    if dev is not None:
+        model.to(dev).eval()
+    return model, processor
+
+
+def _load_config(path: str | Path) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
     except OSError as e:
         raise FileNotFoundError(
             f"cannot load a model config from {path!s}: {e}. Pass a folder written by save_pretrained "
             "(config.json, weights, tokenizer/processor files)."
         ) from None
-    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, dev or torch.device("cpu"))}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
+
+
+def load_processor(
+    path: str | Path,
+    *,
+    config: Any = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+) -> Any:
+    """The processor of a vision-language checkpoint, the tokenizer of a text one, without the weights
+    (what :func:`load_model_and_processor` returns beside the model; ``ncgrpo eval --engine vllm``
+    renders prompts with it). The tokenizer pads on the left, which batched generation needs."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL processors)
+
+    config = config if config is not None else _load_config(path)
     if is_vision_language(config):
-        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
         pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
         processor = AutoProcessor.from_pretrained(path, **pixels)
         if getattr(processor, "image_processor", None) is None:
@@ -131,18 +163,34 @@ def load_model_and_processor(
                 "a vision-language model needs its processor saved next to it"
             )
         tok = processor.tokenizer
-        if freeze_vision:
-            freeze_vision_tower(model)
-    else:  # a text-only model has no vision tower: freeze_vision has nothing to do
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    else:
         processor = AutoTokenizer.from_pretrained(path)
         tok = processor
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if dev is not None:
-        model.to(dev).eval()
-    return model, processor
+    return processor
+
+
+def check_weight_files(path: str | Path) -> None:
+    """Refuse a model folder whose ``.safetensors`` weights cannot be opened (a copy or save cut short),
+    naming the file; reads only each file's header. A hub id or a folder without safetensors passes
+    (``from_pretrained`` reports those)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return
+    from safetensors import safe_open
+
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the file is unreadable either way
+            size = f.stat().st_size if f.exists() else 0
+            raise ValueError(
+                f"{f}: not a readable safetensors file ({size} bytes; {e}); the weights are torn or "
+                "truncated (an interrupted save or copy?): copy them again or pick another checkpoint"
+            ) from None
 
 
 def find_vision_tower(model) -> tuple[str, Any] | None:

@@ -465,3 +465,100 @@ def test_eval_refuses_cuda_without_a_gpu_before_writing(tmp_path, capsys, monkey
     assert main(argv) == 2
     assert "sees no CUDA device" in capsys.readouterr().err
     assert not out.exists()
+
+
+# --- issue 26 (items 14, 16) and issue 25 (the engine in the identity) ----------------------------
+def _text_model_dir(out: Path) -> Path:
+    from tiny_models import build_tokenizer, save_tiny, tiny_text_model
+
+    tok = build_tokenizer()
+    return save_tiny(tiny_text_model("qwen2", tokenizer=tok), tok, out)
+
+
+def _text_questions_file(path: Path, n: int = 3) -> Path:
+    """``n`` image-free questions in HallusionBench's layout (its ``non_image`` split)."""
+    rows = [
+        {"question": f"Is {i} plus {i} equal to {2 * i}?", "gt_answer": "1", "category": "math",
+         "subcategory": "add", "set_id": "0", "figure_id": "0", "question_id": str(i), "visual_input": "0"}
+        for i in range(n)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_a_truncated_safetensors_file_is_a_usage_error_naming_it(tmp_path, capsys) -> None:
+    """Issue 26 item 14: a checkpoint whose model.safetensors was cut short (an interrupted copy) used
+    to end in 'internal error: SafetensorError'; now exit 2 naming the file, and nothing written."""
+    model = _text_model_dir(tmp_path / "model")
+    weights = model / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    data = _text_questions_file(tmp_path / "q.jsonl")
+    out = tmp_path / "run"
+    capsys.readouterr()  # the model's save progress
+    argv = ["eval", "--model_name_or_path", str(model), "--benchmarks", "hallusionbench", "--data",
+            f"hallusionbench={data}", "--split", "non_image", "--output_dir", str(out), "--no_progress",
+            "--device", "cpu"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ncgrpo eval: error:") and str(weights) in err and "truncated" in err, err
+    assert "internal error" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_image_questions_for_a_text_only_model_are_refused_before_anything_is_written(
+    suite_dir, tmp_path, capsys
+) -> None:
+    """Issue 26 item 16: the refusal used to come after run.json and an empty records.jsonl were
+    written (poisoning the folder for the rerun with the right model). Now: from the model's config,
+    before the folder exists; an existing folder is left byte for byte as it was."""
+    model = _text_model_dir(tmp_path / "model")
+    out = tmp_path / "run"
+    argv = _argv(model, suite_dir, out)
+    capsys.readouterr()  # the model's save progress
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ncgrpo eval: error:") and "text-only" in err and str(model) in err, err
+    assert not out.exists()
+    out.mkdir()  # an existing (empty) folder: still nothing written into it, not even the lock
+    assert cli.main(argv) == 2
+    assert list(out.iterdir()) == []
+    # the library refuses the same way, before its folder exists
+    from ncgrpo.models import load_model_and_processor
+
+    m, tok = load_model_and_processor(model, device="cpu")
+    lib_out = tmp_path / "lib"
+    with pytest.raises(ValueError, match="text-only"):
+        evaluate(m, tok, _questions(suite_dir), lib_out, model_id="m", settings=DecodingSettings(max_new_tokens=2))
+    assert not lib_out.exists()
+
+
+def test_the_engine_is_part_of_the_identity_and_old_folders_read_as_transformers(tmp_path) -> None:
+    from ncgrpo.eval.evaluate import check_folder, run_identity
+
+    out = tmp_path / "run"
+    out.mkdir()
+    tf = run_identity(model_id="m", engine="transformers")
+    atomic_write_json(out / RUN_FILE, tf)
+    assert check_folder(out, run_identity(model_id="m")) is not None  # the default engine
+    with pytest.raises(ValueError, match="engine='transformers', not 'vllm'"):
+        check_folder(out, run_identity(model_id="m", engine="vllm"))
+    # a folder written before run.json had `engine` holds transformers records
+    atomic_write_json(out / RUN_FILE, {k: v for k, v in tf.items() if k != "engine"})
+    assert check_folder(out, run_identity(model_id="m", engine="transformers")) is not None
+    with pytest.raises(ValueError, match="engine='transformers', not 'vllm'"):
+        check_folder(out, run_identity(model_id="m", engine="vllm"))
+    with pytest.raises(ValueError, match="engine must be one of"):
+        run_identity(model_id="m", engine="tgi")
+
+
+def test_engine_option_is_checked_before_anything_is_written(tiny_vl_dir, suite_dir, tmp_path, capsys) -> None:
+    import importlib.util
+
+    out = tmp_path / "run"
+    assert cli.main(_argv(tiny_vl_dir, suite_dir, out, "--engine", "tgi")) == 2
+    assert "--engine must be one of transformers, vllm" in capsys.readouterr().err and not out.exists()
+    if importlib.util.find_spec("vllm") is None:  # this environment (.venv) has no vLLM
+        assert cli.main(_argv(tiny_vl_dir, suite_dir, out, "--engine", "vllm")) == 2
+        err = capsys.readouterr().err
+        assert "vLLM is not installed" in err and "setup_vllm.sh" in err and not out.exists()

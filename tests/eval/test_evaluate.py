@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ncgrpo.data.prompts import build_messages
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
 from ncgrpo.eval.records import RECORDS_FILE, read_records
 from ncgrpo.models import load_model_and_processor
@@ -179,3 +180,35 @@ def test_kill_9_during_eval_then_rerun_loses_and_duplicates_nothing(tiny_vl_dir,
     raw = [json.loads(line) for line in records.read_text().splitlines()]
     keys = [(r["benchmark"], r["question_id"]) for r in raw]
     assert len(keys) == len(set(keys)) == n_total
+
+
+def test_vllm_prompts_are_the_transformers_engines_prompts(tiny_vl_dir, suite_dir) -> None:
+    """``--engine vllm``'s requests, built without vLLM: a vision-language model gets the rendered chat
+    text the transformers engine feeds its processor plus each question's images (RGB) as
+    ``multi_modal_data``; a text model gets the token ids transformers' ``generate`` is fed."""
+    from ncgrpo.eval.evaluate import _render
+    from ncgrpo.eval.vllm_engine import vllm_prompts
+    from ncgrpo.models import load_processor
+    from tiny_models import build_tokenizer
+
+    qs = _questions(suite_dir)[:3]
+    settings = DecodingSettings(system_prompt="be brief")
+    proc = load_processor(tiny_vl_dir)
+    got = vllm_prompts(proc, qs, settings, vision_language=True)
+    for q, p in zip(qs, got, strict=True):
+        msgs = build_messages(q, system_prompt="be brief", math_prompt=settings.math_prompt)
+        assert p["prompt"] == _render(proc, msgs)
+        images = p["multi_modal_data"]["image"]
+        assert len(images) == len(q.images) >= 1 and all(im.mode == "RGB" for im in images)
+        assert [im.size for im in images] == [im.size for im in q.images]
+        assert p["prompt"].count("<|image_pad|>") == len(q.images)  # one placeholder each: vLLM expands it
+    with pytest.raises(ValueError, match="text-only"):
+        vllm_prompts(build_tokenizer(), qs, settings, vision_language=False)
+    from ncgrpo.data.types import Question
+
+    text_q = [Question("b", "1", "What is 2+2?", "4"), Question("b", "2", "Name a colour.", "red")]
+    tok = build_tokenizer()
+    ids = [p["prompt_token_ids"] for p in vllm_prompts(tok, text_q, settings, vision_language=False)]
+    for q, i in zip(text_q, ids, strict=True):
+        text = _render(tok, build_messages(q, system_prompt="be brief", math_prompt=settings.math_prompt))
+        assert i == tok(text, add_special_tokens=False)["input_ids"] and len(i) > 5

@@ -62,6 +62,14 @@ class EvalArgs:
     )
     seed: int | None = field(default=None, metadata=_h("training seed of the model, recorded per question"))
     checkpoint: str | None = field(default=None, metadata=_h("checkpoint label recorded per question"))
+    engine: str = field(
+        default="transformers",
+        metadata=_h(
+            "decoding engine: 'transformers' (model.generate, --batch_size questions per call) or 'vllm' "
+            "(vLLM's offline engine, every question submitted at once, --batch_size sequences decoded at "
+            "once; needs vLLM, see scripts/setup_vllm.sh). Part of the folder's identity"
+        ),
+    )
     device: str = field(default="auto", metadata=_h("cpu, cuda, cuda:N or auto"))
     dtype: str = field(default="auto", metadata=_h("torch dtype of the weights, e.g. bfloat16"))
     progress: bool = field(default=True, metadata=_h("progress bar (--no_progress: none)"))
@@ -71,6 +79,19 @@ class EvalArgs:
 
         if not str(self.model_name_or_path).strip():
             raise UsageError("--model_name_or_path is empty; give a model folder or hub id")
+        from ncgrpo.eval.evaluate import ENGINES
+
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.engine == "vllm":
+            import importlib.util
+            import sys
+
+            if importlib.util.find_spec("vllm") is None:
+                raise UsageError(
+                    f"--engine vllm: vLLM is not installed for {sys.executable}; run ncgrpo from the "
+                    "environment scripts/setup_vllm.sh builds (.venv-vllm), or use --engine transformers"
+                )
         from ncgrpo.models import check_device
 
         try:
@@ -185,9 +206,17 @@ def run(args: EvalArgs) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ncgrpo.eval.evaluate import DecodingSettings, check_folder, evaluate, model_id_of, run_identity
+    from ncgrpo.eval.evaluate import (
+        DecodingSettings,
+        check_folder,
+        check_images,
+        config_reads_images,
+        evaluate,
+        load_for_eval,
+        model_id_of,
+        run_identity,
+    )
     from ncgrpo.eval.records import FolderLock
-    from ncgrpo.models import load_model_and_processor
 
     out = Path(args.output_dir)
     settings = DecodingSettings(
@@ -199,20 +228,29 @@ def run(args: EvalArgs) -> int:
     model_id = model_id_of(args.model_name_or_path)
     identity = dict(
         model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.rollout_method,
-        settings=settings, split=args.splits(), benchmarks=args.benchmarks,
+        settings=settings, split=args.splits(), benchmarks=args.benchmarks, engine=args.engine,
     )  # fmt: skip
     check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
     questions = load_questions(args.benchmarks, args.paths, args.split, args.limit)
+    try:  # image questions for a text-only model: refused from its config, before anything is written
+        check_images(questions, config_reads_images(args.model_name_or_path), args.model_name_or_path)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     # An existing folder is locked before the model loads, so a second eval into it fails at once;
     # a new one is created (and locked) by evaluate only once everything has been checked.
     with FolderLock(out, what="ncgrpo eval") if out.is_dir() else contextlib.nullcontext():
         try:
-            model, processor = load_model_and_processor(
-                args.model_name_or_path, dtype=args.dtype, device=args.device
-            )
+            model, processor = load_for_eval(
+                args.model_name_or_path, engine=args.engine, dtype=args.dtype, device=args.device,
+                settings=settings, questions=questions,
+            )  # fmt: skip
         except (OSError, ValueError) as e:
             raise UsageError(f"--model_name_or_path {args.model_name_or_path}: cannot load it ({e})") from e
-        summary = evaluate(model, processor, questions, out, progress=args.progress, **identity)
+        try:
+            summary = evaluate(model, processor, questions, out, progress=args.progress, **identity)
+        finally:
+            # the vLLM engine's processes stop now; a transformers model has nothing to close
+            getattr(model, "close", lambda: None)()
     table = Table(title=f"{out} ({summary.newly_recorded} new of {summary.total})")
     table.add_column("benchmark")
     table.add_column("n", justify="right")

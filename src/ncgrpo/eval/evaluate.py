@@ -6,10 +6,17 @@ per question to ``OUT/records.jsonl``, flushed and fsync'ed batch by batch. Reru
 it skips the questions already recorded, so a run killed at any point ends, once rerun, with every
 question recorded exactly once. No noise hook is ever installed here (section 3.1: "evaluation is
 always noise-free").
+
+Two engines decode: ``transformers`` (``model.generate``, one call per batch of ``batch_size``
+questions) and ``vllm`` (:mod:`ncgrpo.eval.vllm_engine`: every pending question submitted to vLLM's
+offline engine at once, each record appended as its question finishes). The engine is part of a
+folder's identity (run.json ``engine``; a folder written before the field existed is
+``transformers``), so records of the two never mix in one folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -88,6 +95,13 @@ class EvalSummary:
 #: so a new setting is part of the identity with no edit here.
 MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size")
 
+#: The decoding engines of ``ncgrpo eval --engine``.
+ENGINES = ("transformers", "vllm")
+
+#: Values of identity keys added since folders were first written, for a run.json that lacks them:
+#: a folder from before ``engine`` existed was decoded by transformers.
+LEGACY_DEFAULTS: dict[str, Any] = {"engine": "transformers"}
+
 
 def run_identity(
     *,
@@ -99,12 +113,16 @@ def run_identity(
     settings: DecodingSettings | None = None,
     split: str | dict[str, str] | None = None,
     benchmarks: Sequence[str] | None = None,
+    engine: str = "transformers",
 ) -> dict[str, Any]:
     """The run.json content :func:`evaluate` writes for these arguments (``name`` None: the folder's
     name is kept, or the model id for a new folder)."""
     settings = settings or DecodingSettings()
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     return {
         "model": model_id,
+        "engine": engine,
         "checkpoint": checkpoint,
         "seed": seed,
         "split": split,
@@ -134,9 +152,10 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     if old is None:
         return None
     for k in (k for k in run if k not in MAY_CHANGE_ON_RERUN):
-        if old.get(k) != run.get(k):
+        was = old.get(k, LEGACY_DEFAULTS.get(k))
+        if was != run.get(k):
             raise ValueError(
-                f"{path}: this folder holds records of {k}={old.get(k)!r}, not {run.get(k)!r}; "
+                f"{path}: this folder holds records of {k}={was!r}, not {run.get(k)!r}; "
                 "use another --output_dir folder (records of different runs must not mix)"
             )
     return old
@@ -235,6 +254,69 @@ def _batches(questions: list[Question], size: int) -> list[list[Question]]:
     return out
 
 
+def engine_of(model: Any) -> str:
+    """The engine a model object decodes with: ``vllm`` for a
+    :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine`, else ``transformers``."""
+    return getattr(model, "engine_name", "transformers")
+
+
+def takes_images(model: Any, processor: Any) -> bool:
+    """Whether the model at hand reads images: a vLLM engine says so itself; a transformers model
+    does when its processor has an image processor."""
+    if engine_of(model) != "transformers":
+        return bool(model.is_vision_language)
+    return getattr(processor, "image_processor", None) is not None
+
+
+def check_images(questions: Sequence[Question], reads_images: bool | None, model_name: str) -> None:
+    """Refuse questions with images for a text-only model (``reads_images`` False; None: unknown,
+    nothing to check): its prompts would hold image placeholder tokens and no image."""
+    if reads_images is False:
+        q = next((q for q in questions if q.images), None)
+        if q is not None:
+            raise ValueError(
+                f"{q.uid}: questions have images but {model_name} is text-only (no vision config or "
+                "image processor); evaluate a vision-language model, or benchmarks without images"
+            )
+
+
+def config_reads_images(path: str | Path) -> bool | None:
+    """Whether the model at ``path`` is a vision-language model, from its config alone (no weights);
+    None if the config cannot be read here (the model load then names the problem)."""
+    from ncgrpo.models import is_vision_language
+
+    try:
+        from transformers import AutoConfig
+
+        import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL classes)
+
+        return is_vision_language(AutoConfig.from_pretrained(path))
+    except Exception:  # noqa: BLE001 - unreadable here: the model load names the problem
+        return None
+
+
+def load_for_eval(
+    path: str | Path,
+    *,
+    engine: str = "transformers",
+    dtype: str = "auto",
+    device: str = "auto",
+    settings: DecodingSettings | None = None,
+    questions: Sequence[Question] = (),
+) -> tuple[Any, Any]:
+    """``(model, processor)`` for :func:`evaluate` on ``engine``: a transformers model in eval mode, or
+    a :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine` sized for ``questions`` and ``settings``."""
+    if engine == "vllm":
+        from ncgrpo.eval.vllm_engine import load_vllm_engine
+
+        return load_vllm_engine(path, dtype=dtype, device=device, settings=settings, questions=questions)
+    if engine != "transformers":
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    from ncgrpo.models import load_model_and_processor
+
+    return load_model_and_processor(path, dtype=dtype, device=device)
+
+
 def model_id_of(path: str | Path) -> str:
     """A short stable id for a model folder: its name plus a hash of its config and weights index."""
     p = Path(path)
@@ -264,9 +346,13 @@ def evaluate(
     settings: DecodingSettings | None = None,
     split: str | dict[str, str] | None = None,
     benchmarks: Sequence[str] | None = None,
+    engine: str | None = None,
     progress: bool = True,
 ) -> EvalSummary:
     """Answer ``questions`` greedily and append one record per new question to ``out_dir``.
+
+    ``model`` is a transformers model, or a :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine` (from
+    :func:`load_for_eval`); ``engine`` (default: the model's) must name the one it is.
 
     Already-recorded questions (same benchmark and question id) are skipped, so rerunning after a
     crash completes the folder without duplicates. The folder's identity -- model, checkpoint,
@@ -277,8 +363,12 @@ def evaluate(
     before the first byte is written.
     """
     settings = settings or DecodingSettings()
+    engine = engine or engine_of(model)
+    if engine != engine_of(model):
+        raise ValueError(f"engine={engine!r} but the model at hand decodes with {engine_of(model)!r}")
     if not questions:
         raise ValueError("no questions to evaluate")
+    check_images(questions, takes_images(model, processor), f"the model ({model_id})")
     uids = [(q.benchmark, q.question_id) for q in questions]
     if len(set(uids)) != len(uids):
         dup = next(u for u in uids if uids.count(u) > 1)
@@ -286,7 +376,7 @@ def evaluate(
     out = Path(out_dir)
     run_info = run_identity(
         model_id=model_id, checkpoint=checkpoint, seed=seed, name=name, method=method,
-        settings=settings, split=split, benchmarks=benchmarks,
+        settings=settings, split=split, benchmarks=benchmarks, engine=engine,
     )  # fmt: skip
     check_folder(out, run_info)
     with FolderLock(out, what="ncgrpo eval"):
@@ -308,7 +398,7 @@ def _evaluate_locked(
     progress: bool,
 ) -> EvalSummary:
     _check_run_file(out, run_info)
-    decoding = settings.to_dict()
+    decoding = {**settings.to_dict(), "engine": run_info["engine"]}
     uids = [(q.benchmark, q.question_id) for q in questions]
     records_path = out / RECORDS_FILE
     repair_torn_tail(records_path)
@@ -318,8 +408,9 @@ def _evaluate_locked(
     from tqdm.auto import tqdm
 
     new = 0
+    transformers = run_info["engine"] == "transformers"
     with (
-        eval_mode(model),
+        eval_mode(model) if transformers else contextlib.nullcontext(),
         RecordWriter(records_path) as writer,
         tqdm(
             total=len(questions),
@@ -329,9 +420,22 @@ def _evaluate_locked(
             disable=not progress,
         ) as bar,
     ):
-        for batch in _batches(todo, settings.batch_size):
+        # (questions, greedy outputs) groups: a transformers batch, or the vLLM requests finished in one
+        # engine step; each group is scored and appended (one fsync) as soon as it is decoded
+        groups = (
+            (
+                (batch, generate_greedy(model, processor, batch, settings))
+                for batch in _batches(todo, settings.batch_size)
+            )
+            if transformers
+            else model.stream_greedy(todo, settings)
+        )
+        for batch, outputs in groups:
             recs = []
-            for q, (text, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
+            for q, text in zip(batch, outputs, strict=True):
+                s = score(
+                    text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader
+                )
                 msgs = build_messages(
                     q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
                 )

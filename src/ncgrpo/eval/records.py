@@ -2,11 +2,12 @@
 
 A run directory (``ncgrpo eval --output_dir DIR``) holds:
 
-- ``DIR/run.json``: what was evaluated (``name``, ``method``, ``seed``, ``model``, ``checkpoint``,
-  ``decoding``, ``split``, ``benchmarks``); written atomically. The identity part of it is checked
-  when a rerun appends to the folder (``ncgrpo.eval.evaluate``).
+- ``DIR/run.json``: what was evaluated (``name``, ``method``, ``seed``, ``model``, ``engine``,
+  ``checkpoint``, ``decoding``, ``split``, ``benchmarks``); written atomically. The identity part of
+  it is checked when a rerun appends to the folder (``ncgrpo.eval.evaluate``).
 - ``DIR/records.jsonl``: one :class:`EvalRecord` per line, appended and fsync'ed as questions
-  finish. A run killed mid-write leaves at most a torn tail (bytes after the last newline, possibly
+  finish (per batch with the transformers engine, per engine step with vLLM); ``decoding`` names the
+  engine. A run killed mid-write leaves at most a torn tail (bytes after the last newline, possibly
   half a UTF-8 character), which :func:`read_records` ignores and :class:`RecordWriter` cuts;
   a question recorded twice counts once if both records agree, else reading is an error.
 - ``DIR/.ncgrpo.lock``: the advisory lock (:class:`ncgrpo.runs.folder.FolderLock`) a writer holds; one
