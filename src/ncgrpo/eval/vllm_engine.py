@@ -8,11 +8,11 @@ plugin leaves every row untouched), the same stop tokens and repetition penalty 
 same scorer and records. On a float32 model the greedy tokens equal transformers' (the vLLM test
 suite checks this record for record).
 
-Batching is vLLM's: every pending question is submitted at once (:meth:`VLLMEvalEngine.stream_greedy`),
-the engine schedules them (``batch_size`` = vLLM's ``max_num_seqs``, the sequences decoded at
-once), and the questions that finish in an engine step are handed back right away, so
-:func:`~ncgrpo.eval.evaluate.evaluate` appends their records (one fsync per step) and a kill loses
-only the unfinished ones.
+Batching is vLLM's: the pending questions are submitted to the engine, which schedules them
+(``batch_size`` = vLLM's ``max_num_seqs``, the sequences decoded at once; four times as many are
+kept queued, topped up every step: :meth:`VLLMEvalEngine.stream_greedy`), and the questions that
+finish in an engine step are handed back right away, so :func:`~ncgrpo.eval.evaluate.evaluate`
+appends their records (one fsync per step) and a kill loses only the unfinished ones.
 
 Text models take token-id prompts; a vision-language model takes the rendered text with the question's
 images as ``multi_modal_data`` (vLLM's processor expands the image placeholders). The vision path is
@@ -126,6 +126,8 @@ class VLLMEvalEngine:
     ``engine_name`` marks it for :func:`ncgrpo.eval.evaluate.evaluate` (run.json ``engine``)."""
 
     engine_name = "vllm"
+    #: requests kept in vLLM, as a multiple of ``batch_size`` (its ``max_num_seqs``)
+    queue_factor = 4
 
     def __init__(self, llm: Any, processor: Any, generation_config: Any, *, vision_language: bool) -> None:
         self.llm = llm
@@ -136,35 +138,49 @@ class VLLMEvalEngine:
     def stream_greedy(
         self, questions: Sequence[Question], settings: DecodingSettings
     ) -> Iterator[tuple[list[Question], list[str]]]:
-        """Submit every question, then yield ``(questions, outputs)`` for the requests that finish in
-        each engine step, in finishing order; an output is its token ids decoded by the tokenizer with
-        special tokens skipped, as the transformers engine decodes."""
+        """Submit the questions, then yield ``(questions, outputs)`` for the requests that finish in each
+        engine step, in finishing order; an output is its token ids decoded by the tokenizer with special
+        tokens skipped, as the transformers engine decodes.
+
+        At most :attr:`queue_factor` x ``batch_size`` requests are in vLLM at a time (all of them when
+        there are fewer), topped up after every step: vLLM always has a full batch waiting, and a long
+        evaluation does not render and preprocess every prompt (every image) before the first answer."""
         if not questions:
             return
         tok = tokenizer_of(self.processor)
         params = greedy_sampling_params(self.generation_config, tok, settings)
-        prompts = vllm_prompts(self.processor, questions, settings, vision_language=self.is_vision_language)
         engine = self.llm.llm_engine
         if engine.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has requests of another caller in flight")
-        ids = self.llm.enqueue(
-            prompts, params, use_tqdm=False, tokenization_kwargs={"add_special_tokens": False}
-        )
+        depth = self.queue_factor * settings.batch_size
+        todo = list(questions)[::-1]  # popped from the end: submitted in order
         # enqueue returns vLLM's internal ids ("<id>-<8 random chars>"); outputs carry the "<id>" given
-        pending = {_external_id(i): (i, q) for i, q in zip(ids, questions, strict=True)}
+        pending: dict[str, tuple[str, Question]] = {}
+
+        def top_up() -> None:
+            batch = [todo.pop() for _ in range(min(len(todo), depth - len(pending)))]
+            if not batch:
+                return
+            prompts = vllm_prompts(self.processor, batch, settings, vision_language=self.is_vision_language)
+            ids = self.llm.enqueue(
+                prompts, params, use_tqdm=False, tokenization_kwargs={"add_special_tokens": False}
+            )
+            pending.update({_external_id(i): (i, q) for i, q in zip(ids, batch, strict=True)})
+
         try:
+            top_up()
             while engine.has_unfinished_requests():
                 done = [o for o in engine.step() if o.finished]
                 if done:
-                    yield (
-                        [pending.pop(_external_id(o.request_id))[1] for o in done],
-                        [tok.decode(list(o.outputs[0].token_ids), skip_special_tokens=True) for o in done],
-                    )
+                    answered = [pending.pop(_external_id(o.request_id))[1] for o in done]
+                    texts = [tok.decode(list(o.outputs[0].token_ids), skip_special_tokens=True) for o in done]
+                    top_up()  # before the caller writes: vLLM is not left idle meanwhile
+                    yield answered, texts
         finally:
             if pending:  # an error or a closed generator: drop what is still queued
                 engine.abort_request([i for i, _ in pending.values()], internal=True)
-        if pending:
-            raise RuntimeError(f"vLLM finished without answering {len(pending)} question(s)")
+        if pending or todo:
+            raise RuntimeError(f"vLLM finished without answering {len(pending) + len(todo)} question(s)")
 
     def close(self) -> None:
         """Stop the engine's processes now (not at interpreter exit)."""
