@@ -9,6 +9,7 @@ from ncgrpo.engines.vllm_multimodal import (
     collapse_image_placeholders,
     collapse_vllm_image_prompts,
     image_token_id_of,
+    install_image_prompt_collapse,
 )
 from tiny_models import build_processor, build_tokenizer
 
@@ -45,3 +46,36 @@ def test_image_token_id_of_a_processor_and_a_tokenizer():
     tok = build_tokenizer()
     assert image_token_id_of(build_processor(tok)) == tok.convert_tokens_to_ids("<|image_pad|>") == PAD
     assert image_token_id_of(tok) is None  # a tokenizer has no .tokenizer / image_token_id
+
+
+class _FakeLLM:
+    """``vllm.LLM.generate``'s signature; records the prompts it gets."""
+
+    def __init__(self):
+        self.seen = []
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=True):
+        self.seen.append(prompts)
+        return "out"
+
+
+def test_install_collapses_every_generate_call_of_that_engine_only():
+    proc = build_processor(build_tokenizer())
+    llm, other = _FakeLLM(), _FakeLLM()
+    row = {"prompt_token_ids": [1, PAD, PAD, PAD, 4], "multi_modal_data": {"image": object()}}
+    assert install_image_prompt_collapse(llm, proc) and install_image_prompt_collapse(llm, proc)  # idempotent
+    assert isinstance(llm, _FakeLLM) and type(llm).__bases__ == (_FakeLLM,)  # one subclass, not two
+    assert llm.generate([row], sampling_params="sp", use_tqdm=False) == "out"
+    assert llm.seen[-1][0]["prompt_token_ids"] == [1, PAD, 4]
+    llm.generate(row)  # one prompt, not a list
+    assert llm.seen[-1]["prompt_token_ids"] == [1, PAD, 4]
+    # a temporary instance-level wrapper, set and deleted (NCGRPOTrainer._nc_vllm_requests), keeps it
+    orig = llm.generate
+    llm.generate = lambda prompts, *a, **k: orig(prompts, *a, **k)
+    llm.generate([row])
+    del llm.generate
+    llm.generate([row])
+    assert [s[0]["prompt_token_ids"] for s in llm.seen[-2:]] == [[1, PAD, 4]] * 2
+    other.generate([row])  # another engine is untouched
+    assert other.seen[-1][0]["prompt_token_ids"] == [1, PAD, PAD, PAD, 4]
+    assert not install_image_prompt_collapse(_FakeLLM(), build_tokenizer())  # a text model: nothing to do

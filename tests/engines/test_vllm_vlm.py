@@ -47,7 +47,11 @@ from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 from ncgrpo.core.plan import plan_rows  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args  # noqa: E402
-from ncgrpo.engines.vllm_multimodal import collapse_vllm_image_prompts, image_token_id_of  # noqa: E402
+from ncgrpo.engines.vllm_multimodal import (  # noqa: E402
+    collapse_vllm_image_prompts,
+    image_token_id_of,
+    install_image_prompt_collapse,
+)
 from ncgrpo.trainer.images import ImageNoise  # noqa: E402
 from vlm_fixtures import image_chat, random_image, save_vllm_qwen2_5_vl  # noqa: E402
 
@@ -251,6 +255,24 @@ def test_processor_expanded_prompt_ids_are_expanded_again_so_they_are_collapsed(
     collapsed = request(inputs, [img], processor)
     assert collapsed["prompt_token_ids"].count(image_pad) == 1
     assert list(generate(llm, [collapsed], greedy())[0].prompt_token_ids) == ids
+
+
+def test_installed_collapse_gives_trls_rows_the_processors_prompt(llm, hf, processor):
+    """``install_image_prompt_collapse`` on the engine: TRL's expanded rows, sent as they are, now reach
+    vLLM as the processor's prompt, noisy and clean; the engine's class is restored afterwards."""
+    img = random_image(5)
+    inputs = hf_inputs(processor, QUESTION, [img])
+    row = noisy(prompt_id=51)
+    cls = type(llm)
+    try:
+        assert install_image_prompt_collapse(llm, processor)
+        outs = generate(llm, [trl_request(inputs, [img])] * 2, [greedy(), greedy(row)])
+    finally:
+        llm.__class__ = cls
+    for o in outs:
+        assert list(o.prompt_token_ids) == inputs["input_ids"][0].tolist()
+    assert_close_logprobs(first_logprobs(outs[0].outputs[0]), reference_logprobs(hf, inputs, None))
+    assert_close_logprobs(first_logprobs(outs[1].outputs[0]), reference_logprobs(hf, inputs, row))
 
 
 @pytest.mark.parametrize("question", [QUESTION, LONG_QUESTION], ids=["two_chunks", "four_chunks"])

@@ -18,7 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["collapse_image_placeholders", "collapse_vllm_image_prompts", "image_token_id_of"]
+__all__ = [
+    "collapse_image_placeholders",
+    "collapse_vllm_image_prompts",
+    "image_token_id_of",
+    "install_image_prompt_collapse",
+]
 
 
 def image_token_id_of(processing_class) -> int | None:
@@ -81,3 +86,38 @@ def collapse_vllm_image_prompts(prompts: Sequence[Any], image_token_id: int | No
             dict(p, prompt_token_ids=collapse_image_placeholders(p["prompt_token_ids"], image_token_id, n))
         )
     return out
+
+
+def install_image_prompt_collapse(llm, processing_class) -> bool:
+    """Make every ``llm.generate`` call of this ``vllm.LLM`` collapse its image prompts'
+    placeholder runs (:func:`collapse_vllm_image_prompts`) before vLLM sees them.
+
+    For TRL's colocate mode, whose ``VLLMGeneration.generate`` builds the rows from the processor's
+    expanded ids: call it once on ``trainer.vllm_generation.llm`` for EVERY method (vanilla included,
+    or the baseline keeps the doubled prompts). Per instance (the instance's class is swapped for a
+    subclass; other engines are untouched), idempotent, and it survives a temporary instance-level
+    ``llm.generate`` wrapper being set and deleted (``NCGRPOTrainer._nc_vllm_requests`` does that).
+    Returns False, installing nothing, when ``processing_class`` has no image placeholder (a text model).
+    """
+    tid = image_token_id_of(processing_class)
+    if tid is None:
+        return False
+    cls = type(llm)
+    if getattr(cls, "_ncgrpo_image_token_id", None) == tid:
+        return True
+    base = cls.__bases__[0] if hasattr(cls, "_ncgrpo_image_token_id") else cls
+
+    def generate(self, prompts=None, *args, **kwargs):
+        if isinstance(prompts, dict):
+            prompts = collapse_vllm_image_prompts([prompts], tid)[0]
+        elif isinstance(prompts, list | tuple):
+            prompts = collapse_vllm_image_prompts(prompts, tid)
+        return base.generate(self, prompts, *args, **kwargs)
+
+    generate.__doc__ = base.generate.__doc__
+    llm.__class__ = type(
+        base.__name__,
+        (base,),
+        {"generate": generate, "_ncgrpo_image_token_id": tid, "__module__": base.__module__},
+    )
+    return True
