@@ -212,3 +212,16 @@ def test_vllm_prompts_are_the_transformers_engines_prompts(tiny_vl_dir, suite_di
     for q, i in zip(text_q, ids, strict=True):
         text = _render(tok, build_messages(q, system_prompt="be brief", math_prompt=settings.math_prompt))
         assert i == tok(text, add_special_tokens=False)["input_ids"] and len(i) > 5
+
+
+def test_vllm_engine_refuses_a_generation_setting_it_does_not_carry_over() -> None:
+    """A generation_config.json setting that changes greedy outputs in ``generate`` and that the vLLM
+    engine does not mirror is refused (before the engine starts), never silently dropped."""
+    from transformers import GenerationConfig
+
+    from ncgrpo.eval.vllm_engine import check_generation_config
+
+    check_generation_config(GenerationConfig(eos_token_id=[2, 0], repetition_penalty=1.05))  # carried over
+    for setting in ({"no_repeat_ngram_size": 3}, {"min_new_tokens": 4}, {"suppress_tokens": [5]}):
+        with pytest.raises(ValueError, match=f"sets {next(iter(setting))}=.*--engine transformers"):
+            check_generation_config(GenerationConfig(**setting))

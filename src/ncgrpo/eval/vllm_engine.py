@@ -37,7 +37,13 @@ from ncgrpo.data.types import Question
 from ncgrpo.eval.evaluate import DecodingSettings
 from ncgrpo.models import is_vision_language, load_processor, resolve_dtype, tokenizer_of
 
-__all__ = ["VLLMEvalEngine", "greedy_sampling_params", "load_vllm_engine", "vllm_prompts"]
+__all__ = [
+    "VLLMEvalEngine",
+    "check_generation_config",
+    "greedy_sampling_params",
+    "load_vllm_engine",
+    "vllm_prompts",
+]
 
 #: generation_config.json fields that change greedy outputs and that this engine does not carry
 #: over to vLLM: refused rather than silently dropped.
@@ -85,20 +91,26 @@ def _generation_config(path: str | Path) -> Any:
         return GenerationConfig()
 
 
-def greedy_sampling_params(generation_config: Any, tokenizer: Any, settings: DecodingSettings):
-    """vLLM ``SamplingParams`` that decode as ``model.generate(do_sample=False, num_beams=1,
-    max_new_tokens=...)`` does with this generation config: argmax, stop at any of its EOS ids (and the
-    tokenizer's), its repetition penalty, token ids only (the caller decodes them)."""
-    from vllm import SamplingParams
-
-    gc = generation_config
+def check_generation_config(generation_config: Any) -> None:
+    """Refuse a generation config with a setting that changes greedy outputs and that
+    :func:`greedy_sampling_params` does not carry over to vLLM (``_UNMIRRORED``)."""
     for name in _UNMIRRORED:
-        v = getattr(gc, name, None)
+        v = getattr(generation_config, name, None)
         if v not in (None, 0, [], {}):
             raise ValueError(
                 f"generation_config.json sets {name}={v!r}, which --engine vllm does not carry over; "
                 "evaluate with --engine transformers or remove the setting"
             )
+
+
+def greedy_sampling_params(generation_config: Any, tokenizer: Any, settings: DecodingSettings):
+    """vLLM ``SamplingParams`` that decode as ``model.generate(do_sample=False, num_beams=1,
+    max_new_tokens=...)`` does with this generation config: argmax, stop at any of its EOS ids (and the
+    tokenizer's), its repetition penalty, token ids only (the caller decodes them)."""
+    check_generation_config(generation_config)
+    from vllm import SamplingParams
+
+    gc = generation_config
     eos = gc.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
@@ -254,7 +266,7 @@ def load_vllm_engine(
     vision_language = is_vision_language(config)
     processor = load_processor(path, config=config)
     generation_config = _generation_config(path)
-    greedy_sampling_params(generation_config, tokenizer_of(processor), settings)  # refuse before the engine
+    check_generation_config(generation_config)  # refused before the engine starts
     max_pos = getattr(config.get_text_config(), "max_position_embeddings", None)
     max_model_len = None
     if not vision_language and questions:
