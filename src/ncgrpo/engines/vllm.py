@@ -49,7 +49,12 @@ Which row is perturbed, and why that is right under every scheduler feature:
 - prefix caching: vLLM caps a cache hit at ``num_tokens - 1``, so the last prompt token is always
   recomputed in this step; the cached prefix only feeds attention, which is clean by construction.
 - mixed batches: the logit rows follow the runner's request order (``1 + num_draft_tokens`` rows per
-  request under speculative decoding; a first-token step has no drafts); other rows are untouched.
+  request under speculative decoding); other rows are untouched.
+- speculative decoding: "the last token computed" counts the tokens that are not drafts. A request
+  whose prompt the prefix cache holds up to its last token is scheduled like a decode step, its last
+  prompt token plus (placeholder) drafts; its FIRST logit row is the last prompt token's and samples
+  the first token (a draft accepted there is accepted against that row's perturbed distribution), the
+  draft rows after it are clean continuations.
 - preemption: a request's spec is consumed in the step that samples its first token, so a request
   preempted after that and resumed (V1: a cached request with ``resumed_from_preemption``; V2: a
   new request whose prefill holds prompt + outputs, whose spec is not captured) is never perturbed
@@ -65,8 +70,17 @@ Which row is perturbed, and why that is right under every scheduler feature:
   clean ones) and chunked prefill splits; use the transformers engine for that ablation.
 - SPSA steering (eq. 6): supported, ``steer`` carries ``mu``.
 
+Nothing a request carries can fail inside a worker (where any exception kills the engine, and a
+server with it): the spec is parsed when its ``SamplingParams`` is built, and checked against the
+engine (``steer`` of the model's hidden size, no feature the plugin cannot follow) where vLLM admits
+the request (``InputProcessor._validate_params``, the caller's or the API server's process:
+:func:`check_spec_for_engine`); a bad request is a ValueError / HTTP 400 for itself alone. In the
+worker the perturbation never syncs with the device (:func:`_perturb_logit_rows`).
+
 Start-up check: :func:`check_plugin_active` asks every worker (``collective_rpc``) whether the
-patches are in place, and raises if not. Call it once after building the ``LLM``.
+patches are in place, and raises if not, or if the engine runs a feature the plugin cannot follow
+(:func:`unsupported_engine_features`: batch-sharded sampling, models that sample other than one
+token per step). Call it once after building the ``LLM``.
 """
 
 from __future__ import annotations
@@ -80,13 +94,14 @@ from typing import Any
 
 import torch
 
-from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
+from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps, perturb
 
 __all__ = [
     "EXTRA_ARGS_KEY",
     "NoiseSpec",
     "check_plugin_active",
     "check_server_plugin_active",
+    "check_spec_for_engine",
     "control_extra_args",
     "generate_rows_on_server",
     "noise_extra_args",
@@ -94,6 +109,7 @@ __all__ = [
     "register",
     "sampling_params_for_rows",
     "server_extra_args",
+    "unsupported_engine_features",
 ]
 
 EXTRA_ARGS_KEY = "ncgrpo"
@@ -127,10 +143,19 @@ class NoiseSpec:
         return self.row.noisy or self.logit_scale is not None
 
 
+# noise_seed packs each key field into 16 signed bytes: a wider int would raise OverflowError in the
+# worker's draw, so it is refused here, where the spec is parsed (the caller's process)
+_KEY_BOUND = 1 << 127
+
+
 def _int(spec: Mapping[str, Any], name: str) -> int:
     v = spec.get(name)
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}][{name!r}] must be an int, got {v!r}")
+    if not -_KEY_BOUND <= v < _KEY_BOUND:
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}][{name!r}] = {v} does not fit the noise key's 128-bit signed field"
+        )
     return v
 
 
@@ -256,6 +281,53 @@ def sampling_params_for_rows(
         sp.extra_args = extra or None
         out.append(sp)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# what an engine can apply: checked in the caller's process, before a request reaches a worker
+# --------------------------------------------------------------------------------------------------
+def unsupported_engine_features(vllm_config) -> list[str]:
+    """The features of this engine configuration under which the plugin cannot perturb the right row
+    (empty: none). Both are V2-runner features of vLLM 0.30-0.33; older configs lack the fields.
+
+    - batch-sharded sampling (``parallel_config.enable_batch_sharded_sampling``, TP > 1): each rank
+      computes the logits of its own subset of requests from ``compute_logits_local``, not the
+      ``compute_logits`` call the plugin wraps;
+    - diffusion models (``model_config.is_diffusion``): they sample several tokens per step, or none
+      (``num_new_sampled_tokens_per_step != 1``), so there is no single first-token logit row.
+    """
+    out = []
+    if getattr(getattr(vllm_config, "parallel_config", None), "enable_batch_sharded_sampling", False):
+        out.append("batch-sharded sampling (enable_batch_sharded_sampling)")
+    if getattr(getattr(vllm_config, "model_config", None), "is_diffusion", False):
+        out.append("a model that samples other than one token per step (a diffusion model)")
+    return out
+
+
+def check_spec_for_engine(spec: NoiseSpec | None, vllm_config) -> None:
+    """Raise ValueError unless the engine described by ``vllm_config`` can apply ``spec``.
+
+    Runs in the process that admits the request (``LLM.generate``'s, or the API server's, where a
+    ValueError is a 400 for that request alone), so nothing that would fail inside a worker, where
+    any exception kills the engine and every request in it, ever reaches one: ``steer`` must have the
+    model's hidden size, and the engine must not run a feature :func:`unsupported_engine_features`
+    lists.
+    """
+    if spec is None or not spec.noisy:
+        return
+    if spec.steer is not None and spec.row.noisy:
+        d = int(vllm_config.model_config.get_hidden_size())
+        if spec.steer.numel() != d:
+            raise ValueError(
+                f"extra_args[{EXTRA_ARGS_KEY!r}]['steer'] has {spec.steer.numel()} values, but the model's hidden "
+                f"size is {d}: steer is eq. (6)'s mu, one value per hidden dimension"
+            )
+    bad = unsupported_engine_features(vllm_config)
+    if bad:
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}]: the ncgrpo noise cannot be applied by this engine, which runs "
+            f"{' and '.join(bad)}; start it without that to send NC-GRPO requests"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -407,27 +479,51 @@ def check_server_plugin_active(base_url: str, *, timeout: float = 60.0) -> list[
     bad = [s for s in status or [] if not (isinstance(s, dict) and s.get("patched"))]
     if not status or bad:
         raise RuntimeError(f"the ncgrpo vLLM plugin is not active in the server's workers: {status}")
+    _refuse_unsupported(status)
     return list(status)
 
 
 # --------------------------------------------------------------------------------------------------
 # the perturbation of the sampled rows
 # --------------------------------------------------------------------------------------------------
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without a sync: CUDA copies go from pinned memory, asynchronously."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _perturb_logit_rows(hs: torch.Tensor, rows: list[tuple[int, NoiseSpec]]) -> torch.Tensor:
     """``hs`` ``# [R, d]`` (the rows ``compute_logits`` gets) with eq. (2) on the listed rows.
 
-    Each row is the request's last prompt position, i.e. reverse position 0, exactly what
-    :func:`perturb_rows` does at the last prompt token in the transformers engine. Returns a copy;
-    ``hs`` is left alone (the runner reuses hidden states for prompt logprobs and drafting).
+    Each row is the request's last prompt position, i.e. reverse position 0: the values are those
+    :func:`ncgrpo.core.noise.perturb_rows` gives the last prompt token in the transformers engine (the
+    same keyed :func:`draw_eps` at position 0, the same :func:`perturb`). Returns a copy; ``hs`` is left
+    alone (the runner reuses hidden states for prompt logprobs and drafting).
+
+    No device sync (this runs in every step that samples a noisy request's first token): the noise is
+    drawn on the CPU from the keys, every host tensor (row indices, eps, sigma, mu) goes to the device
+    by one asynchronous copy from pinned memory, and nothing is read back. So the transformers engine's
+    finiteness check (which reads the state on the host) is replaced by ``torch.where``: a row whose
+    state is not finite is left as it was (vLLM computes from it what it would without the plugin).
     """
     out = hs.clone()
     rows = [(i, s) for i, s in rows if s.row.noisy]  # a control-only row keeps its state
+    d = hs.shape[-1]
     for steer in {id(s.steer): s.steer for _, s in rows}.values():
         group = [(i, s) for i, s in rows if s.steer is steer]
-        idx = torch.tensor([i for i, _ in group], device=hs.device)
-        h_sel = hs[idx][:, None, :]  # [N, 1, d]: each request's last prompt token
-        new, _ = perturb_rows(h_sel, [s.row for _, s in group], steer=steer)
-        out[idx] = new[:, 0]
+        if steer is not None and steer.numel() != d:  # the caller-side check refuses these first
+            raise RuntimeError(f"ncgrpo vLLM plugin: steer has {steer.numel()} values for hidden size {d}")
+        idx = _to_device(torch.tensor([i for i, _ in group], dtype=torch.long), hs.device)  # [N]
+        eps = _to_device(
+            torch.cat([draw_eps(s.row.key, [0], d, mode=s.row.mode) for _, s in group]), hs.device
+        )
+        sig = _to_device(torch.tensor([[s.row.sigma * s.row.sign] for _, s in group]), hs.device)  # [N, 1]
+        mu = None if steer is None else _to_device(steer, hs.device)
+        h_sel = hs.index_select(0, idx)  # [N, d]: each request's last prompt token
+        new = perturb(h_sel, eps, sig, steer=mu, check_finite=False)
+        new = torch.where(torch.isfinite(h_sel).all(dim=-1, keepdim=True), new, h_sel)
+        out.index_copy_(0, idx, new)
     return out
 
 
@@ -508,11 +604,14 @@ def _v1_plan(runner, so, specs: dict[str, NoiseSpec], hs: torch.Tensor) -> list[
         if n_sched is None:
             continue
         st = runner.requests[rid]
-        done = st.num_computed_tokens + n_sched
+        # the tokens this step computes that are not drafts: a request whose prompt the prefix cache
+        # holds up to its last token is scheduled like a decode step, 1 + (placeholder) drafts, and its
+        # first token is sampled from its FIRST logit row (the last prompt token's), the drafts after it
+        done = st.num_computed_tokens + n_sched - len(drafts.get(rid, ()))
         if done < st.num_prompt_tokens:
             continue  # an earlier prefill chunk
         del specs[rid]
-        if done == st.num_prompt_tokens and not drafts.get(rid):
+        if done == st.num_prompt_tokens:
             row = first_row[rid] if first_row is not None else ib.req_id_to_index[rid]
             if first_row is None and req_ids[row] != rid:
                 raise RuntimeError(f"ncgrpo vLLM plugin: request {rid!r} is not at batch index {row}")
@@ -601,11 +700,16 @@ def _v2_plan(input_batch, specs, hs: torch.Tensor) -> list[tuple[int, NoiseSpec]
         if ent is None:
             continue
         spec, prompt_len = ent
-        done = int(input_batch.num_computed_tokens_np[i]) + int(input_batch.num_scheduled_tokens[i])
+        # logit rows = 1 + drafts (start-up refuses models that sample other than one token per step);
+        # the first is the last non-draft token's, which samples the request's next token
+        n_drafts = int(cu[i + 1]) - int(cu[i]) - 1
+        done = (
+            int(input_batch.num_computed_tokens_np[i]) + int(input_batch.num_scheduled_tokens[i]) - n_drafts
+        )
         if done < prompt_len:
             continue
         del specs[rid]
-        if done == prompt_len and int(cu[i + 1]) - int(cu[i]) == 1:
+        if done == prompt_len:
             rows.append((int(cu[i]), spec))
     return rows
 
@@ -616,11 +720,9 @@ def _wrap_v2_sample(orig):
         specs = self.__dict__.get("_ncgrpo_specs")
         if not specs or not any(rid in specs for rid in input_batch.req_ids):
             return orig(self, hidden_states, input_batch, *args, **kwargs)
-        if getattr(self, "batch_sharder", None) is not None:
-            raise NotImplementedError(
-                "ncgrpo vLLM plugin: NC-GRPO noise with vLLM's sharded sampler (compute_logits_local) is not "
-                "supported; disable the sharded sampler"
-            )
+        bad = _v2_unsupported(self)
+        if bad:  # unreachable through vLLM's entry points: the caller-side check refuses these requests
+            raise RuntimeError(f"ncgrpo vLLM plugin: noisy request on an engine running {' and '.join(bad)}")
         with _ArmedLogits(self.model, lambda hs: _v2_plan(input_batch, specs, hs)):
             return orig(self, hidden_states, input_batch, *args, **kwargs)
 
@@ -657,12 +759,58 @@ def _verify_sampling_params(orig):
     return _verify_args
 
 
+def _v2_unsupported(runner) -> list[str]:
+    """What a built V2 runner does that the plugin cannot follow (see :func:`unsupported_engine_features`)."""
+    out = []
+    if getattr(runner, "batch_sharder", None) is not None:
+        out.append("batch-sharded sampling (compute_logits_local)")
+    per_step = getattr(getattr(runner, "model_state", None), "num_new_sampled_tokens_per_step", 1)
+    if per_step != 1:
+        out.append(f"a model that samples {per_step} new tokens per step")
+    return out
+
+
+def _wrap_validate_params(orig):
+    """``InputProcessor._validate_params``: where vLLM admits a request (the caller's process, which
+    knows the engine's config), so a spec the workers could not apply is refused for that request."""
+
+    @functools.wraps(orig)
+    def _validate_params(self, params, *args, **kwargs):
+        out = orig(self, params, *args, **kwargs)
+        extra = getattr(params, "extra_args", None)
+        if extra and EXTRA_ARGS_KEY in extra:
+            try:
+                check_spec_for_engine(parse_noise_spec(extra), self.vllm_config)
+            except ValueError as e:
+                raise _request_error(str(e)) from None
+        return out
+
+    setattr(_validate_params, _MARK, True)
+    return _validate_params
+
+
+def _request_error(message: str) -> ValueError:
+    """A ValueError that vLLM's API server also answers with a 400 naming it: from 0.31 on, only its
+    ``VLLMValidationError`` (no longer a ValueError) is a client error there, anything else a bare 500."""
+    from vllm.exceptions import VLLMValidationError
+
+    cls = _ERROR_CLASS.get("cls")
+    if cls is None:
+        cls = _ERROR_CLASS["cls"] = type("NoiseSpecError", (VLLMValidationError, ValueError), {})
+    return cls(message)
+
+
+_ERROR_CLASS: dict[str, type] = {}
+
+
 def _status(worker) -> dict[str, Any]:
     runner = getattr(worker, "model_runner", None)
     cls = type(runner)
+    unsupported = unsupported_engine_features(getattr(runner, "vllm_config", None))
     if hasattr(cls, "sample") and "gpu.model_runner" in _mro_modules(cls):
         patched = getattr(cls.sample, _MARK, False) and getattr(cls.add_requests, _MARK, False)
         kind = "v2"
+        unsupported = unsupported or _v2_unsupported(runner)  # the config's reasons, else the runner's
     else:
         patched = getattr(getattr(cls, "execute_model", None), _MARK, False)
         kind = "v1"
@@ -670,6 +818,7 @@ def _status(worker) -> dict[str, Any]:
         "runner": f"{cls.__module__}.{cls.__qualname__}",
         "kind": kind,
         "patched": bool(patched),
+        "unsupported": unsupported,
         "plugin_seconds": _STATS["seconds"],
         "perturbed_rows": _STATS["perturbed_rows"],
         "resumed_requests": _STATS["resumed_requests"],
@@ -691,6 +840,9 @@ def register() -> None:
     from vllm.v1.worker.worker_base import WorkerBase
 
     _patch(SamplingParams, "_verify_args", _verify_sampling_params)
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    _patch(InputProcessor, "_validate_params", _wrap_validate_params)
     _patch(V1Runner, "execute_model", _wrap_v1_execute_model)
     try:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
@@ -725,4 +877,15 @@ def check_plugin_active(llm) -> list[dict[str, Any]]:
     bad = [s for s in status if not s.get("patched")]
     if bad:
         raise RuntimeError(f"the ncgrpo vLLM plugin is loaded but the model runner is not patched: {bad}")
+    _refuse_unsupported(status)
     return list(status)
+
+
+def _refuse_unsupported(status: Sequence[Mapping[str, Any]]) -> None:
+    """The start-up refusal of an engine the plugin cannot perturb correctly (its workers' report)."""
+    bad = sorted({u for s in status for u in s.get("unsupported", ())})
+    if bad:
+        raise RuntimeError(
+            f"the ncgrpo vLLM plugin cannot apply NC-GRPO noise in this engine, which runs {' and '.join(bad)}: "
+            "every noisy request would be refused; start the engine without it"
+        )
