@@ -157,6 +157,22 @@ def test_noisy_importance_sampling() -> None:
         apply_noisy_importance_sampling(seq, noisy[:3], "exclude")
 
 
+def test_the_logged_ratios_the_loss_used_are_taken_as_trl_takes_its_own() -> None:
+    """``sampling/importance_sampling_ratio_used/{min,mean,max}``: after the noisy-row policy, over TRL's
+    entries (every row in sequence modes, the completion tokens in token modes; none: zeros)."""
+    from ncgrpo.trainer.metrics import importance_ratio_stats
+
+    noisy = torch.tensor([False, False, True, True])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    seq = apply_noisy_importance_sampling(torch.tensor([[1.2], [0.0], [3.0], [0.5]]), noisy, "exclude")
+    assert importance_ratio_stats(seq, mask, sequence_level=True).tolist() == pytest.approx([0.0, 0.8, 1.2])
+    tok = torch.tensor([[1.0, 2.0, 9.0], [0.5, 1.0, 9.0], [4.0, 0.0, 9.0], [0.2, 9.0, 9.0]])
+    tok = apply_noisy_importance_sampling(tok, noisy, "exclude")  # the 9s beyond the mask are not counted
+    stats = importance_ratio_stats(tok, mask, sequence_level=False)
+    assert stats.tolist() == pytest.approx([0.5, 8.5 / 8, 2.0])
+    assert importance_ratio_stats(tok, 0 * mask, sequence_level=False).tolist() == [0.0, 0.0, 0.0]
+
+
 # ---------------------------------------------------------------------------------------------
 # first-token temperature control
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.inert import InertNoiseWarning  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
+from ncgrpo.trainer.metrics import IS_RATIO_USED  # noqa: E402
 from tiny_models import (  # noqa: E402
     perturbed_rows,
     run_torchrun,
@@ -96,6 +97,20 @@ def test_latent_colocate_noisy_rows_are_perturbed_and_not_masked(model_dir, tmp_
         assert hist.metrics["noise/first_token_tv"] > 0.3, hist.metrics
         assert hist.metrics["noise/agreement"] < 0.9, hist.metrics
         assert "noise/first_token_divergence" in hist.metrics
+        # what the loss used (after the policy) is logged beside TRL's pre-policy ratios: sequence_mask
+        # (TRL's default) gives one ratio per row, all of them counted
+        used = rec["ratio"].flatten()
+        assert [hist.metrics[f"{IS_RATIO_USED}/{k}"] for k in ("min", "mean", "max")] == pytest.approx(
+            [float(used.min()), float(used.mean()), float(used.max())]
+        )
+    logged = [h for h in tr.state.log_history if f"{IS_RATIO_USED}/mean" in h]
+    assert len(logged) == 2 and all("sampling/importance_sampling_ratio/mean" in h for h in logged)
+    # TRL's numbers still describe the raw ratios, which the noisy rows' perturbed first tokens move away
+    # from the ratios used; each logged value is its step's (logging_steps=1)
+    for h, rec in zip(logged, tr.records, strict=True):
+        assert h[f"{IS_RATIO_USED}/mean"] == pytest.approx(float(rec["ratio"].mean()))
+        assert h["sampling/importance_sampling_ratio/mean"] == pytest.approx(float(rec["raw_ratio"].mean()))
+        assert h[f"{IS_RATIO_USED}/mean"] != pytest.approx(h["sampling/importance_sampling_ratio/mean"])
 
 
 def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:

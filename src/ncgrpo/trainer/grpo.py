@@ -362,12 +362,25 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
             adv_global = self._gather(output["advantages"].detach().float())
 
         # importance sampling policy (TRL's vLLM path only)
+        metrics: dict[str, float] = {}
         if "importance_sampling_ratio" in output:
             output["importance_sampling_ratio"] = apply_noisy_importance_sampling(
                 output["importance_sampling_ratio"], noisy[process_slice], a.noisy_importance_sampling
             )
+            # TRL logged sampling/importance_sampling_ratio/* before the policy; log what the loss uses
+            from ncgrpo.trainer.metrics import IS_RATIO_USED, importance_ratio_stats
 
-        metrics: dict[str, float] = {}
+            mask = output["completion_mask"]
+            if output.get("tool_mask") is not None:
+                mask = mask * output["tool_mask"]
+            seq = self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
+            used = self._gather(
+                importance_ratio_stats(output["importance_sampling_ratio"], mask, sequence_level=seq)[None]
+            )  # [P, 3]: each rank's min, mean, max, reduced as TRL reduces its own
+            metrics[f"{IS_RATIO_USED}/min"] = float(used[:, 0].min())
+            metrics[f"{IS_RATIO_USED}/mean"] = float(used[:, 1].mean())
+            metrics[f"{IS_RATIO_USED}/max"] = float(used[:, 2].max())
+
         rg = rewards.view(B, G)
         noisy_mask_g = noisy.view(B, G)[0]
         metrics["reward/clean"] = float(torch.nanmean(rewards[~noisy]))

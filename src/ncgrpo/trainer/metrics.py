@@ -16,6 +16,20 @@ from ncgrpo.core.plan import (
     RowPlan,
 )
 
+IS_RATIO_USED = "sampling/importance_sampling_ratio_used"
+
+
+def importance_ratio_stats(ratio: torch.Tensor, mask: torch.Tensor, *, sequence_level: bool) -> torch.Tensor:
+    """``[min, mean, max]`` of the importance-sampling ratios the loss multiplies by (after NC-GRPO's
+    noisy-row policy), over the entries TRL's ``sampling/importance_sampling_ratio/*`` take: every row
+    of a sequence-level ratio (``# [B, 1]``), the ``mask``-ed completion tokens of a token-level one
+    (``# [B, T]``). Zeros when there is none (TRL's convention). ``# [3]``"""
+    flat = ratio.flatten() if sequence_level else ratio[mask.bool()]
+    flat = flat.detach().float()
+    if flat.numel() == 0:
+        return torch.zeros(3)
+    return torch.stack([flat.min(), flat.mean(), flat.max()]).cpu()
+
 
 @dataclass
 class StepRecord:
