@@ -9,7 +9,12 @@ exactly ``--max-new-tokens`` tokens (``min_new_tokens``), so both sides do the s
     python benchmarks/bench_rollout.py --size tiny --prompts 8 --n 4 --max-new-tokens 32 --repeats 5
     python benchmarks/bench_rollout.py --device cuda --dtype bfloat16 --size 1.5b --images 1
 
-Target: median NC-GRPO / vanilla <= 1.02.
+Arms: TRL's vanilla (one prefill per row, no hook), NC-GRPO with ``share_prompt_prefill`` (one vision
+pass and one prompt prefill per prompt) and NC-GRPO with one prefill per row. Targets (issue 24):
+with image prompts and G = 8, shared / vanilla <= 0.6 (goal); one prefill per row / vanilla <= 1.02.
+
+    python benchmarks/bench_rollout.py --size tiny --images 1 --image-size 224 --prompts 4 --n 4 \
+        --max-new-tokens 16 --repeats 7 --threads 1
 """
 
 from __future__ import annotations
@@ -151,7 +156,7 @@ def main(argv=None) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def rollout(nc: bool, step: int, **kw):
+    def rollout(nc: bool, step: int, share: bool = False, **kw):
         return generate_groups(
             model,
             proc,
@@ -163,6 +168,7 @@ def main(argv=None) -> dict:
             seed=args.seed,
             site=site,
             use_hook=nc,
+            share_prompt_prefill=share,
             max_new_tokens=args.max_new_tokens,
             min_new_tokens=args.max_new_tokens,
             temperature=1.0,
@@ -171,37 +177,85 @@ def main(argv=None) -> dict:
             **kw,
         )
 
-    def timed(nc: bool, step: int) -> tuple[float, float]:
+    def timed(nc: bool, share: bool, step: int) -> tuple[float, float]:
         """(wall seconds, process CPU seconds); the latter is robust to other load on a shared CPU."""
         sync()
         t, c = time.perf_counter(), time.process_time()
-        rollout(nc, step)
+        rollout(nc, step, share)
         sync()
         return time.perf_counter() - t, time.process_time() - c
 
+    # arms: TRL's vanilla (one prefill per row, no hook), NC-GRPO sharing the prompt's prefill (the
+    # default), NC-GRPO with one prefill per row
+    arms = {"vanilla": (False, False), "ncgrpo": (True, True), "ncgrpo_noshare": (True, False)}
     # warm-up (kernels, allocator, tokenizer caches)
-    rollout(False, 0)
-    r = rollout(True, 0)
+    for nc, share in arms.values():
+        r = rollout(nc, 0, share)
     prompt_len = r.prompt_length
 
-    times = {"vanilla": [], "ncgrpo": []}
-    cpu_times = {"vanilla": [], "ncgrpo": []}
+    times = {k: [] for k in arms}
+    cpu_times = {k: [] for k in arms}
+    names = list(arms)
     for i in range(args.repeats):
-        order = [("vanilla", False), ("ncgrpo", True)]
-        if i % 2:
-            order.reverse()
-        for name, nc in order:
-            wall, cpu = timed(nc, step=i + 1)
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotated: each arm goes first in turn
+        for name in order:
+            wall, cpu = timed(*arms[name], step=i + 1)
             times[name].append(wall)
             print(f"repeat {i}: {name} {wall:.3f}s wall, {cpu:.3f}s CPU", file=sys.stderr, flush=True)
             cpu_times[name].append(cpu)
 
-    # the hook's share of the prefill forward (synchronised timing; separate runs)
+    # where a rollout's time goes (synchronised timing; separate runs): the vision tower, the prefill
+    # forward (vision tower, prompt, lm_head), the rest is decoding. Repeated: the hook's prefill clock on
+    # the one-prefill-per-row arm; shared: the shared prefix pass plus the branch forward.
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    vis = {"t": 0.0, "t0": 0.0}
+    handles = []
+    if visual is not None:
+
+        def vis_pre(m, a):
+            sync()
+            vis["t0"] = time.perf_counter()
+
+        def vis_post(m, a, o):
+            sync()
+            vis["t"] += time.perf_counter() - vis["t0"]
+
+        handles = [visual.register_forward_pre_hook(vis_pre), visual.register_forward_hook(vis_post)]
+    breakdown = {}
+    try:
+        for name, share in (("ncgrpo_noshare", False), ("ncgrpo", True)):
+            rows = []
+            for i in range(max(3, args.repeats // 2)):
+                vis["t"] = 0.0
+                sync()
+                t = time.perf_counter()
+                out = rollout(True, i + 1, share, timing=True)
+                sync()
+                wall = time.perf_counter() - t
+                shared = out.extra.get("shared_prefill")
+                if shared is not None and shared.shared:  # the prefix pass runs the vision tower inside it
+                    prefill = shared.prefix_s + out.record.prefill_s
+                else:  # generate encodes the images before its prefill forward
+                    prefill = vis["t"] + out.record.prefill_s
+                rows.append((wall, vis["t"], prefill))
+            w, v, pf = (statistics.median(x[j] for x in rows) for j in range(3))
+            breakdown[name] = {
+                "wall_s": w,
+                "vision_s": v,
+                "prefill_s": pf,
+                "vision_share": statistics.median(x[1] / x[0] for x in rows),
+                "prefill_share": statistics.median(x[2] / x[0] for x in rows),
+            }
+    finally:
+        for h in handles:
+            h.remove()
+
+    # the hook's share of the prefill forward (synchronised timing; separate runs, one prefill per row)
     shares = {}
     for positions in ("auto", "all"):
         hs, ps = [], []
         for i in range(max(3, args.repeats // 2)):
-            rec = rollout(True, i + 1, timing=True, positions=positions).record
+            rec = rollout(True, i + 1, False, timing=True, positions=positions).record
             hs.append(rec.hook_s)
             ps.append(rec.prefill_s)
         shares[positions] = {
@@ -212,6 +266,10 @@ def main(argv=None) -> dict:
 
     med = {k: statistics.median(v) for k, v in times.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu_times.items()}
+
+    def paired(key_times, k):
+        return statistics.median(a / b for a, b in zip(key_times[k], key_times["vanilla"], strict=True))
+
     result = {
         "machine": machine(device),
         "config": vars(args),
@@ -222,9 +280,14 @@ def main(argv=None) -> dict:
         "times_s": times,
         "median_s": med,
         "ratio": med["ncgrpo"] / med["vanilla"],
+        "ratio_noshare": med["ncgrpo_noshare"] / med["vanilla"],
         "cpu_times_s": cpu_times,
         "cpu_median_s": cpu_med,
         "cpu_ratio": cpu_med["ncgrpo"] / cpu_med["vanilla"],
+        "cpu_ratio_noshare": cpu_med["ncgrpo_noshare"] / cpu_med["vanilla"],
+        "paired_ratio": {k: paired(times, k) for k in arms},
+        "paired_cpu_ratio": {k: paired(cpu_times, k) for k in arms},
+        "breakdown": breakdown,
         "hook_share_of_prefill": shares,
     }
 
@@ -234,11 +297,26 @@ def main(argv=None) -> dict:
         f"rows={result['rows']} prompt_tokens={prompt_len} new_tokens={args.max_new_tokens} "
         f"images/prompt={args.images} repeats={args.repeats} sigma={args.sigma} site={site}"
     )
-    print(f"{'method':<28}{'median s':>10}{'min s':>10}{'max s':>10}{'median CPU s':>14}")
-    for k in ("vanilla", "ncgrpo"):
-        label = "vanilla GRPO (no hook)" if k == "vanilla" else "NC-GRPO (hook, sigma>0)"
-        print(f"{label:<28}{med[k]:>10.3f}{min(times[k]):>10.3f}{max(times[k]):>10.3f}{cpu_med[k]:>14.3f}")
-    print(f"{'ratio NC-GRPO / vanilla':<28}{result['ratio']:>10.4f}{'':>20}{result['cpu_ratio']:>14.4f}")
+    print(
+        f"{'method':<34}{'median s':>10}{'min s':>10}{'max s':>10}{'x vanilla':>10}{'paired':>8}{'CPU s':>10}{'x vanilla':>10}{'paired':>8}"
+    )
+    labels = {
+        "vanilla": "vanilla GRPO (TRL: no hook)",
+        "ncgrpo": "NC-GRPO, shared prefill",
+        "ncgrpo_noshare": "NC-GRPO, one prefill per row",
+    }
+    for k in arms:
+        print(
+            f"{labels[k]:<34}{med[k]:>10.3f}{min(times[k]):>10.3f}{max(times[k]):>10.3f}{med[k] / med['vanilla']:>10.4f}"
+            f"{result['paired_ratio'][k]:>8.3f}{cpu_med[k]:>10.3f}{cpu_med[k] / cpu_med['vanilla']:>10.4f}"
+            f"{result['paired_cpu_ratio'][k]:>8.3f}"
+        )
+    for k, b in breakdown.items():
+        print(
+            f"{labels[k]}: vision tower {100 * b['vision_share']:.1f}% and prefill (vision + prompt) "
+            f"{100 * b['prefill_share']:.1f}% of the rollout ({1e3 * b['vision_s']:.1f} / {1e3 * b['prefill_s']:.1f} / "
+            f"{1e3 * b['wall_s']:.1f} ms, synchronised runs)"
+        )
     for pos, s in shares.items():
         print(
             f"hook share of prefill (positions={pos}): {100 * s['share']:.2f}%  "

@@ -35,7 +35,9 @@ every matmul waits on the slower thread.
         --max-completion-length 256 --image-size 448 --steps 4 --repeats 3 \
         --methods vanilla,latent,image,antithetic,spsa,first_token_temperature
 
-Target: median step time latent / vanilla <= 1.02.
+Targets (issue 24): with ``share_prompt_prefill`` (one vision pass and one prompt prefill per prompt,
+the default) latent / vanilla < 1.0 at the small size with image prompts and G = 8; ``latent:noshare``
+(one prefill per row, as TRL) / vanilla <= 1.02. ``vanilla`` is TRL's path: one prefill per row, no hook.
 """
 
 from __future__ import annotations
@@ -107,8 +109,10 @@ def parse_args(argv=None):
     p.add_argument("--size", default="tiny", choices=sorted(SIZES))
     p.add_argument(
         "--methods",
-        default="vanilla,latent,image",
-        help=f"comma-separated rollout methods (vanilla is always added as the baseline); any of {', '.join(ROLLOUT_METHODS)}",
+        default="vanilla,latent,latent:noshare,image",
+        help="comma-separated rollout methods (vanilla is always added as the baseline: TRL's path, one prefill "
+        f"per row, no hook); any of {', '.join(ROLLOUT_METHODS)}, each optionally with ':noshare' "
+        "(share_prompt_prefill=False: one prefill per row, as TRL)",
     )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (each runs every method once)")
@@ -137,7 +141,8 @@ def parse_args(argv=None):
     p.add_argument("--out", default="runs/bench_train.json", help="JSON output path")
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    bad = [m for m in methods if m not in ROLLOUT_METHODS]
+    bad = [m for m in methods if split_method(m)[0] not in ROLLOUT_METHODS or m.count(":") > 1]
+    bad += [m for m in methods if ":" in m and split_method(m)[1]]
     if bad:
         p.error(f"--methods: unknown {bad}; use any of {', '.join(ROLLOUT_METHODS)}")
     if args.amp == "auto":
@@ -148,6 +153,14 @@ def parse_args(argv=None):
     if args.repeats < 1 or args.G < 2 or args.prompts_per_step < 1 or args.max_completion_length < 1:
         p.error("--repeats, --prompts-per-step and --max-completion-length must be >= 1 and --G >= 2")
     return args
+
+
+def split_method(spec: str) -> tuple[str, bool]:
+    """``"latent"`` -> ``("latent", True)``; ``"latent:noshare"`` -> ``("latent", False)`` (share_prompt_prefill)."""
+    name, _, flag = spec.partition(":")
+    if flag not in ("", "noshare"):
+        return name, True  # refused by parse_args
+    return name, flag != "noshare"
 
 
 def machine(device: torch.device) -> dict:
@@ -289,10 +302,12 @@ def build(args, dtype: torch.dtype):
     return model, proc, ds
 
 
-def one_run(method: str, steps: int, base_model, proc, ds, args, device, rec: Recorder) -> dict:
-    """Train ``steps`` optimizer steps with ``method`` from ``base_model``'s weights; per-step records."""
+def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Recorder) -> dict:
+    """Train ``steps`` optimizer steps with ``spec`` (a method, ``:noshare`` for one prefill per row) from
+    ``base_model``'s weights; per-step records."""
     from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer
 
+    method, share = split_method(spec)
     tg = _tiny_grpo()
     with tempfile.TemporaryDirectory(prefix="bench_train_") as out_dir:
         cfg = NCGRPOConfig(
@@ -310,6 +325,7 @@ def one_run(method: str, steps: int, base_model, proc, ds, args, device, rec: Re
                 sigma0=args.sigma0,
                 sigma_schedule="constant",
                 image_noise_step=args.image_noise_step,
+                share_prompt_prefill=share,
                 bf16=args.amp == "bf16",
                 fp16=args.amp == "fp16",
                 disable_tqdm=True,
@@ -369,7 +385,7 @@ def one_run(method: str, steps: int, base_model, proc, ds, args, device, rec: Re
         )
     rec.trainer = None
     del trainer, model
-    return {"method": method, "steps": rows, "trainer_args": trainer_args}
+    return {"method": spec, "steps": rows, "trainer_args": trainer_args}
 
 
 def _median(xs):

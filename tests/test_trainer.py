@@ -307,7 +307,10 @@ def test_agreement_metrics_follow_sigma(tmp_path) -> None:
         tr = tiny.trainer(tmp_path / str(sigma0), rollout_method="latent", sigma0=sigma0, max_steps=1)
         tr.train()
         logged[sigma0] = _last_metrics(tr)[0]
-    assert logged[0.0]["noise/first_token_tv"] == 0.0 and logged[0.0]["noise/agreement"] == 1.0
+    # within float rounding: with share_prompt_prefill the branch forward is one batched 1-token step,
+    # whose CPU kernels round identical rows at different batch positions differently (~1e-7 in a logit)
+    assert logged[0.0]["noise/first_token_tv"] == pytest.approx(0.0, abs=1e-6)
+    assert logged[0.0]["noise/agreement"] == pytest.approx(1.0, abs=1e-6)
     assert logged[0.5]["noise/first_token_tv"] < logged[4.0]["noise/first_token_tv"]
     assert logged[0.5]["noise/agreement"] > logged[4.0]["noise/agreement"]
 

@@ -52,6 +52,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,7 @@ from ncgrpo.engines.transformers import (
     eos_token_ids,
     find_text_stack,
     prefill_noise,
+    shared_prefill_generate,
     unwrap_model,
 )
 from ncgrpo.models import tokenizer_of
@@ -211,6 +213,7 @@ def _sample(
     temperature: float,
     max_new_tokens: int,
     pad_id: int | None,
+    share_prompt_prefill: bool = True,
 ) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
     """One seeded sampling call under the prefill hook.
 
@@ -225,7 +228,8 @@ def _sample(
     ):
         torch.manual_seed(seed)
         with torch.no_grad(), prefill_noise(model, rows, site=site, layer_decay=layer_decay) as hook:
-            out = model.generate(
+            run = partial(shared_prefill_generate, model) if share_prompt_prefill else model.generate
+            out = run(
                 **inputs,
                 do_sample=True,
                 temperature=temperature,
@@ -267,6 +271,7 @@ def probe(
     progress: bool = True,
     marginal_draws: int = 1024,
     target_marginal_tv: float | None = None,
+    share_prompt_prefill: bool = True,
 ) -> ProbeResult:
     """Measure what the prefill noise does to first tokens and rollouts (module docstring).
 
@@ -277,7 +282,9 @@ def probe(
     ``marginal_draws``: Monte Carlo draws of eps per prompt behind ``marginal_tv`` at the final-norm
     site (through the LM head only; the eps of every prompt are kept for the target search:
     ``prompts x marginal_draws x d`` floats). ``target_marginal_tv``: also find the sigma whose marginal
-    TV reaches this value (final-norm site only).
+    TV reaches this value (final-norm site only). ``share_prompt_prefill``: each prompt's vision tower
+    and prompt minus its last token run once for its rows
+    (:func:`ncgrpo.engines.transformers.shared_prefill_generate`; not at layer sites).
     """
     if not questions:
         raise ValueError("probe: no questions")
@@ -347,6 +354,7 @@ def probe(
                 temperature=temperature,
                 max_new_tokens=max_new_tokens,
                 pad_id=pad_id,
+                share_prompt_prefill=share_prompt_prefill,
             )
             clean_ids, clean_logits, _, clean_h = _sample(
                 gen_model, inputs, [RowNoise()] * (len(qs) * R), **kw

@@ -34,7 +34,7 @@ from torch import nn
 
 from ncgrpo.core.marginal import mixture_log_probs, pool_keys
 from ncgrpo.core.noise import NoiseKey
-from ncgrpo.engines.transformers import find_text_stack, head_function
+from ncgrpo.engines.transformers import at_branch_point, find_text_stack, head_function
 
 __all__ = [
     "FirstTokenMarginalHook",
@@ -46,7 +46,8 @@ __all__ = [
 
 class _PrefillHeadHook:
     """Rewrites the LM head's output once per prefill forward (a forward of the top model whose KV
-    cache is empty: the first token's logits); decode steps pass through. ``calls`` counts rewrites."""
+    cache is empty, or the branch forward of a shared prefill: the first token's logits,
+    :func:`~ncgrpo.engines.transformers.at_branch_point`); decode steps pass through. ``calls`` counts rewrites."""
 
     name = ""  # the control, in messages
     given = ""  # what the caller gives per row, in messages
@@ -58,8 +59,7 @@ class _PrefillHeadHook:
         self._prefill = False
 
     def top_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
-        self._prefill = cache is None or cache.get_seq_length() == 0
+        self._prefill = at_branch_point(kwargs.get("past_key_values"))
 
     def head_post(self, module: nn.Module, args: tuple, output: Any):
         if not self._prefill:

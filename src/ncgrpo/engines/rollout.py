@@ -3,7 +3,10 @@
 All 2n*P rows go through ONE ``generate`` call (prompts duplicated 2n times, as TRL's GRPOTrainer
 does for vanilla GRPO), with :func:`ncgrpo.engines.transformers.prefill_noise` flagging the noisy
 rows. That is what makes NC-GRPO cost the same as vanilla GRPO at the same G: the only extra work is
-the hook body at prefill (eq. 2 on the rows that need it).
+the hook body at prefill (eq. 2 on the rows that need it). With ``share_prompt_prefill`` (default) it
+costs less: the clean cache is the same for every branch (section 3.1), so each prompt's vision tower
+and prompt minus its last token run once and the 2n rows branch at the last prompt token
+(:func:`ncgrpo.engines.transformers.shared_prefill_generate`).
 
 Rows are ordered prompt-major: ``[p0 clean x n, p0 noisy x n, p1 clean x n, p1 noisy x n, ...]``.
 
@@ -27,6 +30,7 @@ from ncgrpo.engines.transformers import (
     cut_after_eos,
     eos_token_ids,
     prefill_noise,
+    shared_prefill_generate,
     unwrap_model,
 )
 from ncgrpo.models import tokenizer_of
@@ -123,6 +127,7 @@ def generate_groups(
     top_p: float | None = None,
     do_sample: bool = True,
     use_hook: bool = True,
+    share_prompt_prefill: bool = True,
     timing: bool = False,
     **generate_kwargs: Any,
 ) -> GroupRollout:
@@ -138,6 +143,11 @@ def generate_groups(
     (antithetic rank-one pairs; pass the steering vector as ``steer``). Sampling is seeded from
     ``(seed, step)``, so the same inputs give the same completions. ``use_hook=False`` runs the same
     batch with no hook (the vanilla-GRPO baseline at the same G, for benchmarks).
+    ``share_prompt_prefill``: the vision tower and the prompt minus its last token run once per prompt
+    and the ``2n`` rows decode from the expanded cache
+    (:func:`~ncgrpo.engines.transformers.shared_prefill_generate`; not at layer sites or with
+    ``positions="all"``, which need every row's own prefill); ``False``: one prefill per row, as TRL.
+    ``GroupRollout.extra["shared_prefill"]`` holds what the call did.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1 (G = 2n completions per prompt), got {n}")
@@ -204,6 +214,13 @@ def generate_groups(
 
     rng_devices = [device] if device.type == "cuda" else []
     record = None
+
+    def run():
+        if share_prompt_prefill:
+            return shared_prefill_generate(gen_model, **inputs, **gen_kw)
+        return gen_model.generate(**inputs, **gen_kw)
+
+    gen_model._ncgrpo_last_shared = None
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(sampling_seed(seed, step))
         with torch.no_grad():
@@ -217,10 +234,11 @@ def generate_groups(
                     positions=positions,
                     timing=timing,
                 ) as hook:
-                    out = gen_model.generate(**inputs, **gen_kw)
+                    out = run()
                 record = hook.last
             else:
-                out = gen_model.generate(**inputs, **gen_kw)
+                out = run()
+    shared = gen_model._ncgrpo_last_shared
     sequences = out.sequences  # [R, T + L]
 
     # ---- per-row results --------------------------------------------------------------------------
@@ -253,4 +271,5 @@ def generate_groups(
         sequences=sequences,
         prompt_length=T,
         record=record,
+        extra={"shared_prefill": shared},
     )

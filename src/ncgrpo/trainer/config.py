@@ -78,6 +78,16 @@ class NCGRPOConfig(GRPOConfig):
             "cheaper); 'all': every prompt token, as eq. (2) is written."
         },
     )
+    share_prompt_prefill: bool = field(
+        default=True,
+        metadata={
+            "help": "Transformers engine: compute the vision tower and the prompt minus its last token once per "
+            "prompt (per half for the image method) and decode the group's rows from that cache, instead of once "
+            "per row; the first-token logits agree within float rounding. Layer noise sites and "
+            "noise_positions='all' prefill every row (they need it). vLLM shares through prefix caching already; "
+            "rollout_method='vanilla' is TRL's path unchanged."
+        },
+    )
     noise_seed: int | None = field(
         default=None, metadata={"help": "Seed of the noise keys; defaults to `seed`."}
     )
@@ -205,6 +215,8 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(f"noise_layer_decay must be in (0, 1], got {self.noise_layer_decay}")
         if self.noise_positions not in ("auto", "all"):
             raise ValueError(f"noise_positions must be 'auto' or 'all', got {self.noise_positions!r}")
+        if not isinstance(self.share_prompt_prefill, bool):
+            raise ValueError(f"share_prompt_prefill must be true or false, got {self.share_prompt_prefill!r}")
         if self.antithetic_grouping not in ("joint", "separate"):
             raise ValueError(
                 f"antithetic_grouping must be 'joint' or 'separate', got {self.antithetic_grouping!r}"

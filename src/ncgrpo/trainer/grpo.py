@@ -11,7 +11,11 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
 
 1. Generation seam only. ``_generate_single_turn`` wraps TRL's own ``model.generate`` call in the
    prefill hook (:func:`ncgrpo.engines.transformers.prefill_noise`); the loss, log-probabilities,
-   reward and evaluation code are TRL's, so the policy update sees clean states (line 11).
+   reward and evaluation code are TRL's, so the policy update sees clean states (line 11). With
+   ``share_prompt_prefill`` (default) that ``generate`` call computes each prompt's vision tower and
+   prompt minus its last token once and decodes the prompt's rows from the expanded cache
+   (:func:`ncgrpo.engines.transformers.shared_prefill_generate`); the hook acts at the last prompt
+   token as before.
 2. Groups come from the GLOBAL row index. TRL's ``RepeatSampler`` puts a prompt's ``G`` rows next to
    each other in the global batch and process ``p`` holds global rows ``[p*L, (p+1)*L)``, so a group
    may span processes. ``branch = global_row % G``; branches ``>= n = G // 2`` are the noisy half.
@@ -164,6 +168,8 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
         self._nc_rewards_per_func: torch.Tensor | None = None
         self._nc_answers: list[str | None] | None = None
         self.nc_vllm_status: list[dict] | None = None
+        #: the last generation's SharedPrefill records (share_prompt_prefill; transformers engine)
+        self.nc_shared_prefill: list = []
         # branch_prefix / inert-noise warning (ncgrpo.prefix, ncgrpo.inert)
         self._inert = InertNoiseMonitor(site=str(args.noise_site), branch_prefix=args.branch_prefix)
         if self.method == "vanilla":
@@ -250,6 +256,7 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
         """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
         generation) inside them; records what the branch point did in ``self._nc_gen``."""
         from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
+        from ncgrpo.engines.transformers import share_prompt_prefill
 
         a = self.args
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
@@ -292,6 +299,9 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
             branch = stack.enter_context(
                 self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen))
             )
+            # one prefill per prompt (per half for the image method): TRL's generate goes through
+            # ncgrpo.engines.transformers.shared_prefill_generate; the hooks above act at its branch forward
+            self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
             if self.method == "first_token_temperature":
                 stack.enter_context(
                     first_token_temperature(
