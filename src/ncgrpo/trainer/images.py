@@ -1,7 +1,39 @@
-"""NoisyRollout's image method inside the trainer: the noisy half's images through the diffusion
-forward process at the model's resolution (``ncgrpo.core.image_noise`` is the math)."""
+"""Images in the trainer: the ones vLLM gets resized to the trainer processor's size (every method), and
+NoisyRollout's image method, the noisy half's images through the diffusion forward process at the
+model's resolution (``ncgrpo.core.image_noise`` is the math).
+
+Why vLLM's images are resized here. TRL 1.16 tokenises each prompt with the trainer's processor
+(``min_pixels`` / ``max_pixels`` of the recipe, e.g. NoisyRollout's 262144 / 1000000), which expands an
+image into as many ``<|image_pad|>`` tokens as its resized patch grid has merged patches, and computes
+the loss on those tokens; but it hands vLLM the ORIGINAL PIL images (colocate:
+``multi_modal_data``; server: ``VLLMClient.image_features``, processed by the server's
+``/v1/chat/completions/render``). vLLM's processor resizes them by the checkpoint's own
+``preprocessor_config.json`` (Qwen2.5-VL: 3136..12845056 pixels), so a Geometry3K image below 262144
+pixels gets fewer image tokens in generation than in the loss: the completion is sampled from another
+prompt than the one it is scored on. :meth:`ImageNoise._generate_single_turn` resizes every image bound
+for vLLM to exactly the trainer processor's target (:func:`engine_images`). vLLM's processor applies the
+same ``smart_resize`` rule; on an image whose sides are already multiples of ``patch_size * merge_size``
+and whose area lies within its limits that rule is the identity, so both sides see the same size and
+the same number of image tokens (tests/test_vllm_images.py). That holds when the trainer's target lies
+within the engine's limits: any budget inside the checkpoint's own ``[min_pixels, max_pixels]``
+(every recipe's: 262144..1e6 within Qwen2.5-VL's 3136..12845056; the Qwen3-VL recipes keep the
+checkpoint's own limits).
+
+Not ``mm_processor_kwargs={"min_pixels": .., "max_pixels": ..}`` (vLLM honours it per engine or per
+request): TRL 1.16 builds the colocated ``LLM(...)`` with a fixed argument list, so it could only ride on
+each request, and in server mode the images are processed by ``trl vllm-serve``'s own processor through
+``/v1/chat/completions/render``, called by TRL's client with no such argument; the server's limits are set
+where it is launched, which the trainer neither controls nor sees. Resizing in the trainer holds for both
+modes and any server whose limits contain the target, and a large image crosses HTTP at the model's size.
+Pixels: with transformers' PIL image processors (this CPU's) the engine gets the trainer's pixels bit for
+bit (tested); a torchvision-backend processor resizes with its own bicubic kernel, so there the pixels
+may differ by interpolation rounding while the size and token count are the same.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,8 +43,103 @@ from ncgrpo.core.plan import (
 )
 
 
+def engine_images(images: Sequence[Any], policy) -> list:
+    """``images`` (PIL) at the size the trainer's processor resizes them to.
+
+    ``policy``: :class:`ncgrpo.core.image_noise.ResizePolicy` of the trainer's image processor. An
+    image already at ``policy.target`` is returned as is (the same object: no copy, no re-encode);
+    any other one is converted to RGB as the processor converts
+    (:func:`ncgrpo.core.image_noise.to_rgb`) and resized to the target with PIL bicubic, as the
+    processor resizes (the order of :func:`ncgrpo.core.image_noise.distort_images`, without noise).
+    ``None`` entries stay ``None``. A bad entry: ``TypeError`` / ``ValueError`` naming its index.
+    """
+    out = []
+    for j, image in enumerate(images):
+        try:
+            out.append(None if image is None else _engine_image(image, policy))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"image {j}: {e}") from e
+    return out
+
+
+def _engine_image(image, policy):
+    from PIL import Image
+
+    from ncgrpo.core.image_noise import to_rgb
+
+    if not isinstance(image, Image.Image):
+        raise TypeError(
+            f"a {type(image).__name__}, not a PIL image; the images sent to vLLM are resized to the trainer "
+            "processor's size first, which needs PIL images"
+        )
+    h, w = policy.target(image.height, image.width)
+    if max(h, w) / min(h, w) > 200:  # floor-rounding a near-200:1 image can push it past 200:1
+        raise ValueError(
+            f"{image.width}x{image.height} resizes to {w}x{h} for the trainer's processor, an aspect ratio "
+            "over 200 that vLLM's processor (smart_resize) refuses; crop or pad it in the data"
+        )
+    if (h, w) == (image.height, image.width):
+        return image
+    return to_rgb(image).resize((w, h), Image.BICUBIC)
+
+
+def engine_policy(processing_class):
+    """The trainer processor's size rule (:class:`~ncgrpo.core.image_noise.ResizePolicy`), or ``None``
+    for a processor without Qwen-VL's ``smart_resize`` rule (no ``patch_size`` / ``merge_size`` / pixel
+    limits: a fixed-size processor resizes alike in the trainer and in vLLM)."""
+    from ncgrpo.core.image_noise import ResizePolicy
+
+    ip = getattr(processing_class, "image_processor", None)
+    if ip is None or getattr(ip, "patch_size", None) is None or getattr(ip, "merge_size", None) is None:
+        return None
+    return ResizePolicy.from_image_processor(ip)
+
+
 class ImageNoise:
-    """The image method of :class:`~ncgrpo.trainer.NCGRPOTrainer` (a mixin)."""
+    """The image method of :class:`~ncgrpo.trainer.NCGRPOTrainer` (a mixin), and the resize of the
+    images vLLM gets (every method)."""
+
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        """TRL's ``_generate_single_turn``, with vLLM's images at the trainer processor's size.
+
+        Every generation reaches TRL through here (``NCGRPOTrainer._generate_single_turn`` calls
+        ``super()``, and this mixin comes before ``GRPOTrainer`` in the MRO): every method (vanilla
+        included), training and evaluation, tool turns, colocate and server mode; TRL uses ``images``
+        for vLLM only (the loss inputs were built from the originals before). With ``use_vllm`` each
+        row's images go through :func:`engine_images`; the image method's distorted copies are at the
+        target already and pass unchanged. The transformers path is untouched."""
+        if getattr(self, "use_vllm", False) and images is not None:
+            images = self._nc_engine_images(images)
+        return super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+        )
+
+    def _nc_engine_images(self, images):
+        """Per row (a list of PIL images, or ``None``), :func:`engine_images` under the trainer processor's
+        policy; ``images`` itself when every image is at its target already (or the processor has no
+        ``smart_resize`` rule)."""
+        policy = engine_policy(self.processing_class)
+        if policy is None:
+            return images
+        out, changed = [], False
+        done: dict[int, Any] = {}  # id -> resized: an image object shared by rows is resized once
+        for i, row in enumerate(images):
+            if not row:
+                out.append(row)
+                continue
+            for j, im in enumerate(row):
+                if id(im) not in done:
+                    try:
+                        done[id(im)] = None if im is None else _engine_image(im, policy)
+                    except (TypeError, ValueError) as e:
+                        raise type(e)(f"row {i}, image {j}: {e}") from e
+            new = [done[id(im)] for im in row]
+            row_changed = any(a is not b for a, b in zip(new, row, strict=True))
+            changed = changed or row_changed
+            out.append(new if row_changed else row)
+        return out if changed else images
 
     def _distorted_row_images(self, images, plans: list[RowPlan], t: int):
         """Per row, the PIL images vLLM gets: the clean ones on clean rows, NoisyRollout-distorted copies
