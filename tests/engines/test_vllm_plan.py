@@ -57,6 +57,8 @@ def test_clean_rows_send_nothing_and_parse_to_none():
         ({"sigmaa": 1.0}, "unknown fields"),
         ({"steer": [[1.0]]}, "steer"),
         ({"seed": 1 << 200}, "128-bit"),  # would raise OverflowError in the worker's draw
+        ({"sigma": 1e39}, "float32"),  # inf in float32: NaN logits, a silent garbage row
+        ({"logit_scale": 1e39}, "float32"),
     ],
 )
 def test_malformed_specs_are_refused(bad, match):

@@ -146,6 +146,7 @@ class NoiseSpec:
 # noise_seed packs each key field into 16 signed bytes: a wider int would raise OverflowError in the
 # worker's draw, so it is refused here, where the spec is parsed (the caller's process)
 _KEY_BOUND = 1 << 127
+_F32_MAX = torch.finfo(torch.float32).max  # sigma and logit_scale are applied in float32
 
 
 def _int(spec: Mapping[str, Any], name: str) -> int:
@@ -187,9 +188,10 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
         or not isinstance(scale, (int, float))
         or not math.isfinite(scale)
         or scale <= 0
+        or scale > _F32_MAX
     ):
         raise ValueError(
-            f"extra_args[{EXTRA_ARGS_KEY!r}]['logit_scale'] must be a finite number > 0, got {scale!r}"
+            f"extra_args[{EXTRA_ARGS_KEY!r}]['logit_scale'] must be a number > 0 and finite in float32, got {scale!r}"
         )
     scale = None if scale is None else float(scale)
     if set(spec) <= {"logit_scale"}:  # the temperature control alone: no noise key
@@ -208,9 +210,10 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
         or not isinstance(sigma, (int, float))
         or not math.isfinite(sigma)
         or sigma < 0
+        or sigma > _F32_MAX
     ):
-        raise ValueError(
-            f"extra_args[{EXTRA_ARGS_KEY!r}]['sigma'] must be a finite number >= 0, got {sigma!r}"
+        raise ValueError(  # a sigma past float32's range would turn the row's logits into NaN, silently
+            f"extra_args[{EXTRA_ARGS_KEY!r}]['sigma'] must be a number >= 0 and finite in float32, got {sigma!r}"
         )
     sign = spec.get("sign", 1)
     if sign not in (1, -1, 1.0, -1.0) or isinstance(sign, bool):
