@@ -19,6 +19,7 @@ from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_
 # attention), as in the real model.
 VLLM_VL_SIZES = dict(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=1)
 IMAGE_SIZE = 112
+N_IMAGE_TOKENS = 16  # an IMAGE_SIZE x IMAGE_SIZE image: 8 x 8 patches, 4 x 4 after the merge
 WINDOW_SIZE = 56
 
 

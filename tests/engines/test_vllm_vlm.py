@@ -53,12 +53,11 @@ from ncgrpo.engines.vllm_multimodal import (  # noqa: E402
     install_image_prompt_collapse,
 )
 from ncgrpo.trainer.images import ImageNoise  # noqa: E402
-from vlm_fixtures import image_chat, random_image, save_vllm_qwen2_5_vl  # noqa: E402
+from vlm_fixtures import N_IMAGE_TOKENS, image_chat, random_image, save_vllm_qwen2_5_vl  # noqa: E402
 
 BUDGET = 32  # max_num_batched_tokens: every image prompt here is prefilled in chunks
 TOPK = 8
 VOCAB = 512  # the tiny tokenizer's (build_tokenizer's default vocab_size)
-N_IMAGE_TOKENS = 16  # 112 x 112 pixels -> 8 x 8 patches -> 4 x 4 after the 2 x 2 merge
 ENGINE = dict(
     dtype="float32",
     seed=0,

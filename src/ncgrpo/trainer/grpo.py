@@ -158,6 +158,12 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        if self.use_vllm and args.vllm_mode == "colocate":
+            # every method, vanilla included: TRL sends image placeholders expanded, which vLLM 0.31
+            # would expand again (ncgrpo.engines.vllm_multimodal); a no-op for text models
+            from ncgrpo.engines.vllm_multimodal import install_image_prompt_collapse
+
+            install_image_prompt_collapse(self.vllm_generation.llm, self.processing_class)
         self.method = args.rollout_method
         self.nc_history: list[StepRecord] = []
         self.spsa_mu: torch.Tensor | None = None
