@@ -111,6 +111,7 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
 
     run = json.loads((out / "run.json").read_text())
     assert run == {
+        "kind": "train",
         "name": "tiny-latent",
         "method": "latent",
         "seed": 7,

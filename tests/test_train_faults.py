@@ -185,3 +185,58 @@ def test_train_killed_20_times_resumes_to_the_same_weights(tmp_path: Path, setup
         if len(landed) >= 20:
             break
     assert len(landed) >= 20, f"only {len(landed)} kills landed before a run finished"
+
+
+def test_two_trains_into_one_folder_the_second_exits_2_at_once_naming_the_holder(
+    tmp_path: Path, setup
+) -> None:
+    """Issue 26, item 1: real processes. The second ``ncgrpo train`` is started once the first holds
+    the folder (its pid in the lock file and its run.json written: observed, not timed) and the first
+    is then paused (SIGSTOP) until the second has exited, so the first cannot finish before the second
+    looks, however fast or loaded the machine. The second exits 2 naming the holder and writes
+    nothing; the first, resumed, finishes with every step logged once and its own seed in run.json."""
+    from ncgrpo.runs.folder import LOCK_FILE
+
+    model, data = setup
+    out = tmp_path / "run"
+    base = [a for a in _cmd(out, model, data) if a != "--resume"]
+    base += ["--max_steps", "2", "--save_strategy", "no"]
+    first = subprocess.Popen(
+        [*base, "--seed", "1"], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while first.poll() is None:
+            assert time.monotonic() < deadline, "the first run never took its folder"
+            try:
+                held = (out / LOCK_FILE).read_text().startswith(f"pid {first.pid} ")
+            except OSError:
+                held = False
+            if held and (out / "run.json").is_file():
+                break
+            time.sleep(0.01)
+        assert first.poll() is None, first.stderr.read().decode()[-3000:]
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+            second = subprocess.run(
+                [*base, "--seed", "2"], env=_env(), capture_output=True, text=True, timeout=300
+            )
+            after = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert (
+            f"is being written by another process (pid {first.pid} (ncgrpo train) on host " in second.stderr
+        )
+        assert "--seed 1" in second.stderr  # the holder's command line
+        assert before == after  # the second wrote nothing
+        assert first.wait(timeout=600) == 0, first.stderr.read().decode()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    run = json.loads((out / "run.json").read_text())
+    assert run["seed"] == 1 and run["finished"] and run["kind"] == "train"

@@ -421,3 +421,36 @@ def test_sigkill_of_the_demo_kills_its_workers_and_a_rerun_finishes(micro_model,
     # a rerun restarts both unfinished runs (their settings are checked only once finished) and finishes
     again = run_demo(_tiny_cfg(out, micro_model, max_steps=3, val_limit=0, workers=2))
     assert [(r.trained, r.evaluated) for r in again.runs] == [(True, True), (True, True)]
+
+
+def test_note_blames_zero_reward_variance_not_the_noise(tmp_path) -> None:
+    """Issue 26, item 6: every completion clipped at --max_completion_length 8 and scored 0 makes every
+    logged step of every run equal whatever the noise did; the note says no group had reward variance
+    (read from frac_reward_zero_std) instead of blaming the noise."""
+    from ncgrpo.toy.demo import RunResult, _notes
+
+    def run(name, method, rows):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return RunResult(name, method, 0, d, tmp_path / "eval", False, False, first_token_divergence=0.3)
+
+    flat = [{"step": k, "reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0, "loss": 0.0,
+             "completions/mean_length": 8.0, "completions/clipped_ratio": 1.0} for k in (1, 2)]  # fmt: skip
+    notes = _notes(
+        DemoConfig(max_completion_length=8), [run("v", "vanilla", flat), run("nc", "latent", flat)]
+    )
+    assert len(notes) == 1, notes
+    assert "no group had reward variance at any of the 2 logged steps" in notes[0]
+    assert (
+        "v (seed 0)" in notes[0] and "nc (seed 0)" in notes[0] and "100% of completions clipped" in notes[0]
+    )
+    assert "raise --max_completion_length" in notes[0]
+    assert "noisy half sampled exactly vanilla GRPO's rollouts" not in notes[0]
+    from ncgrpo.trainer.inert import reward_variance
+
+    mixed = [*flat, {**flat[0], "step": 3, "frac_reward_zero_std": 0.5, "reward_std": 0.4}]
+    assert not reward_variance(mixed).none_at_all and reward_variance(flat).none_at_all
+    assert reward_variance(
+        [{"step": 1, "reward": 0.2, "reward_std": 0.0}]
+    ).none_at_all  # old logs: reward_std

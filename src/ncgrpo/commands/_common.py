@@ -15,7 +15,9 @@ alias; list fields as space-separated values; flags override the file), with eac
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -45,3 +47,24 @@ def add_dataclass_command(
 
     p.set_defaults(func=func, command_name=command_name or name)
     return p
+
+
+def check_report_folder(out: str | Path, command: str) -> None:
+    """Refuse, writing nothing, a ``--out`` of ``compare`` / ``plot`` that is a file, another command's
+    folder (a training run, an evaluation, a demo's root, a model) or one another process writes."""
+    from ncgrpo.runs.folder import FolderLock
+
+    FolderLock(out, command, kind="report").check()
+
+
+@contextlib.contextmanager
+def report_folder(out: str | Path, command: str) -> Iterator[Path]:
+    """Hold ``out``'s lock (kind ``report``, recorded in its ``run.json``) while ``command`` writes
+    its tables or figures there."""
+    from ncgrpo.runs.folder import RUN_FILE, FolderLock, atomic_write_json, read_run_json
+
+    out = Path(out)
+    with FolderLock(out, command, kind="report"):
+        if (read_run_json(out) or {}).get("kind") != "report":
+            atomic_write_json(out / RUN_FILE, {"kind": "report"})
+        yield out

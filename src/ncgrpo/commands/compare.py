@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.commands._common import UsageError, add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command, check_report_folder, report_folder
 
 HELP = "paper-style tables, paired exact McNemar tests and seed-level tests from evaluation run directories"
 DESCRIPTION = (
@@ -74,6 +74,8 @@ class CompareArgs:
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
         if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
             raise UsageError(f"--out {self.out} exists and is not a folder")
+        if self.out is not None:
+            check_report_folder(self.out, "ncgrpo compare")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -87,9 +89,9 @@ def run(args: CompareArgs) -> int:
     ct = compare(load_runs(args.runs), args.baseline, args.benchmarks)
     print_rich(ct)
     if args.out is not None:
-        out = Path(args.out)
-        atomic_write_text(out / "comparison.md", to_markdown(ct))
-        atomic_write_text(out / "comparison.tex", to_latex(ct))
-        atomic_write_json(out / "comparison.json", json.loads(json.dumps(ct.to_json(), default=str)))
+        with report_folder(args.out, "ncgrpo compare") as out:
+            atomic_write_text(out / "comparison.md", to_markdown(ct))
+            atomic_write_text(out / "comparison.tex", to_latex(ct))
+            atomic_write_json(out / "comparison.json", json.loads(json.dumps(ct.to_json(), default=str)))
         print(f"wrote {out / 'comparison.md'}, comparison.tex, comparison.json")
     return 0

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncgrpo.commands._common import UsageError, add_dataclass_command
+from ncgrpo.commands._common import UsageError, add_dataclass_command, check_report_folder, report_folder
 from ncgrpo.commands.compare import names_list, run_dirs
 
 GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"
@@ -24,6 +24,7 @@ def _out_folder(out: str) -> str:
         raise UsageError("--out is empty")
     if Path(out).exists() and not Path(out).is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
+    check_report_folder(out, "ncgrpo plot")
     return out
 
 
@@ -120,9 +121,9 @@ def run_gains(args: GainsArgs) -> int:
     from ncgrpo.eval.plots import plot_gains
     from ncgrpo.eval.report import load_runs
 
-    paths = plot_gains(
-        load_runs(args.runs), args.baseline, Path(args.out) / args.name, benchmarks=args.benchmarks
-    )
+    runs = load_runs(args.runs)
+    with report_folder(args.out, "ncgrpo plot gains") as out:
+        paths = plot_gains(runs, args.baseline, out / args.name, benchmarks=args.benchmarks)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -130,13 +131,14 @@ def run_gains(args: GainsArgs) -> int:
 def run_dynamics(args: DynamicsArgs) -> int:
     from ncgrpo.eval.plots import plot_dynamics
 
-    paths = plot_dynamics(
-        args.train_dirs,
-        Path(args.out) / args.name,
-        reward_key=args.reward_key,
-        val_key=args.val_key,
-        smooth=args.smooth,
-        noise_panel=args.noise_panel,
-    )
+    with report_folder(args.out, "ncgrpo plot dynamics") as out:
+        paths = plot_dynamics(
+            args.train_dirs,
+            out / args.name,
+            reward_key=args.reward_key,
+            val_key=args.val_key,
+            smooth=args.smooth,
+            noise_panel=args.noise_panel,
+        )
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

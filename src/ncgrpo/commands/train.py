@@ -27,6 +27,7 @@ from trl import ModelConfig
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
     RUN_FILE,
+    FolderLock,
     atomic_write_json,
     atomic_write_text,
     changed_identity,
@@ -310,6 +311,12 @@ class RunPlan:
     run_info: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     main_process: bool = True  # this process writes files and prints
+    lock: Any = None  # the folder's FolderLock, held by the main process until release()
+
+    def release(self) -> None:
+        """Let go of the run folder (:func:`execute_run` does at its end); idempotent."""
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def n_eval(self) -> int:
@@ -412,6 +419,9 @@ def prepare_run(
     ``run_name`` defaults to the config file's stem and ``output_dir`` to ``runs/<run_name>``; both are
     recorded in the resolved config. Refused before anything is written:
 
+    - a folder another process is writing (its lock, :class:`ncgrpo.runs.folder.FolderLock`, names the
+      holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
+      :func:`ncgrpo.runs.folder.folder_kind`);
     - a folder holding ``checkpoint-*`` without ``resume`` (or ``dry_run``);
     - a folder whose ``run.json`` says the run finished, unless ``overwrite``;
     - ``resume`` with settings that change the run (:func:`run_identity_keys`) unless ``force``;
@@ -421,7 +431,8 @@ def prepare_run(
 
     ``resume`` continues from the newest COMPLETE checkpoint
     (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
-    Then the main process builds the datasets and writes ``config.yaml`` and ``run.json``.
+    Then the main process takes the folder's lock (held until :meth:`RunPlan.release`, which
+    :func:`execute_run` calls), builds the datasets and writes ``config.yaml`` and ``run.json``.
     """
     from accelerate import PartialState
 
@@ -439,6 +450,9 @@ def prepare_run(
     parsed.set("run_name", name)
     parsed.set("output_dir", str(output_dir))
     method, seed = str(parsed.get("rollout_method")), int(parsed.get("seed"))
+    lock = FolderLock(output_dir, "ncgrpo train", kind="train")
+    if os.environ.get("RANK", "0") == "0":  # the main process (PartialState is made below, once configured)
+        lock.check()  # a file, another kind, another writer: refused before any other check reads it
 
     import yaml
 
@@ -488,6 +502,7 @@ def prepare_run(
         _ = training_args.device
 
     run_info = {
+        "kind": "train",
         "name": name,
         "method": method,
         "seed": seed,
@@ -496,14 +511,19 @@ def prepare_run(
         "output_dir": str(output_dir),
     }
     state = PartialState()
-    with state.main_process_first():
-        train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
-    if training_args is not None:
-        _check_before_the_model(training_args, model_args, train_ds)
     if state.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(output_dir / CONFIG_FILE, parsed.to_yaml())
-        atomic_write_json(output_dir / RUN_FILE, run_info)
+        lock.acquire()
+    try:
+        with state.main_process_first():
+            train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
+        if training_args is not None:
+            _check_before_the_model(training_args, model_args, train_ds)
+        if state.is_main_process:
+            atomic_write_text(output_dir / CONFIG_FILE, parsed.to_yaml())
+            atomic_write_json(output_dir / RUN_FILE, run_info)
+    except BaseException:
+        lock.release()
+        raise
     return RunPlan(
         name=name,
         method=method,
@@ -518,6 +538,7 @@ def prepare_run(
         run_info=run_info,
         notes=notes,
         main_process=state.is_main_process,
+        lock=lock,
     )
 
 
@@ -546,22 +567,25 @@ def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
 
 def execute_run(plan: RunPlan):
     """Load the model (vision tower frozen if asked) and train the plan through
-    :func:`ncgrpo.runs.driver.train_run`."""
+    :func:`ncgrpo.runs.driver.train_run`; the run folder's lock is released at the end."""
     from ncgrpo.runs.driver import train_run
 
     if plan.training_args is None:
         raise ValueError("a dry-run plan has no trainer settings; prepare it with dry_run=False")
-    model, processor = load_model(plan.model_args)
-    return train_run(
-        plan.training_args,
-        model,
-        processor,
-        plan.train_dataset,
-        reward_funcs=reward_functions(plan.script_args.reward_funcs),
-        run_info=plan.run_info,
-        eval_dataset=plan.eval_dataset,
-        resume_from_checkpoint=plan.checkpoint,
-    )
+    try:
+        model, processor = load_model(plan.model_args)
+        return train_run(
+            plan.training_args,
+            model,
+            processor,
+            plan.train_dataset,
+            reward_funcs=reward_functions(plan.script_args.reward_funcs),
+            run_info=plan.run_info,
+            eval_dataset=plan.eval_dataset,
+            resume_from_checkpoint=plan.checkpoint,
+        )
+    finally:
+        plan.release()
 
 
 # ------------------------------------------------------------------------------------ the command
@@ -621,6 +645,9 @@ def run(args: argparse.Namespace) -> int:
             f"ncgrpo train: {plan.name} ({plan.method}), {len(plan.train_dataset)} training prompts, "
             f"{plan.n_eval} eval prompts -> {plan.output_dir}"
         )
-    if not args.dry_run:
-        execute_run(plan)
+    try:
+        if not args.dry_run:
+            execute_run(plan)
+    finally:
+        plan.release()
     return 0

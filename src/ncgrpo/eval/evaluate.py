@@ -40,7 +40,7 @@ from ncgrpo.eval.records import (
 )
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import Score, score
-from ncgrpo.runs.folder import read_run_json
+from ncgrpo.runs.folder import check_folder_kind, read_run_json
 
 
 @dataclass
@@ -93,7 +93,8 @@ class EvalSummary:
 #: run.json keys that may change between reruns into one folder (display names, the batch size). Every
 #: other key :func:`run_identity` writes says which outputs the records are, and a rerun must match it,
 #: so a new setting is part of the identity with no edit here.
-MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size")
+MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size", "kind")  # kind: checked first (check_folder); an
+# eval folder written before kinds were recorded gains it on its next rerun
 
 #: The decoding engines of ``ncgrpo eval --engine``.
 ENGINES = ("transformers", "vllm")
@@ -121,6 +122,7 @@ def run_identity(
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     return {
+        "kind": "eval",
         "model": model_id,
         "engine": engine,
         "checkpoint": checkpoint,
@@ -148,6 +150,7 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a folder")
     path = out / RUN_FILE
+    check_folder_kind(out, "eval", "ncgrpo eval")  # a train run, a demo's root, a model: never written into
     old = read_run_json(out, hint="use another --output_dir folder")
     if old is None:
         return None

@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 from ncgrpo.runs.folder import (
     METRICS_FILE,
     RUN_FILE,
+    FolderLock,
     _complete_part,
     atomic_write_json,
     atomic_write_text,
@@ -90,7 +91,10 @@ def train_run(
 ):
     """One training run into ``args.output_dir``, the same for ``ncgrpo train`` and the demo.
 
-    Writes ``run.json`` (``run_info`` plus ``finished: false``) before training, appends every log
+    The main process holds the folder's lock (:class:`ncgrpo.runs.folder.FolderLock`, kind ``train``)
+    throughout: a folder of another kind (an evaluation, a demo's root, a saved model) or one another
+    process is writing is refused before anything is written. Writes ``run.json`` (``run_info`` plus
+    ``kind: train`` and ``finished: false``) before training, appends every log
     call to ``metrics.jsonl`` (:class:`MetricsCallback`), trains (from ``resume_from_checkpoint`` if
     given), saves the final model and processor to the folder and rewrites ``run.json`` with
     ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
@@ -98,15 +102,31 @@ def train_run(
     printing (a caller with its own progress display). Returns the trainer.
     """
     from accelerate import PartialState
+
+    out = Path(args.output_dir)
+    state = PartialState()
+    lock = FolderLock(out, "ncgrpo train", kind="train")
+    if state.is_main_process:
+        lock.acquire()  # re-entrant: a no-op where ncgrpo train's prepare_run holds it already
+    try:
+        return _train_locked(
+            args, model, processor, train_dataset, out, state, reward_funcs, run_info, eval_dataset,
+            callbacks, resume_from_checkpoint, console_logs,
+        )  # fmt: skip
+    finally:
+        lock.release()
+
+
+def _train_locked(
+    args, model, processor, train_dataset, out, state, reward_funcs, run_info, eval_dataset,
+    callbacks, resume_from_checkpoint, console_logs,
+):  # fmt: skip
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ncgrpo.trainer import NCGRPOTrainer
 
-    out = Path(args.output_dir)
-    state = PartialState()
-    info = {**run_info, "output_dir": str(out), "finished": False}
+    info = {**run_info, "kind": "train", "output_dir": str(out), "finished": False}
     if state.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / RUN_FILE, info)
     trainer = NCGRPOTrainer(
         model=model,

@@ -15,6 +15,13 @@ Every command writes its outputs into one folder; this module is the one place t
   from the newest complete one (:func:`last_complete_checkpoint`).
 - ``.ncgrpo.lock`` (:data:`LOCK_FILE`): the advisory lock a writer holds (:class:`FolderLock`).
 
+Every folder a command writes has a kind (:data:`KINDS`), recorded as ``run.json``'s ``kind``: ``train``
+(``ncgrpo train`` and each of a demo's training runs), ``eval`` (``ncgrpo eval``, a demo's evaluations),
+``demo`` (a demo's root), ``pretrain`` (``ncgrpo pretrain``'s model folder) and ``report`` (``compare
+--out``, ``plot --out``). A writer claims its folder with ``FolderLock(folder, what, kind=...)``: a folder
+of another kind (:func:`folder_kind`, which also infers the kind of folders written before kinds were
+recorded) or one another process holds is refused before anything is written, naming what was found.
+
 A run's identity (what must not change when a folder is resumed or appended to) is compared by
 :func:`changed_identity`.
 """
@@ -35,8 +42,12 @@ __all__ = [
     "RECORDS_FILE",
     "RUN_FILE",
     "STATE_FILE",
+    "KINDS",
     "FolderBusyError",
+    "FolderKindError",
     "FolderLock",
+    "check_folder_kind",
+    "folder_kind",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
@@ -59,8 +70,23 @@ LOCK_FILE = ".ncgrpo.lock"
 STATE_FILE = "ncgrpo_state.pt"
 
 
+#: What each folder kind holds (``run.json``'s ``kind``), as messages name it.
+KINDS: dict[str, str] = {
+    "train": "a training run (ncgrpo train, or one of a demo's runs)",
+    "eval": "an evaluation (ncgrpo eval: run.json + records.jsonl)",
+    "demo": "a demo's output folder (ncgrpo demo)",
+    "pretrain": "a base model built by ncgrpo pretrain",
+    "report": "tables and figures (ncgrpo compare --out / ncgrpo plot --out)",
+    "model": "a saved model (config.json and weights) that no ncgrpo command wrote",
+}
+
+
 class FolderBusyError(ValueError):
     """Another process holds the advisory lock of an output folder."""
+
+
+class FolderKindError(ValueError):
+    """An output folder holds another command's results (another :data:`KINDS` entry)."""
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -195,6 +221,85 @@ def read_run_json(folder: str | os.PathLike, *, hint: str | None = None) -> dict
     return info
 
 
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def _inferred_kind(folder: Path, info: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """(kind, what it was read from) of a folder: see :func:`folder_kind`."""
+    if info is not None and isinstance(info.get("kind"), str):
+        return info["kind"], f"{RUN_FILE} says kind {info['kind']!r}"
+    run = f"{RUN_FILE} (no kind: written before kinds were recorded)"
+    if info is not None and ("decoding" in info or "benchmarks" in info):
+        return "eval", f"{run} with 'decoding'/'benchmarks'"
+    if info is not None and ("finished" in info or "recipe" in info):
+        return "train", f"{run} with 'finished'/'recipe'"
+
+    def has(name: str) -> bool:
+        return (folder / name).exists()
+
+    if has(RECORDS_FILE):
+        return "eval", f"{RECORDS_FILE} present"
+    if has(CONFIG_FILE) or has(METRICS_FILE) or any(folder.glob("checkpoint-[0-9]*")):
+        return "train", f"{CONFIG_FILE}, {METRICS_FILE} or checkpoint-N present"
+    if (
+        has("summary.json")
+        or has("suite/suite.json")
+        or ((folder / "train").is_dir() and (folder / "eval").is_dir())
+    ):
+        return "demo", "summary.json, suite/ or train/ + eval/ present"
+    if has("pretrain.json"):
+        return "pretrain", "pretrain.json present"
+    if has("comparison.json") or has("comparison.md"):
+        return "report", "comparison.json/.md present"
+    if has("config.json") and any(has(w) for w in _WEIGHT_FILES):
+        return "model", "config.json and model weights present"
+    return None, ""
+
+
+def folder_kind(folder: str | os.PathLike) -> str | None:
+    """The kind of ``folder`` (a :data:`KINDS` key), or ``None`` for a folder no command wrote (absent,
+    empty, or holding only other files).
+
+    ``run.json``'s ``kind`` when it has one. A folder written before kinds were recorded (a
+    ``run.json`` without ``kind``, or none) is recognised by what it holds, first match wins:
+
+    - ``eval``: ``run.json`` has ``decoding`` or ``benchmarks`` (every ``ncgrpo eval`` wrote both), or
+      ``records.jsonl`` is present;
+    - ``train``: ``run.json`` has ``finished`` or ``recipe`` (``ncgrpo train`` and the demo's runs wrote
+      them), or ``config.yaml``, ``metrics.jsonl`` or a ``checkpoint-N/`` is present;
+    - ``demo``: ``summary.json``, ``suite/suite.json``, or both ``train/`` and ``eval/`` sub-folders;
+    - ``pretrain``: ``pretrain.json``;
+    - ``report``: ``comparison.json`` or ``comparison.md``;
+    - ``model``: ``config.json`` beside model weights (a saved model: no command writes into it).
+
+    So an old folder resumes (train, eval, demo) exactly as before, and its ``run.json`` gains its kind
+    the next time its own command writes it.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    return _inferred_kind(folder, read_run_json(folder, hint="move it away or fix it"))[0]
+
+
+def check_folder_kind(folder: str | os.PathLike, kind: str, what: str = "ncgrpo") -> None:
+    """Refuse (:class:`FolderKindError`) to write ``kind`` results into ``folder`` when it is a file or
+    holds another kind (:func:`folder_kind`); reads only. ``what``: the command, for the message."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise FolderKindError(
+            f"{folder} is a file, not a folder; {what} writes a folder there: pass a new folder path"
+        )
+    if not folder.is_dir():
+        return
+    found, evidence = _inferred_kind(folder, read_run_json(folder, hint="move it away or fix it"))
+    if found is None or found == kind:
+        return
+    raise FolderKindError(
+        f"{folder} holds {KINDS.get(found, repr(found))} (kind {found!r}: {evidence}); {what} writes "
+        f"{KINDS.get(kind, kind)} and never into another command's folder: pass a new folder"
+    )
+
+
 def changed_identity(old: Mapping[str, Any], new: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
     """``key: old -> new`` for every identity key whose value differs between two settings mappings
     (a key absent from ``old`` and ``None`` in ``new`` counts as unchanged: a setting added since)."""
@@ -289,40 +394,84 @@ def last_complete_checkpoint(
 class FolderLock:
     """Advisory exclusive lock (``fcntl.flock``) on ``DIR/.ncgrpo.lock``, held while writing ``DIR``.
 
-    A second process fails at once with :class:`FolderBusyError` naming the holder's pid (written
-    into the lock file). The kernel drops the lock when its holder dies, even by SIGKILL, so a
-    stale lock file never blocks a rerun. The lock file stays; it holds only the last holder's pid.
-    Re-entrant within one process: an inner lock on a folder this process holds is a no-op.
+    A second process fails at once with :class:`FolderBusyError` naming the holder (its pid, host and
+    command line, written into the lock file). The kernel drops the lock when its holder dies, even by
+    SIGKILL, so a stale lock file never blocks a rerun. The lock file stays; it holds only the last
+    holder. Re-entrant within one process: an inner lock on a folder this process holds is a no-op.
+
+    ``kind`` (a :data:`KINDS` key): the folder must be new or of that kind (:func:`check_folder_kind`),
+    checked before the folder or the lock file is created and again once the lock is held.
+    :meth:`check` does the same checks without taking the lock or writing anything (for a command to
+    refuse before it loads a model).
     """
 
     _held: dict[str, int] = {}  # resolved folder -> nesting depth, in this process
 
-    def __init__(self, folder: str | os.PathLike, what: str = "ncgrpo"):
+    def __init__(self, folder: str | os.PathLike, what: str = "ncgrpo", *, kind: str | None = None):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
         self.what = what
+        self.kind = kind
         self._fd: int | None = None
         self._key: str | None = None
+
+    def _busy_error(self, holder: str) -> FolderBusyError:
+        return FolderBusyError(
+            f"{self.folder} is being written by another process ({holder or 'unknown'}; lock {self.path}); "
+            "wait for it to finish or use another output folder"
+        )
+
+    def check(self) -> None:
+        """Refuse now what :meth:`acquire` would refuse (a file, another kind, another holder); writes
+        nothing."""
+        if self.kind is not None:
+            check_folder_kind(self.folder, self.kind, self.what)
+        elif self.folder.exists() and not self.folder.is_dir():
+            raise FolderKindError(f"{self.folder} is a file, not a folder; pass a folder path")
+        holder = self.holder()
+        if holder is not None:
+            raise self._busy_error(holder)
+
+    def holder(self) -> str | None:
+        """Who holds the lock (the lock file's text), or ``None`` when no other process does."""
+        import fcntl
+
+        if not self.path.is_file() or str(self.folder.resolve()) in FolderLock._held:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 2000, 0).decode("utf-8", "replace").strip() or "unknown"
+        except OSError:
+            return None
+        finally:
+            os.close(fd)  # closing drops a lock taken just now
+        return None
 
     def acquire(self) -> None:
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
         key = str(self.folder.resolve())
         if key in FolderLock._held:
             FolderLock._held[key] += 1
             self._key = key
             return
+        if self.kind is not None:
+            check_folder_kind(self.folder, self.kind, self.what)
+        elif self.folder.exists() and not self.folder.is_dir():
+            raise FolderKindError(f"{self.folder} is a file, not a folder; pass a folder path")
+        self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
+            holder = os.pread(fd, 2000, 0).decode("utf-8", "replace").strip()
             os.close(fd)
-            raise FolderBusyError(
-                f"{self.folder} is being written by another process ({holder}, lock {self.path}); "
-                "wait for it to finish or use another output folder"
-            ) from None
+            raise self._busy_error(holder) from None
         except OSError as e:  # e.g. a file system without flock support
             os.close(fd)
             raise OSError(
@@ -331,8 +480,14 @@ class FolderLock:
         except BaseException:
             os.close(fd)
             raise
+        try:
+            if self.kind is not None:  # again under the lock: another writer may have finished meanwhile
+                check_folder_kind(self.folder, self.kind, self.what)
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} ({self.what})\n".encode(), 0)
+        os.pwrite(fd, _holder_text(self.what).encode("utf-8", "replace"), 0)
         self._fd = fd
         self._key = key
         FolderLock._held[key] = 1
@@ -348,9 +503,28 @@ class FolderLock:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
 
+    @property
+    def held(self) -> bool:
+        return self._key is not None
+
     def __enter__(self) -> FolderLock:
         self.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _holder_text(what: str) -> str:
+    """``pid N (what) on host H: command line``: what a refused second writer is told."""
+    import shlex
+    import socket
+    import sys
+
+    try:
+        cmd = shlex.join(sys.argv)
+    except TypeError:
+        cmd = " ".join(map(str, sys.argv))
+    if len(cmd) > 1000:  # the start (the command) and the end (the last flags) say most
+        cmd = cmd[:400] + " ... " + cmd[-595:]
+    return f"pid {os.getpid()} ({what}) on host {socket.gethostname()}: {cmd}\n"

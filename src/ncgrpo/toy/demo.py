@@ -244,6 +244,11 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise ValueError(
+                f"output_dir: {self.output_dir} is a file, not a folder; the demo writes a folder there "
+                "(suite/, train/, eval/, tables): pass a new folder path"
+            )
         if self.model_name_or_path is not None:
             self.model_name_or_path = Path(self.model_name_or_path)
             if not (self.model_name_or_path / "config.json").is_file():
@@ -745,18 +750,36 @@ def _train(
     trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
     import torch
 
-    from ncgrpo.data.geometry3k import to_trl_dataset
     from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
-    from ncgrpo.rewards import math_reward
-    from ncgrpo.runs.driver import train_run
+    from ncgrpo.runs.folder import FolderLock
 
     model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
     if find_vision_tower(model) is not None:
         freeze_vision_tower(model)  # section 4.1: frozen vision tower
     args = training_args(cfg, spec, seed, train_dir, bf16=next(model.parameters()).dtype == torch.bfloat16)
     metrics_path = train_dir / METRICS_FILE
-    metrics_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
-    trainer = train_run(
+    lock = FolderLock(
+        train_dir, "ncgrpo demo", kind="train"
+    )  # before the first write; train_run re-enters it
+    lock.acquire()
+    try:
+        metrics_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
+        trainer = _train_locked(args, model, processor, train_questions, val_questions, train_dir, spec,
+                                seed, cfg, base, settings, metrics_path)  # fmt: skip
+    finally:
+        lock.release()
+    model = trainer.model
+    del trainer
+    return model, processor
+
+
+def _train_locked(args, model, processor, train_questions, val_questions, train_dir, spec, seed, cfg, base,
+                  settings, metrics_path):  # fmt: skip
+    from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.rewards import math_reward
+    from ncgrpo.runs.driver import train_run
+
+    return train_run(
         args,
         model,
         processor,
@@ -772,9 +795,6 @@ def _train(
         callbacks=_callbacks(cfg, f"{spec.slug} s{seed}", model, processor, val_questions, metrics_path),
         console_logs=False,
     )
-    model = trainer.model
-    del trainer
-    return model, processor
 
 
 def _run_one(
@@ -960,17 +980,40 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
     vanilla run of the same seed sampled exactly vanilla's rollouts: its noise changed nothing. At the
     final-norm site this happens when the base model's first token is near-certain, because there the
     noise reaches only the first-token logits (section 3.1: a branch-point intervention).
+
+    Unless no group had reward variance (:func:`ncgrpo.trainer.inert.reward_variance`: every logged
+    step's ``frac_reward_zero_std`` is 1, e.g. every completion clipped at a short
+    ``max_completion_length`` and scored 0): then every advantage was zero, nothing was learned, and
+    equal traces say nothing about the noise. Such runs get that note instead, blaming the rewards.
     """
+    from ncgrpo.eval.plots import read_metrics
+    from ncgrpo.trainer.inert import reward_variance
+
     vanilla = {r.seed: r for r in runs if r.method == "vanilla"}
     same = []
+    flat = []
     for r in runs:
+        rv = reward_variance(read_metrics(r.train_dir))
+        if rv.none_at_all:
+            flat.append(f"{r.name} (seed {r.seed}): {rv.describe()}")
+            continue
         base = vanilla.get(r.seed)
         if r.method == "vanilla" or base is None:
             continue
+        if reward_variance(read_metrics(base.train_dir)).none_at_all:
+            continue  # vanilla learned nothing: equal traces say nothing about the noise
         if _trace(r.train_dir) == _trace(base.train_dir):
             div = "n/a" if r.first_token_divergence is None else f"{r.first_token_divergence:.4f}"
             same.append(f"{r.name} (seed {r.seed}; mean noise/first_token_divergence {div})")
     notes = []
+    if flat:
+        notes.append(
+            "; ".join(flat)
+            + ". With equal rewards in every group every advantage is zero, so these runs learned nothing, "
+            "and their logged steps can equal another run's whatever the noise did: the noise is not what "
+            "failed here. Give the model room to answer (raise --max_completion_length; see "
+            "completions/clipped_ratio in metrics.jsonl) or use a base whose groups get mixed rewards."
+        )
     measured = [r for r in runs if r.marginal_tv is not None]
     if measured:
         notes.append(
@@ -1143,6 +1186,7 @@ def run_demo(
 
     from ncgrpo.eval.evaluate import model_id_of
     from ncgrpo.eval.records import FolderLock, atomic_write_json
+    from ncgrpo.runs.folder import read_run_json
 
     t_start = time.perf_counter()
     stage_times: dict[str, float] = {}
@@ -1158,13 +1202,18 @@ def run_demo(
         stage_times[name] = stage_times.get(name, 0.0) + time.perf_counter() - t0
         return value
 
-    lock = FolderLock(cfg.output_dir, "ncgrpo demo")  # one demo per folder: a second fails at once
+    # one demo per folder (a second fails at once, naming the first), and only into a new folder or a
+    # demo's own: never into a training run, an evaluation or a saved model
+    lock = FolderLock(cfg.output_dir, "ncgrpo demo", kind="demo")
     try:
+        lock.check()
         # the base model (built into its cache on first use) and every setting, before the first byte
         # of the output folder is written
         base = stage("base_model", lambda: _base_model(cfg))
         check_settings(cfg, base)
         lock.acquire()
+        if (read_run_json(cfg.output_dir) or {}).get("kind") != "demo":
+            atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "demo"})
         suite = stage("suite", lambda: _ensure_suite(cfg))
         base_id = model_id_of(base)
         specs, seeds = cfg.methods(), cfg.seed_values()

@@ -911,7 +911,9 @@ def _pretrain(
     save_tiny(model, processor, out)
     report.checkpoint_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     report.wall_time_s = round(time.perf_counter() - t0, 2)
-    (out / PRETRAIN_FILE).write_text(json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
+    from ncgrpo.runs.folder import atomic_write_text
+
+    atomic_write_text(out / PRETRAIN_FILE, json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
     return report
 
 
@@ -1099,9 +1101,24 @@ class PretrainConfig:
 
 
 def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | None = None) -> PretrainReport:
-    """:func:`pretrain` with ``cfg``'s settings, into a new or empty ``cfg.out``."""
-    if cfg.out.exists() and any(cfg.out.iterdir()):
+    """:func:`pretrain` with ``cfg``'s settings, into a new or empty ``cfg.out``, holding its lock
+    (:class:`ncgrpo.runs.folder.FolderLock`, kind ``pretrain``: a second pretrain into it fails at once,
+    naming the first). Only the lock file and a ``run.json`` of an interrupted pretrain may be there."""
+    from ncgrpo.runs.folder import LOCK_FILE, RUN_FILE, FolderLock, atomic_write_json
+
+    lock = FolderLock(cfg.out, "ncgrpo pretrain", kind="pretrain")
+    lock.check()
+    ours = {LOCK_FILE, RUN_FILE}
+    if cfg.out.is_dir() and any(p.name not in ours for p in cfg.out.iterdir()):
         raise ValueError(f"{cfg.out} exists and is not empty; pass a new --out folder")
+    with lock:
+        atomic_write_json(cfg.out / RUN_FILE, {"kind": "pretrain", "finished": False})
+        report = _run_pretrain(cfg, progress)
+        atomic_write_json(cfg.out / RUN_FILE, {"kind": "pretrain", "finished": True})
+    return report
+
+
+def _run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | None) -> PretrainReport:
     extra: dict[str, Any] = {} if cfg.lr is None else {"lr": cfg.lr}
     pool = cfg.pool_counts()
     if pool is not None:

@@ -12,14 +12,26 @@ see (up to ~10x), so it only decides where the marginal is not available.
 ``noise/first_token_divergence`` (sampled noisy first tokens that differ from the clean argmax) is no
 such measure: with an uncertain first token it is high under temperature sampling even with no noise.
 Pure: no trainer, no logging; the caller emits the message.
+
+Inert noise is not the only reason a noisy run can log exactly vanilla's steps: when no group had
+reward variance (every reward of every group equal, e.g. every completion clipped at a short
+``max_completion_length`` and scored 0), every advantage is zero, nothing is learned whatever the
+rollouts were, and the logged reward, reward std, loss and length of two different sets of rollouts
+coincide. :func:`reward_variance` reads that from the logged ``frac_reward_zero_std`` (TRL's share of
+groups whose rewards all agree; ``reward_std`` where it is missing) so a diagnosis can tell "the noise
+did nothing" from "no group had reward variance".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
+    "RewardVariance",
+    "reward_variance",
     "INERT_MARGINAL_THRESHOLD",
     "INERT_STEPS",
     "INERT_THRESHOLD",
@@ -36,6 +48,66 @@ INERT_STEPS = 3
 
 MARGINAL_METRIC = "noise/first_token_marginal_tv"
 PER_DRAW_METRIC = "noise/first_token_tv"
+
+
+@dataclass
+class RewardVariance:
+    """What the logged training steps say about reward variance within groups."""
+
+    steps: int  # logged training steps (rows with a reward)
+    flat_steps: int  # of them, steps where no group had reward variance
+    mean_reward: float | None = None
+    mean_length: float | None = None
+    clipped_ratio: float | None = None  # mean share of completions cut at max_completion_length
+
+    @property
+    def none_at_all(self) -> bool:
+        """No group had reward variance at any logged step: zero advantages throughout."""
+        return self.steps > 0 and self.flat_steps == self.steps
+
+    def describe(self) -> str:
+        parts = [
+            f"no group had reward variance at any of the {self.steps} logged steps (frac_reward_zero_std 1"
+        ]
+        if self.mean_reward is not None:
+            parts.append(f", mean reward {self.mean_reward:.3g}")
+        if self.mean_length is not None:
+            parts.append(f", mean completion length {self.mean_length:.3g} tokens")
+        if self.clipped_ratio is not None:
+            parts.append(f", {100 * self.clipped_ratio:.0f}% of completions clipped at max_completion_length")
+        return "".join(parts) + ")"
+
+
+def reward_variance(rows: Iterable[Mapping[str, Any]]) -> RewardVariance:
+    """Summarise the training rows of a ``metrics.jsonl`` (those with a ``reward``): a step has no
+    reward variance when its ``frac_reward_zero_std`` is 1 (every group's rewards equal), or, where
+    that is not logged, when its ``reward_std`` is 0 (then every reward of the batch was equal)."""
+
+    def num(row: Mapping[str, Any], key: str) -> float | None:
+        v = row.get(key)
+        return (
+            float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+        )
+
+    steps = flat = 0
+    rewards, lengths, clipped = [], [], []
+    for row in rows:
+        if num(row, "reward") is None:
+            continue
+        steps += 1
+        zero = num(row, "frac_reward_zero_std")
+        std = num(row, "reward_std")
+        if (zero is not None and zero >= 1.0) or (zero is None and std is not None and std == 0.0):
+            flat += 1
+        rewards.append(num(row, "reward"))
+        for key, out in (("completions/mean_length", lengths), ("completions/clipped_ratio", clipped)):
+            if num(row, key) is not None:
+                out.append(num(row, key))
+
+    def mean(xs: list) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    return RewardVariance(steps, flat, mean(rewards), mean(lengths), mean(clipped))
 
 
 class InertNoiseWarning(UserWarning):
