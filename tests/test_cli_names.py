@@ -74,8 +74,11 @@ def test_old_spellings_parse_with_a_deprecation_message(monkeypatch, tmp_path, c
     import ncgrpo.commands.probe as probe_command
 
     monkeypatch.setattr(probe_command, "run", stop)
+    model = tmp_path / "m"  # the probe checks a model folder exists before anything else
+    model.mkdir()
+    (model / "config.json").write_text("{}")
     argv = ["probe", "--sigma", "0.1", "0.3", "--site", "1", "--layer_decay", "0.25", "--method", "antithetic",
-            "--threads", "2", "--max_new_tokens", "9", "--model", "/m", "--out", str(tmp_path / "p.json")]  # fmt: skip
+            "--threads", "2", "--max_new_tokens", "9", "--model", str(model), "--out", str(tmp_path / "p.json")]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "stop here" in err
@@ -91,7 +94,7 @@ def test_old_spellings_parse_with_a_deprecation_message(monkeypatch, tmp_path, c
         0.25,
         "antithetic",
     )
-    assert (a.num_threads, a.max_completion_length, a.model_name_or_path) == (2, 9, "/m")
+    assert (a.num_threads, a.max_completion_length, a.model_name_or_path) == (2, 9, str(model))
     assert str(a.output_file) == str(tmp_path / "p.json")
 
     # a config file's old keys, and the old negative boolean key

@@ -346,3 +346,98 @@ def test_probe_cli_refuses_a_device_and_threads_it_cannot_use_before_loading_any
     assert "sees no CUDA device" in capsys.readouterr().err
     assert main(["probe", "--num_threads", "-1", "--prompts", "2"]) == 2
     assert "--num_threads must be >= 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ issue 26: everything checked before the model
+def _no_model(monkeypatch):
+    """Make loading a model (or the embedded base) fail loudly: a check that ran after it shows up."""
+    import ncgrpo.models
+    import ncgrpo.toy.pretrain
+
+    def loaded(*a, **k):
+        raise AssertionError("the model was loaded before the check")
+
+    monkeypatch.setattr(ncgrpo.models, "load_model_and_processor", loaded)
+    monkeypatch.setattr(ncgrpo.toy.pretrain, "ensure_base_model", loaded)
+
+
+def test_probe_cli_checks_its_settings_and_output_file_before_the_model(tmp_path, capsys, monkeypatch):
+    """Items 3 and 11 and the cryptic messages: each exits 2 with a message naming what to fix,
+    before any question is generated or the model loads, and leaves the files it names alone."""
+    from ncgrpo.cli import main
+
+    _no_model(monkeypatch)
+    records = tmp_path / "eval" / "records.jsonl"  # an evaluation's records: never the probe's to replace
+    records.parent.mkdir()
+    records.write_text('{"benchmark": "geo3k"}\n')
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    (tmp_path / "existing.json").write_text("{}")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    cases = [
+        (["--prompts", "100000000"], "ask for at most 2000"),
+        (["--sigma0", "nan"], "finite number >= 0"),
+        (["--sigma0", "-0.1"], "finite number >= 0"),
+        (["--rollout_method", "vanilla"], "--rollout_method must be one of antithetic, latent, spsa"),
+        (["--rollout_method", "antithetic", "--rollouts", "3"], "give an even --rollouts"),
+        (["--noise_site", "norm"], "noise_site"),
+        (["--temperature", "inf"], "--temperature must be a finite number > 0"),
+        (["--family", "nope"], "--family 'nope'"),
+        (["--output_file", str(tmp_path)], f"--output_file {tmp_path} is a folder"),
+        (
+            ["--output_file", str(tmp_path / "existing.json" / "p.json")],
+            "existing.json is a file, not a folder",
+        ),
+        (["--output_file", str(records)], "records.jsonl is a file of a command's run folder"),
+        (["--output_file", str(other)], "exists and is not a probe result"),
+        (["--model_name_or_path", "/nonexistent/model"], "/nonexistent/model does not exist"),
+        (["--model_name_or_path", str(tmp_path / "existing.json")], "not a model folder"),
+    ]
+    for flags, message in cases:
+        assert main(["probe", "--no_progress", "--model_name_or_path", str(model), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert message in err, (flags, err)
+        assert "Errno" not in err and "repo id" not in err and "internal error" not in err, err
+    assert records.read_text() == '{"benchmark": "geo3k"}\n' and other.read_text() == '{"mine": 1}'
+
+
+def test_probe_refuses_image_questions_for_a_text_only_model_before_loading_it(tmp_path, capsys, monkeypatch):
+    """Item 5: the images would be dropped and only placeholder tokens reach the model (eval and the
+    demo refuse this); read from config.json (no vision_config), before the weights."""
+    from transformers import Qwen2Config
+
+    from ncgrpo.cli import main
+
+    _no_model(monkeypatch)
+    Qwen2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=32, vocab_size=64).save_pretrained(tmp_path / "text")  # fmt: skip
+    assert (
+        main(["probe", "--no_progress", "--prompts", "2", "--model_name_or_path", str(tmp_path / "text")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "is a text-only model (its config.json has no vision_config)" in err and "synthetic/" in err
+
+
+def test_probe_writes_its_json_atomically_with_its_kind_and_replaces_only_its_own(tmp_path):
+    from ncgrpo.commands._common import UsageError
+    from ncgrpo.commands.probe import write_result
+
+    class Result:
+        def to_dict(self):
+            return {"n_prompts": 2, "rows": [], "site": "final_norm"}
+
+    out = tmp_path / "sub" / "p.json"
+    write_result(Result(), out)  # a missing parent folder is made
+    assert json.loads(out.read_text())["kind"] == "probe"
+    write_result(Result(), out)  # its own result: replaced
+    legacy = tmp_path / "old.json"  # written before kinds: recognised by the probe's keys
+    legacy.write_text(json.dumps({"n_prompts": 1, "rows": [], "site": "1"}))
+    write_result(Result(), legacy)
+    assert json.loads(legacy.read_text())["kind"] == "probe"
+    (tmp_path / "x.json").write_text("[1]")
+    with pytest.raises(UsageError, match="not a probe result"):
+        write_result(Result(), tmp_path / "x.json")
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -77,23 +77,205 @@ class ProbeArgs:
     progress: bool = field(default=True, metadata=_h("progress bar (--no_progress: none)"))
 
     def __post_init__(self) -> None:
+        """Every check that needs no model: a bad value exits 2 before the model loads, before any
+        question is generated and before anything is written."""
+        import math
+
         from ncgrpo.core.noise import parse_noise_site
+        from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
 
         for name in ("prompts", "rollouts", "max_completion_length", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not self.sigma0:
             raise ValueError("--sigma0 needs at least one noise scale")
-        parse_noise_site(self.noise_site)
+        bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
+        if bad:
+            raise UsageError(f"--sigma0: every noise scale must be a finite number >= 0, got {bad[0]}")
+        site = parse_noise_site(self.noise_site)
+        if self.rollout_method not in HIDDEN_NOISE_METHODS:
+            raise UsageError(
+                f"--rollout_method must be one of {', '.join(sorted(HIDDEN_NOISE_METHODS))} (the hidden-noise "
+                f"methods), got {self.rollout_method!r}"
+            )
+        if self.rollout_method != "latent" and self.rollouts % 2:
+            raise UsageError(
+                f"--rollout_method {self.rollout_method} pairs (+eps, -eps); give an even --rollouts, "
+                f"got {self.rollouts}"
+            )
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise UsageError(f"--temperature must be a finite number > 0, got {self.temperature}")
+        if not math.isfinite(self.noise_layer_decay):
+            raise UsageError(f"--noise_layer_decay must be a finite number, got {self.noise_layer_decay}")
+        if self.marginal_draws < 2:
+            raise UsageError(f"--marginal_draws must be >= 2, got {self.marginal_draws}")
+        if self.target_marginal_tv is not None:
+            if not (math.isfinite(self.target_marginal_tv) and 0 < self.target_marginal_tv < 1):
+                raise UsageError(f"--target_marginal_tv must be in (0, 1), got {self.target_marginal_tv}")
+            if site != "final_norm":
+                raise UsageError("--target_marginal_tv needs --noise_site final_norm")
         if self.num_threads < 0:
             raise ValueError(f"--num_threads must be >= 0 (0: torch's default), got {self.num_threads}")
         from ncgrpo.models import check_device
 
         check_device(self.device)  # before the model loads
+        if self.model_name_or_path is not None:
+            self.model_name_or_path = _model_path(self.model_name_or_path)
         if self.data is not None:
             self.data = Path(self.data)
+        self._check_questions()
         if self.output_file is not None:
             self.output_file = Path(self.output_file)
+            check_output_file(self.output_file)
+
+    def _check_questions(self) -> None:
+        """The benchmark, split and family exist, and ``--prompts`` is no more than they hold (the
+        synthetic suite is generated: a huge count would run for ever before any other check)."""
+        from ncgrpo.data.benchmarks import BENCHMARKS
+        from ncgrpo.toy.synthetic import DEFAULT_SIZES, FAMILIES, SPLITS
+
+        if self.benchmark != "synthetic" and self.benchmark not in BENCHMARKS:
+            raise UsageError(
+                f"--benchmark {self.benchmark!r}: unknown; known: synthetic, {', '.join(BENCHMARKS)}"
+            )
+        if self.benchmark != "synthetic" or self.data is not None:
+            return  # read from data: load_questions stops at --prompts rows
+        split = self.split or "train"
+        if split not in SPLITS:
+            raise UsageError(f"--split {split!r}: the synthetic suite has splits {', '.join(SPLITS)}")
+        fams = [f.name for f in FAMILIES if split != "train" or f.role == "in_domain"]
+        if self.family != "all" and self.family not in fams:
+            raise UsageError(
+                f"--family {self.family!r}: the synthetic {split} split has families {', '.join(fams)} "
+                "(or 'all')"
+            )
+        per_family = DEFAULT_SIZES[split]
+        most = per_family * (len(fams) if self.family == "all" else 1)
+        if self.prompts > most:
+            raise UsageError(
+                f"--prompts {self.prompts}: the synthetic suite's {split} split holds {per_family} questions "
+                f"per family ({most} for --family {self.family}); ask for at most {most}"
+            )
+
+
+def _model_path(value: str) -> str:
+    """``--model_name_or_path``: a local folder must exist and hold config.json; a value that can only
+    be a path (absolute, ``./``, ``../``, ``~``) and does not exist is an error saying so, not a hub-id
+    lookup. A hub id (``org/name``) is left to the loader."""
+    import os
+
+    path = Path(os.path.expanduser(str(value)))
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise UsageError(
+                f"--model_name_or_path {value}: not a model folder (no config.json); pass a folder written "
+                "by save_pretrained"
+            )
+        return str(path)
+    text = str(value)
+    if path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1:
+        raise UsageError(f"--model_name_or_path {value}: {path} does not exist; pass a model folder")
+    return text
+
+
+#: Files of a command's folder that the probe never writes over (:mod:`ncgrpo.runs.folder`).
+def _reserved_names() -> set[str]:
+    from ncgrpo.runs.folder import CONFIG_FILE, LOCK_FILE, METRICS_FILE, RECORDS_FILE, RUN_FILE
+
+    return {RUN_FILE, RECORDS_FILE, METRICS_FILE, CONFIG_FILE, LOCK_FILE}
+
+
+def _is_probe_result(path: Path) -> bool:
+    """Whether ``path`` holds a probe's JSON (``kind: probe``, or, written before kinds, the probe's
+    own keys), so the probe may replace it."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    return data.get("kind") == "probe" or (
+        "kind" not in data and {"n_prompts", "rows", "site"} <= data.keys()
+    )
+
+
+def check_output_file(path: Path) -> None:
+    """Refuse, before the model loads and writing nothing, an ``--output_file`` the probe cannot or must
+    not write: a folder, a path under a file, a folder it may not write, a file of a command's folder
+    (``run.json``, ``records.jsonl``, ...), an existing file that is not a probe result, or a folder
+    another process is writing. Missing parent folders are created at the end."""
+    import os
+
+    from ncgrpo.runs.folder import FolderLock
+
+    if path.is_dir():
+        raise UsageError(f"--output_file {path} is a folder; give a file path such as {path / 'probe.json'}")
+    if path.name in _reserved_names():
+        raise UsageError(
+            f"--output_file {path}: {path.name} is a file of a command's run folder, not the probe's; "
+            "give another name such as probe.json"
+        )
+    if path.exists():
+        if not path.is_file() or not _is_probe_result(path):
+            raise UsageError(
+                f"--output_file {path} exists and is not a probe result (the probe only replaces its own "
+                "JSON); give a new file name or move it away"
+            )
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(
+            f"--output_file {path}: {ancestor} is a file, not a folder, so nothing can be written under it; "
+            "give a path in a folder"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"--output_file {path}: cannot write in {ancestor} (permission denied)")
+    if path.parent.is_dir():
+        holder = FolderLock(path.parent).holder()
+        if holder is not None:
+            raise UsageError(
+                f"--output_file {path}: {path.parent} is being written by another process ({holder}); "
+                "write the probe elsewhere or wait for it"
+            )
+
+
+def write_result(result, path: Path) -> None:
+    """The probe's JSON (``kind: probe``), atomically; under the folder's lock where the folder is a
+    command's (it has a lock file), so it never lands mid-write of another command's output."""
+    import contextlib
+    import json
+
+    from ncgrpo.runs.folder import LOCK_FILE, FolderLock, atomic_write_text
+
+    check_output_file(path)  # again: the probe may have run for hours
+    text = json.dumps({**result.to_dict(), "kind": "probe"}, indent=1, sort_keys=True) + "\n"
+    locked = (path.parent / LOCK_FILE).exists()
+    with FolderLock(path.parent, "ncgrpo probe") if locked else contextlib.nullcontext():
+        atomic_write_text(path, text)
+
+
+def check_images(model: str, questions) -> None:
+    """Refuse image questions for a text-only model (its config has no ``vision_config``), read from
+    the config alone, before the weights load: the images would be dropped and only placeholder
+    tokens reach the model (``eval`` and ``demo`` refuse this too)."""
+    if not any(getattr(q, "images", None) for q in questions):
+        return
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model)
+    except Exception:  # noqa: BLE001 - unreadable here: the loader says why
+        return
+    if getattr(config, "vision_config", None) is None:
+        first = next(q for q in questions if getattr(q, "images", None))
+        raise UsageError(
+            f"--model_name_or_path {model} is a text-only model (its config.json has no vision_config) but "
+            f"the questions have images (e.g. {first.uid}); probe a vision-language model, or a benchmark "
+            "without images"
+        )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -112,9 +294,18 @@ def _questions(args: ProbeArgs) -> list:
             if not qs:
                 raise UsageError(f"no synthetic questions of family {args.family!r} in split {split!r}")
         return qs[: args.prompts]
+    import sys
+
     from ncgrpo.commands.eval import load_questions
 
-    return load_questions([args.benchmark], {args.benchmark: args.data}, args.split, args.prompts)
+    qs = load_questions([args.benchmark], {args.benchmark: args.data}, args.split, args.prompts)
+    if len(qs) < args.prompts:
+        print(
+            f"ncgrpo probe: note: {args.benchmark} has {len(qs)} questions in {args.data or 'the datasets cache'}"
+            f" (split {args.split or 'default'}); probing those, not --prompts {args.prompts}",
+            file=sys.stderr,
+        )
+    return qs
 
 
 def run(args: ProbeArgs) -> int:
@@ -134,6 +325,7 @@ def run(args: ProbeArgs) -> int:
     else:
         path = args.model_name_or_path
     questions = _questions(args)
+    check_images(path, questions)
     model, processor = load_model_and_processor(path, dtype=args.dtype, device=args.device)
     result = probe(
         model, processor, questions, args.sigma0, rollouts=args.rollouts,
@@ -145,6 +337,6 @@ def run(args: ProbeArgs) -> int:
     )  # fmt: skip
     Console(width=max(Console().width, 160)).print(format_probe(result))
     if args.output_file is not None:
-        result.to_json(args.output_file)
+        write_result(result, args.output_file)
         print(f"wrote {args.output_file}")
     return 0
