@@ -466,3 +466,52 @@ def test_compare_cli_writes_the_seed_level_tests(tmp_path, three_seed_dirs, caps
     assert "## Seed-level tests" in (out / "comparison.md").read_text()
     data = json.loads((out / "comparison.json").read_text())
     assert len(data["seed_tests"]) == 3 and len(data["notes"]) == 2
+
+
+def _reask(d: Path, *, prompt_hash: str = "", gold: str = "", only: str = "q0003") -> None:
+    """Rewrite one record of ``d`` as if it had been asked another question under the same id."""
+    rows = [json.loads(line) for line in (d / RECORDS_FILE).read_text().splitlines()]
+    for r in rows:
+        r["prompt_hash"] = r["prompt_hash"] or "h-" + r["question_id"]
+        r["gold"] = r["gold"] or "g-" + r["question_id"]
+        if r["question_id"] == only:
+            r["prompt_hash"] = prompt_hash or r["prompt_hash"]
+            r["gold"] = gold or r["gold"]
+    (d / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_paired_records_must_be_the_same_question(tmp_path, capsys):
+    """Issue 26, item 4: one model evaluated on suites of two seeds shares question ids but not the
+    questions (prompt_hash and gold differ): compare refuses, naming the first such id and both
+    folders, instead of reporting paired McNemar tests on them."""
+    b = np.arange(10) % 2 == 0
+    d1 = write_run(tmp_path, "Vanilla", 0, {"mathvista": ("ood", b)})
+    d2 = write_run(tmp_path, "NC", 0, {"mathvista": ("ood", b)})
+    _reask(d1)
+    _reask(d2)
+    compare(load_runs([d1, d2]), "Vanilla")  # same questions: fine
+    _reask(d2, prompt_hash="other-prompt", only="q0003")
+    _reask(d2, gold="other-gold", only="q0005")
+    with pytest.raises(AlignmentError, match=r"question mathvista/q0003 is not the same question") as e:
+        compare(load_runs([d1, d2]), "Vanilla")
+    assert str(d1) in str(e.value) and str(d2) in str(e.value) and "prompt_hash" in str(e.value)
+    assert cli.main(["compare", "--runs", str(d1), str(d2), "--baseline", "Vanilla"]) == 2
+    assert "mathvista/q0003 is not the same question" in capsys.readouterr().err
+    _reask(d2, prompt_hash="h-q0003", only="q0003")  # only the gold differs now
+    with pytest.raises(AlignmentError, match=r"mathvista/q0005 .*gold 'other-gold' vs 'g-q0005'"):
+        compare(load_runs([d1, d2]), "Vanilla")
+
+
+def test_compare_out_is_a_report_folder_with_its_kind(tmp_path, table1_dirs, capsys):
+    out = tmp_path / "report"
+    assert (
+        cli.main(
+            ["compare", "--runs", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+        )
+        == 0
+    )
+    assert json.loads((out / RUN_FILE).read_text()) == {"kind": "report"}
+    capsys.readouterr()
+    # a report folder is not a run: compare --runs on it is refused by what it lacks
+    assert cli.main(["compare", "--runs", str(out), "--baseline", "x"]) == 2
+    assert "no records.jsonl" in capsys.readouterr().err

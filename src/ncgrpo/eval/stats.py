@@ -195,6 +195,37 @@ def _outcomes(records: Iterable[RecordLike], benchmark: str | None, side: str) -
     return out
 
 
+def _asked(records: Iterable[RecordLike], benchmark: str | None) -> dict[tuple[str, str], tuple[str, str]]:
+    """(benchmark, question_id) -> (prompt_hash, gold) as recorded ("" where a record has none)."""
+    return {
+        (r.benchmark, str(r.question_id)): (
+            str(getattr(r, "prompt_hash", "") or ""),
+            str(getattr(r, "gold", "") or ""),
+        )
+        for r in records
+        if benchmark is None or r.benchmark == benchmark
+    }
+
+
+def _check_same_questions(
+    records_a: Iterable[RecordLike], records_b: Iterable[RecordLike], benchmark: str | None
+) -> None:
+    qa, qb = _asked(records_a, benchmark), _asked(records_b, benchmark)
+    for key in sorted(qa.keys() & qb.keys()):
+        (ha, ga), (hb, gb) = qa[key], qb[key]
+        what = []
+        if ha and hb and ha != hb:
+            what.append(f"prompt_hash {ha} vs {hb}")
+        if ga and gb and ga != gb:
+            what.append(f"gold {ga!r} vs {gb!r}")
+        if what:
+            raise AlignmentError(
+                f"question {key[0]}/{key[1]} is not the same question in the two runs ({'; '.join(what)}): "
+                "they were evaluated on different question sets that reuse ids (e.g. a suite built with "
+                "another seed); compare runs evaluated on the same data"
+            )
+
+
 def _name_some(keys: set[tuple[str, str]], limit: int = 5) -> str:
     shown = ", ".join(f"{bm}/{qid}" for bm, qid in sorted(keys)[:limit])
     more = len(keys) - limit
@@ -208,8 +239,12 @@ def align(
 
     Raises :class:`AlignmentError` naming some missing ids on each side, with counts, when the two
     runs did not answer the same questions (e.g. an unfinished evaluation): a paired test on the
-    intersection would silently compare different question sets across configurations.
+    intersection would silently compare different question sets across configurations. Also when a
+    shared ``(benchmark, question_id)`` was not the same question in the two runs: records that carry
+    a ``prompt_hash`` or a ``gold`` answer (both non-empty) must agree on them, else the error names the
+    first such id (e.g. suites generated with two seeds reuse ids for other questions).
     """
+    records_a, records_b = list(records_a), list(records_b)
     oa = _outcomes(records_a, benchmark, "a")
     ob = _outcomes(records_b, benchmark, "b")
     only_a = oa.keys() - ob.keys()
@@ -225,6 +260,7 @@ def align(
             parts.append(f"missing from run b: {len(only_a)} ({_name_some(only_a)})")
         raise AlignmentError("; ".join(parts))
     keys = sorted(oa)
+    _check_same_questions(records_a, records_b, benchmark)
     return Paired(
         keys=keys,
         a=np.array([oa[k] for k in keys], dtype=bool),
