@@ -21,7 +21,11 @@ Command-line flags override the file. Besides the dataclass instances
 (:meth:`ConfigParser.parse_args_and_config`, as in TRL), parsing leaves a :class:`ParsedConfig` on the
 namespace (``namespace.parsed_config``) holding every field's value, which keys were set explicitly
 (in a file or as a flag), and :meth:`ParsedConfig.to_yaml`, the resolved config that loads back with
-``--config``. TRL's ``env:`` mapping (environment variables set before the run) is supported too.
+``--config``. TRL's ``env:`` mapping (environment variables set before the run) is supported too:
+each value is set as written in the file, the way a shell would read ``NAME=value`` (``1.0``, ``no``,
+``true`` and ``0x10`` stay those strings; YAML's typing of them is ignored); ``null``, a list or a
+mapping is an error naming the file and key. The resolved config keeps the ``env:`` block (every
+file's, base first), so rerunning from it sets the same environment.
 """
 
 from __future__ import annotations
@@ -89,11 +93,41 @@ def suggest(word: str, known: Iterable[str]) -> str:
 # -------------------------------------------------------------------------------------- files
 @dataclass
 class ConfigFile:
-    """A config file with its ``base:`` chain merged: values, the file each key came from, the files."""
+    """A config file with its ``base:`` chain merged: values, the file each key came from, the files,
+    and the ``env:`` variables (as strings, base first)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # the file, then its bases, outermost last
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _env_strings(path: Path, text: str, env: Any) -> dict[str, str]:
+    """The ``env:`` mapping of the file at ``path`` as ``{name: value}`` strings, each value as written
+    in the file (the scalar's own text, as a shell would take ``NAME=value``: ``no`` stays "no", not
+    YAML's False). ``null``, lists and mappings are errors naming the file and the key."""
+    if not isinstance(env, dict):
+        raise ConfigError(
+            f"{path}: 'env' must be a mapping of environment variables (NAME: value), got {type(env).__name__}"
+        )
+    node = yaml.compose(text)
+    env_node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "env"), None)
+    out: dict[str, str] = {}
+    for k_node, v_node in env_node.value:
+        name = str(k_node.value)
+        if not name or "=" in name or "\0" in name:
+            raise ConfigError(f"{path}: env: {name!r} is not an environment variable name")
+        if not isinstance(v_node, yaml.ScalarNode):
+            kind = "mapping" if isinstance(v_node, yaml.MappingNode) else "list"
+            raise ConfigError(
+                f"{path}: env: '{name}' is a {kind}; an environment variable holds one string (quote it)"
+            )
+        if v_node.tag == "tag:yaml.org,2002:null" or (v_node.style is None and env.get(name, "") is None):
+            raise ConfigError(
+                f"{path}: env: '{name}' is null; give it a value (\"\" for an empty string) or remove the key"
+            )
+        out[name] = str(v_node.value)
+    return out
 
 
 def load_config_file(
@@ -120,6 +154,16 @@ def _read(
         if chain:
             raise ConfigError(f"{chain[-1]}: base file {path} does not exist") from None
         raise ConfigError(f"{path}: config file does not exist") from None
+    except IsADirectoryError:
+        if chain:
+            raise ConfigError(f"{chain[-1]}: base {path} is a folder; 'base' names a YAML file") from None
+        raise ConfigError(f"{path}: is a folder; --config takes a YAML file") from None
+    except UnicodeDecodeError as e:
+        where = f"{chain[-1]}: base file {path}" if chain else str(path)
+        raise ConfigError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        where = f"{chain[-1]}: base file {path}" if chain else str(path)
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -131,9 +175,8 @@ def _read(
             f"{path}: a config file must be a YAML mapping (key: value), got {type(data).__name__}"
         )
     base = data.pop("base", None)
-    env = data.pop("env", None)
-    if env is not None and not isinstance(env, dict):
-        raise ConfigError(f"{path}: 'env' must be a mapping of environment variables")
+    has_env = "env" in data
+    env = _env_strings(path, text, data.pop("env")) if has_env and data["env"] is not None else {}
     if known is not None:
         for key in data:
             if key not in known and key not in deprecated:
@@ -148,8 +191,9 @@ def _read(
             base_path = path.parent / base_path
         out = _read(base_path, (*chain, path.resolve()), known, deprecated)
         out.sources.insert(0, str(path))
-    for key, value in (env or {}).items():
-        os.environ[str(key)] = str(value)
+    for key, value in env.items():
+        os.environ[key] = value
+    out.env.update(env)
     out.values.update(data)
     out.origin.update({k: str(path) for k in data})
     return out
@@ -201,6 +245,7 @@ class ParsedConfig:
     config: str | None = None  # the --config file
     sources: list[str] = field(default_factory=list)  # it and its bases
     argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the files' env: variables, set while parsing
 
     def owner(self, key: str) -> type:
         for t in self.types:
@@ -242,6 +287,9 @@ class ParsedConfig:
             if block:
                 body = yaml.safe_dump(block, sort_keys=False, allow_unicode=True, default_flow_style=False)
                 blocks.append(f"# {t.__name__}\n{body}")
+        if self.env:
+            body = yaml.safe_dump({"env": dict(self.env)}, sort_keys=False, allow_unicode=True)
+            blocks.append(f"# environment variables set before the run\n{body}")
         return "\n".join(header) + "\n" + "".join(blocks)
 
 
@@ -422,6 +470,7 @@ class ConfigParser(TrlParser):
             config=config,
             sources=loaded.sources,
             argv=argv,
+            env=dict(loaded.env),
         )
         return ns, []
 
