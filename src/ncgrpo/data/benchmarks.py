@@ -952,12 +952,27 @@ def _read_parquet(files: list[Path], image_columns: tuple[str, ...]):
 
     quiet = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
+    empty = [f for f in files if _parquet_rows(f) == 0]
+    if empty:  # datasets would say only "An error occurred while generating the dataset"
+        raise BenchmarkDataError(
+            f"{empty[0]}: the parquet file holds no rows; remove it or write the split's questions into it"
+        )
     try:
         ds = datasets.Dataset.from_parquet([str(f) for f in files])
         return _undecoded(ds, image_columns)
     finally:
         if not quiet:
             datasets.enable_progress_bars()
+
+
+def _parquet_rows(file: Path) -> int | None:
+    """Rows of a parquet file from its footer (None when it is not readable as parquet)."""
+    try:
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(file).metadata.num_rows)
+    except Exception:  # noqa: BLE001 - the reader below reports unreadable files
+        return None
 
 
 def _undecoded(ds, image_columns: tuple[str, ...]):
@@ -989,19 +1004,30 @@ def _read_json(file: Path) -> list[dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise BenchmarkDataError(f"{file}: not valid JSON: {exc}") from None
     if isinstance(data, dict):  # {"id": row, ...} layouts
+        bad = next((k for k, v in data.items() if not isinstance(v, dict)), None)
+        if bad is not None:
+            raise BenchmarkDataError(
+                f"{file}: holds a JSON object whose value at key {bad!r} is {type(data[bad]).__name__}, not a row; "
+                'expected a list of row objects ([{...}, ...]) or an object of rows keyed by id ({"id": {...}})'
+            )
         data = list(data.values())
     if not isinstance(data, list):
-        raise BenchmarkDataError(f"{file}: expected a list of rows")
+        raise BenchmarkDataError(
+            f"{file}: holds a JSON {type(data).__name__}; expected a list of row objects ([{{...}}, ...])"
+        )
     return data
 
 
-def _rows(records, limit: int | None) -> Iterable[tuple[int, dict[str, Any]]]:
+def _rows(records, limit: int | None, label: str = "") -> Iterable[tuple[int, dict[str, Any]]]:
     n = len(records)
     stop = n if limit is None else min(n, limit)
     for i in range(stop):
         row = records[i]
         if not isinstance(row, dict):
-            raise BenchmarkDataError(f"row {i} is not a mapping")
+            where = f"{label}: " if label else ""
+            raise BenchmarkDataError(
+                f"{where}row {i} is {type(row).__name__}, not an object of fields; each row must be a JSON object"
+            )
         yield i, row
 
 
@@ -1031,7 +1057,7 @@ def load_benchmark(
     else:
         records, ctx = _from_path(spec, Path(path), stored)
     ctx.split = split
-    questions = spec.loader(_rows(records, limit), ctx)
+    questions = spec.loader(_rows(records, limit, ctx.label), ctx)
     for q in questions:
         if q.role != spec.role and not q.benchmark.startswith("synthetic/"):
             q.role = spec.role
