@@ -158,6 +158,9 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        from ncgrpo.trainer.reward_guard import guard_reward_funcs  # bad rewards: an error naming the function
+
+        self.reward_funcs = guard_reward_funcs(self.reward_funcs, self.reward_func_names)
         if self.use_vllm and args.vllm_mode == "colocate":
             # every method, vanilla included: TRL sends image placeholders expanded, which vLLM 0.31
             # would expand again (ncgrpo.engines.vllm_multimodal); a no-op for text models
