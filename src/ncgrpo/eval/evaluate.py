@@ -312,7 +312,9 @@ def load_for_eval(
     if engine == "vllm":
         from ncgrpo.eval.vllm_engine import load_vllm_engine
 
-        return load_vllm_engine(path, dtype=dtype, device=device, settings=settings, questions=questions)
+        return load_vllm_engine(
+            path, dtype=dtype, device=device, settings=settings or DecodingSettings(), questions=questions
+        )
     if engine != "transformers":
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     from ncgrpo.models import load_model_and_processor

@@ -35,8 +35,11 @@ from typing import Any
 
 from ncgrpo.data.prompts import build_messages
 from ncgrpo.data.types import Question
-from ncgrpo.eval.evaluate import DecodingSettings
 from ncgrpo.models import is_vision_language, load_processor, resolve_dtype, tokenizer_of
+
+#: ``settings`` below is a :class:`ncgrpo.eval.evaluate.DecodingSettings` (not imported: evaluate imports
+#: this module, lazily, for ``--engine vllm``)
+_Settings = Any
 
 __all__ = [
     "VLLMEvalEngine",
@@ -52,7 +55,7 @@ _UNMIRRORED = ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begi
                "forced_bos_token_id", "forced_eos_token_id", "sequence_bias", "min_new_tokens")  # fmt: skip
 
 
-def _render(processor: Any, question: Question, settings: DecodingSettings) -> str:
+def _render(processor: Any, question: Question, settings: _Settings) -> str:
     messages = build_messages(
         question, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
     )
@@ -60,7 +63,7 @@ def _render(processor: Any, question: Question, settings: DecodingSettings) -> s
 
 
 def vllm_prompts(
-    processor: Any, questions: Sequence[Question], settings: DecodingSettings, *, vision_language: bool
+    processor: Any, questions: Sequence[Question], settings: _Settings, *, vision_language: bool
 ) -> list[dict[str, Any]]:
     """vLLM prompts for ``questions``: ``{"prompt_token_ids": ids}`` for a text model (the ids the
     transformers engine feeds ``generate``: the rendered chat, no special tokens added), and
@@ -104,7 +107,7 @@ def check_generation_config(generation_config: Any) -> None:
             )
 
 
-def greedy_sampling_params(generation_config: Any, tokenizer: Any, settings: DecodingSettings):
+def greedy_sampling_params(generation_config: Any, tokenizer: Any, settings: _Settings):
     """vLLM ``SamplingParams`` that decode as ``model.generate(do_sample=False, num_beams=1,
     max_new_tokens=...)`` does with this generation config: argmax, stop at any of its EOS ids (and the
     tokenizer's), its repetition penalty, token ids only (the caller decodes them)."""
@@ -149,7 +152,7 @@ class VLLMEvalEngine:
         self.is_vision_language = vision_language
 
     def stream_greedy(
-        self, questions: Sequence[Question], settings: DecodingSettings
+        self, questions: Sequence[Question], settings: _Settings
     ) -> Iterator[tuple[list[Question], list[str]]]:
         """Submit the questions, then yield ``(questions, outputs)`` for the requests that finish in each
         engine step, in finishing order; an output is its token ids decoded by the tokenizer with special
@@ -242,7 +245,7 @@ def load_vllm_engine(
     *,
     dtype: str = "auto",
     device: str = "auto",
-    settings: DecodingSettings | None = None,
+    settings: _Settings,
     questions: Sequence[Question] = (),
     seed: int = 0,
 ) -> tuple[VLLMEvalEngine, Any]:
@@ -256,7 +259,6 @@ def load_vllm_engine(
     import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL classes)
     from ncgrpo.models import check_weight_files
 
-    settings = settings or DecodingSettings()
     kind = _platform_device(device)
     torch_dtype = resolve_dtype(dtype, torch.device(kind))
     try:
