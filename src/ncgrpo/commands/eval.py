@@ -17,7 +17,7 @@ HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (
 DESCRIPTION = (
     HELP
     + ". Rerunning into the same --output_dir completes it: recorded questions are skipped. A folder holds "
-    "one model, checkpoint, seed, split, benchmark set and decoding setting (run.json); only the batch "
+    "one model, engine, checkpoint, seed, split, benchmark set and decoding setting (run.json); only the batch "
     "size may change between reruns. One writer per folder at a time (an advisory lock)."
 )
 
