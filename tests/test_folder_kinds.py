@@ -189,6 +189,8 @@ def test_a_held_folder_is_refused_naming_the_holder(tmp_path: Path, capsys) -> N
             main(["compare", "--runs", str(eval_folder(tmp_path)), "--baseline", "b", "--out", str(out)]) == 2
         )
         assert "pid 4242" in capsys.readouterr().err
+        assert main(_eval(out)) == 2  # named before eval reads any question (there is no data here)
+        assert "pid 4242" in capsys.readouterr().err
         lock = FolderLock(out, "x")
         assert lock.holder().startswith("pid 4242")
     finally:

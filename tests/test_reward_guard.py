@@ -5,6 +5,8 @@ applied once in ``NCGRPOTrainer.__init__``. ``None`` for one completion stays TR
 from __future__ import annotations
 
 import asyncio
+import decimal
+import fractions
 import math
 import pickle
 from types import SimpleNamespace
@@ -49,6 +51,7 @@ def returning(value):
         ([1.0, 0.0], r"returned 2 rewards for 3 completions"),
         ([1.0, "0.5", 0.0], r"reward 1 is str '0.5', not a number"),
         ([1.0, [0.5], 0.0], r"reward 1 is list"),
+        ([1.0, 1j, 0.0], r"reward 1 is complex"),
         (np.zeros((3, 1)), r"array of shape \(3, 1\)"),
         (iter([1.0, 0.0, 1.0]), r"returned list_iterator"),
     ],
@@ -67,6 +70,7 @@ def test_a_bad_reward_is_an_error_naming_the_function_and_the_step(value, match)
         [True, False, 1],
         [1.0, None, 0.0],  # TRL's "does not apply to this completion"
         (np.float32(1.0), np.int64(0), torch.tensor(0.5)),
+        [decimal.Decimal("1.5"), fractions.Fraction(1, 2), 0],  # numbers torch.tensor takes
         np.array([1.0, 0.0, 0.5]),
         torch.tensor([1.0, 0.0, 0.5]),
     ],

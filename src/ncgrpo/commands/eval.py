@@ -231,6 +231,7 @@ def run(args: EvalArgs) -> int:
         settings=settings, split=args.splits(), benchmarks=args.benchmarks, engine=args.engine,
     )  # fmt: skip
     check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
+    FolderLock(out, what="ncgrpo eval").check()  # another writer: named now, before reading any question
     questions = load_questions(args.benchmarks, args.paths, args.split, args.limit)
     try:  # image questions for a text-only model: refused from its config, before anything is written
         check_images(questions, config_reads_images(args.model_name_or_path), args.model_name_or_path)

@@ -11,7 +11,8 @@ left alone: their output is a tensor TRL reads itself) once, in :class:`ncgrpo.t
 constructor, so library users get the checks too. After every call the wrapper requires:
 
 - a list or tuple (or a 1-D array / tensor) of exactly one reward per completion;
-- each reward a real number (``bool``, ``int``, ``float``, a numpy or 0-d torch scalar) or ``None``;
+- each reward a real number (``bool``, ``int``, ``float``, ``Decimal``, a numpy or 0-d torch scalar)
+  or ``None`` (a complex number, a string or a list is not);
 - no ``inf`` and no ``NaN``.
 
 Anything else raises :class:`RewardFunctionError` (a ``ValueError``) naming the function, the
@@ -46,7 +47,9 @@ def _as_number(value: Any) -> float | None:
     """The reward as a float, or None when it is not a real number (strings are not numbers here)."""
     if isinstance(value, (str, bytes)):
         return None
-    if isinstance(value, numbers.Real):  # bool, int, float, numpy scalars
+    if isinstance(value, numbers.Real):  # bool, int, float, Fraction, numpy scalars
+        return float(value)
+    if isinstance(value, numbers.Number) and not isinstance(value, numbers.Complex):  # Decimal
         return float(value)
     shape = getattr(value, "shape", None)
     if shape is not None and tuple(shape) == () and hasattr(value, "item"):  # 0-d tensor / array
