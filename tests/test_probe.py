@@ -279,8 +279,12 @@ def test_trainer_branch_prefix_reaches_the_prompt_and_the_reward(tmp_path, metho
         tok.decode(p).endswith("<|im_start|>assistant\n<think>") for p in seen["prompts"]
     )
     assert seen["completions"] and all(c[0]["content"].startswith("<think>") for c in seen["completions"])
-    # scoped: the processor the trainer saves keeps the plain template
-    assert tr.processing_class is proc and "branch_prefix" not in proc.chat_template
+    # built once: the trainer holds one prefixed copy for the whole run; the caller's processor and
+    # every checkpoint keep the plain template
+    assert "branch_prefix" in tr.processing_class.chat_template and "branch_prefix" not in proc.chat_template
+    tr.save_model(str(tmp_path / "saved"))
+    saved = (tmp_path / "saved" / "chat_template.jinja").read_text()
+    assert "branch_prefix" not in saved and saved.strip() == proc.chat_template.strip()
 
 
 def test_trainer_warns_once_when_the_noise_is_inert(tmp_path):

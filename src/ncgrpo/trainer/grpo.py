@@ -108,7 +108,7 @@ from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
 from ncgrpo.trainer.images import ImageNoise
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.metrics import BranchPointMetrics, StepRecord, _LocalGen
-from ncgrpo.trainer.prefix import branch_prefix_scope, prefix_completions
+from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
 from ncgrpo.trainer.vllm import VLLMRollouts
 
 
@@ -158,9 +158,15 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        from ncgrpo.trainer.reward_guard import guard_reward_funcs  # bad rewards: an error naming the function
+        from ncgrpo.trainer.reward_guard import guard_reward_funcs
 
+        # bad rewards: an error naming the function
         self.reward_funcs = guard_reward_funcs(self.reward_funcs, self.reward_func_names)
+        # branch_prefix: every prompt TRL renders ends with it; checkpoints keep the plain template
+        if args.branch_prefix:
+            self.processing_class = training_processor(self.processing_class, args.branch_prefix)
+            if isinstance(self.chat_template, str):  # TRL's own template override (tools)
+                self.chat_template = prefixed_chat_template(self.chat_template, args.branch_prefix)
         if self.use_vllm and args.vllm_mode == "colocate":
             # every method, vanilla included: TRL sends image placeholders expanded, which vLLM 0.31
             # would expand again (ncgrpo.engines.vllm_multimodal); a no-op for text models
@@ -495,7 +501,7 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
     # Each override is a few lines delegating to the methods above; upgrading TRL means reading this.
     # ==============================================================================================
     def _generate_and_score_completions(self, inputs):
-        with branch_prefix_scope(self, self.args.branch_prefix), trl_checkpointing_calls():
+        with trl_checkpointing_calls():
             return self._nc_generate_and_score_completions(inputs)
 
     def _nc_generate_and_score_completions(self, inputs):

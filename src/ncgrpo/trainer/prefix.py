@@ -12,7 +12,8 @@ Two places see it, and nothing else changes:
   to a chat template, so every renderer of the prompt (TRL's generation and its loss forward, the
   probe, SFT encoding) produces the same tokens, prefix included, with no per-call-site plumbing;
   :func:`with_branch_prefix` applies it to a processor/tokenizer (a shallow copy; the original is
-  untouched);
+  untouched); :func:`training_processor` is the copy the trainer holds from construction on, whose
+  checkpoints keep the plain template;
 * the reward: :func:`prefix_completions` puts the prefix back in front of each completion before the
   reward functions and the format check read it, so ``<think>...</think>...\\boxed{}`` keeps its
   meaning although ``<think>`` is now part of the prompt.
@@ -24,12 +25,11 @@ evaluator explicitly to evaluate with it.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["branch_prefix_scope", "prefix_completions", "prefixed_chat_template", "with_branch_prefix"]
+__all__ = ["prefix_completions", "prefixed_chat_template", "training_processor", "with_branch_prefix"]
 
 _MARK = "{# ncgrpo branch_prefix #}"  # no whitespace control: the template's own output is untouched
 
@@ -111,22 +111,13 @@ def prefix_completions(completions: Sequence[Any], prefix: str) -> list[Any]:
     return out
 
 
-@contextlib.contextmanager
-def branch_prefix_scope(trainer: Any, prefix: str) -> Iterator[None]:
-    """Inside the block, ``trainer.processing_class`` (and TRL's ``trainer.chat_template`` override, if
-    set) render prompts with ``prefix``; restored on exit. Scoped rather than permanent so checkpoints
-    save the original chat template: a saved model is evaluated on the plain prompt unless asked."""
+def training_processor(processor: Any, prefix: str) -> Any:
+    """The processor a trainer renders prompts with: :func:`with_branch_prefix`'s copy, whose
+    ``save_pretrained`` is the original's, so every checkpoint (``Trainer._save``, hub pushes, FSDP
+    saves) keeps the plain template: a saved model is evaluated on the plain prompt unless asked.
+    Built once when the trainer is; ``""`` returns ``processor`` itself."""
     if not prefix:
-        yield
-        return
-    old_proc = trainer.processing_class
-    old_tmpl = getattr(trainer, "chat_template", None)
-    trainer.processing_class = with_branch_prefix(old_proc, prefix)
-    if isinstance(old_tmpl, str):
-        trainer.chat_template = prefixed_chat_template(old_tmpl, prefix)
-    try:
-        yield
-    finally:
-        trainer.processing_class = old_proc
-        if isinstance(old_tmpl, str):
-            trainer.chat_template = old_tmpl
+        return processor
+    out = with_branch_prefix(processor, prefix)
+    out.save_pretrained = processor.save_pretrained  # bound to the original: saves the plain template
+    return out
