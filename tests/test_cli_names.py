@@ -11,12 +11,12 @@ import pytest
 from ncgrpo.cli import build_parser, main
 from ncgrpo.config import NEGATED, RENAMED
 
-COMMANDS = ("train", "eval", "probe", "demo")
+COMMANDS = ("train", "eval", "probe", "demo", "pretrain", "compare", "plot gains", "plot dynamics")
 
 #: setting -> the commands that have it (each must spell it this way)
 SHARED = {
     "model_name_or_path": ("train", "eval", "probe", "demo"),
-    "output_dir": ("train", "eval", "demo"),
+    "output_dir": ("train", "eval", "demo", "pretrain", "compare", "plot gains", "plot dynamics"),
     "sigma0": ("train", "probe", "demo"),
     "noise_site": ("train", "probe", "demo"),
     "noise_layer_decay": ("train", "probe"),
@@ -32,8 +32,9 @@ SHARED = {
 
 def _flags(command: str) -> set[str]:
     """The options ``ncgrpo COMMAND --help`` lists, as field-style names (``--noise-site`` -> noise_site)."""
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    sub = build_parser()
+    for word in command.split():  # "plot gains": a subcommand of a subcommand
+        sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
     sub.format_help()  # builds the dataclass options of a lazily-configured command
     return {
         opt.lstrip("-").replace("-", "_")

@@ -529,7 +529,9 @@ def test_image_questions_for_a_text_only_model_are_refused_before_anything_is_wr
     m, tok = load_model_and_processor(model, device="cpu")
     lib_out = tmp_path / "lib"
     with pytest.raises(ValueError, match="text-only"):
-        evaluate(m, tok, _questions(suite_dir), lib_out, model_id="m", settings=DecodingSettings(max_new_tokens=2))
+        evaluate(
+            m, tok, _questions(suite_dir), lib_out, model_id="m", settings=DecodingSettings(max_new_tokens=2)
+        )
     assert not lib_out.exists()
 
 
@@ -552,7 +554,9 @@ def test_the_engine_is_part_of_the_identity_and_old_folders_read_as_transformers
         run_identity(model_id="m", engine="tgi")
 
 
-def test_engine_option_is_checked_before_anything_is_written(tiny_vl_dir, suite_dir, tmp_path, capsys) -> None:
+def test_engine_option_is_checked_before_anything_is_written(
+    tiny_vl_dir, suite_dir, tmp_path, capsys
+) -> None:
     import importlib.util
 
     out = tmp_path / "run"

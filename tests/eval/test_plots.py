@@ -110,7 +110,16 @@ def test_run_label_from_config(tmp_path):
 def test_plot_cli(tmp_path, capsys):
     ex = _examples()
     dirs = [str(d) for d in ex.write_eval_runs(tmp_path / "runs")]
-    argv = ["plot", "gains", "--runs", *dirs, "--baseline", "Vanilla GRPO", "--out", str(tmp_path / "o")]
+    argv = [
+        "plot",
+        "gains",
+        "--runs",
+        *dirs,
+        "--baseline",
+        "Vanilla GRPO",
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
     assert cli.main(argv) == 0
     assert (tmp_path / "o" / "gains.png").stat().st_size > 0 and (tmp_path / "o" / "gains.pdf").exists()
     train = [str(d) for d in ex.write_train_runs(tmp_path / "train")]
@@ -120,7 +129,7 @@ def test_plot_cli(tmp_path, capsys):
         "dynamics",
         "--train-dirs",
         *train,
-        "--out",
+        "--output_dir",
         o,
         "--val-key",
         "val/accuracy/geo3k",
@@ -128,7 +137,7 @@ def test_plot_cli(tmp_path, capsys):
     ]
     assert cli.main(argv) == 0
     assert (tmp_path / "o" / "dynamics.png").stat().st_size > 0
-    assert cli.main(["plot", "dynamics", "--train_dirs", *train, "--out", o, "--val_key", "nope"]) == 2
+    assert cli.main(["plot", "dynamics", "--train_dirs", *train, "--output_dir", o, "--val_key", "nope"]) == 2
     assert "ncgrpo plot dynamics: error: no run logs" in capsys.readouterr().err
 
 
@@ -140,7 +149,7 @@ def test_plot_dynamics_without_a_step_column_is_an_error(tmp_path, capsys):
     with pytest.raises(ValueError, match="numeric 'step'"):
         plot_dynamics([d], tmp_path / "o" / "dyn")
     assert not (tmp_path / "o").exists()
-    assert cli.main(["plot", "dynamics", "--train_dirs", str(d), "--out", str(tmp_path / "o")]) == 2
+    assert cli.main(["plot", "dynamics", "--train_dirs", str(d), "--output_dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ncgrpo plot dynamics: error:") and str(d / "metrics.jsonl") in err
 
@@ -336,7 +345,7 @@ def test_reward_is_faint_per_step_under_its_rolling_mean(tmp_path):
 def test_plot_cli_smooth_and_noise_panel(tmp_path, capsys):
     nc = write_metrics(tmp_path / "nc", train_rows(20, noise=ALL_NOISE))
     o = str(tmp_path / "o")
-    base = ["plot", "dynamics", "--train_dirs", str(nc), "--out", o]
+    base = ["plot", "dynamics", "--train_dirs", str(nc), "--output_dir", o]
     assert cli.main([*base, "--smooth", "1", "--no_noise_panel", "--name", "plain"]) == 0
     assert cli.main([*base, "--smooth", "5"]) == 0
     assert (tmp_path / "o" / "plain.png").exists() and (tmp_path / "o" / "dynamics.png").exists()

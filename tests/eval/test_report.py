@@ -295,7 +295,15 @@ def test_rich_output_has_every_number_untruncated(table1_dirs):
 
 def test_compare_cli_end_to_end(tmp_path, table1_dirs, capsys):
     out = tmp_path / "report"
-    argv = ["compare", "--runs", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+    argv = [
+        "compare",
+        "--runs",
+        *map(str, table1_dirs),
+        "--baseline",
+        "Vanilla GRPO",
+        "--output_dir",
+        str(out),
+    ]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
     assert "Reasoning benchmarks" in printed and "53.0*" in printed
@@ -323,7 +331,10 @@ def test_compare_cli_reads_a_config_file_and_flags_override_it(tmp_path, table1_
         json.dumps({"runs": [str(d) for d in table1_dirs], "baseline": "nope", "benchmarks": ["mathvista"]})
     )  # JSON is YAML
     out = tmp_path / "o"
-    assert cli.main(["compare", "--config", str(cfg), "--baseline", "Vanilla GRPO", "--out", str(out)]) == 0
+    assert (
+        cli.main(["compare", "--config", str(cfg), "--baseline", "Vanilla GRPO", "--output_dir", str(out)])
+        == 0
+    )
     data = json.loads((out / "comparison.json").read_text())
     assert data["baseline"] == "Vanilla GRPO"
     assert [c["key"] for c in data["main"]["columns"] if c["kind"] == "benchmark"] == ["mathvista"]
@@ -461,7 +472,10 @@ def test_rich_output_has_the_seed_level_tests_and_notes(three_seed_dirs):
 def test_compare_cli_writes_the_seed_level_tests(tmp_path, three_seed_dirs, capsys):
     dirs, _ = three_seed_dirs
     out = tmp_path / "report"
-    assert cli.main(["compare", "--runs", *map(str, dirs), "--baseline", "Vanilla", "--out", str(out)]) == 0
+    assert (
+        cli.main(["compare", "--runs", *map(str, dirs), "--baseline", "Vanilla", "--output_dir", str(out)])
+        == 0
+    )
     assert "Note: Steady (pooled OOD)" in capsys.readouterr().out
     assert "## Seed-level tests" in (out / "comparison.md").read_text()
     data = json.loads((out / "comparison.json").read_text())
@@ -506,7 +520,15 @@ def test_compare_out_is_a_report_folder_with_its_kind(tmp_path, table1_dirs, cap
     out = tmp_path / "report"
     assert (
         cli.main(
-            ["compare", "--runs", *map(str, table1_dirs), "--baseline", "Vanilla GRPO", "--out", str(out)]
+            [
+                "compare",
+                "--runs",
+                *map(str, table1_dirs),
+                "--baseline",
+                "Vanilla GRPO",
+                "--output_dir",
+                str(out),
+            ]
         )
         == 0
     )

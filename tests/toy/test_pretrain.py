@@ -399,7 +399,7 @@ def _cli(argv: list[str]) -> int:
 
 def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     out = tmp_path / "cli"
-    rc = _cli(["--out", str(out), "--size", "micro", "--steps", "2", "--pool", "geometry=8", "pope=4",
+    rc = _cli(["--output_dir", str(out), "--size", "micro", "--max_steps", "2", "--pool", "geometry=8", "pope=4",
                "--eval-limit", "1", "--group-size", "2", "--vision-warmup-steps", "2",
                "--focus-families", "pope", "--focus-steps", "2", "--final-steps", "1", "--late-lr", "2e-3",
                "--no-progress"])  # fmt: skip
@@ -413,25 +413,25 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     assert (data["focus_families"], data["focus_steps"], data["final_steps"], data["late_lr"]) == (
         ["pope"], 2, 1, 2e-3)  # fmt: skip
     assert len(data["losses"]) == 2 + 2 + 1
-    # a non-empty --out is refused, and so are a malformed --pool and bad values, as `ncgrpo pretrain: error:`
+    # a non-empty --output_dir is refused, and so are a malformed --pool and bad values, as `ncgrpo pretrain: error:`
     capsys.readouterr()
-    assert _cli(["--out", str(out), "--size", "micro", "--steps", "1"]) == 2
+    assert _cli(["--output_dir", str(out), "--size", "micro", "--max_steps", "1"]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--pool", "geometry:3"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--pool", "geometry:3"]) == 2
     assert "pool: expected FAMILY=N, got 'geometry:3'" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--vision-warmup-steps", "-1"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--vision-warmup-steps", "-1"]) == 2
     assert "ncgrpo pretrain: error: vision_warmup_steps must be >= 0" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--vision-lr-scale", "-1"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--vision-lr-scale", "-1"]) == 2
     assert "ncgrpo pretrain: error: vision_lr_scale must be >= 0" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--pool", "geometry=3"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--pool", "geometry=3"]) == 2
     assert "focus families ['colour_choice', 'pope'] have no items in the SFT pool" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--focus-families", "colour"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--focus-families", "colour"]) == 2
     assert "focus_families: unknown ['colour']" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--final-steps", "-2"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--final-steps", "-2"]) == 2
     assert "final_steps must be >= 0 (0 skips that phase)" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--late-lr", "0"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--late-lr", "0"]) == 2
     assert "late_lr must be > 0" in capsys.readouterr().err
-    assert _cli(["--out", str(tmp_path / "new"), "--size", "huge"]) == 2
+    assert _cli(["--output_dir", str(tmp_path / "new"), "--size", "huge"]) == 2
     assert "argument --size: invalid choice: 'huge'" in capsys.readouterr().err
     assert _cli(["--size", "micro"]) == 2
     assert "the following arguments are required: --out" in capsys.readouterr().err
@@ -441,7 +441,7 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     from ncgrpo.config import ConfigParser
 
     (cfg,) = ConfigParser([pt.PretrainConfig]).parse_args_and_config(["--config", str(conf), "--steps", "7"])
-    assert (cfg.out, cfg.pool_counts(), cfg.steps) == (tmp_path / "new", {"geometry": 3}, 7)
+    assert (cfg.output_dir, cfg.pool_counts(), cfg.max_steps) == (tmp_path / "new", {"geometry": 3}, 7)
 
 
 # ------------------------------------------------------------------------ committed checkpoint

@@ -17,7 +17,7 @@ DESCRIPTION = (
     "questions are their only source of variance); with several seeds a configuration also gets the "
     "seed-level test, a paired t-test over training seeds of its accuracy difference (with a hierarchical "
     "bootstrap interval), beside the baseline's seed-to-seed difference as a reference and a note where the "
-    "two tests disagree. Prints the tables; with --out also writes comparison.md, comparison.tex, "
+    "two tests disagree. Prints the tables; with --output_dir also writes comparison.md, comparison.tex, "
     "comparison.json."
 )
 
@@ -63,8 +63,8 @@ class CompareArgs:
     benchmarks: list[str] | None = field(
         default=None, metadata={"help": "benchmarks to show (columns, in this order); none: all"}
     )
-    out: str | None = field(
-        default=None, metadata={"help": "write comparison.{md,tex,json} into this folder"}
+    output_dir: str | None = field(
+        default=None, metadata={"help": "write comparison.{md,tex,json} into this folder (was --out)"}
     )
 
     def __post_init__(self) -> None:
@@ -72,10 +72,14 @@ class CompareArgs:
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
-        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
-            raise UsageError(f"--out {self.out} exists and is not a folder")
-        if self.out is not None:
-            check_report_folder(self.out, "ncgrpo compare")
+        if (
+            self.output_dir is not None
+            and Path(self.output_dir).exists()
+            and not Path(self.output_dir).is_dir()
+        ):
+            raise UsageError(f"--output_dir {self.output_dir} exists and is not a folder")
+        if self.output_dir is not None:
+            check_report_folder(self.output_dir, "ncgrpo compare")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -88,8 +92,8 @@ def run(args: CompareArgs) -> int:
 
     ct = compare(load_runs(args.runs), args.baseline, args.benchmarks)
     print_rich(ct)
-    if args.out is not None:
-        with report_folder(args.out, "ncgrpo compare") as out:
+    if args.output_dir is not None:
+        with report_folder(args.output_dir, "ncgrpo compare") as out:
             atomic_write_text(out / "comparison.md", to_markdown(ct))
             atomic_write_text(out / "comparison.tex", to_latex(ct))
             atomic_write_json(out / "comparison.json", json.loads(json.dumps(ct.to_json(), default=str)))

@@ -21,9 +21,9 @@ def _stem(name: str) -> str:
 
 def _out_folder(out: str) -> str:
     if not str(out).strip():
-        raise UsageError("--out is empty")
+        raise UsageError("--output_dir is empty")
     if Path(out).exists() and not Path(out).is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+        raise UsageError(f"--output_dir {out} exists and is not a folder")
     check_report_folder(out, "ncgrpo plot")
     return out
 
@@ -34,7 +34,7 @@ class GainsArgs:
 
     runs: list[str] = field(metadata={"help": "evaluation run folders, space-separated"})
     baseline: str = field(metadata={"help": "configuration name (run.json `name`) to compare against"})
-    out: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf"})
+    output_dir: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf (was --out)"})
     benchmarks: list[str] | None = field(default=None, metadata={"help": "benchmarks to show, in this order"})
     name: str = field(default="gains", metadata={"help": "file stem"})
 
@@ -43,7 +43,7 @@ class GainsArgs:
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
-        self.out = _out_folder(self.out)
+        self.output_dir = _out_folder(self.output_dir)
         self.name = _stem(self.name)
 
 
@@ -54,7 +54,7 @@ class DynamicsArgs:
     train_dirs: list[str] = field(
         metadata={"help": "training run folders holding metrics.jsonl, space-separated"}
     )
-    out: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf"})
+    output_dir: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf (was --out)"})
     reward_key: str = field(default="reward", metadata={"help": "metric plotted on top"})
     val_key: list[str] = field(
         default_factory=lambda: ["val/accuracy"],
@@ -86,7 +86,7 @@ class DynamicsArgs:
         if self.smooth < 1:
             raise UsageError(f"--smooth {self.smooth}: give a window of at least 1 step (1: no smoothing)")
         self.val_key = names_list(self.val_key, "--val_key")
-        self.out = _out_folder(self.out)
+        self.output_dir = _out_folder(self.output_dir)
         self.name = _stem(self.name)
 
 
@@ -122,7 +122,7 @@ def run_gains(args: GainsArgs) -> int:
     from ncgrpo.eval.report import load_runs
 
     runs = load_runs(args.runs)
-    with report_folder(args.out, "ncgrpo plot gains") as out:
+    with report_folder(args.output_dir, "ncgrpo plot gains") as out:
         paths = plot_gains(runs, args.baseline, out / args.name, benchmarks=args.benchmarks)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
@@ -131,7 +131,7 @@ def run_gains(args: GainsArgs) -> int:
 def run_dynamics(args: DynamicsArgs) -> int:
     from ncgrpo.eval.plots import plot_dynamics
 
-    with report_folder(args.out, "ncgrpo plot dynamics") as out:
+    with report_folder(args.output_dir, "ncgrpo plot dynamics") as out:
         paths = plot_dynamics(
             args.train_dirs,
             out / args.name,

@@ -1,4 +1,4 @@
-"""``ncgrpo pretrain --out DIR [--config pretrain.yaml] [--FIELD VALUE ...]``: build the embedded base model.
+"""``ncgrpo pretrain --output_dir DIR [--config pretrain.yaml] [--FIELD VALUE ...]``: build the embedded base model.
 
 Argument parsing only: every field of :class:`ncgrpo.toy.pretrain.PretrainConfig` is a flag and a config
 key (``ncgrpo pretrain --help``); the work is :func:`ncgrpo.toy.pretrain.run_pretrain`.
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = args.parsed_config.build(PretrainConfig)
     console = Console()
     with tqdm(
-        total=cfg.steps + cfg.focus_steps + cfg.final_steps,
+        total=cfg.max_steps + cfg.focus_steps + cfg.final_steps,
         desc="pretrain",
         unit="step",
         disable=not cfg.progress,
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     params = report.parameters
     console.print(
-        f"saved {cfg.out} | {params['total']:,} parameters (vision {params.get('vision', 0):,}) | "
+        f"saved {cfg.output_dir} | {params['total']:,} parameters (vision {params.get('vision', 0):,}) | "
         f"{report.checkpoint_bytes / 1e6:.1f} MB | train {report.train_time_s:.0f} s, "
         f"total {report.wall_time_s:.0f} s | final loss {report.losses[-1]:.3f}"
     )

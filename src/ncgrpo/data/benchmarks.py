@@ -1110,7 +1110,7 @@ def _from_hub(spec: BenchmarkSpec, split: str):
         raise BenchmarkDataError(
             f"{spec.name}: could not load {spec.hub_id} (split '{split}') from the datasets cache "
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Download it where "
-            f"there is network, or pass --data-dir/path pointing at a folder with "
+            f"there is network, or pass --data_dir/path pointing at a folder with "
             f"{_expected_layout(spec, split)} (see docs/benchmarks-data.md)."
         ) from exc
     ctx = RowContext(benchmark=spec.name, label=label, split=split, base_dir=None)

@@ -18,7 +18,7 @@ Every command writes its outputs into one folder; this module is the one place t
 Every folder a command writes has a kind (:data:`KINDS`), recorded as ``run.json``'s ``kind``: ``train``
 (``ncgrpo train`` and each of a demo's training runs), ``eval`` (``ncgrpo eval``, a demo's evaluations),
 ``demo`` (a demo's root), ``pretrain`` (``ncgrpo pretrain``'s model folder) and ``report`` (``compare
---out``, ``plot --out``). A writer claims its folder with ``FolderLock(folder, what, kind=...)``: a folder
+--output_dir``, ``plot --output_dir``). A writer claims its folder with ``FolderLock(folder, what, kind=...)``: a folder
 of another kind (:func:`folder_kind`, which also infers the kind of folders written before kinds were
 recorded) or one another process holds is refused before anything is written, naming what was found.
 
@@ -76,7 +76,7 @@ KINDS: dict[str, str] = {
     "eval": "an evaluation (ncgrpo eval: run.json + records.jsonl)",
     "demo": "a demo's output folder (ncgrpo demo)",
     "pretrain": "a base model built by ncgrpo pretrain",
-    "report": "tables and figures (ncgrpo compare --out / ncgrpo plot --out)",
+    "report": "tables and figures (ncgrpo compare --output_dir / ncgrpo plot --output_dir)",
     "model": "a saved model (config.json and weights) that no ncgrpo command wrote",
 }
 

@@ -1002,11 +1002,13 @@ def ensure_base_model(cache_dir: str | os.PathLike | None = None, *, use_asset: 
 class PretrainConfig:
     """What ``ncgrpo pretrain`` runs: :func:`pretrain`'s settings, one flag (and config key) each."""
 
-    out: Path = field(
-        metadata={"help": "output folder (model, processor, pretrain.json); must be new or empty"}
+    output_dir: Path = field(
+        metadata={"help": "output folder (model, processor, pretrain.json); must be new or empty (was --out)"}
     )
     seed: int = field(default=0, metadata={"help": "initialisation / data-order / SFT-pool seed"})
-    steps: int = field(default=DEFAULT_STEPS, metadata={"help": "optimiser steps"})
+    max_steps: int = field(
+        default=DEFAULT_STEPS, metadata={"help": "optimiser steps of the mixed phase (was --steps)"}
+    )
     size: str = field(
         default="tiny",
         metadata={
@@ -1063,7 +1065,7 @@ class PretrainConfig:
     progress: bool = field(default=True, metadata={"help": "progress bar (--no_progress: none)"})
 
     def __post_init__(self) -> None:
-        self.out = Path(self.out)
+        self.output_dir = Path(self.output_dir)
         if self.size not in SIZES:
             raise ValueError(f"size {self.size!r} is unknown; choose one of {', '.join(sorted(SIZES))}")
         for name in ("batch_size", "group_size", "num_threads"):
@@ -1072,7 +1074,7 @@ class PretrainConfig:
         if self.eval_limit is not None and self.eval_limit < 1:
             raise ValueError(f"eval_limit must be >= 1 or null, got {self.eval_limit}")
         _check_recipe(
-            steps=self.steps,
+            steps=self.max_steps,
             vision_warmup_steps=self.vision_warmup_steps,
             vision_lr_scale=self.vision_lr_scale,
             pool=self.pool_counts() or DEFAULT_POOL,  # raises on a malformed --pool entry
@@ -1101,20 +1103,20 @@ class PretrainConfig:
 
 
 def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | None = None) -> PretrainReport:
-    """:func:`pretrain` with ``cfg``'s settings, into a new or empty ``cfg.out``, holding its lock
+    """:func:`pretrain` with ``cfg``'s settings, into a new or empty ``cfg.output_dir``, holding its lock
     (:class:`ncgrpo.runs.folder.FolderLock`, kind ``pretrain``: a second pretrain into it fails at once,
     naming the first). Only the lock file and a ``run.json`` of an interrupted pretrain may be there."""
     from ncgrpo.runs.folder import LOCK_FILE, RUN_FILE, FolderLock, atomic_write_json
 
-    lock = FolderLock(cfg.out, "ncgrpo pretrain", kind="pretrain")
+    lock = FolderLock(cfg.output_dir, "ncgrpo pretrain", kind="pretrain")
     lock.check()
     ours = {LOCK_FILE, RUN_FILE}
-    if cfg.out.is_dir() and any(p.name not in ours for p in cfg.out.iterdir()):
-        raise ValueError(f"{cfg.out} exists and is not empty; pass a new --out folder")
+    if cfg.output_dir.is_dir() and any(p.name not in ours for p in cfg.output_dir.iterdir()):
+        raise ValueError(f"{cfg.output_dir} exists and is not empty; pass a new --output_dir folder")
     with lock:
-        atomic_write_json(cfg.out / RUN_FILE, {"kind": "pretrain", "finished": False})
+        atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "pretrain", "finished": False})
         report = _run_pretrain(cfg, progress)
-        atomic_write_json(cfg.out / RUN_FILE, {"kind": "pretrain", "finished": True})
+        atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "pretrain", "finished": True})
     return report
 
 
@@ -1124,9 +1126,9 @@ def _run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | 
     if pool is not None:
         extra["pool"] = pool
     return pretrain(
-        cfg.out,
+        cfg.output_dir,
         seed=cfg.seed,
-        steps=cfg.steps,
+        steps=cfg.max_steps,
         size=cfg.size,
         batch_size=cfg.batch_size,
         vision_warmup_steps=cfg.vision_warmup_steps,
