@@ -213,7 +213,7 @@ def test_hub_failure_tells_to_pass_a_path(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     with pytest.raises(
-        BenchmarkDataError, match=r"could not load AI4Math/MathVerse.*--data-dir.*testmini\.parquet"
+        BenchmarkDataError, match=r"could not load AI4Math/MathVerse.*--data_dir.*testmini\.parquet"
     ):
         load_benchmark("mathverse")
     assert seen["args"] == ("AI4Math/MathVerse", "testmini", "testmini")
