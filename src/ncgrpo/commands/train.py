@@ -337,6 +337,8 @@ MAY_CHANGE_ON_RESUME = frozenset(
         "eval_dataset_splits",
         "eval_dataset_limit",
         "marginal_tv_draws",
+        # one prefill per group or one per row: the same rollouts up to float rounding (issue 24)
+        "share_prompt_prefill",
     }
 )
 #: Settings inherited from TRL / transformers that change a run (the rest of theirs: logging, saving,
