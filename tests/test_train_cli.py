@@ -122,6 +122,22 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     assert not (out / "metrics.jsonl").exists()
 
 
+def test_a_dry_run_into_a_finished_run_leaves_its_files_as_they_were(
+    tmp_path: Path, geo3k: Path, capsys
+) -> None:
+    """A dry run checks a config against a folder; it must not rewrite the run that folder holds (it
+    used to replace config.yaml and run.json, dropping ``finished: true``)."""
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, "/m", "--dry-run", "--seed", "7")) == 0
+    run = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**run, "finished": True, "global_step": 2}))
+    before = {f: (out / f).read_bytes() for f in ("run.json", "config.yaml")}
+    capsys.readouterr()
+    assert main(_args(out, geo3k, "/m", "--dry-run", "--seed", "8", "--sigma0", "0.4")) == 0
+    assert "holds a run" in capsys.readouterr().err
+    assert {f: (out / f).read_bytes() for f in before} == before
+
+
 def test_dry_run_of_a_paper_recipe_needs_no_gpu(tmp_path: Path, geo3k: Path, capsys) -> None:
     """bf16 recipes resolve and build their dataset on a CPU: the dry run does not build NCGRPOConfig."""
     out = tmp_path / "run"

@@ -434,7 +434,8 @@ def prepare_run(
     ``resume`` continues from the newest COMPLETE checkpoint
     (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
     Then the main process takes the folder's lock (held until :meth:`RunPlan.release`, which
-    :func:`execute_run` calls), builds the datasets and writes ``config.yaml`` and ``run.json``.
+    :func:`execute_run` calls), builds the datasets and writes ``config.yaml`` and ``run.json`` (a dry
+    run into a folder that already holds a run leaves both as they are).
     """
     from accelerate import PartialState
 
@@ -520,7 +521,14 @@ def prepare_run(
             train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
         if training_args is not None:
             _check_before_the_model(training_args, model_args, train_ds)
-        if state.is_main_process:
+        # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
+        # say what that run was, finished or not); into a new folder it writes the resolved config
+        keep = dry_run and (previous is not None or bool(any_checkpoint))
+        if keep:
+            notes.append(
+                f"dry run: {output_dir} holds a run; its {CONFIG_FILE} and {RUN_FILE} are left as they are"
+            )
+        if state.is_main_process and not keep:
             atomic_write_text(output_dir / CONFIG_FILE, parsed.to_yaml())
             atomic_write_json(output_dir / RUN_FILE, run_info)
     except BaseException:
