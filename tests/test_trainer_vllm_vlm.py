@@ -18,12 +18,6 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
-try:  # where vLLM is, a missing torchvision is an error, not a skip: these tests would never run
-    import torchvision  # noqa: F401
-except ImportError as e:
-    raise ImportError(
-        "vLLM's Qwen2-VL models import torchvision, absent from this environment: rerun scripts/setup_vllm.sh"
-    ) from e
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402

@@ -360,11 +360,10 @@ def test_real_engine_expands_the_sent_image_to_the_trainers_token_count(tmp_path
     pytest.importorskip("vllm")
     import os
 
-    import torchvision  # noqa: F401  (where vLLM is, its absence is an error: vLLM's Qwen2-VL imports it)
     from transformers import AutoProcessor
     from vllm import LLM, SamplingParams
 
-    from vlm_fixtures import image_chat, save_vllm_qwen2_5_vl
+    from vlm_fixtures import image_chat, save_vllm_qwen2_5_vl  # a missing torchvision is an error there
 
     model_dir = save_vllm_qwen2_5_vl(tmp_path / "model")
     trainer = AutoProcessor.from_pretrained(model_dir, min_pixels=5000, max_pixels=8000)

