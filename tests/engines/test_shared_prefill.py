@@ -216,6 +216,15 @@ def test_branch_point_detection_and_the_generate_patch():
     assert "generate" not in model.__dict__
     assert [(c.shared, c.unique) for c in calls] == [(True, len(TEXTS)), (False, len(TEXTS))]
     assert "no two consecutive rows" in calls[1].reason
+    # more positional arguments than input_ids: the plain generate, with every keyword argument kept
+    from transformers import GenerationConfig
+
+    with share_prompt_prefill(model) as calls, torch.no_grad():
+        out = model.generate(
+            inputs["input_ids"], GenerationConfig(do_sample=False), attention_mask=inputs["attention_mask"],
+            max_new_tokens=3,
+        )  # fmt: skip
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 3 and calls == []
     with share_prompt_prefill(model, enabled=False) as calls:
         assert "generate" not in model.__dict__
     assert calls == []

@@ -813,10 +813,10 @@ def share_prompt_prefill(model: nn.Module, enabled: bool = True) -> Iterator[lis
     original = top.generate
 
     def generate(*args: Any, **kwargs: Any):
+        if len(args) > 1:  # more positional arguments than input_ids: the plain path, every argument kept
+            return original(*args, **kwargs)
         if args:  # generate(input_ids, ...) positionally
-            kwargs = {"input_ids": args[0], **kwargs} if len(args) == 1 else None
-        if kwargs is None:
-            return original(*args)
+            kwargs = {"input_ids": args[0], **kwargs}
         out = shared_prefill_generate(top, original, **kwargs)
         calls.append(top._ncgrpo_last_shared)
         return out
