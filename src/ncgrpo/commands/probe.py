@@ -263,13 +263,9 @@ def check_images(model: str, questions) -> None:
     tokens reach the model (``eval`` and ``demo`` refuse this too)."""
     if not any(getattr(q, "images", None) for q in questions):
         return
-    try:
-        from transformers import AutoConfig
+    from ncgrpo.eval.evaluate import config_reads_images  # None: unreadable here, the loader says why
 
-        config = AutoConfig.from_pretrained(model)
-    except Exception:  # noqa: BLE001 - unreadable here: the loader says why
-        return
-    if getattr(config, "vision_config", None) is None:
+    if config_reads_images(model) is False:
         first = next(q for q in questions if getattr(q, "images", None))
         raise UsageError(
             f"--model_name_or_path {model} is a text-only model (its config.json has no vision_config) but "
