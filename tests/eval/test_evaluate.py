@@ -186,7 +186,6 @@ def test_vllm_prompts_are_the_transformers_engines_prompts(tiny_vl_dir, suite_di
     """``--engine vllm``'s requests, built without vLLM: a vision-language model gets the rendered chat
     text the transformers engine feeds its processor plus each question's images (RGB) as
     ``multi_modal_data``; a text model gets the token ids transformers' ``generate`` is fed."""
-    from ncgrpo.eval.evaluate import _render
     from ncgrpo.eval.vllm_engine import vllm_prompts
     from ncgrpo.models import load_processor
     from tiny_models import build_tokenizer
@@ -197,7 +196,7 @@ def test_vllm_prompts_are_the_transformers_engines_prompts(tiny_vl_dir, suite_di
     got = vllm_prompts(proc, qs, settings, vision_language=True)
     for q, p in zip(qs, got, strict=True):
         msgs = build_messages(q, system_prompt="be brief", math_prompt=settings.math_prompt)
-        assert p["prompt"] == _render(proc, msgs)
+        assert p["prompt"] == proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         images = p["multi_modal_data"]["image"]
         assert len(images) == len(q.images) >= 1 and all(im.mode == "RGB" for im in images)
         assert [im.size for im in images] == [im.size for im in q.images]
@@ -210,7 +209,8 @@ def test_vllm_prompts_are_the_transformers_engines_prompts(tiny_vl_dir, suite_di
     tok = build_tokenizer()
     ids = [p["prompt_token_ids"] for p in vllm_prompts(tok, text_q, settings, vision_language=False)]
     for q, i in zip(text_q, ids, strict=True):
-        text = _render(tok, build_messages(q, system_prompt="be brief", math_prompt=settings.math_prompt))
+        msgs = build_messages(q, system_prompt="be brief", math_prompt=settings.math_prompt)
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         assert i == tok(text, add_special_tokens=False)["input_ids"] and len(i) > 5
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ncgrpo.data.types import MATH_PROMPT, Question
 
-__all__ = ["IMAGE_PLACEHOLDER", "build_messages", "prompt_hash", "prompt_text"]
+__all__ = ["IMAGE_PLACEHOLDER", "build_messages", "prompt_hash", "prompt_text", "render_prompt"]
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -60,6 +60,20 @@ def build_messages(
         messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
     messages.append({"role": "user", "content": parts})
     return messages
+
+
+def render_prompt(
+    processor: Any,
+    q: Question,
+    *,
+    system_prompt: str | None = None,
+    math_prompt: str = MATH_PROMPT,
+) -> str:
+    """The chat text a model is prompted with for ``q``: :func:`build_messages` through the processor's
+    chat template, generation prompt added, not tokenized. Both evaluation engines render with it, so
+    their prompts cannot drift apart."""
+    messages = build_messages(q, system_prompt=system_prompt, math_prompt=math_prompt)
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def _canonical(obj: Any) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ncgrpo.data.prompts import build_messages, prompt_hash
+from ncgrpo.data.prompts import build_messages, prompt_hash, render_prompt
 from ncgrpo.data.types import MATH_PROMPT, Question
 from ncgrpo.eval.records import (
     RECORDS_FILE,
@@ -179,20 +179,15 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
         atomic_write_json(out_dir / RUN_FILE, merged)
 
 
-def _render(processor: Any, messages: list[dict[str, Any]]) -> str:
-    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
 @torch.no_grad()
 def generate_greedy(
     model: Any, processor: Any, questions: Sequence[Question], settings: DecodingSettings
 ) -> list[str]:
     """Greedy completions for one batch of questions (left-padded, one ``generate`` call)."""
-    messages = [
-        build_messages(q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt)
+    texts = [
+        render_prompt(processor, q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt)
         for q in questions
     ]
-    texts = [_render(processor, m) for m in messages]
     tok = tokenizer_of(processor)
     has_images = any(q.images for q in questions)
     if has_images:

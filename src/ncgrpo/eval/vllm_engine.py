@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ncgrpo.data.prompts import build_messages
+from ncgrpo.data.prompts import render_prompt
 from ncgrpo.data.types import Question
 from ncgrpo.models import is_vision_language, load_processor, resolve_dtype, tokenizer_of
 
@@ -55,13 +55,6 @@ _UNMIRRORED = ("no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begi
                "forced_bos_token_id", "forced_eos_token_id", "sequence_bias", "min_new_tokens")  # fmt: skip
 
 
-def _render(processor: Any, question: Question, settings: _Settings) -> str:
-    messages = build_messages(
-        question, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
-    )
-    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
 def vllm_prompts(
     processor: Any, questions: Sequence[Question], settings: _Settings, *, vision_language: bool
 ) -> list[dict[str, Any]]:
@@ -73,7 +66,9 @@ def vllm_prompts(
     tok = tokenizer_of(processor)
     out: list[dict[str, Any]] = []
     for q in questions:
-        text = _render(processor, q, settings)
+        text = render_prompt(
+            processor, q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt
+        )
         if q.images and not vision_language:
             raise ValueError(f"{q.uid}: the question has images but the model is text-only")
         if vision_language:
