@@ -215,19 +215,10 @@ def _normalize(s: str) -> str:
     return s
 
 
-def _balanced(s: str) -> bool:
+def _balanced(s: str, opening: str = "{", closing: str = "}") -> bool:
     depth = 0
     for c in s:
-        depth += (c == "{") - (c == "}")
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-def _parens_balanced(s: str) -> bool:
-    depth = 0
-    for c in s:
-        depth += (c == "(") - (c == ")")
+        depth += (c == opening) - (c == closing)
         if depth < 0:
             return False
     return depth == 0
@@ -253,7 +244,7 @@ def _literal(s: str) -> _Literal | None:
     """A plain number, ``a/b`` or ``\\frac{a}{b}`` as an exact value; None for anything else."""
     s = s.replace(" ", "")
     for _ in range(4):  # (\frac{1}{2}), \left(5\right): parentheses around one number group nothing
-        if len(s) > 2 and s[0] == "(" and s[-1] == ")" and "," not in s and _parens_balanced(s[1:-1]):
+        if len(s) > 2 and s[0] == "(" and s[-1] == ")" and "," not in s and _balanced(s[1:-1], "(", ")"):
             s = s[1:-1]
     if _NUM_RE.fullmatch(s):
         mantissa, _, exponent = s.lower().partition("e")

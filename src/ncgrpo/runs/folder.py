@@ -421,13 +421,17 @@ class FolderLock:
             "wait for it to finish or use another output folder"
         )
 
-    def check(self) -> None:
-        """Refuse now what :meth:`acquire` would refuse (a file, another kind, another holder); writes
-        nothing."""
+    def _check_target(self) -> None:
+        """A file, or a folder of another kind, is refused (:func:`check_folder_kind`)."""
         if self.kind is not None:
             check_folder_kind(self.folder, self.kind, self.what)
         elif self.folder.exists() and not self.folder.is_dir():
             raise FolderKindError(f"{self.folder} is a file, not a folder; pass a folder path")
+
+    def check(self) -> None:
+        """Refuse now what :meth:`acquire` would refuse (a file, another kind, another holder); writes
+        nothing."""
+        self._check_target()
         holder = self.holder()
         if holder is not None:
             raise self._busy_error(holder)
@@ -460,10 +464,7 @@ class FolderLock:
             FolderLock._held[key] += 1
             self._key = key
             return
-        if self.kind is not None:
-            check_folder_kind(self.folder, self.kind, self.what)
-        elif self.folder.exists() and not self.folder.is_dir():
-            raise FolderKindError(f"{self.folder} is a file, not a folder; pass a folder path")
+        self._check_target()
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -502,10 +503,6 @@ class FolderLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor releases the flock
             self._fd = None
-
-    @property
-    def held(self) -> bool:
-        return self._key is not None
 
     def __enter__(self) -> FolderLock:
         self.acquire()
