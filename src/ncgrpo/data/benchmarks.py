@@ -285,79 +285,113 @@ _DIRECT_ANSWER = re.compile(r"\s*Please answer directly[^\n]*$", re.IGNORECASE)
 # --------------------------------------------------------------------------------------------------
 
 Converter = Callable[[Iterable[tuple[int, dict[str, Any]]], RowContext], list[Question]]
+#: One row to its question (None: the row belongs to another split and is skipped).
+RowConverter = Callable[[int, dict[str, Any], RowContext], Question | None]
 
 
-def _convert_geo3k(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowContext) -> list[Question]:
-    """Rows in the geo3k schema (real or synthetic) to questions; errors name row and field.
+def _per_row(convert: RowConverter) -> Converter:
+    """The converter that applies ``convert`` to each ``(index, row)`` and keeps what it returns."""
+
+    def convert_rows(rows: Iterable[tuple[int, dict[str, Any]]], ctx: RowContext) -> list[Question]:
+        return [q for i, row in rows if (q := convert(i, row, ctx)) is not None]
+
+    return convert_rows
+
+
+def _question(
+    ctx: RowContext,
+    qid: str,
+    problem: str,
+    answer: str,
+    images: list[Any],
+    answer_type: AnswerType,
+    **fields: Any,
+) -> Question:
+    """A question of benchmark ``ctx.benchmark``; ``fields`` are the other :class:`Question` fields."""
+    return Question(
+        benchmark=ctx.benchmark,
+        question_id=qid,
+        problem=problem,
+        answer=answer,
+        images=images,
+        answer_type=answer_type,
+        **fields,
+    )
+
+
+def _choice_question(
+    ctx: RowContext, qid: str, stem: str, choices: list[str], letter: str, images: list[Any], **fields: Any
+) -> Question:
+    """A multiple-choice question: ``stem`` with its options listed (:func:`format_choice_problem`)."""
+    problem = format_choice_problem(stem, choices)
+    return _question(ctx, qid, problem, letter, images, "choice", choices=choices, **fields)
+
+
+def _geo3k_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    """A row in the geo3k schema (real or synthetic) to a question; errors name row and field.
 
     The synthetic suite's extra columns ``family``, ``role`` and ``answer_type`` are read when present.
     """
-
-    out = []
-    for i, row in rows:
-        images = ctx.images(row, i, "images")
-        if not images:
-            raise ctx.error(i, "field 'images' is empty")
-        problem = ctx.text(row, i, "problem")
-        answer = ctx.text(row, i, "answer")
-        n_marks = problem.count(IMAGE_PLACEHOLDER)
-        if n_marks and n_marks != len(images):
-            raise ctx.error(
-                i,
-                f"field 'problem' has {n_marks} '<image>' placeholders but field 'images' has {len(images)}",
-            )
-
-        family = ctx.optional(row, "family")
-        benchmark = f"synthetic/{family}" if family else ctx.benchmark
-        role = ctx.optional(row, "role", "in_domain")
-        if role not in _ROLES:
-            raise ctx.error(i, f"field 'role' should be one of {sorted(_ROLES)}, got {role!r}")
-        hub_choices = [str(c) for c in (ctx.optional(row, "choices") or [])]
-        ground_truth = ctx.optional(row, "ground_truth")
-
-        answer_type = ctx.optional(row, "answer_type") or infer_answer_type(answer)
-        if answer_type not in _ANSWER_TYPES:
-            raise ctx.error(
-                i, f"field 'answer_type' should be one of {sorted(_ANSWER_TYPES)}, got {answer_type!r}"
-            )
-        choices = None
-        if answer_type == "choice":
-            if not hub_choices:
-                raise ctx.error(i, "field 'choices' is empty but answer_type is 'choice'")
-            choices = hub_choices
-            gt = str(ground_truth or "").strip().upper()
-            answer = (
-                gt
-                if len(gt) == 1 and gt in LETTERS[: len(choices)]
-                else gold_letter(answer, choices, ctx, i, by="text")
-            )
-        elif answer_type == "yesno":
-            answer = answer.lower()
-            if answer not in {"yes", "no"}:
-                raise ctx.error(
-                    i, f"field 'answer' should be 'yes' or 'no' for answer_type 'yesno', got {answer!r}"
-                )
-
-        qid = ctx.optional(row, "question_id", ctx.optional(row, "id"))
-        out.append(
-            Question(
-                benchmark=str(benchmark),
-                question_id=str(qid) if qid is not None else str(i),
-                problem=problem,
-                answer=answer,
-                images=images,
-                choices=choices,
-                answer_type=answer_type,
-                role=role,
-                metadata={
-                    "split": ctx.split,
-                    "choices": hub_choices or None,
-                    "ground_truth": ground_truth,
-                    **({"family": family} if family else {}),
-                },
-            )
+    images = ctx.images(row, i, "images")
+    if not images:
+        raise ctx.error(i, "field 'images' is empty")
+    problem = ctx.text(row, i, "problem")
+    answer = ctx.text(row, i, "answer")
+    n_marks = problem.count(IMAGE_PLACEHOLDER)
+    if n_marks and n_marks != len(images):
+        raise ctx.error(
+            i,
+            f"field 'problem' has {n_marks} '<image>' placeholders but field 'images' has {len(images)}",
         )
-    return out
+
+    family = ctx.optional(row, "family")
+    benchmark = f"synthetic/{family}" if family else ctx.benchmark
+    role = ctx.optional(row, "role", "in_domain")
+    if role not in _ROLES:
+        raise ctx.error(i, f"field 'role' should be one of {sorted(_ROLES)}, got {role!r}")
+    hub_choices = [str(c) for c in (ctx.optional(row, "choices") or [])]
+    ground_truth = ctx.optional(row, "ground_truth")
+
+    answer_type = ctx.optional(row, "answer_type") or infer_answer_type(answer)
+    if answer_type not in _ANSWER_TYPES:
+        raise ctx.error(
+            i, f"field 'answer_type' should be one of {sorted(_ANSWER_TYPES)}, got {answer_type!r}"
+        )
+    choices = None
+    if answer_type == "choice":
+        if not hub_choices:
+            raise ctx.error(i, "field 'choices' is empty but answer_type is 'choice'")
+        choices = hub_choices
+        gt = str(ground_truth or "").strip().upper()
+        answer = (
+            gt
+            if len(gt) == 1 and gt in LETTERS[: len(choices)]
+            else gold_letter(answer, choices, ctx, i, by="text")
+        )
+    elif answer_type == "yesno":
+        answer = answer.lower()
+        if answer not in {"yes", "no"}:
+            raise ctx.error(
+                i, f"field 'answer' should be 'yes' or 'no' for answer_type 'yesno', got {answer!r}"
+            )
+
+    qid = ctx.optional(row, "question_id", ctx.optional(row, "id"))
+    return Question(
+        benchmark=str(benchmark),
+        question_id=str(qid) if qid is not None else str(i),
+        problem=problem,
+        answer=answer,
+        images=images,
+        choices=choices,
+        answer_type=answer_type,
+        role=role,
+        metadata={
+            "split": ctx.split,
+            "choices": hub_choices or None,
+            "ground_truth": ground_truth,
+            **({"family": family} if family else {}),
+        },
+    )
 
 
 #: HallusionBench split that reproduces the paper's question count (docs/benchmarks-data.md,
@@ -368,7 +402,7 @@ HALLUSION_PAPER_SPLIT = "image_paper"
 
 
 def _convert_hallusionbench(rows, ctx: RowContext) -> list[Question]:
-    out = _convert_hallusionbench_rows(rows, ctx)
+    out = _per_row(_hallusionbench_row)(rows, ctx)
     if ctx.split != HALLUSION_PAPER_SPLIT:
         return out
     by_id: dict[str, Question] = {}
@@ -380,41 +414,33 @@ def _convert_hallusionbench(rows, ctx: RowContext) -> list[Question]:
     return list(by_id.values())
 
 
-def _convert_hallusionbench_rows(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        if ctx.split != "non_image" and str(row.get("visual_input", "")) == "0":
-            continue  # the GitHub json holds both splits; its no-image rows are the non_image split
-        question = ctx.text(row, i, "question")
-        gt = ctx.text(row, i, "gt_answer")
-        if gt not in {"0", "1"}:
-            raise ctx.error(i, f"field 'gt_answer' should be '0' or '1', got {gt!r}")
-        # NoisyRollout keeps the text before the first '?' and appends its yes/no instruction.
-        stem = question.split("?")[0] if "?" in question else question
-        # json layouts (the GitHub release) give only `filename`, a path relative to the data folder
-        images = [] if ctx.split == "non_image" else [_image_of(row, i, ctx, "image", "filename")]
-        ids = [
-            str(ctx.optional(row, k, ""))
-            for k in ("category", "subcategory", "set_id", "figure_id", "question_id")
-        ]
-        out.append(
-            Question(
-                benchmark=ctx.benchmark,
-                question_id="_".join(ids) if any(ids) else str(i),
-                problem=f"{stem.strip()}? {YESNO_INSTRUCTION}",
-                answer="yes" if gt == "1" else "no",
-                images=images,
-                answer_type="yesno",
-                metadata={
-                    "category": ctx.optional(row, "category"),
-                    "subcategory": ctx.optional(row, "subcategory"),
-                    "filename": ctx.optional(row, "filename"),
-                    "question": question,
-                    **{k: str(ctx.optional(row, k, "")) for k in ("set_id", "figure_id", "question_id")},
-                },
-            )
-        )
-    return out
+def _hallusionbench_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question | None:
+    if ctx.split != "non_image" and str(row.get("visual_input", "")) == "0":
+        return None  # the GitHub json holds both splits; its no-image rows are the non_image split
+    question = ctx.text(row, i, "question")
+    gt = ctx.text(row, i, "gt_answer")
+    if gt not in {"0", "1"}:
+        raise ctx.error(i, f"field 'gt_answer' should be '0' or '1', got {gt!r}")
+    # NoisyRollout keeps the text before the first '?' and appends its yes/no instruction.
+    stem = question.split("?")[0] if "?" in question else question
+    # json layouts (the GitHub release) give only `filename`, a path relative to the data folder
+    images = [] if ctx.split == "non_image" else [_image_of(row, i, ctx, "image", "filename")]
+    ids = [
+        str(ctx.optional(row, k, ""))
+        for k in ("category", "subcategory", "set_id", "figure_id", "question_id")
+    ]
+    metadata = {
+        "category": ctx.optional(row, "category"),
+        "subcategory": ctx.optional(row, "subcategory"),
+        "filename": ctx.optional(row, "filename"),
+        "question": question,
+        **{k: str(ctx.optional(row, k, "")) for k in ("set_id", "figure_id", "question_id")},
+    }
+    qid = "_".join(ids) if any(ids) else str(i)
+    answer = "yes" if gt == "1" else "no"
+    return _question(
+        ctx, qid, f"{stem.strip()}? {YESNO_INSTRUCTION}", answer, images, "yesno", metadata=metadata
+    )
 
 
 def _image_of(row, i, ctx: RowContext, *names: str):
@@ -427,58 +453,34 @@ def _image_of(row, i, ctx: RowContext, *names: str):
     )
 
 
-def _convert_mathvista(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        pid = ctx.text(row, i, "pid")
-        qtype = ctx.text(row, i, "question_type")
-        question = ctx.text(row, i, "question")
-        answer = ctx.text(row, i, "answer")
-        image = _image_of(row, i, ctx, "decoded_image", "image")
-        meta = {
-            "question_type": qtype,
-            "mathvista_answer_type": ctx.optional(row, "answer_type"),
-            "unit": ctx.optional(row, "unit"),
-            "precision": ctx.optional(row, "precision"),
-            "query": ctx.optional(row, "query"),
-            "task": (ctx.optional(row, "metadata") or {}).get("task"),
-        }
-        if qtype == "multi_choice":
-            choices = [str(c) for c in ctx.field(row, i, "choices")]
-            out.append(
-                Question(
-                    benchmark=ctx.benchmark,
-                    question_id=pid,
-                    problem=format_choice_problem(question, choices),
-                    answer=gold_letter(answer, choices, ctx, i, by="text"),
-                    images=[image],
-                    choices=choices,
-                    answer_type="choice",
-                    metadata={**meta, "answer_text": answer},
-                )
-            )
-        elif qtype == "free_form":
-            # `query` carries MathVista's precision hint ("requiring a floating-point number with two
-            # decimal places"), which a rule-based scorer needs; NoisyRollout prompts with it too.
-            problem = str(ctx.optional(row, "query") or question)
-            vista_type = str(ctx.optional(row, "answer_type", ""))
-            atype: AnswerType = "number" if vista_type in {"integer", "float"} else infer_answer_type(answer)
-            out.append(
-                Question(
-                    benchmark=ctx.benchmark,
-                    question_id=pid,
-                    problem=problem,
-                    answer=answer,
-                    images=[image],
-                    answer_type=atype,
-                    metadata=meta,
-                )
-            )
-        else:
-            raise ctx.error(
-                i, f"field 'question_type' should be 'multi_choice' or 'free_form', got {qtype!r}"
-            )
-    return out
+def _mathvista_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    pid = ctx.text(row, i, "pid")
+    qtype = ctx.text(row, i, "question_type")
+    question = ctx.text(row, i, "question")
+    answer = ctx.text(row, i, "answer")
+    image = _image_of(row, i, ctx, "decoded_image", "image")
+    meta = {
+        "question_type": qtype,
+        "mathvista_answer_type": ctx.optional(row, "answer_type"),
+        "unit": ctx.optional(row, "unit"),
+        "precision": ctx.optional(row, "precision"),
+        "query": ctx.optional(row, "query"),
+        "task": (ctx.optional(row, "metadata") or {}).get("task"),
+    }
+    if qtype == "multi_choice":
+        choices = [str(c) for c in ctx.field(row, i, "choices")]
+        letter = gold_letter(answer, choices, ctx, i, by="text")
+        return _choice_question(
+            ctx, pid, question, choices, letter, [image], metadata={**meta, "answer_text": answer}
+        )
+    if qtype == "free_form":
+        # `query` carries MathVista's precision hint ("requiring a floating-point number with two
+        # decimal places"), which a rule-based scorer needs; NoisyRollout prompts with it too.
+        problem = str(ctx.optional(row, "query") or question)
+        vista_type = str(ctx.optional(row, "answer_type", ""))
+        atype: AnswerType = "number" if vista_type in {"integer", "float"} else infer_answer_type(answer)
+        return _question(ctx, pid, problem, answer, [image], atype, metadata=meta)
+    raise ctx.error(i, f"field 'question_type' should be 'multi_choice' or 'free_form', got {qtype!r}")
 
 
 # MathVerse writes "Choices:" and, in some rows, "Choice:" before the option lines.
@@ -487,312 +489,176 @@ _CHOICES_BLOCK = re.compile(r"\n?\s*Choices?\s*:\s*\n?", re.IGNORECASE)
 _MULTI_LETTER = re.compile(r"[A-H](?:\s*[\n,;]\s*[A-H])+")
 
 
-def _convert_mathverse(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        sid = ctx.text(row, i, "sample_index")
-        question = ctx.text(row, i, "question")
-        qtype = ctx.text(row, i, "question_type")
-        answer = ctx.text(row, i, "answer")
-        images = [ctx.image(row, i, "image")]
-        meta = {
-            "problem_index": ctx.optional(row, "problem_index"),
-            "problem_version": ctx.optional(row, "problem_version"),
-            "question_for_eval": ctx.optional(row, "question_for_eval"),
-            "query_cot": ctx.optional(row, "query_cot"),
-        }
-        if qtype == "multi-choice":
-            parts = _CHOICES_BLOCK.split(question, maxsplit=1)
-            parsed = split_option_lines(parts[1]) if len(parts) == 2 else None
-            if parsed is not None and _MULTI_LETTER.fullmatch(answer):
-                # several right options: graded as the letters, in order, e.g. "C, D"
-                stem, choices, _tail = parsed
-                stem = (parts[0] + ("\n" + stem if stem else "")).strip()
-                letters = ", ".join(re.findall(r"[A-H]", answer))
-                out.append(
-                    Question(
-                        benchmark=ctx.benchmark,
-                        question_id=sid,
-                        problem=format_choice_problem(stem, choices),
-                        answer=letters,
-                        images=images,
-                        answer_type="free",
-                        metadata={**meta, "choices": choices},
-                    )
-                )
-                continue
-            if parsed is not None:
-                stem, choices, _tail = parsed
-                stem = (parts[0] + ("\n" + stem if stem else "")).strip()
-                problem = format_choice_problem(stem, choices)
-                letter = gold_letter(answer, choices, ctx, i)
-            else:
-                # Vision-only versions print the options inside the figure: no list to show.
-                choices = None
-                problem = f"{question}\n{CHOICE_INSTRUCTION}"
-                letter = answer.strip("().").upper()
-                if len(letter) != 1 or letter not in LETTERS:
-                    raise ctx.error(i, f"field 'answer' ({answer!r}) should be an option letter")
-            out.append(
-                Question(
-                    benchmark=ctx.benchmark,
-                    question_id=sid,
-                    problem=problem,
-                    answer=letter,
-                    images=images,
-                    choices=choices,
-                    answer_type="choice",
-                    metadata=meta,
-                )
-            )
-        elif qtype == "free-form":
-            out.append(
-                Question(
-                    benchmark=ctx.benchmark,
-                    question_id=sid,
-                    problem=question,
-                    answer=answer,
-                    images=images,
-                    answer_type=infer_answer_type(answer),
-                    metadata=meta,
-                )
-            )
-        else:
-            raise ctx.error(
-                i, f"field 'question_type' should be 'multi-choice' or 'free-form', got {qtype!r}"
-            )
-    return out
+def _mathverse_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    sid = ctx.text(row, i, "sample_index")
+    question = ctx.text(row, i, "question")
+    qtype = ctx.text(row, i, "question_type")
+    answer = ctx.text(row, i, "answer")
+    images = [ctx.image(row, i, "image")]
+    meta = {
+        "problem_index": ctx.optional(row, "problem_index"),
+        "problem_version": ctx.optional(row, "problem_version"),
+        "question_for_eval": ctx.optional(row, "question_for_eval"),
+        "query_cot": ctx.optional(row, "query_cot"),
+    }
+    if qtype == "free-form":
+        return _question(ctx, sid, question, answer, images, infer_answer_type(answer), metadata=meta)
+    if qtype != "multi-choice":
+        raise ctx.error(i, f"field 'question_type' should be 'multi-choice' or 'free-form', got {qtype!r}")
+    parts = _CHOICES_BLOCK.split(question, maxsplit=1)
+    parsed = split_option_lines(parts[1]) if len(parts) == 2 else None
+    if parsed is None:
+        # Vision-only versions print the options inside the figure: no list to show.
+        letter = answer.strip("().").upper()
+        if len(letter) != 1 or letter not in LETTERS:
+            raise ctx.error(i, f"field 'answer' ({answer!r}) should be an option letter")
+        return _question(
+            ctx, sid, f"{question}\n{CHOICE_INSTRUCTION}", letter, images, "choice", metadata=meta
+        )
+    stem, choices, _tail = parsed
+    stem = (parts[0] + ("\n" + stem if stem else "")).strip()
+    if _MULTI_LETTER.fullmatch(answer):
+        # several right options: graded as the letters, in order, e.g. "C, D"
+        letters = ", ".join(re.findall(r"[A-H]", answer))
+        problem = format_choice_problem(stem, choices)
+        return _question(ctx, sid, problem, letters, images, "free", metadata={**meta, "choices": choices})
+    return _choice_question(
+        ctx, sid, stem, choices, gold_letter(answer, choices, ctx, i), images, metadata=meta
+    )
 
 
 _MATHVISION_IMAGE = re.compile(r"<image\d*>")
 
 
-def _convert_mathvision(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        qid = ctx.text(row, i, "id")
-        question = ctx.text(row, i, "question")
-        answer = ctx.text(row, i, "answer")
-        image = _image_of(row, i, ctx, "decoded_image", "image")
-        # The question marks its figure as <image1>; keep the first mark as our placeholder.
-        marks = _MATHVISION_IMAGE.findall(question)
-        stem = question
-        if marks:
-            stem = _MATHVISION_IMAGE.sub("", question.replace(marks[0], "\x00", 1)).replace(
-                "\x00", IMAGE_PLACEHOLDER
-            )
-        options = [str(o) for o in (ctx.optional(row, "options") or [])]
-        meta = {"subject": ctx.optional(row, "subject"), "level": ctx.optional(row, "level")}
-        if options:
-            out.append(
-                Question(
-                    benchmark=ctx.benchmark,
-                    question_id=qid,
-                    problem=format_choice_problem(stem.strip(), options),
-                    answer=gold_letter(answer, options, ctx, i),
-                    images=[image],
-                    choices=options,
-                    answer_type="choice",
-                    metadata=meta,
-                )
-            )
-        else:
-            out.append(
-                Question(
-                    benchmark=ctx.benchmark,
-                    question_id=qid,
-                    problem=stem.strip(),
-                    answer=answer,
-                    images=[image],
-                    answer_type=infer_answer_type(answer),
-                    metadata=meta,
-                )
-            )
-    return out
-
-
-def _convert_wemath(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        qid = ctx.text(row, i, "ID")
-        key = ctx.text(row, i, "key")
-        question = ctx.text(row, i, "question")
-        option = ctx.text(row, i, "option")
-        answer = ctx.text(row, i, "answer")
-        choices = split_inline_options(option)
-        if choices is None:
-            raise ctx.error(i, f"field 'option' has no 'A. ...; B. ...' options: {option!r}")
-        image = _image_of(row, i, ctx, "image_path", "image")
-        out.append(
-            Question(
-                benchmark=ctx.benchmark,
-                question_id=f"{qid}@{key}",
-                problem=format_choice_problem(question, choices),
-                answer=gold_letter(answer, choices, ctx, i),
-                images=[image],
-                choices=choices,
-                answer_type="choice",
-                metadata={
-                    "key": key,
-                    "knowledge_concept": ctx.optional(row, "knowledge concept"),
-                    "question_number": ctx.optional(row, "question number"),
-                },
-            )
+def _mathvision_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    qid = ctx.text(row, i, "id")
+    question = ctx.text(row, i, "question")
+    answer = ctx.text(row, i, "answer")
+    image = _image_of(row, i, ctx, "decoded_image", "image")
+    # The question marks its figure as <image1>; keep the first mark as our placeholder.
+    marks = _MATHVISION_IMAGE.findall(question)
+    stem = question
+    if marks:
+        stem = _MATHVISION_IMAGE.sub("", question.replace(marks[0], "\x00", 1)).replace(
+            "\x00", IMAGE_PLACEHOLDER
         )
-    return out
-
-
-def _convert_pope(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        question = ctx.text(row, i, "question")
-        answer = ctx.text(row, i, "answer").lower()
-        if answer not in {"yes", "no"}:
-            raise ctx.error(i, f"field 'answer' should be 'yes' or 'no', got {answer!r}")
-        category = str(ctx.optional(row, "category", ""))
-        qid = str(ctx.optional(row, "question_id", ctx.optional(row, "id", i)))
-        out.append(
-            Question(
-                benchmark=ctx.benchmark,
-                question_id=f"{category}_{qid}" if category else qid,
-                problem=f"{question} {YESNO_INSTRUCTION}",
-                answer=answer,
-                images=[ctx.image(row, i, "image")],
-                answer_type="yesno",
-                role="general",
-                metadata={"category": category or None, "image_source": ctx.optional(row, "image_source")},
-            )
+    stem = stem.strip()
+    options = [str(o) for o in (ctx.optional(row, "options") or [])]
+    meta = {"subject": ctx.optional(row, "subject"), "level": ctx.optional(row, "level")}
+    if options:
+        return _choice_question(
+            ctx, qid, stem, options, gold_letter(answer, options, ctx, i), [image], metadata=meta
         )
-    return out
+    return _question(ctx, qid, stem, answer, [image], infer_answer_type(answer), metadata=meta)
+
+
+def _wemath_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    qid = ctx.text(row, i, "ID")
+    key = ctx.text(row, i, "key")
+    question = ctx.text(row, i, "question")
+    option = ctx.text(row, i, "option")
+    answer = ctx.text(row, i, "answer")
+    choices = split_inline_options(option)
+    if choices is None:
+        raise ctx.error(i, f"field 'option' has no 'A. ...; B. ...' options: {option!r}")
+    image = _image_of(row, i, ctx, "image_path", "image")
+    letter = gold_letter(answer, choices, ctx, i)
+    metadata = {
+        "key": key,
+        "knowledge_concept": ctx.optional(row, "knowledge concept"),
+        "question_number": ctx.optional(row, "question number"),
+    }
+    return _choice_question(ctx, f"{qid}@{key}", question, choices, letter, [image], metadata=metadata)
+
+
+def _pope_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    question = ctx.text(row, i, "question")
+    answer = ctx.text(row, i, "answer").lower()
+    if answer not in {"yes", "no"}:
+        raise ctx.error(i, f"field 'answer' should be 'yes' or 'no', got {answer!r}")
+    category = str(ctx.optional(row, "category", ""))
+    qid = str(ctx.optional(row, "question_id", ctx.optional(row, "id", i)))
+    images = [ctx.image(row, i, "image")]
+    metadata = {"category": category or None, "image_source": ctx.optional(row, "image_source")}
+    qid = f"{category}_{qid}" if category else qid
+    problem = f"{question} {YESNO_INSTRUCTION}"
+    return _question(ctx, qid, problem, answer, images, "yesno", role="general", metadata=metadata)
 
 
 _MMSTAR_OPTIONS = re.compile(r"\n?\s*Options\s*:\s*", re.IGNORECASE)
 
 
-def _convert_mmstar(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
+def _mmstar_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    question = ctx.text(row, i, "question")
+    answer = ctx.text(row, i, "answer")
+    parts = _MMSTAR_OPTIONS.split(question, maxsplit=1)
+    choices = split_inline_options(parts[1]) if len(parts) == 2 else None
+    if choices is None:
+        raise ctx.error(i, "field 'question' has no 'Options: A: ..., B: ...' list")
+    qid = str(ctx.field(row, i, "index"))
+    letter = gold_letter(answer, choices, ctx, i)
+    images = [ctx.image(row, i, "image")]
+    metadata = {"category": ctx.optional(row, "category"), "l2_category": ctx.optional(row, "l2_category")}
+    return _choice_question(
+        ctx, qid, parts[0].strip(), choices, letter, images, role="general", metadata=metadata
+    )
+
+
+def _ai2d_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    question = ctx.text(row, i, "question")
+    choices = [str(o) for o in ctx.field(row, i, "options")]
+    answer = ctx.text(row, i, "answer")
+    # lmms-lab/ai2d stores the 0-based index of the right option as a string.
+    if answer.isdigit():
+        k = int(answer)
+        if k >= len(choices):
+            raise ctx.error(i, f"field 'answer' ({answer}) is out of range for {len(choices)} options")
+        letter = LETTERS[k]
+    else:
+        letter = gold_letter(answer, choices, ctx, i)
+    qid = str(ctx.optional(row, "id", i))
+    return _choice_question(ctx, qid, question, choices, letter, [ctx.image(row, i, "image")], role="general")
+
+
+def _realworldqa_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    question = ctx.text(row, i, "question")
+    answer = ctx.text(row, i, "answer")
+    image = ctx.image(row, i, "image")
+    parsed = split_option_lines(question)
+    letter = answer.strip("().").upper()
+    fields = {"role": "general", "metadata": {"question": question}}
+    if parsed is not None and len(letter) == 1 and letter in LETTERS[: len(parsed[1])]:
+        stem, choices, _tail = parsed  # the tail is "Please answer directly with only the letter ..."
+        return _choice_question(ctx, str(i), stem, choices, letter, [image], **fields)
+    stem = _DIRECT_ANSWER.sub("", question).strip()
+    return _free_question(ctx, str(i), stem, answer, [image], **fields)
+
+
+def _free_question(
+    ctx: RowContext, qid: str, problem: str, answer: str, images: list[Any], **fields: Any
+) -> Question:
+    """A question whose answer type is read from ``answer`` (a yes/no answer lower-cased)."""
+    atype = infer_answer_type(answer)
+    return _question(
+        ctx, qid, problem, answer.lower() if atype == "yesno" else answer, images, atype, **fields
+    )
+
+
+def _chartqa_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    # HuggingFaceM4/ChartQA: query + label (list); lmms-lab/ChartQA: question + answer.
+    if "query" in row or "label" in row:
+        question = ctx.text(row, i, "query")
+        label = ctx.field(row, i, "label")
+        answer = str(label[0] if isinstance(label, list | tuple) else label).strip()
+        if not answer:
+            raise ctx.error(i, "field 'label' is empty")
+        source = ctx.optional(row, "human_or_machine")
+    else:
         question = ctx.text(row, i, "question")
         answer = ctx.text(row, i, "answer")
-        parts = _MMSTAR_OPTIONS.split(question, maxsplit=1)
-        choices = split_inline_options(parts[1]) if len(parts) == 2 else None
-        if choices is None:
-            raise ctx.error(i, "field 'question' has no 'Options: A: ..., B: ...' list")
-        out.append(
-            Question(
-                benchmark=ctx.benchmark,
-                question_id=str(ctx.field(row, i, "index")),
-                problem=format_choice_problem(parts[0].strip(), choices),
-                answer=gold_letter(answer, choices, ctx, i),
-                images=[ctx.image(row, i, "image")],
-                choices=choices,
-                answer_type="choice",
-                role="general",
-                metadata={
-                    "category": ctx.optional(row, "category"),
-                    "l2_category": ctx.optional(row, "l2_category"),
-                },
-            )
-        )
-    return out
-
-
-def _convert_ai2d(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        question = ctx.text(row, i, "question")
-        choices = [str(o) for o in ctx.field(row, i, "options")]
-        answer = ctx.text(row, i, "answer")
-        # lmms-lab/ai2d stores the 0-based index of the right option as a string.
-        if answer.isdigit():
-            k = int(answer)
-            if k >= len(choices):
-                raise ctx.error(i, f"field 'answer' ({answer}) is out of range for {len(choices)} options")
-            letter = LETTERS[k]
-        else:
-            letter = gold_letter(answer, choices, ctx, i)
-        out.append(
-            Question(
-                benchmark=ctx.benchmark,
-                question_id=str(ctx.optional(row, "id", i)),
-                problem=format_choice_problem(question, choices),
-                answer=letter,
-                images=[ctx.image(row, i, "image")],
-                choices=choices,
-                answer_type="choice",
-                role="general",
-            )
-        )
-    return out
-
-
-def _convert_realworldqa(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        question = ctx.text(row, i, "question")
-        answer = ctx.text(row, i, "answer")
-        image = ctx.image(row, i, "image")
-        parsed = split_option_lines(question)
-        letter = answer.strip("().").upper()
-        if parsed is not None and len(letter) == 1 and letter in LETTERS[: len(parsed[1])]:
-            stem, choices, _tail = parsed  # the tail is "Please answer directly with only the letter ..."
-            q = Question(
-                benchmark=ctx.benchmark,
-                question_id=str(i),
-                problem=format_choice_problem(stem, choices),
-                answer=letter,
-                images=[image],
-                choices=choices,
-                answer_type="choice",
-                role="general",
-                metadata={"question": question},
-            )
-        else:
-            stem = _DIRECT_ANSWER.sub("", question).strip()
-            atype = infer_answer_type(answer)
-            q = Question(
-                benchmark=ctx.benchmark,
-                question_id=str(i),
-                problem=stem,
-                answer=answer.lower() if atype == "yesno" else answer,
-                images=[image],
-                answer_type=atype,
-                role="general",
-                metadata={"question": question},
-            )
-        out.append(q)
-    return out
-
-
-def _convert_chartqa(rows, ctx: RowContext) -> list[Question]:
-    out = []
-    for i, row in rows:
-        # HuggingFaceM4/ChartQA: query + label (list); lmms-lab/ChartQA: question + answer.
-        if "query" in row or "label" in row:
-            question = ctx.text(row, i, "query")
-            label = ctx.field(row, i, "label")
-            answer = str(label[0] if isinstance(label, list | tuple) else label).strip()
-            if not answer:
-                raise ctx.error(i, "field 'label' is empty")
-            source = ctx.optional(row, "human_or_machine")
-        else:
-            question = ctx.text(row, i, "question")
-            answer = ctx.text(row, i, "answer")
-            source = ctx.optional(row, "type")
-        atype = infer_answer_type(answer)
-        out.append(
-            Question(
-                benchmark=ctx.benchmark,
-                question_id=str(i),
-                problem=question,
-                answer=answer.lower() if atype == "yesno" else answer,
-                images=[ctx.image(row, i, "image")],
-                answer_type=atype,
-                role="general",
-                metadata={"source": source},
-            )
-        )
-    return out
+        source = ctx.optional(row, "type")
+    images = [ctx.image(row, i, "image")]
+    return _free_question(ctx, str(i), question, answer, images, role="general", metadata={"source": source})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -819,97 +685,24 @@ class BenchmarkSpec:
     derived_splits: dict[str, str] = field(default_factory=dict)
 
 
-BENCHMARKS: dict[str, BenchmarkSpec] = {
-    spec.name: spec
-    for spec in [
-        BenchmarkSpec(
-            name="geo3k",
-            role="in_domain",
-            default_split="test",
-            hub_id="hiyouga/geometry3k",
-            loader=_convert_geo3k,
-            image_columns=("images",),
-        ),
-        BenchmarkSpec(
-            name="hallusionbench",
-            role="ood",
-            default_split=HALLUSION_PAPER_SPLIT,
-            hub_id="lmms-lab/HallusionBench",
-            loader=_convert_hallusionbench,
-            derived_splits={HALLUSION_PAPER_SPLIT: "image"},
-        ),
-        BenchmarkSpec(
-            name="mathvista",
-            role="ood",
-            default_split="testmini",
-            hub_id="AI4Math/MathVista",
-            loader=_convert_mathvista,
-            image_columns=("decoded_image",),
-        ),
-        BenchmarkSpec(
-            name="mathverse",
-            role="ood",
-            default_split="testmini",
-            hub_id="AI4Math/MathVerse",
-            hub_config="testmini",
-            loader=_convert_mathverse,
-            files=("{split}.parquet", "{split}.json"),
-        ),
-        BenchmarkSpec(
-            name="mathvision",
-            role="ood",
-            default_split="test",
-            hub_id="MathLLMs/MathVision",
-            loader=_convert_mathvision,
-            image_columns=("decoded_image",),
-        ),
-        BenchmarkSpec(
-            name="wemath",
-            role="ood",
-            default_split="testmini",
-            hub_id="We-Math/We-Math",
-            loader=_convert_wemath,
-            image_columns=("image_path",),
-        ),
-        BenchmarkSpec(
-            name="pope",
-            role="general",
-            default_split="test",
-            hub_id="lmms-lab/POPE",
-            loader=_convert_pope,
-        ),
-        BenchmarkSpec(
-            name="mmstar",
-            role="general",
-            default_split="val",
-            hub_id="Lin-Chen/MMStar",
-            hub_config="val",
-            loader=_convert_mmstar,
-            files=("mmstar.parquet",),
-        ),
-        BenchmarkSpec(
-            name="ai2d",
-            role="general",
-            default_split="test",
-            hub_id="lmms-lab/ai2d",
-            loader=_convert_ai2d,
-        ),
-        BenchmarkSpec(
-            name="realworldqa",
-            role="general",
-            default_split="test",
-            hub_id="xai-org/RealworldQA",
-            loader=_convert_realworldqa,
-        ),
-        BenchmarkSpec(
-            name="chartqa",
-            role="general",
-            default_split="test",
-            hub_id="HuggingFaceM4/ChartQA",
-            loader=_convert_chartqa,
-        ),
-    ]
-}
+#: The benchmarks, one a line: name, role, the split the paper uses, hub repository, row converter,
+#: then where the hub's layout differs from the defaults.
+# fmt: off
+_SPECS = [
+    BenchmarkSpec("geo3k",          "in_domain", "test",                "hiyouga/geometry3k",      _per_row(_geo3k_row),       image_columns=("images",)),
+    BenchmarkSpec("hallusionbench", "ood",       HALLUSION_PAPER_SPLIT, "lmms-lab/HallusionBench", _convert_hallusionbench,    derived_splits={HALLUSION_PAPER_SPLIT: "image"}),
+    BenchmarkSpec("mathvista",      "ood",       "testmini",            "AI4Math/MathVista",       _per_row(_mathvista_row),   image_columns=("decoded_image",)),
+    BenchmarkSpec("mathverse",      "ood",       "testmini",            "AI4Math/MathVerse",       _per_row(_mathverse_row),   hub_config="testmini", files=("{split}.parquet", "{split}.json")),
+    BenchmarkSpec("mathvision",     "ood",       "test",                "MathLLMs/MathVision",     _per_row(_mathvision_row),  image_columns=("decoded_image",)),
+    BenchmarkSpec("wemath",         "ood",       "testmini",            "We-Math/We-Math",         _per_row(_wemath_row),      image_columns=("image_path",)),
+    BenchmarkSpec("pope",           "general",   "test",                "lmms-lab/POPE",           _per_row(_pope_row)),
+    BenchmarkSpec("mmstar",         "general",   "val",                 "Lin-Chen/MMStar",         _per_row(_mmstar_row),      hub_config="val", files=("mmstar.parquet",)),
+    BenchmarkSpec("ai2d",           "general",   "test",                "lmms-lab/ai2d",           _per_row(_ai2d_row)),
+    BenchmarkSpec("realworldqa",    "general",   "test",                "xai-org/RealworldQA",     _per_row(_realworldqa_row)),
+    BenchmarkSpec("chartqa",        "general",   "test",                "HuggingFaceM4/ChartQA",   _per_row(_chartqa_row)),
+]
+# fmt: on
+BENCHMARKS: dict[str, BenchmarkSpec] = {spec.name: spec for spec in _SPECS}
 
 
 # --------------------------------------------------------------------------------------------------
