@@ -1,0 +1,297 @@
+"""The loss side of a GRPO step with each prompt computed once per group (``share_prompt_loss``, issue 24).
+
+TRL 1.16's ``GRPOTrainer._get_per_token_logps_and_entropies`` forwards every row's
+``prompt + completion``: the ``G`` rows of a group run the same prompt (and, for a VLM, the same vision
+tower pass) ``G`` times in the old-log-prob pass, the reference pass (``beta > 0``) and the loss
+forward and its backward. :func:`per_token_logps_and_entropies` computes exactly what that method
+returns, with every set of rows that share a prompt forwarded as ONE packed sequence::
+
+    [prompt minus its last token | p_last c_1 | p_last c_2 | ... | p_last c_g]
+
+under a 4-D attention mask: the prompt part is causal, block ``i`` (the prompt's last token followed by
+completion ``i``) sees the prompt part and itself causally, never another block. Each token keeps the
+position id it has in its own row (arange for text models; Qwen2/2.5/3-VL's 3-D M-RoPE positions from
+the model's own ``compute_3d_position_ids`` on the original rows), so each completion token sees the
+same keys at the same positions as in the repeated path: only float rounding differs. The prompt's
+last token is repeated per block (one token per row) so that every position predicts exactly one
+label and TRL's fused LM head (``fused_lm_head=True`` with pre-shifted ``shift_labels``) computes the
+log-probabilities and entropies, temperature included, exactly as for the repeated rows.
+
+The formulation has no cache: each packed forward is a pure function of its inputs, so gradient
+checkpointing (which recomputes a layer's forward in the backward) is exact, unlike a shared
+``DynamicCache`` that a recomputed layer would append to twice.
+
+Rows are grouped within each of TRL's micro-batches (``batch_size`` rows, cut without regard to
+groups, shuffled when ``steps_per_generation > 1``): rows whose prompt ids, prompt mask and images
+(grid and pixels) are identical form a set; a row alone in its micro-batch is a set of one, which is
+the repeated path with a block mask. Sets of one micro-batch are forwarded together, right-padded
+to the longest packed sequence (a padding position attends only to itself and scores nothing).
+
+Cost: a set of ``g`` rows forwards ``P + g (C + 1) - 1`` tokens instead of ``g (P + C)``, and the
+vision tower once instead of ``g`` times. The mask is ``n_sets x (P + g (C + 1))^2`` booleans (sdpa;
+float for eager): at ``P = 800``, ``C = 500``, ``g = 8`` that is 23 M entries (23 MB as bool) per set,
+and the attention itself runs over the square, masked, so its FLOPs grow like ``(P + g C)^2`` where
+the repeated path's grow like ``g (P + C)^2`` -- still small next to the linear layers at the paper's
+sizes (see docs/benchmarks.md, "The loss pass").
+
+Supported: text decoders with full attention only (Qwen2, Qwen3, Llama) and Qwen2-VL / Qwen2.5-VL /
+Qwen3-VL with image prompts, attention implementation ``sdpa`` or ``eager`` (flash attention takes
+no 4-D mask; a sliding window would be replaced by the mask). :func:`check_supported` says so before
+training starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+#: model_type -> whether it is a Qwen-VL model with M-RoPE positions (``compute_3d_position_ids``)
+SUPPORTED_MODEL_TYPES = {
+    "qwen2": False,
+    "qwen3": False,
+    "llama": False,
+    "qwen2_vl": True,
+    "qwen2_5_vl": True,
+    "qwen3_vl": True,
+}
+#: attention implementations that honour a 4-D mask (transformers' masking_utils returns it as-is)
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model under DDP / accelerate / PEFT wrappers."""
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def check_supported(model: nn.Module, *, aux_loss: bool = False, what: str = "model") -> None:
+    """Raise ``ValueError`` saying what to set when ``share_prompt_loss`` cannot be exact for ``model``."""
+    m = _unwrap(model)
+    cfg = m.config
+    mt = getattr(cfg, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"share_prompt_loss=True: the {what}'s model_type {mt!r} is not one it is tested on "
+            f"({', '.join(SUPPORTED_MODEL_TYPES)}); set share_prompt_loss=False."
+        )
+    text = cfg.get_text_config()
+    attn = getattr(text, "_attn_implementation", None) or getattr(cfg, "_attn_implementation", None)
+    if attn not in SUPPORTED_ATTENTION:
+        raise ValueError(
+            f"share_prompt_loss=True needs a 4-D attention mask, which attn_implementation={attn!r} does not "
+            f"take; load the {what} with attn_implementation='sdpa' (or 'eager'), or set share_prompt_loss=False."
+        )
+    layer_types = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"} or getattr(text, "use_sliding_window", False):
+        raise ValueError(
+            f"share_prompt_loss=True: the {what} uses sliding-window attention ({sorted(layer_types)}), which the "
+            "shared-prompt mask would replace; set share_prompt_loss=False."
+        )
+    if aux_loss:
+        raise ValueError(
+            "share_prompt_loss=True: the MoE load-balancing loss would be computed over the packed tokens, not "
+            "TRL's rows; set share_prompt_loss=False or router_aux_loss_coef=0."
+        )
+
+
+def _positions(model: nn.Module, input_ids, attention_mask, image_grid_thw, mm_token_type_ids):
+    """The position ids the repeated forward uses for these rows: ``[B, L]`` or ``[3, B, L]`` (M-RoPE)."""
+    m = _unwrap(model)
+    B, L = input_ids.shape
+    if SUPPORTED_MODEL_TYPES.get(m.config.model_type):
+        backbone = next(x for x in m.modules() if hasattr(x, "compute_3d_position_ids"))
+        pos = backbone.compute_3d_position_ids(
+            input_ids=input_ids,
+            inputs_embeds=None,
+            image_grid_thw=image_grid_thw,
+            video_grid_thw=None,
+            attention_mask=attention_mask,
+            past_key_values=None,
+            mm_token_type_ids=mm_token_type_ids,
+        )
+        if pos is None:  # no images: the language model falls back to arange on all three axes
+            pos = torch.arange(L, device=input_ids.device).view(1, 1, L).expand(3, B, L)
+        return pos
+    return torch.arange(L, device=input_ids.device).view(1, L).expand(B, L)
+
+
+def _placeholder_ids(model: nn.Module) -> set[int]:
+    cfg = _unwrap(model).config
+    return {
+        int(v)
+        for k in ("image_token_id", "video_token_id")
+        if (v := getattr(cfg, k, None)) is not None
+    }
+
+
+def group_rows(prompt_ids, prompt_mask, pixel_rows: list[torch.Tensor | None], grids: list) -> list[list[int]]:
+    """Sets of row indices with identical prompt ids, prompt mask, image grids and pixels (first-seen order)."""
+    sets: list[list[int]] = []
+    by_key: dict[tuple, list[list[int]]] = {}
+    for r in range(prompt_ids.shape[0]):
+        key = (tuple(prompt_ids[r].tolist()), tuple(prompt_mask[r].tolist()), grids[r])
+        for s in by_key.setdefault(key, []):
+            a, b = pixel_rows[s[0]], pixel_rows[r]
+            if (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)):
+                s.append(r)
+                break
+        else:
+            s = [r]
+            by_key[key].append(s)
+            sets.append(s)
+    return sets
+
+
+def per_token_logps_and_entropies(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None = None,
+    compute_entropy: bool = False,
+    *,
+    pixel_values: torch.Tensor | None = None,
+    image_grid_thw: torch.Tensor | None = None,
+    num_images: list[int] | None = None,
+    mm_token_type_ids: torch.Tensor | None = None,
+    autocast: Callable = nullcontext,
+    stats: dict | None = None,
+    **unsupported,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What TRL's ``_get_per_token_logps_and_entropies`` returns (``[B, C]`` log-probs, entropies or None),
+    each micro-batch's shared prompts forwarded once (module docstring).
+
+    ``input_ids`` / ``attention_mask`` ``# [B, P + C]`` are TRL's ``prompt | completion`` rows,
+    ``logits_to_keep = C``. ``model`` must carry TRL's fused LM head (``add_fused_lm_head``), as the
+    trainer's models do. ``stats`` (optional) gets ``rows``, ``sets`` and ``tokens`` (packed tokens
+    forwarded) added up over the micro-batches.
+    """
+    bad = sorted(k for k, v in unsupported.items() if v is not None)
+    if bad:
+        raise ValueError(f"share_prompt_loss: inputs {bad} are not supported (only Qwen-VL image prompts); "
+                         "set share_prompt_loss=False.")  # fmt: skip
+    if (pixel_values is None) != (image_grid_thw is None):
+        raise ValueError("share_prompt_loss: pixel_values and image_grid_thw come together (Qwen-VL)")
+    B, L = input_ids.shape
+    C = int(logits_to_keep)
+    P = L - C
+    if P < 1:
+        raise ValueError(f"share_prompt_loss: no prompt column (sequence length {L}, logits_to_keep {C})")
+    batch_size = batch_size or B
+    device = input_ids.device
+    placeholders = _placeholder_ids(model)
+    # per-row image slices, as TRL cuts them
+    if pixel_values is not None:
+        rows_per_image = image_grid_thw.prod(dim=-1)
+        cum_img = [0, *torch.tensor(num_images).cumsum(0).tolist()]
+        per_sample = torch.stack([s.sum() for s in torch.split(rows_per_image, num_images)])
+        cum_rows = [0, *per_sample.cumsum(0).tolist()]
+        pix = [pixel_values[cum_rows[r] : cum_rows[r + 1]] for r in range(B)]
+        grid = [image_grid_thw[cum_img[r] : cum_img[r + 1]] for r in range(B)]
+        grid_key = [tuple(map(tuple, g.tolist())) for g in grid]
+    else:
+        pix, grid, grid_key = [None] * B, [None] * B, [None] * B
+    attn = _unwrap(model).config.get_text_config()._attn_implementation
+    mask_dtype = _unwrap(model).get_input_embeddings().weight.dtype
+    all_logps, all_ent = [], []
+    for start in range(0, B, batch_size):
+        end = min(start + batch_size, B)
+        ids, am = input_ids[start:end], attention_mask[start:end]
+        mm = mm_token_type_ids[start:end] if mm_token_type_ids is not None else None
+        if pixel_values is not None:
+            chunk_grid = torch.cat(grid[start:end]) if any(g.numel() for g in grid[start:end]) else None
+        else:
+            chunk_grid = None
+        pos = _positions(model, ids, am, chunk_grid, mm)  # [B', L] or [3, B', L]
+        sets = group_rows(ids[:, :P], am[:, :P], pix[start:end], grid_key[start:end])
+        if int(ids[0, P - 1]) in placeholders or any(int(ids[s[0], P - 1]) in placeholders for s in sets):
+            raise ValueError("share_prompt_loss: a prompt ends with an image placeholder token; set "
+                             "share_prompt_loss=False.")  # fmt: skip
+        am_cpu = am.detach().to("cpu", torch.bool)
+        packed = []  # per set: (rows, cols, block, labels, starts, kept)
+        for s in sets:
+            rep = s[0]
+            prompt_cols = [c for c in range(P - 1) if am_cpu[rep, c]]
+            rows, cols, block, labels, starts, kept = [], [], [], [], [], []
+            rows += [rep] * len(prompt_cols)
+            cols += prompt_cols
+            block += [-1] * len(prompt_cols)
+            labels += [-100] * len(prompt_cols)
+            for b, r in enumerate(s):
+                valid = am_cpu[r, P:].nonzero()
+                k = int(valid[-1]) + 1 if len(valid) else 0  # completion columns up to the last attended one
+                starts.append(len(cols))
+                kept.append(k)
+                rows += [r] * (k + 1)
+                cols += list(range(P - 1, P + k))
+                block += [b] * (k + 1)
+                labels += [int(ids[r, P + j]) if am_cpu[r, P + j] else -100 for j in range(k)] + [-100]
+            packed.append((rows, cols, block, labels, starts, kept))
+        n = len(packed)
+        Lp = max(len(p[0]) for p in packed)
+        tok = torch.empty(n, Lp, dtype=ids.dtype, device=device)
+        shift_labels = torch.full((n, Lp), -100, dtype=torch.long, device=device)
+        ppos = torch.zeros(*pos.shape[:-2], n, Lp, dtype=pos.dtype, device=device)
+        pmm = torch.zeros(n, Lp, dtype=mm.dtype, device=device) if mm is not None else None
+        allowed = torch.zeros(n, 1, Lp, Lp, dtype=torch.bool)
+        for i, (rows, cols, block, labels, _, _) in enumerate(packed):
+            m = len(rows)
+            r_t, c_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+            tok[i, :m] = ids[r_t, c_t]
+            tok[i, m:] = ids[rows[0], P - 1]  # padding: a text token, scores nothing, attends to itself
+            shift_labels[i, :m] = torch.tensor(labels, device=device)
+            ppos[..., i, :m] = pos[..., r_t, c_t]
+            if pmm is not None:
+                pmm[i, :m] = mm[r_t, c_t]
+            blk = torch.tensor(block)
+            key_ok = am_cpu[torch.tensor(rows), torch.tensor(cols)]
+            same = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]
+            causal = torch.ones(m, m, dtype=torch.bool).tril()
+            allowed[i, 0, :m, :m] = same & causal & key_ok[None, :]
+            idx = torch.arange(m, Lp)
+            allowed[i, 0, idx, idx] = True
+        allowed = allowed.to(device)
+        if attn == "eager":
+            mask4 = torch.zeros(allowed.shape, dtype=mask_dtype, device=device)
+            mask4 = mask4.masked_fill(~allowed, torch.finfo(mask_dtype).min)
+        else:
+            mask4 = allowed
+        inputs = {"input_ids": tok, "attention_mask": mask4, "position_ids": ppos}
+        if pmm is not None:
+            inputs["mm_token_type_ids"] = pmm
+        if pixel_values is not None:
+            reps = [start + s[0] for s in sets]
+            if any(pix[r].numel() for r in reps):
+                inputs["pixel_values"] = torch.cat([pix[r] for r in reps])
+                inputs["image_grid_thw"] = torch.cat([grid[r] for r in reps])
+        with autocast():
+            out = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
+        # gather each row's C outputs: block position j predicts completion column j; beyond the kept
+        # columns (trailing padding) the repeated path returns 0 as well
+        index = torch.full((end - start, C), n * Lp, dtype=torch.long)
+        for i, (_, _, _, _, starts, kept) in enumerate(packed):
+            for b, r in enumerate(sets[i]):
+                k = kept[b]
+                index[r, :k] = i * Lp + starts[b] + torch.arange(k)
+        index = index.to(device)
+
+        def take(x):
+            flat = torch.cat([x.reshape(-1), x.new_zeros(1)])
+            return flat[index]
+
+        all_logps.append(take(out.log_probs))
+        if compute_entropy:
+            all_ent.append(take(out.entropy))
+        if stats is not None:
+            stats["rows"] = stats.get("rows", 0) + (end - start)
+            stats["sets"] = stats.get("sets", 0) + n
+            stats["tokens"] = stats.get("tokens", 0) + sum(len(p[0]) for p in packed)
+            stats["padded_tokens"] = stats.get("padded_tokens", 0) + n * Lp
+    logps = torch.cat(all_logps)
+    return logps, (torch.cat(all_ent) if compute_entropy else None)

@@ -1,0 +1,237 @@
+"""The loss side with each prompt forwarded once per set of rows that share it (``share_prompt_loss``):
+per-token log-probabilities, entropies, a GRPO-shaped loss and every parameter's gradient equal TRL's
+repeated path (``GRPOTrainer._get_per_token_logps_and_entropies``) within float32 rounding, for a text
+Qwen2, Qwen2.5-VL and Qwen3-VL with images, left padding and mixed prompt lengths, micro-batches that
+split and shuffle groups, eager attention and gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from trl.trainer.grpo_trainer import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from ncgrpo.trainer import shared_loss
+from tiny_models import tiny_bundle
+
+G = 4
+TEXTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20, then say why in a few words.", "A circle"]
+SIZES = (56, 84, 56)
+C = 7  # completion columns
+TEMPERATURE = 0.7
+LOGP_ATOL = 2e-5  # float32 rounding of log-probs ~ -6 (vocab 512)
+GRAD_RTOL = 2e-5  # relative (norm) difference of each parameter's gradient
+
+
+def repeated(model, inputs, batch_size=None, compute_entropy=True):
+    """TRL 1.16's own method (the path share_prompt_loss replaces)."""
+    ns = SimpleNamespace(accelerator=SimpleNamespace(autocast=lambda: torch.autocast("cpu", enabled=False)))
+    logps, ent, _ = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__(
+        ns, model, inputs["input_ids"], inputs["attention_mask"], C, batch_size=batch_size,
+        compute_entropy=compute_entropy, **inputs["mm"],
+    )  # fmt: skip
+    return logps, ent
+
+
+def shared(model, inputs, batch_size=None, compute_entropy=True, stats=None):
+    return shared_loss.per_token_logps_and_entropies(
+        model, inputs["input_ids"], inputs["attention_mask"], C, batch_size=batch_size,
+        compute_entropy=compute_entropy, stats=stats, **inputs["mm"],
+    )  # fmt: skip
+
+
+def _images(seed=0):
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 255, (s, s, 3), dtype=np.uint8)) for s in SIZES]
+
+
+def make_inputs(kind, proc, vocab, *, perm=None, seed=0):
+    """TRL's loss inputs: ``prompt | completion`` rows, prompts repeated G times and left-padded (mixed
+    lengths), completions right-padded after a random length (>= 1), in ``perm`` order."""
+    tok = getattr(proc, "tokenizer", proc)
+    tok.padding_side = "left"
+    if kind.endswith("_vl"):
+        msgs = [
+            proc.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for t in TEXTS
+        ]
+        enc = dict(proc(text=msgs, images=_images(), padding=True, return_tensors="pt"))
+    else:
+        enc = dict(tok(TEXTS, padding=True, return_tensors="pt"))
+    assert (enc["attention_mask"] == 0).any(), "the prompts must need left padding"
+    g = torch.Generator().manual_seed(seed)
+    rows = [p for p in range(len(TEXTS)) for _ in range(G)]
+    if perm is not None:
+        rows = [rows[i] for i in perm]
+    n = len(rows)
+    comp = torch.randint(10, vocab, (n, C), generator=g)
+    lengths = torch.randint(1, C + 1, (n,), generator=g)
+    lengths[0] = C
+    cmask = (torch.arange(C)[None] < lengths[:, None]).long()
+    comp = comp.masked_fill(cmask == 0, tok.pad_token_id)
+    r = torch.tensor(rows)
+    input_ids = torch.cat([enc["input_ids"][r], comp], 1)
+    attention_mask = torch.cat([enc["attention_mask"][r], cmask], 1)
+    mm = {}
+    if kind.endswith("_vl"):
+        per_img = enc["image_grid_thw"].prod(-1)
+        cum = [0, *per_img.cumsum(0).tolist()]
+        mm["pixel_values"] = torch.cat([enc["pixel_values"][cum[p] : cum[p + 1]] for p in rows])
+        mm["image_grid_thw"] = enc["image_grid_thw"][r]
+        mm["num_images"] = [1] * n
+        mm["mm_token_type_ids"] = torch.cat([enc["mm_token_type_ids"][r], torch.zeros_like(comp)], 1)
+    adv = torch.randn(n, generator=g)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "mm": mm, "adv": adv, "cmask": cmask}
+
+
+def loss_of(logps, ent, inputs):
+    """A GRPO-shaped scalar: advantage-weighted log-probs plus an entropy term, over the completion mask."""
+    m = inputs["cmask"].float()
+    return -((inputs["adv"][:, None] * logps + 0.01 * ent) * m).sum() / m.sum()
+
+
+def grads(model, fn, inputs, **kw):
+    model.zero_grad(set_to_none=True)
+    logps, ent = fn(model, inputs, **kw)
+    loss = loss_of(logps, ent, inputs)
+    loss.backward()
+    g = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+    return logps.detach(), ent.detach(), loss.detach(), g
+
+
+def assert_same(a, b):
+    la, ea, lossa, ga = a
+    lb, eb, lossb, gb = b
+    torch.testing.assert_close(lb, la, rtol=0, atol=LOGP_ATOL)
+    torch.testing.assert_close(eb, ea, rtol=0, atol=LOGP_ATOL)
+    torch.testing.assert_close(lossb, lossa, rtol=0, atol=LOGP_ATOL)
+    assert sorted(ga) == sorted(gb)
+    for k in ga:
+        rel = float((ga[k] - gb[k]).norm() / ga[k].norm().clamp_min(1e-12))
+        assert rel < GRAD_RTOL, f"{k}: relative gradient difference {rel:.2e}"
+
+
+def _bundle(kind, attn="sdpa"):
+    model, proc = tiny_bundle(kind, attn_implementation=attn)
+    add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))
+    return model.train(), proc
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen2_5_vl", "qwen3_vl"])
+def bundle(request):
+    model, proc = _bundle(request.param)
+    return request.param, model, proc
+
+
+def _vision_patches(model):
+    seen = []
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    handle = visual.register_forward_hook(lambda m, a, o: seen.append(a[0].shape[0])) if visual else None
+    return seen, handle
+
+
+def test_shared_loss_equals_the_repeated_path(bundle):
+    kind, model, proc = bundle
+    inputs = make_inputs(kind, proc, model.config.get_text_config().vocab_size)
+    seen, handle = _vision_patches(model)
+    try:
+        a = grads(model, repeated, inputs)
+        repeated_patches, _ = sum(seen), seen.clear()
+        stats = {}
+        b = grads(model, shared, inputs, stats=stats)
+        shared_patches = sum(seen)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert_same(a, b)
+    # the prompt really ran once per set: 3 sets, P - 1 + sum(k_i + 1) tokens, vision once per prompt
+    assert (stats["rows"], stats["sets"]) == (len(TEXTS) * G, len(TEXTS))
+    assert stats["tokens"] < inputs["input_ids"].numel()
+    if handle is not None:
+        assert repeated_patches == G * shared_patches > 0
+    # a zero log-prob where the completion mask is 0, as in TRL
+    assert (b[0][inputs["cmask"] == 0] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2_5_vl"])
+def test_split_and_shuffled_micro_batches(kind):
+    """Micro-batches of 5 rows cut groups (and rows shuffled, as with steps_per_generation > 1): each
+    micro-batch shares what it holds and the result is still the repeated path's."""
+    model, proc = _bundle(kind)
+    perm = torch.randperm(len(TEXTS) * G, generator=torch.Generator().manual_seed(3)).tolist()
+    inputs = make_inputs(kind, proc, model.config.get_text_config().vocab_size, perm=perm, seed=1)
+    a = grads(model, repeated, inputs, batch_size=5)
+    stats = {}
+    b = grads(model, shared, inputs, batch_size=5, stats=stats)
+    assert_same(a, b)
+    assert stats["rows"] == len(TEXTS) * G and len(TEXTS) < stats["sets"] < len(TEXTS) * G
+
+
+def test_eager_attention_and_gradient_checkpointing():
+    """Eager attention gets a float mask; under gradient checkpointing (layers recomputed in the backward)
+    the cache-free packed forward gives the same gradients as the repeated path without checkpointing."""
+    model, proc = _bundle("qwen2", attn="eager")
+    inputs = make_inputs("qwen2", proc, model.config.vocab_size, seed=2)
+    a = grads(model, repeated, inputs)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        assert model.model.gradient_checkpointing
+        b = grads(model, shared, inputs)
+    finally:
+        model.gradient_checkpointing_disable()
+    assert_same(a, b)
+
+
+def test_vl_gradient_checkpointing():
+    model, proc = _bundle("qwen2_5_vl")
+    inputs = make_inputs("qwen2_5_vl", proc, model.config.get_text_config().vocab_size, seed=4)
+    a = grads(model, repeated, inputs)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        b = grads(model, shared, inputs, batch_size=6)
+    finally:
+        model.gradient_checkpointing_disable()
+    assert_same(a, b)
+
+
+def test_a_wrong_mask_is_caught():
+    """The comparison can fail: letting block i see block i-1 (no block mask) changes the log-probs."""
+    model, proc = _bundle("qwen2")
+    inputs = make_inputs("qwen2", proc, model.config.vocab_size)
+    a = repeated(model, inputs)[0].detach()
+    with torch.no_grad():
+        b = shared(model, inputs)[0]
+        torch.testing.assert_close(b, a, rtol=0, atol=LOGP_ATOL)
+        ids, am = inputs["input_ids"], inputs["attention_mask"]
+        # a plain causal mask over a packed set shows what the block mask prevents
+        P = ids.shape[1] - C
+        r0, r1 = 0, 1
+        keep0 = am[r0].bool()
+        seq = torch.cat([ids[r0][keep0], ids[r1, P - 1 :]])
+        logits = model(input_ids=seq[None], use_cache=False).logits[0]
+        lp = torch.log_softmax(logits[-C - 1 : -1] / TEMPERATURE, -1).gather(-1, ids[r1, P:, None])[:, 0]
+        m = am[r1, P:].bool()
+        assert (lp[m] - a[r1][m]).abs().max() > 1e-3
+
+
+def test_refuses_what_it_cannot_share_exactly():
+    model, _ = tiny_bundle("qwen2", attn_implementation="sdpa")
+    shared_loss.check_supported(model)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        shared_loss.check_supported(model)
+    model, _ = tiny_bundle("qwen2", layer_types=["sliding_attention", "full_attention"], use_sliding_window=True,
+                           sliding_window=4)  # fmt: skip
+    with pytest.raises(ValueError, match="sliding-window"):
+        shared_loss.check_supported(model)
+    with pytest.raises(ValueError, match="router_aux_loss_coef"):
+        shared_loss.check_supported(tiny_bundle("qwen2")[0], aux_loss=True)
