@@ -137,6 +137,19 @@ def test_the_plan_is_a_pure_function_of_its_numbers_in_any_process():
     assert specs == here and specs[2] and specs[3] and not specs[0]
 
 
+def test_the_package_holds_the_pure_parts_names_and_the_verl_classes_lazily():
+    """``ncgrpo.integrations.verl.NCGRPOVerlConfig`` (as the verl recipe names it) and every other public name
+    of the pure part resolve on the package without verl; the verl classes are named but load on access."""
+    import ncgrpo.integrations.verl as package
+    from ncgrpo.integrations.verl import config
+
+    pure = [name for name in package.__all__ if name not in package._VERL_CLASSES]
+    assert pure == config.__all__
+    assert all(getattr(package, name) is getattr(config, name) for name in pure)
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        package.nope  # noqa: B018
+
+
 # --------------------------------------------------------------------------------------------------
 # the prompt id
 # --------------------------------------------------------------------------------------------------

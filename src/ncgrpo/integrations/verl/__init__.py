@@ -6,9 +6,10 @@ Launch (verl's ``main_ppo`` with NC-GRPO's task runner; every verl override work
         --config-name geo3k_qwen2_5_vl_7b_latent_sigma0.2
 
 The pure part (:mod:`.config`: the ``ncgrpo:`` block, the session plan, the prompt id, the per-half
-metrics, the checks of verl's config) imports no verl. The verl classes (:mod:`.workers`:
-:class:`NCGRPOAgentLoopWorker`, :class:`NCGRPOAgentLoopManager`, :class:`NCGRPOTrainerSync`,
-``NCGRPOTaskRunner``) import verl and Ray, on first access of their names here, so
+metrics, the checks of verl's config) imports no verl; its public names (``config.__all__``) are this
+package's too. The verl classes (:mod:`.workers`: :class:`NCGRPOAgentLoopWorker`,
+:class:`NCGRPOAgentLoopManager`, :class:`NCGRPOTrainerSync`, ``NCGRPOTaskRunner``) import verl and Ray,
+on first access of their names here, so
 ``agent_loop_manager_class=ncgrpo.integrations.verl.NCGRPOAgentLoopManager`` resolves.
 """
 
@@ -16,14 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ncgrpo.integrations.verl.config import (
-    NCGRPOVerlConfig,
-    SessionNoise,
-    check_verl_config,
-    half_metrics,
-    plan_session,
-    verl_prompt_id,
-)
+from ncgrpo.integrations.verl import config as _config
+from ncgrpo.integrations.verl.config import *  # noqa: F403  (the pure part's names, config.__all__)
 
 _VERL_CLASSES = (
     "FirstRequestNoiseClient",
@@ -32,15 +27,7 @@ _VERL_CLASSES = (
     "NCGRPOTaskRunner",
     "NCGRPOTrainerSync",
 )
-__all__ = [
-    "NCGRPOVerlConfig",
-    "SessionNoise",
-    "check_verl_config",
-    "half_metrics",
-    "plan_session",
-    "verl_prompt_id",
-    *_VERL_CLASSES,
-]
+__all__ = [*_config.__all__, *_VERL_CLASSES]
 
 
 def __getattr__(name: str) -> Any:
