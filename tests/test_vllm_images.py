@@ -156,6 +156,34 @@ def test_rows_share_one_resized_copy_and_a_bad_image_names_its_row() -> None:
     assert host._nc_engine_images(rows) is rows  # a fixed-size processor: vLLM resizes alike, nothing to do
 
 
+def test_the_resize_policy_is_built_once_per_processor(monkeypatch) -> None:
+    import ncgrpo.trainer.images as images_module
+    from ncgrpo.core.plan import RowPlan
+    from ncgrpo.trainer.images import ImageNoise
+
+    built = []
+    real = images_module.engine_policy
+    monkeypatch.setattr(images_module, "engine_policy", lambda pc: built.append(pc) or real(pc))
+
+    class Host(ImageNoise):
+        processing_class = SimpleNamespace(image_processor=_image_processor(28, RECIPE))
+
+    host, small = Host(), Image.new("L", (300, 220), 7)
+    clean = [RowPlan(global_row=0, group=0, branch=0, noisy=False, prompt_id=0)]
+    for _ in range(3):  # three generations
+        host._nc_engine_images([[small]])
+        host._distorted_row_images([[small]], clean, t=5)
+    assert built == [Host.processing_class]
+    host.processing_class = SimpleNamespace(
+        image_processor=SimpleNamespace(size={"height": 224, "width": 224})
+    )
+    assert (
+        host._nc_engine_images([[small]]) == [[small]] and len(built) == 2
+    )  # another processor: its own rule
+    with pytest.raises(ValueError, match="does not expose min/max pixels"):  # the image method needs the rule
+        host._distorted_row_images([[small]], clean, t=5)
+
+
 # --------------------------------------------------------------------------------------------------
 # through the trainer: TRL's VLLMGeneration.generate, a fake engine at vLLM's boundary
 # --------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from ncgrpo.core.image_noise import (
     image_noise_t,
     pil_to_tensor,
     prompt_image_seed,
+    resize_to_target,
     tensor_to_pil,
 )
 from ncgrpo.core.noise import sigma_schedule
@@ -313,6 +314,20 @@ def test_t0_gives_exactly_the_processors_clean_pixels(mode: str) -> None:
         again = ip(images=[resized], do_resize=False, return_tensors="np")
         assert np.array_equal(again["image_grid_thw"], clean["image_grid_thw"])
         assert np.array_equal(again["pixel_values"], clean["pixel_values"])
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA"])
+def test_resize_to_target_is_distort_images_resize_and_leaves_a_target_sized_image_alone(mode: str) -> None:
+    # the trainer sends vLLM resize_to_target's copy and the image method distort_images': the clean
+    # pixels of both must be the ones the processor's resize gives
+    for size in SIZES.values():
+        img = _textured(size, mode)
+        out = resize_to_target(img, POLICY)
+        assert out.size[::-1] == POLICY.target(img.height, img.width) and out.mode == "RGB"
+        (clean,) = distort_images([img], 0, 0, POLICY)
+        assert out.tobytes() == clean.tobytes()
+    at_target = _textured((140, 112), mode)  # 112 x 140: multiples of 28 within the budget
+    assert resize_to_target(at_target, POLICY) is at_target
 
 
 @pytest.mark.parametrize("where", sorted(SIZES))

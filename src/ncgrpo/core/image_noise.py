@@ -71,6 +71,7 @@ __all__ = [
     "image_noise_t",
     "pil_to_tensor",
     "prompt_image_seed",
+    "resize_to_target",
     "tensor_to_pil",
     "to_rgb",
 ]
@@ -263,6 +264,19 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
+def resize_to_target(image: Image.Image, policy: ResizePolicy) -> Image.Image:
+    """``image`` at ``policy.target``, as the Qwen PIL image processor resizes it: the same object when
+    it is at its target already, else converted with :func:`to_rgb` and resized with PIL bicubic.
+    :func:`distort_images` (on the RGB copy) and the trainer's images for vLLM
+    (:func:`ncgrpo.trainer.images.engine_images`) both resize through here."""
+    from PIL import Image
+
+    h, w = policy.target(image.height, image.width)
+    if (h, w) == (image.height, image.width):
+        return image
+    return to_rgb(image).resize((w, h), Image.BICUBIC)
+
+
 def distort_images(
     images: Sequence[Image.Image], t: int, seed: int | Sequence[int], policy: ResizePolicy
 ) -> list[Image.Image]:
@@ -275,11 +289,4 @@ def distort_images(
     the noise reaches the model's pixels without being interpolated. ``t=0`` returns the resized
     clean images.
     """
-    from PIL import Image
-
-    resized = []
-    for image in images:
-        rgb = to_rgb(image)
-        h, w = policy.target(rgb.height, rgb.width)
-        resized.append(rgb if (h, w) == (rgb.height, rgb.width) else rgb.resize((w, h), Image.BICUBIC))
-    return diffuse_images(resized, t, seed)
+    return diffuse_images([resize_to_target(to_rgb(image), policy) for image in images], t, seed)

@@ -43,44 +43,48 @@ from ncgrpo.core.plan import (
 )
 
 
-def engine_images(images: Sequence[Any], policy) -> list:
+def engine_images(images: Sequence[Any], policy, done: dict[int, Any] | None = None) -> list:
     """``images`` (PIL) at the size the trainer's processor resizes them to.
 
     ``policy``: :class:`ncgrpo.core.image_noise.ResizePolicy` of the trainer's image processor. An
     image already at ``policy.target`` is returned as is (the same object: no copy, no re-encode);
-    any other one is converted to RGB as the processor converts
-    (:func:`ncgrpo.core.image_noise.to_rgb`) and resized to the target with PIL bicubic, as the
-    processor resizes (the order of :func:`ncgrpo.core.image_noise.distort_images`, without noise).
-    ``None`` entries stay ``None``. A bad entry: ``TypeError`` / ``ValueError`` naming its index.
+    any other one is converted to RGB and resized as the processor does
+    (:func:`ncgrpo.core.image_noise.resize_to_target`, the resize of
+    :func:`~ncgrpo.core.image_noise.distort_images`, without noise). ``None`` entries stay ``None``.
+    ``done`` (``id -> result``, filled in): an image object met before is not resized again, so rows
+    sharing an image share one copy. A bad entry: ``TypeError`` / ``ValueError`` naming its index.
     """
+    done = {} if done is None else done
     out = []
     for j, image in enumerate(images):
-        try:
-            out.append(None if image is None else _engine_image(image, policy))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"image {j}: {e}") from e
+        if id(image) not in done:
+            try:
+                done[id(image)] = None if image is None else _engine_image(image, policy)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"image {j}: {e}") from e
+        out.append(done[id(image)])
     return out
 
 
 def _engine_image(image, policy):
+    """One PIL image through :func:`~ncgrpo.core.image_noise.resize_to_target`, refused where vLLM would
+    refuse the result."""
     from PIL import Image
 
-    from ncgrpo.core.image_noise import to_rgb
+    from ncgrpo.core.image_noise import resize_to_target
 
     if not isinstance(image, Image.Image):
         raise TypeError(
             f"a {type(image).__name__}, not a PIL image; the images sent to vLLM are resized to the trainer "
             "processor's size first, which needs PIL images"
         )
-    h, w = policy.target(image.height, image.width)
-    if max(h, w) / min(h, w) > 200:  # floor-rounding a near-200:1 image can push it past 200:1
+    out = resize_to_target(image, policy)
+    if max(out.size) / min(out.size) > 200:  # floor-rounding a near-200:1 image can push it past 200:1
         raise ValueError(
-            f"{image.width}x{image.height} resizes to {w}x{h} for the trainer's processor, an aspect ratio "
-            "over 200 that vLLM's processor (smart_resize) refuses; crop or pad it in the data"
+            f"{image.width}x{image.height} resizes to {out.width}x{out.height} for the trainer's processor, an "
+            "aspect ratio over 200 that vLLM's processor (smart_resize) refuses; crop or pad it in the data"
         )
-    if (h, w) == (image.height, image.width):
-        return image
-    return to_rgb(image).resize((w, h), Image.BICUBIC)
+    return out
 
 
 def engine_policy(processing_class):
@@ -118,41 +122,53 @@ class ImageNoise:
 
     def _nc_engine_images(self, images):
         """Per row (a list of PIL images, or ``None``), :func:`engine_images` under the trainer processor's
-        policy; ``images`` itself when every image is at its target already (or the processor has no
-        ``smart_resize`` rule)."""
-        policy = engine_policy(self.processing_class)
+        policy (:meth:`_nc_resize_policy`), an image shared by rows resized once; ``images`` itself when
+        every image is at its target already (or the processor has no ``smart_resize`` rule)."""
+        policy = self._nc_resize_policy()
         if policy is None:
             return images
         out, changed = [], False
-        done: dict[int, Any] = {}  # id -> resized: an image object shared by rows is resized once
+        done: dict[int, Any] = {}
         for i, row in enumerate(images):
             if not row:
                 out.append(row)
                 continue
-            for j, im in enumerate(row):
-                if id(im) not in done:
-                    try:
-                        done[id(im)] = None if im is None else _engine_image(im, policy)
-                    except (TypeError, ValueError) as e:
-                        raise type(e)(f"row {i}, image {j}: {e}") from e
-            new = [done[id(im)] for im in row]
+            try:
+                new = engine_images(row, policy, done)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"row {i}, {e}") from e
             row_changed = any(a is not b for a, b in zip(new, row, strict=True))
             changed = changed or row_changed
             out.append(new if row_changed else row)
         return out if changed else images
+
+    def _nc_resize_policy(self, *, required: bool = False):
+        """:func:`engine_policy` of ``self.processing_class``, built once per processor (not at every
+        generation). ``required`` (the image method): a processor without the rule is an error, raised by
+        :meth:`ResizePolicy.from_image_processor <ncgrpo.core.image_noise.ResizePolicy.from_image_processor>`
+        with what it lacks."""
+        processor = self.processing_class
+        cached = getattr(self, "_nc_policy_of", None)
+        if cached is None or cached[0] is not processor:
+            cached = self._nc_policy_of = (processor, engine_policy(processor))
+        if cached[1] is None and required:
+            from ncgrpo.core.image_noise import ResizePolicy
+
+            ResizePolicy.from_image_processor(processor.image_processor)  # raises, naming what is missing
+        return cached[1]
 
     def _distorted_row_images(self, images, plans: list[RowPlan], t: int):
         """Per row, the PIL images vLLM gets: the clean ones on clean rows, NoisyRollout-distorted copies
         (:func:`ncgrpo.core.image_noise.distort_images`: RGB, resized to the processor's patch grid, then
         noised at step ``t``; one copy per prompt, shared by its noisy rows) on noisy rows. The sides are
         already the processor's target, so vLLM's processor resizes them to themselves."""
-        from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
+        from ncgrpo.core.image_noise import distort_images, prompt_image_seed
 
         if images is None or not any(images):
             raise ValueError("rollout_method='image' needs image prompts; this batch has none")
         if int(t) == 0:
             return images
-        policy = ResizePolicy.from_image_processor(self.processing_class.image_processor)
+        policy = self._nc_resize_policy(required=True)
         done: dict[int, list] = {}
         out = []
         for i, p in enumerate(plans):
@@ -174,7 +190,7 @@ class ImageNoise:
         those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
         interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
         """
-        from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
+        from ncgrpo.core.image_noise import distort_images, prompt_image_seed
 
         if (
             images is None
@@ -195,7 +211,7 @@ class ImageNoise:
         if int(t) == 0:  # fully annealed: the noisy half generates from the clean images
             return out
         image_processor = self.processing_class.image_processor
-        policy = ResizePolicy.from_image_processor(image_processor)
+        policy = self._nc_resize_policy(required=True)
         sizes = grid.prod(-1).tolist()  # patches per image
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
         new_pv = pv.clone()
