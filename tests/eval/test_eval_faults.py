@@ -566,3 +566,28 @@ def test_engine_option_is_checked_before_anything_is_written(
         assert cli.main(_argv(tiny_vl_dir, suite_dir, out, "--engine", "vllm")) == 2
         err = capsys.readouterr().err
         assert "vLLM is not installed" in err and "setup_vllm.sh" in err and not out.exists()
+
+
+def test_a_rerun_reads_run_json_once_per_check(model_and_processor, suite_dir, tmp_path, monkeypatch) -> None:
+    # Before, check_folder read run.json twice (the kind check, then the identity check), and evaluate
+    # checked twice (before the lock, refusing with nothing written; under it): 4 reads for one rerun.
+    from ncgrpo.eval.evaluate import check_folder, run_identity
+
+    model, proc = model_and_processor
+    qs = _questions(suite_dir)[:2]
+    s = DecodingSettings(max_new_tokens=2, batch_size=1)
+    evaluate(model, proc, qs[:1], tmp_path, model_id="m", settings=s, progress=False)
+    reads: list[Path] = []
+    read_text = Path.read_text
+
+    def counting(self: Path, *a, **k):
+        if self.name == RUN_FILE:
+            reads.append(self)
+        return read_text(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", counting)
+    assert check_folder(tmp_path, run_identity(model_id="m", settings=s))["model"] == "m"
+    assert len(reads) == 1
+    reads.clear()
+    assert evaluate(model, proc, qs, tmp_path, model_id="m", settings=s, progress=False).newly_recorded == 1
+    assert len(reads) == 2  # before the lock (nothing written on refusal), then under it

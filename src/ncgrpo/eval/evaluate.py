@@ -143,15 +143,16 @@ IDENTITY_KEYS = tuple(k for k in run_identity(model_id="") if k not in MAY_CHANG
 def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | None:
     """Refuse a folder whose run.json has another identity (:data:`IDENTITY_KEYS`) than ``run``.
 
-    Reads only: callers check before loading a model. Returns the folder's run.json, or None when
-    there is none yet (a new folder).
+    Reads only (run.json once): callers check before loading a model. Returns the folder's run.json,
+    or None when there is none yet (a new folder).
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"{out}: exists and is not a folder")
     path = out / RUN_FILE
-    check_folder_kind(out, "eval", "ncgrpo eval")  # a train run, a demo's root, a model: never written into
-    old = read_run_json(out, hint="use another --output_dir folder")
+    old = read_run_json(out, hint="move it away or fix it")
+    # a train run, a demo's root, a model: never written into
+    check_folder_kind(out, "eval", "ncgrpo eval", info=old)
     if old is None:
         return None
     for k in (k for k in run if k not in MAY_CHANGE_ON_RERUN):
@@ -338,21 +339,17 @@ def evaluate(
     questions: Sequence[Question],
     out_dir: str | Path,
     *,
-    model_id: str,
-    checkpoint: str | None = None,
-    seed: int | None = None,
-    name: str | None = None,
-    method: str | None = None,
     settings: DecodingSettings | None = None,
-    split: str | dict[str, str] | None = None,
-    benchmarks: Sequence[str] | None = None,
     engine: str | None = None,
     progress: bool = True,
+    **identity: Any,
 ) -> EvalSummary:
     """Answer ``questions`` greedily and append one record per new question to ``out_dir``.
 
     ``model`` is a transformers model, or a :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine` (from
-    :func:`load_for_eval`); ``engine`` (default: the model's) must name the one it is.
+    :func:`load_for_eval`); ``engine`` (default: the model's) must name the one it is. ``identity``:
+    the other keyword arguments of :func:`run_identity` (``model_id`` required; ``checkpoint``,
+    ``seed``, ``name``, ``method``, ``split``, ``benchmarks``).
 
     Already-recorded questions (same benchmark and question id) are skipped, so rerunning after a
     crash completes the folder without duplicates. The folder's identity -- model, checkpoint,
@@ -366,23 +363,18 @@ def evaluate(
     engine = engine or engine_of(model)
     if engine != engine_of(model):
         raise ValueError(f"engine={engine!r} but the model at hand decodes with {engine_of(model)!r}")
+    run_info = run_identity(settings=settings, engine=engine, **identity)
     if not questions:
         raise ValueError("no questions to evaluate")
-    check_images(questions, takes_images(model, processor), f"the model ({model_id})")
+    check_images(questions, takes_images(model, processor), f"the model ({run_info['model']})")
     uids = [(q.benchmark, q.question_id) for q in questions]
     if len(set(uids)) != len(uids):
         dup = next(u for u in uids if uids.count(u) > 1)
         raise ValueError(f"question {dup[0]}/{dup[1]} appears twice in the evaluation set")
     out = Path(out_dir)
-    run_info = run_identity(
-        model_id=model_id, checkpoint=checkpoint, seed=seed, name=name, method=method,
-        settings=settings, split=split, benchmarks=benchmarks, engine=engine,
-    )  # fmt: skip
-    check_folder(out, run_info)
+    check_folder(out, run_info)  # refused here, nothing is written (not even the lock file)
     with FolderLock(out, what="ncgrpo eval"):
-        return _evaluate_locked(
-            model, processor, questions, out, run_info, settings, model_id, checkpoint, seed, progress
-        )
+        return _evaluate_locked(model, processor, questions, out, run_info, settings, progress)
 
 
 def _evaluate_locked(
@@ -392,9 +384,6 @@ def _evaluate_locked(
     out: Path,
     run_info: dict[str, Any],
     settings: DecodingSettings,
-    model_id: str,
-    checkpoint: str | None,
-    seed: int | None,
     progress: bool,
 ) -> EvalSummary:
     _check_run_file(out, run_info)
@@ -449,9 +438,9 @@ def _evaluate_locked(
                         extracted=s.extracted,
                         gold=q.answer,
                         correct=bool(s.correct),
-                        model=model_id,
-                        checkpoint=checkpoint,
-                        seed=seed,
+                        model=run_info["model"],
+                        checkpoint=run_info["checkpoint"],
+                        seed=run_info["seed"],
                         decoding=decoding,
                     )
                 )

@@ -281,9 +281,15 @@ def folder_kind(folder: str | os.PathLike) -> str | None:
     return _inferred_kind(folder, read_run_json(folder, hint="move it away or fix it"))[0]
 
 
-def check_folder_kind(folder: str | os.PathLike, kind: str, what: str = "ncgrpo") -> None:
+_UNREAD: Any = object()  # check_folder_kind's info when the caller has not read run.json
+
+
+def check_folder_kind(
+    folder: str | os.PathLike, kind: str, what: str = "ncgrpo", *, info: Any = _UNREAD
+) -> None:
     """Refuse (:class:`FolderKindError`) to write ``kind`` results into ``folder`` when it is a file or
-    holds another kind (:func:`folder_kind`); reads only. ``what``: the command, for the message."""
+    holds another kind (:func:`folder_kind`); reads only. ``what``: the command, for the message.
+    ``info``: the folder's run.json (None: it has none) when the caller has read it already."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise FolderKindError(
@@ -291,7 +297,9 @@ def check_folder_kind(folder: str | os.PathLike, kind: str, what: str = "ncgrpo"
         )
     if not folder.is_dir():
         return
-    found, evidence = _inferred_kind(folder, read_run_json(folder, hint="move it away or fix it"))
+    if info is _UNREAD:
+        info = read_run_json(folder, hint="move it away or fix it")
+    found, evidence = _inferred_kind(folder, info)
     if found is None or found == kind:
         return
     raise FolderKindError(
