@@ -18,6 +18,7 @@ from ncgrpo.core.noise import (
     noise_seed,
     perturb,
     perturb_rows,
+    perturb_selected,
     project_ball,
     relative_perturbation,
     reverse_positions,
@@ -76,6 +77,34 @@ def test_non_finite_input_is_a_clear_error() -> None:
     h[1, 2] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         perturb(h, torch.randn(2, 4), 0.2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unchecked_non_finite_rows_are_returned_as_they_were(dtype: torch.dtype) -> None:
+    """check_finite=False (no host read, for an engine step that must not sync): a row holding inf or
+    NaN comes back as it was, where the float32 sum and the low-precision clamp would have changed it
+    (inf -> the dtype's max); the finite rows get their noise as with the check."""
+    h = torch.randn(3, 8).to(dtype)
+    h[0, 1], h[2, 5] = float("inf"), float("nan")
+    eps = torch.randn(3, 8)
+    out = perturb(h, eps, 0.3, check_finite=False)
+    assert torch.equal(out[0], h[0]) and torch.equal(out[2].isnan(), h[2].isnan())
+    assert torch.equal(out[2][~h[2].isnan()], h[2][~h[2].isnan()])
+    assert torch.equal(out[1], perturb(h[1:2], eps[1:2], 0.3)[0]) and not torch.equal(out[1], h[1])
+
+
+def test_the_sync_free_assembly_gives_perturb_rows_values() -> None:
+    """perturb_selected is perturb_rows' own assembly; sync_free (pinned async copies, no check) changes
+    nothing on finite states."""
+    torch.manual_seed(0)
+    h = torch.randn(2, 5, 16)
+    rows = [RowNoise(0.4, NoiseKey(1, 2, 3, 0), 1.0, "rank_one"), RowNoise(0.2, NoiseKey(1, 2, 4, 1), -1.0)]
+    mu = torch.linspace(-1, 1, 16)
+    ref, _ = perturb_rows(h, rows, last_k=2, steer=mu, sigma_scale=0.5)
+    draws = [(rows[0], [1, 0]), (rows[1], [1, 0])]
+    for sync_free in (False, True):
+        new = perturb_selected(h[:, 3:].reshape(4, 16), draws, steer=mu, sigma_scale=0.5, sync_free=sync_free)
+        assert torch.equal(new, ref[:, 3:].reshape(4, 16))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -361,19 +361,19 @@ _TP2 = textwrap.dedent(
 
     def rank_dependent_draws(worker, on):
         # inside each worker: rank r draws with key.draw + 1000 * r (the bug the test must catch)
-        import ncgrpo.engines.vllm as engine
+        import ncgrpo.core.noise as noise  # the plugin draws through core.noise.perturb_selected
         from vllm.distributed import get_tensor_model_parallel_rank
 
         rank = get_tensor_model_parallel_rank()
-        orig = engine.__dict__.setdefault("_honest_draw_eps", engine.draw_eps)
+        orig = noise.__dict__.setdefault("_honest_draw_eps", noise.draw_eps)
         if not on:
-            engine.draw_eps = orig
+            noise.draw_eps = orig
             return rank
 
         def skewed(key, positions, d, **kw):
             return orig(dataclasses.replace(key, draw=key.draw + 1000 * rank), positions, d, **kw)
 
-        engine.draw_eps = skewed
+        noise.draw_eps = skewed
         return rank
 
     def run(llm, prompts, rows):

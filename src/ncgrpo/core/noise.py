@@ -45,12 +45,14 @@ __all__ = [
     "noise_seed",
     "perturb",
     "perturb_rows",
+    "perturb_selected",
     "project_ball",
     "relative_perturbation",
     "reverse_positions",
     "sigma_schedule",
     "spsa_gradient",
     "spsa_update",
+    "to_device",
 ]
 
 NoiseMode = Literal["independent", "antithetic", "rank_one"]
@@ -236,13 +238,18 @@ def perturb(
     """``h~ = h + sigma * ||h|| / sqrt(d) * eps (+ mu * ||h|| / sqrt(d))``, eq. (2) / (6).
 
     Computed in float32 and cast back to ``h.dtype``, saturating at the dtype's largest finite value
-    so a finite input never produces inf or NaN. ``check_finite``: see :func:`calibrated_delta`.
+    so a finite input never produces inf or NaN. A non-finite ``h`` is an error; with
+    ``check_finite=False`` nothing is read on the host (no device sync) and a row (last dim) holding a
+    non-finite value is returned as it was, by ``torch.where``.
     """
     out32 = h.float() + calibrated_delta(h, eps, sigma, steer=steer, check_finite=check_finite)
     if h.dtype.is_floating_point and h.dtype != torch.float32:
         fmax = torch.finfo(h.dtype).max
         out32 = out32.clamp(-fmax, fmax)
-    return out32.to(h.dtype)
+    out = out32.to(h.dtype)
+    if not check_finite:
+        out = torch.where(torch.isfinite(h).all(dim=-1, keepdim=True), out, h)
+    return out
 
 
 def relative_perturbation(h: torch.Tensor, h_tilde: torch.Tensor) -> torch.Tensor:
@@ -333,23 +340,52 @@ def perturb_rows(
     bi, ti = sel.nonzero(as_tuple=True)  # [N] row-major: rows ascending, positions ascending
     if bi.numel() == 0:
         return out, rel
-    # One CPU draw per noisy row (its selected positions), one host-to-device copy for the batch.
-    eps_rows, sig_rows = [], []
-    for b in bi.unique_consecutive().tolist():
-        spec = rows[b]
-        pos = rev[b, ti[bi == b]]
-        eps_rows.append(draw_eps(spec.key, pos, d, mode=spec.mode))
-        sig_rows.append(torch.full((pos.numel(), 1), spec.sigma * sigma_scale * spec.sign))
-    eps = torch.cat(eps_rows).to(h.device)  # [N, d]
-    sig = torch.cat(sig_rows).to(h.device)  # [N, 1]
+    draws = [(rows[b], rev[b, ti[bi == b]]) for b in bi.unique_consecutive().tolist()]
     bi_dev, ti_dev = bi.to(h.device), ti.to(h.device)
     h_sel = h[bi_dev, ti_dev]  # [N, d]
-    new = perturb(h_sel, eps, sig, steer=steer)  # [N, d]
+    new = perturb_selected(h_sel, draws, steer=steer, sigma_scale=sigma_scale)  # [N, d]
     out[bi_dev, ti_dev] = new
     per_token = relative_perturbation(h_sel, new).cpu()  # [N]
     counts = torch.bincount(bi, minlength=B).clamp_min(1)
     rel.index_add_(0, bi, per_token)
     return out, rel / counts
+
+
+def to_device(t: torch.Tensor, device: torch.device, *, sync_free: bool = False) -> torch.Tensor:
+    """``t`` on ``device``. ``sync_free``: a host tensor goes to a CUDA device by an asynchronous copy
+    from pinned memory, so the host does not wait for the device (a plain copy from pageable memory
+    does)."""
+    if sync_free and device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def perturb_selected(
+    h_sel: torch.Tensor,
+    draws: Sequence[tuple[RowNoise, Sequence[int] | torch.Tensor]],
+    *,
+    steer: torch.Tensor | None = None,
+    sigma_scale: float = 1.0,
+    sync_free: bool = False,
+) -> torch.Tensor:
+    """Eq. (2) (with eq. (6)'s ``steer``) on selected prompt states, each with its keyed noise.
+
+    ``h_sel``: ``# [N, d]`` states grouped by prompt; ``draws``: one ``(RowNoise, positions)`` per
+    noisy prompt, in ``h_sel``'s order, ``positions`` the reverse positions (:func:`draw_eps`) of its
+    states, so the ``len(positions)`` values sum to N; ``sigma_scale`` multiplies every sigma. The noise
+    is drawn on the CPU and goes to the device in one copy for eps and one for sigma.
+
+    ``sync_free`` (an engine step that must not wait for the device, as vLLM's): the copies are
+    asynchronous from pinned memory (:func:`to_device`), nothing is read back, and a state holding a
+    non-finite value is returned as it was (:func:`perturb` ``check_finite=False``) instead of raising.
+    Returns ``# [N, d]``, the values :func:`perturb_rows` gives those states.
+    """
+    d = h_sel.shape[-1]
+    eps = torch.cat([draw_eps(spec.key, pos, d, mode=spec.mode) for spec, pos in draws])  # [N, d]
+    sig = torch.cat([torch.full((len(pos), 1), spec.sigma * sigma_scale * spec.sign) for spec, pos in draws])
+    eps, sig = (to_device(t, h_sel.device, sync_free=sync_free) for t in (eps, sig))  # [N, d], [N, 1]
+    mu = None if steer is None else to_device(steer, h_sel.device, sync_free=sync_free)  # [d]
+    return perturb(h_sel, eps, sig, steer=mu, check_finite=not sync_free)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -4,9 +4,10 @@ Same intervention as :mod:`ncgrpo.engines.transformers` (paper section 3.1, "Whe
 acts"): eq. (2) is applied to the hidden state *returned* by the language-model stack (after the
 final norm) at the LAST prompt position, in the engine step that samples a request's first token.
 The KV cache is written inside the forward from clean activations, so only that one logit row moves;
-every later step decodes from a clean cache. The noise is :func:`ncgrpo.core.noise.perturb_rows` with the
-keyed draw :func:`ncgrpo.core.noise.draw_eps` at reverse position 0 -- the very function the transformers
-engine calls -- so a request gets bit-for-bit the same ``eps`` in both engines.
+every later step decodes from a clean cache. The noise is :func:`ncgrpo.core.noise.perturb_selected`
+(its sync-free option) with the keyed draw at reverse position 0 -- the very function the transformers
+engine's :func:`~ncgrpo.core.noise.perturb_rows` calls -- so a request gets bit-for-bit the same ``eps``
+in both engines.
 
 Installing ncgrpo registers the plugin (entry point ``vllm.general_plugins``); vLLM loads it in
 every process it starts, workers included (TRL colocate, ``vllm serve``, verl workers). Requests opt
@@ -94,7 +95,7 @@ from typing import Any
 
 import torch
 
-from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps, perturb
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_selected, to_device
 
 __all__ = [
     "EXTRA_ARGS_KEY",
@@ -489,26 +490,20 @@ def check_server_plugin_active(base_url: str, *, timeout: float = 60.0) -> list[
 # --------------------------------------------------------------------------------------------------
 # the perturbation of the sampled rows
 # --------------------------------------------------------------------------------------------------
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device`` without a sync: CUDA copies go from pinned memory, asynchronously."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
 def _perturb_logit_rows(hs: torch.Tensor, rows: list[tuple[int, NoiseSpec]]) -> torch.Tensor:
     """``hs`` ``# [R, d]`` (the rows ``compute_logits`` gets) with eq. (2) on the listed rows.
 
     Each row is the request's last prompt position, i.e. reverse position 0: the values are those
     :func:`ncgrpo.core.noise.perturb_rows` gives the last prompt token in the transformers engine (the
-    same keyed :func:`draw_eps` at position 0, the same :func:`perturb`). Returns a copy; ``hs`` is left
+    same :func:`~ncgrpo.core.noise.perturb_selected`, at position 0). Returns a copy; ``hs`` is left
     alone (the runner reuses hidden states for prompt logprobs and drafting).
 
-    No device sync (this runs in every step that samples a noisy request's first token): the noise is
-    drawn on the CPU from the keys, every host tensor (row indices, eps, sigma, mu) goes to the device
-    by one asynchronous copy from pinned memory, and nothing is read back. So the transformers engine's
-    finiteness check (which reads the state on the host) is replaced by ``torch.where``: a row whose
-    state is not finite is left as it was (vLLM computes from it what it would without the plugin).
+    No device sync (this runs in every step that samples a noisy request's first token):
+    ``perturb_selected(sync_free=True)`` draws the noise on the CPU from the keys, every host tensor
+    (row indices, eps, sigma, mu) goes to the device by one asynchronous copy from pinned memory, and
+    nothing is read back. So the transformers engine's finiteness check (which reads the state on the
+    host) is replaced by ``torch.where``: a row whose state is not finite is left as it was (vLLM
+    computes from it what it would without the plugin).
     """
     out = hs.clone()
     rows = [(i, s) for i, s in rows if s.row.noisy]  # a control-only row keeps its state
@@ -517,15 +512,11 @@ def _perturb_logit_rows(hs: torch.Tensor, rows: list[tuple[int, NoiseSpec]]) -> 
         group = [(i, s) for i, s in rows if s.steer is steer]
         if steer is not None and steer.numel() != d:  # the caller-side check refuses these first
             raise RuntimeError(f"ncgrpo vLLM plugin: steer has {steer.numel()} values for hidden size {d}")
-        idx = _to_device(torch.tensor([i for i, _ in group], dtype=torch.long), hs.device)  # [N]
-        eps = _to_device(
-            torch.cat([draw_eps(s.row.key, [0], d, mode=s.row.mode) for _, s in group]), hs.device
-        )
-        sig = _to_device(torch.tensor([[s.row.sigma * s.row.sign] for _, s in group]), hs.device)  # [N, 1]
-        mu = None if steer is None else _to_device(steer, hs.device)
+        idx = to_device(
+            torch.tensor([i for i, _ in group], dtype=torch.long), hs.device, sync_free=True
+        )  # [N]
         h_sel = hs.index_select(0, idx)  # [N, d]: each request's last prompt token
-        new = perturb(h_sel, eps, sig, steer=mu, check_finite=False)
-        new = torch.where(torch.isfinite(h_sel).all(dim=-1, keepdim=True), new, h_sel)
+        new = perturb_selected(h_sel, [(s.row, [0]) for _, s in group], steer=steer, sync_free=True)
         out.index_copy_(0, idx, new)
     return out
 
