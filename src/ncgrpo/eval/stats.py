@@ -566,17 +566,14 @@ class SeedLevel:
 
 
 def seed_level(
-    seed_pairs: Iterable[tuple[Any, Any]],
-    *,
-    confidence: float = 0.95,
-    n_resamples: int = BOOTSTRAP_RESAMPLES,
-    seed: int = 0,
+    seed_pairs: Iterable[tuple[Any, Any]], *, confidence: float = 0.95, **bootstrap: Any
 ) -> SeedLevel:
-    """:func:`seed_ttest` and :func:`hierarchical_bootstrap` of the same seed pairs."""
+    """:func:`seed_ttest` and :func:`hierarchical_bootstrap` of the same seed pairs at one ``confidence``;
+    ``bootstrap``: the bootstrap's own options (``n_resamples``, ``seed``), defaults and checks there."""
     pairs = _seed_pairs(seed_pairs)
     return SeedLevel(
         ttest=seed_ttest(pairs, confidence=confidence),
-        bootstrap=hierarchical_bootstrap(pairs, confidence=confidence, n_resamples=n_resamples, seed=seed),
+        bootstrap=hierarchical_bootstrap(pairs, confidence=confidence, **bootstrap),
     )
 
 
