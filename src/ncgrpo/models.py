@@ -18,6 +18,7 @@ __all__ = [
     "find_vision_tower",
     "freeze_vision_tower",
     "is_vision_language",
+    "load_config",
     "load_model_and_processor",
     "load_processor",
     "resolve_device",
@@ -105,7 +106,7 @@ def load_model_and_processor(
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     dev = resolve_device(device) if device is not None else None
-    config = _load_config(path)
+    config = load_config(path)
     check_weight_files(path)  # a torn weights file is named here, not as SafetensorError inside the load
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, dev or torch.device("cpu"))}
     if attn_implementation:
@@ -127,7 +128,8 @@ def load_model_and_processor(
     return model, processor
 
 
-def _load_config(path: str | Path) -> Any:
+def load_config(path: str | Path) -> Any:
+    """The model config at ``path`` (a model folder); a FileNotFoundError that says what to pass if none."""
     from transformers import AutoConfig
 
     try:
@@ -153,7 +155,7 @@ def load_processor(
 
     import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL processors)
 
-    config = config if config is not None else _load_config(path)
+    config = config if config is not None else load_config(path)
     if is_vision_language(config):
         pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
         processor = AutoProcessor.from_pretrained(path, **pixels)

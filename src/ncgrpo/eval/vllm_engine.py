@@ -249,17 +249,12 @@ def load_vllm_engine(
     a GPU that has it (as the transformers engine). A text model's context is sized to the longest
     prompt of ``questions`` plus ``max_new_tokens``."""
     import torch
-    from transformers import AutoConfig
 
-    import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL classes)
-    from ncgrpo.models import check_weight_files
+    from ncgrpo.models import check_weight_files, load_config
 
     kind = _platform_device(device)
     torch_dtype = resolve_dtype(dtype, torch.device(kind))
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except OSError as e:
-        raise FileNotFoundError(f"cannot load a model config from {path!s}: {e}") from None
+    config = load_config(path)
     check_weight_files(path)
     vision_language = is_vision_language(config)
     processor = load_processor(path, config=config)
