@@ -327,6 +327,16 @@ def _choice_question(
     return _question(ctx, qid, problem, letter, images, "choice", choices=choices, **fields)
 
 
+def _free_question(
+    ctx: RowContext, qid: str, problem: str, answer: str, images: list[Any], **fields: Any
+) -> Question:
+    """A question whose answer type is read from ``answer`` (a yes/no answer lower-cased)."""
+    atype = infer_answer_type(answer)
+    return _question(
+        ctx, qid, problem, answer.lower() if atype == "yesno" else answer, images, atype, **fields
+    )
+
+
 def _geo3k_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
     """A row in the geo3k schema (real or synthetic) to a question; errors name row and field.
 
@@ -632,16 +642,6 @@ def _realworldqa_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
         return _choice_question(ctx, str(i), stem, choices, letter, [image], **fields)
     stem = _DIRECT_ANSWER.sub("", question).strip()
     return _free_question(ctx, str(i), stem, answer, [image], **fields)
-
-
-def _free_question(
-    ctx: RowContext, qid: str, problem: str, answer: str, images: list[Any], **fields: Any
-) -> Question:
-    """A question whose answer type is read from ``answer`` (a yes/no answer lower-cased)."""
-    atype = infer_answer_type(answer)
-    return _question(
-        ctx, qid, problem, answer.lower() if atype == "yesno" else answer, images, atype, **fields
-    )
 
 
 def _chartqa_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
