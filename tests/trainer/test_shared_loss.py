@@ -7,6 +7,7 @@ split and shuffle groups, eager attention and gradient checkpointing.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -182,12 +183,12 @@ def test_eager_attention_and_gradient_checkpointing():
     model, proc = _bundle("qwen2", attn="eager")
     inputs = make_inputs("qwen2", proc, model.config.vocab_size, seed=2)
     a = grads(model, repeated, inputs)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     try:
         assert model.model.gradient_checkpointing
         b = grads(model, shared, inputs)
     finally:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     assert_same(a, b)
 
 
@@ -195,11 +196,11 @@ def test_vl_gradient_checkpointing():
     model, proc = _bundle("qwen2_5_vl")
     inputs = make_inputs("qwen2_5_vl", proc, model.config.get_text_config().vocab_size, seed=4)
     a = grads(model, repeated, inputs)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     try:
         b = grads(model, shared, inputs, batch_size=6)
     finally:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     assert_same(a, b)
 
 
@@ -235,3 +236,73 @@ def test_refuses_what_it_cannot_share_exactly():
         shared_loss.check_supported(model)
     with pytest.raises(ValueError, match="router_aux_loss_coef"):
         shared_loss.check_supported(tiny_bundle("qwen2")[0], aux_loss=True)
+
+
+def _tiny_grpo():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "tiny_grpo" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "tiny_grpo", Path(__file__).parents[1] / "scripts" / "tiny_grpo.py"
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_grpo"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["tiny_grpo"]
+
+
+@pytest.mark.slow  # ~15 s on the shared CPU: two 2-step trainer runs
+def test_trainer_steps_equal_with_share_prompt_loss_on_and_off(tmp_path, monkeypatch):
+    """Two NCGRPOTrainer steps (tiny Qwen2.5-VL with images, gradient checkpointing as TRL's default, a
+    reference model with beta > 0, steps_per_generation = 2 so the old-log-prob pass runs and the
+    micro-batches are shuffled): the same losses, grad norms and weights with share_prompt_loss on and
+    off, and the shared path really ran, with fewer tokens than the rows hold."""
+    tiny = _tiny_grpo()
+    calls = []
+    real = shared_loss.per_token_logps_and_entropies
+
+    def spy(*args, **kw):
+        kw["stats"] = st = {}
+        out = real(*args, **kw)
+        calls.append(st)
+        return out
+
+    monkeypatch.setattr(shared_loss, "per_token_logps_and_entropies", spy)
+    kw = dict(rollout_method="latent", max_steps=2, per_device_train_batch_size=8, steps_per_generation=2,
+              beta=0.04, temperature=0.9, optim="sgd", learning_rate=0.1)  # fmt: skip
+    from ncgrpo.toy.model import save_tiny
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    path = save_tiny(tiny.model(), tiny.processor(), tmp_path / "model")  # a path: TRL loads the reference
+    runs = {}
+    for on in (False, True):
+        tr = NCGRPOTrainer(
+            model=str(path), reward_funcs=[tiny.hash_reward], args=tiny.config(tmp_path / str(on),
+            share_prompt_loss=on, **kw), train_dataset=tiny.dataset(8), processing_class=tiny.processor(),
+        )  # fmt: skip
+        assert tr.args.gradient_checkpointing and tr.ref_model is not None
+        tr.train()
+        hist = [h for h in tr.state.log_history if "loss" in h]
+        runs[on] = (hist, {k: v.detach().clone() for k, v in tr.model.named_parameters()})
+    (ha, pa), (hb, pb) = runs[False], runs[True]
+    assert len(ha) == len(hb) == 2 and "reward" in ha[0]
+    for a, b in zip(ha, hb, strict=True):
+        assert a.get("reward") == b.get("reward")  # same rollouts (logged on the generating step)
+        assert math.isclose(a["loss"], b["loss"], rel_tol=1e-4, abs_tol=1e-6), (a["loss"], b["loss"])
+        assert math.isclose(a["grad_norm"], b["grad_norm"], rel_tol=1e-4), (a["grad_norm"], b["grad_norm"])
+        assert math.isclose(a["kl"], b["kl"], rel_tol=1e-3, abs_tol=1e-7)
+        assert math.isclose(a["entropy"], b["entropy"], rel_tol=1e-5)
+    # SGD (Adam would divide a ~0 gradient element by its own ~0 scale and blow its rounding up to ~lr)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=0, atol=1e-6)
+    # old-log-prob, reference and loss passes all went through the shared path, each sharing prompts
+    assert len(calls) >= 4 and all(c["sets"] < c["rows"] for c in calls)
+
+
+def test_config_field_is_checked():
+    from ncgrpo.trainer import NCGRPOConfig
+
+    with pytest.raises(ValueError, match="share_prompt_loss must be true or false"):
+        NCGRPOConfig(output_dir="unused", use_cpu=True, share_prompt_loss="yes")

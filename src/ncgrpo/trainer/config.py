@@ -88,6 +88,18 @@ class NCGRPOConfig(GRPOConfig):
             "rollout_method='vanilla' is TRL's path unchanged."
         },
     )
+    share_prompt_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "Loss side (old-log-prob, reference and loss forwards, and the backward): forward the rows of "
+            "a micro-batch that share a prompt (and its images) as one packed sequence, the vision tower and the "
+            "prompt once, each completion attending to the prompt and to itself only; log-probabilities, "
+            "entropies and gradients equal TRL's one-row-per-rollout forward within float rounding, with "
+            "gradient checkpointing too. Text Qwen2/Qwen3/Llama and Qwen2/2.5/3-VL with attn_implementation "
+            "'sdpa' or 'eager' (others are refused at start-up). Off by default: the block mask grows with the "
+            "square of the packed length, and its speed has been measured on CPU only (docs/benchmarks.md)."
+        },
+    )
     noise_seed: int | None = field(
         default=None, metadata={"help": "Seed of the noise keys; defaults to `seed`."}
     )
@@ -217,6 +229,8 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(f"noise_positions must be 'auto' or 'all', got {self.noise_positions!r}")
         if not isinstance(self.share_prompt_prefill, bool):
             raise ValueError(f"share_prompt_prefill must be true or false, got {self.share_prompt_prefill!r}")
+        if not isinstance(self.share_prompt_loss, bool):
+            raise ValueError(f"share_prompt_loss must be true or false, got {self.share_prompt_loss!r}")
         if self.antithetic_grouping not in ("joint", "separate"):
             raise ValueError(
                 f"antithetic_grouping must be 'joint' or 'separate', got {self.antithetic_grouping!r}"

@@ -158,6 +158,12 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        if args.share_prompt_loss:  # refused before any step where the packed forward cannot be exact
+            from ncgrpo.trainer.shared_loss import check_supported
+
+            check_supported(self.model, aux_loss=self.aux_loss_enabled)
+            if self.ref_model is not None:
+                check_supported(self.ref_model, what="reference model")
         from ncgrpo.trainer.reward_guard import guard_reward_funcs
 
         # bad rewards: an error naming the function
@@ -282,10 +288,16 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
             if "question_id" in self._nc_inputs[0]
             else [None] * L
         )
-        pids = [
-            prompt_id_for(q, ids, (images[i] if images is not None else None))
-            for i, (q, ids) in enumerate(zip(qids, prompt_ids, strict=True))
-        ]
+        by_qid: dict[str, int] = {}  # a question's G rows: its id hashed once
+
+        def pid(i: int, q, ids) -> int:
+            if q is None:
+                return prompt_id_for(None, ids, images[i] if images is not None else None)
+            if str(q) not in by_qid:
+                by_qid[str(q)] = prompt_id_for(q)  # a hash of str(question_id)
+            return by_qid[str(q)]
+
+        pids = [pid(i, q, ids) for i, (q, ids) in enumerate(zip(qids, prompt_ids, strict=True))]
         first_row = self.accelerator.process_index * L
         plans = plan_rows(
             range(first_row, first_row + L),
@@ -345,6 +357,8 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
 
     # -- after rewards: regrouping, IS policy, metrics, SPSA (algorithm lines 8-10) ---------------
     def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        if self.accelerator.num_processes == 1:  # nothing to gather: the rank's own rows
+            return t.cpu()
         return self.accelerator.gather(t.to(self.accelerator.device)).cpu()
 
     def _nc_after_rewards(self, output: dict) -> None:
@@ -357,17 +371,19 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
         a = self.args
         G = self.num_generations
         L = len(gen.plans)
-        # global plan, identical on every rank
-        pids = self._gather(torch.tensor([p.prompt_id for p in gen.plans], dtype=torch.long))
-        plans = plan_rows(
-            range(len(pids)),
-            pids.tolist(),
-            num_generations=G,
-            method=self.method,
-            seed=self.noise_base_seed,
-            step=gen.step,
-            antithetic_grouping=a.antithetic_grouping,
-        )
+        # global plan, identical on every rank (one process: its own plan, rows 0 .. L - 1)
+        plans = gen.plans
+        if self.accelerator.num_processes > 1:
+            pids = self._gather(torch.tensor([p.prompt_id for p in gen.plans], dtype=torch.long))
+            plans = plan_rows(
+                range(len(pids)),
+                pids.tolist(),
+                num_generations=G,
+                method=self.method,
+                seed=self.noise_base_seed,
+                step=gen.step,
+                antithetic_grouping=a.antithetic_grouping,
+            )
         noisy = torch.tensor([p.noisy for p in plans])
         rpf = rpf.detach().float().cpu()
         rewards = (rpf * self.reward_weights.detach().float().cpu()[None, :]).nansum(1)
@@ -529,6 +545,23 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
             self._nc_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered by TRL
             self._nc_answers = gather_object([extract_boxed(completion_text(c)) for c in completions])
         return rewards_per_func
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal,
+    ):  # fmt: skip
+        if not self.args.share_prompt_loss:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        from ncgrpo.trainer.shared_loss import per_token_logps_and_entropies
+
+        logps, entropies = per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+            autocast=self.accelerator.autocast, **multimodal,
+        )  # fmt: skip
+        return logps, entropies, None
 
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False

@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -123,14 +124,17 @@ def _positions(model: nn.Module, input_ids, attention_mask, image_grid_thw, mm_t
 
 def _placeholder_ids(model: nn.Module) -> set[int]:
     cfg = _unwrap(model).config
-    return {
-        int(v)
-        for k in ("image_token_id", "video_token_id")
-        if (v := getattr(cfg, k, None)) is not None
-    }
+    return {int(v) for k in ("image_token_id", "video_token_id") if (v := getattr(cfg, k, None)) is not None}
 
 
-def group_rows(prompt_ids, prompt_mask, pixel_rows: list[torch.Tensor | None], grids: list) -> list[list[int]]:
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.flatten()[index]`` with index ``x.numel()`` reading 0 (differentiable)."""
+    return torch.cat([x.reshape(-1), x.new_zeros(1)])[index]
+
+
+def group_rows(
+    prompt_ids, prompt_mask, pixel_rows: list[torch.Tensor | None], grids: list
+) -> list[list[int]]:
     """Sets of row indices with identical prompt ids, prompt mask, image grids and pixels (first-seen order)."""
     sets: list[list[int]] = []
     by_key: dict[tuple, list[list[int]]] = {}
@@ -210,28 +214,29 @@ def per_token_logps_and_entropies(
             chunk_grid = None
         pos = _positions(model, ids, am, chunk_grid, mm)  # [B', L] or [3, B', L]
         sets = group_rows(ids[:, :P], am[:, :P], pix[start:end], grid_key[start:end])
-        if int(ids[0, P - 1]) in placeholders or any(int(ids[s[0], P - 1]) in placeholders for s in sets):
+        ids_np = ids.detach().cpu().numpy()
+        am_np = am.detach().cpu().numpy().astype(bool)
+        if any(int(ids_np[s[0], P - 1]) in placeholders for s in sets):
             raise ValueError("share_prompt_loss: a prompt ends with an image placeholder token; set "
                              "share_prompt_loss=False.")  # fmt: skip
-        am_cpu = am.detach().to("cpu", torch.bool)
-        packed = []  # per set: (rows, cols, block, labels, starts, kept)
+        packed = []  # per set: rows, cols, block, labels (numpy), block starts, kept completion columns
         for s in sets:
-            rep = s[0]
-            prompt_cols = [c for c in range(P - 1) if am_cpu[rep, c]]
-            rows, cols, block, labels, starts, kept = [], [], [], [], [], []
-            rows += [rep] * len(prompt_cols)
-            cols += prompt_cols
-            block += [-1] * len(prompt_cols)
-            labels += [-100] * len(prompt_cols)
+            pc = np.flatnonzero(am_np[s[0], : P - 1])  # the prompt minus its last column, padding dropped
+            rows, cols = [np.full(len(pc), s[0])], [pc]
+            block, labels = [np.full(len(pc), -1)], [np.full(len(pc), -100)]
+            starts, kept, n_tok = [], [], len(pc)
             for b, r in enumerate(s):
-                valid = am_cpu[r, P:].nonzero()
+                valid = np.flatnonzero(am_np[r, P:])
                 k = int(valid[-1]) + 1 if len(valid) else 0  # completion columns up to the last attended one
-                starts.append(len(cols))
+                starts.append(n_tok)
                 kept.append(k)
-                rows += [r] * (k + 1)
-                cols += list(range(P - 1, P + k))
-                block += [b] * (k + 1)
-                labels += [int(ids[r, P + j]) if am_cpu[r, P + j] else -100 for j in range(k)] + [-100]
+                n_tok += k + 1
+                rows.append(np.full(k + 1, r))
+                cols.append(np.arange(P - 1, P + k))
+                block.append(np.full(k + 1, b))
+                lab = np.where(am_np[r, P : P + k], ids_np[r, P : P + k], -100)
+                labels.append(np.append(lab, -100))  # block position j predicts completion column j
+            rows, cols, block, labels = (np.concatenate(x) for x in (rows, cols, block, labels))
             packed.append((rows, cols, block, labels, starts, kept))
         n = len(packed)
         Lp = max(len(p[0]) for p in packed)
@@ -240,20 +245,20 @@ def per_token_logps_and_entropies(
         ppos = torch.zeros(*pos.shape[:-2], n, Lp, dtype=pos.dtype, device=device)
         pmm = torch.zeros(n, Lp, dtype=mm.dtype, device=device) if mm is not None else None
         allowed = torch.zeros(n, 1, Lp, Lp, dtype=torch.bool)
+        causal = torch.ones(Lp, Lp, dtype=torch.bool).tril()
         for i, (rows, cols, block, labels, _, _) in enumerate(packed):
             m = len(rows)
-            r_t, c_t = torch.tensor(rows, device=device), torch.tensor(cols, device=device)
+            r_t, c_t = torch.from_numpy(rows).to(device), torch.from_numpy(cols).to(device)
             tok[i, :m] = ids[r_t, c_t]
             tok[i, m:] = ids[rows[0], P - 1]  # padding: a text token, scores nothing, attends to itself
-            shift_labels[i, :m] = torch.tensor(labels, device=device)
+            shift_labels[i, :m] = torch.from_numpy(labels).to(device)
             ppos[..., i, :m] = pos[..., r_t, c_t]
             if pmm is not None:
                 pmm[i, :m] = mm[r_t, c_t]
-            blk = torch.tensor(block)
-            key_ok = am_cpu[torch.tensor(rows), torch.tensor(cols)]
-            same = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]
-            causal = torch.ones(m, m, dtype=torch.bool).tril()
-            allowed[i, 0, :m, :m] = same & causal & key_ok[None, :]
+            blk = torch.from_numpy(block)
+            key_ok = torch.from_numpy(am_np[rows, cols])
+            same = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]: prompt part or own block
+            allowed[i, 0, :m, :m] = same & causal[:m, :m] & key_ok[None, :]
             idx = torch.arange(m, Lp)
             allowed[i, 0, idx, idx] = True
         allowed = allowed.to(device)
@@ -281,13 +286,9 @@ def per_token_logps_and_entropies(
                 index[r, :k] = i * Lp + starts[b] + torch.arange(k)
         index = index.to(device)
 
-        def take(x):
-            flat = torch.cat([x.reshape(-1), x.new_zeros(1)])
-            return flat[index]
-
-        all_logps.append(take(out.log_probs))
+        all_logps.append(_take(out.log_probs, index))
         if compute_entropy:
-            all_ent.append(take(out.entropy))
+            all_ent.append(_take(out.entropy, index))
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + (end - start)
             stats["sets"] = stats.get("sets", 0) + n
