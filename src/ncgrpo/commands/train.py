@@ -34,6 +34,7 @@ from ncgrpo.runs.folder import (
     last_complete_checkpoint,
     read_run_json,
 )
+from ncgrpo.runs.identity import INHERITED_IDENTITY, MAY_CHANGE_ON_RESUME
 
 __all__ = [
     "DATA_NAMES",
@@ -326,64 +327,14 @@ class RunPlan:
         return sum(map(len, ev.values())) if isinstance(ev, dict) else len(ev)
 
 
-#: ncgrpo's own settings that may change between a run and its resume (which splits are evaluated and
-#: how, and how many draws the logged noise-averaged TV takes). Every other setting ncgrpo defines (the
-#: fields of ScriptArguments, those ModelArguments and NCGRPOConfig add to TRL's) is part of the run's
-#: identity, so a new field is covered with no edit here.
-MAY_CHANGE_ON_RESUME = frozenset(
-    {
-        "eval_dataset_name",
-        "eval_dataset_path",
-        "eval_dataset_splits",
-        "eval_dataset_limit",
-        "marginal_tv_draws",
-        # one prefill per group or one per row: the same rollouts up to float rounding (issue 24)
-        "share_prompt_prefill",
-    }
-)
-#: Settings inherited from TRL / transformers that change a run (the rest of theirs: logging, saving,
-#: batch layout, the output folder, ... may change on resume).
-INHERITED_IDENTITY = (
-    "model_name_or_path",
-    "dtype",
-    "seed",
-    "num_generations",
-    "max_steps",
-    "learning_rate",
-    "lr_scheduler_type",
-    "temperature",
-    "top_p",
-    "beta",
-    "epsilon",
-    "loss_type",
-    "scale_rewards",
-    "max_completion_length",
-    "max_prompt_length",
-)
-
-
-def _own_fields(cls: type) -> list[str]:
-    """The fields ``cls`` and its non-TRL, non-transformers bases declare (what ncgrpo adds)."""
-    import dataclasses
-
-    ours = [c for c in cls.__mro__ if c is not object and c.__module__.split(".")[0] not in _UPSTREAM]
-    declared = {name for c in ours for name in c.__dict__.get("__annotations__", {})}
-    return [f.name for f in dataclasses.fields(cls) if f.name in declared]
-
-
-_UPSTREAM = ("trl", "transformers")
-
-
 def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str]:
     """The settings that make a run what it is: resuming with any of them changed is refused unless
-    forced. Every field ncgrpo's dataclasses declare (all of :class:`ScriptArguments`, what
-    :class:`ModelArguments` and ``NCGRPOConfig`` add to TRL's) but :data:`MAY_CHANGE_ON_RESUME`, plus
-    :data:`INHERITED_IDENTITY`. ``dataclass_types``: default :func:`train_dataclasses`."""
-    types = dataclass_types if dataclass_types is not None else train_dataclasses()
-    keys = dict.fromkeys(INHERITED_IDENTITY)
-    for cls in types:
-        keys.update(dict.fromkeys(_own_fields(cls)))
-    return [k for k in keys if k not in MAY_CHANGE_ON_RESUME]
+    forced (:func:`ncgrpo.runs.identity.run_identity_keys`: every field ncgrpo's dataclasses declare
+    but :data:`MAY_CHANGE_ON_RESUME`, plus :data:`INHERITED_IDENTITY`). ``dataclass_types``: default
+    :func:`train_dataclasses`."""
+    from ncgrpo.runs.identity import run_identity_keys as keys_of
+
+    return keys_of(dataclass_types if dataclass_types is not None else train_dataclasses())
 
 
 def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset) -> None:
