@@ -236,3 +236,41 @@ def test_an_old_train_folder_is_a_train_folder_and_a_dry_run_leaves_it_as_it_was
     # writes run.json with its kind (test_train_cli's fast runs check "kind": "train")
     assert (out / RUN_FILE).read_bytes() == before and folder_kind(out) == "train"
     assert FolderLock(out).holder() is None  # released at the end of the dry run
+
+
+# ------------------------------------------------------------------ claim_folder: one way to stamp a kind
+def test_claim_folder_records_the_kind_once_and_refuses_another_kind(tmp_path: Path) -> None:
+    """A demo's root and a report folder are claimed by the one helper: lock held, run.json's kind
+    recorded where it does not say it yet (an old folder gains it; one that says it is left alone);
+    a folder of another kind is refused with nothing written and no lock left held."""
+    from ncgrpo.runs.folder import claim_folder
+
+    new = tmp_path / "new"
+    lock = claim_folder(FolderLock(new, "ncgrpo demo", kind="demo"))
+    try:
+        assert json.loads((new / RUN_FILE).read_text()) == {"kind": "demo"}
+        assert FolderLock(new, "x").holder() is None  # held by this process (re-entrant), not another
+        assert str(new.resolve()) in FolderLock._held
+    finally:
+        lock.release()
+    assert str(new.resolve()) not in FolderLock._held
+
+    stamped = new / RUN_FILE
+    stamped.write_text('{"kind": "demo"}')  # already says it: not rewritten
+    mtime = stamped.stat().st_mtime_ns
+    claim_folder(FolderLock(new, "ncgrpo demo", kind="demo")).release()
+    assert stamped.stat().st_mtime_ns == mtime and stamped.read_text() == '{"kind": "demo"}'
+
+    old_report = tmp_path / "report"  # written before kinds were recorded: inferred, then stamped
+    old_report.mkdir()
+    (old_report / "comparison.md").write_text("| table |\n")
+    claim_folder(FolderLock(old_report, "ncgrpo compare", kind="report")).release()
+    assert json.loads((old_report / RUN_FILE).read_text()) == {"kind": "report"}
+
+    ev = eval_folder(tmp_path)
+    before = _snapshot(ev)
+    with pytest.raises(FolderKindError, match="holds an evaluation"):
+        claim_folder(FolderLock(ev, "ncgrpo demo", kind="demo"))
+    assert _snapshot(ev) == before and str(ev.resolve()) not in FolderLock._held
+    with pytest.raises(ValueError, match="names no kind"):
+        claim_folder(FolderLock(tmp_path / "x", "ncgrpo"))

@@ -61,10 +61,11 @@ def check_report_folder(out: str | Path, command: str) -> None:
 def report_folder(out: str | Path, command: str) -> Iterator[Path]:
     """Hold ``out``'s lock (kind ``report``, recorded in its ``run.json``) while ``command`` writes
     its tables or figures there."""
-    from ncgrpo.runs.folder import RUN_FILE, FolderLock, atomic_write_json, read_run_json
+    from ncgrpo.runs.folder import FolderLock, claim_folder
 
     out = Path(out)
-    with FolderLock(out, command, kind="report"):
-        if (read_run_json(out) or {}).get("kind") != "report":
-            atomic_write_json(out / RUN_FILE, {"kind": "report"})
+    lock = claim_folder(FolderLock(out, command, kind="report"))
+    try:
         yield out
+    finally:
+        lock.release()

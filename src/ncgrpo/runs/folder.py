@@ -47,6 +47,7 @@ __all__ = [
     "FolderKindError",
     "FolderLock",
     "check_folder_kind",
+    "claim_folder",
     "folder_kind",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -518,6 +519,23 @@ class FolderLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def claim_folder(lock: FolderLock) -> FolderLock:
+    """Take ``lock`` (which names a kind) and record that kind as the folder's ``run.json`` where it
+    does not say it yet (a new folder, or one written before kinds were recorded): how a command whose
+    folder holds no run.json of its own (a demo's root, a report folder) claims it. Returns the lock,
+    held; the caller releases it."""
+    if lock.kind is None:
+        raise ValueError(f"claim_folder: the lock on {lock.folder} names no kind to record")
+    lock.acquire()
+    try:
+        if (read_run_json(lock.folder) or {}).get("kind") != lock.kind:
+            atomic_write_json(lock.folder / RUN_FILE, {"kind": lock.kind})
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _holder_text(what: str) -> str:
