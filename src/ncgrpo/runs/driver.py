@@ -110,23 +110,24 @@ def train_run(
         lock.acquire()  # re-entrant: a no-op where ncgrpo train's prepare_run holds it already
     try:
         return _train_locked(
-            args, model, processor, train_dataset, out, state, reward_funcs, run_info, eval_dataset,
-            callbacks, resume_from_checkpoint, console_logs,
+            args, model, processor, train_dataset, out=out, main_process=state.is_main_process,
+            reward_funcs=reward_funcs, run_info=run_info, eval_dataset=eval_dataset, callbacks=callbacks,
+            resume_from_checkpoint=resume_from_checkpoint, console_logs=console_logs,
         )  # fmt: skip
     finally:
         lock.release()
 
 
 def _train_locked(
-    args, model, processor, train_dataset, out, state, reward_funcs, run_info, eval_dataset,
-    callbacks, resume_from_checkpoint, console_logs,
+    args, model, processor, train_dataset, *, out: Path, main_process: bool, reward_funcs, run_info,
+    eval_dataset, callbacks, resume_from_checkpoint, console_logs,
 ):  # fmt: skip
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from ncgrpo.trainer import NCGRPOTrainer
 
     info = {**run_info, "kind": "train", "output_dir": str(out), "finished": False}
-    if state.is_main_process:
+    if main_process:
         atomic_write_json(out / RUN_FILE, info)
     trainer = NCGRPOTrainer(
         model=model,
@@ -142,7 +143,7 @@ def _train_locked(
         trainer.remove_callback(ProgressCallback)
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.save_model(str(out))
-    if state.is_main_process:
+    if main_process:
         processor.save_pretrained(str(out))
         atomic_write_json(
             out / RUN_FILE, {**info, "global_step": int(trainer.state.global_step), "finished": True}
