@@ -55,7 +55,7 @@ def test_roster_schedule_and_batch() -> None:
     cfg = DemoConfig()
     assert [(m.name, m.rollout_method, m.fields) for m in cfg.methods()] == [
         (BASELINE, "vanilla", {}),
-        ("NC-GRPO σ0=0.2", "latent", {"sigma0": 0.2}),
+        ("NC-GRPO σ0=0.2", "latent", {"sigma0": 0.2, "noise_site": "final_norm"}),
     ]
     assert DemoConfig(max_steps=60).k_mid == 40.0  # the paper's k_mid for K = 60
     assert cfg.k_mid == 80.0 and cfg.max_steps == 120  # the demo's K: the anneal keeps its shape
@@ -171,6 +171,61 @@ def test_every_setting_is_checked_before_anything_is_written(tmp_path, capsys, f
     assert not out.exists()
 
 
+def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(monkeypatch) -> None:
+    """The demo composes NCGRPOConfig: a new NCGRPOConfig field is in every run's trainer config and
+    identity (config.yaml) with its default, a DemoConfig field of the same name is passed to it by
+    name, and a new demo-only field is part of each run's identity, all with no edit to the demo."""
+    import dataclasses
+
+    from ncgrpo.toy.demo import DemoRun
+    from ncgrpo.trainer import NCGRPOConfig
+
+    @dataclasses.dataclass
+    class WithANewField(NCGRPOConfig):
+        brand_new_setting: int = dataclasses.field(default=0, metadata={"help": "new"})
+
+    @dataclasses.dataclass
+    class DemoWithIt(DemoConfig):
+        brand_new_setting: int = dataclasses.field(default=7, metadata={"help": "the demo's value"})
+        new_demo_knob: int = dataclasses.field(default=3, metadata={"help": "a demo-only setting"})
+
+    def latent_run(cfg: DemoConfig) -> DemoRun:
+        return DemoRun(cfg, cfg.methods()[1], 0, Path("base"), "base@0")
+
+    monkeypatch.setattr("ncgrpo.trainer.NCGRPOConfig", WithANewField)
+    run = latent_run(DemoConfig())
+    assert run.training_args().brand_new_setting == 0 and run.settings()["brand_new_setting"] == 0
+    run = latent_run(DemoWithIt())
+    assert run.training_args().brand_new_setting == 7
+    settings = run.settings()
+    assert (settings["brand_new_setting"], settings["new_demo_knob"]) == (7, 3)
+    # what selects the runs, where they run and the test evaluation are not what a run is
+    assert {"seeds", "workers", "progress", "eval_limit", "max_new_tokens", "output_dir"}.isdisjoint(settings)
+    assert (settings["max_steps"], settings["schedule_k_mid"], settings["model_name_or_path"]) == (
+        120,
+        80.0,
+        "base@0",
+    )
+
+
+def test_the_noise_site_is_part_of_only_the_hidden_noise_runs(tmp_path) -> None:
+    """Vanilla GRPO (and the image method) are the same runs at any noise site, so a rerun with another
+    --noise_site into the same folder reuses them; NC-GRPO's run is another run."""
+    from ncgrpo.toy.demo import DemoRun
+
+    def settings(cfg: DemoConfig, method: str) -> dict:
+        spec = next(m for m in cfg.methods() if m.rollout_method == method)
+        return DemoRun(cfg, spec, 0, tmp_path, "base@0").settings()
+
+    paper, layer = DemoConfig(all_methods=True), DemoConfig(noise_site="1", all_methods=True)
+    for method in ("vanilla", "image", "first_token_temperature"):
+        assert settings(paper, method) == settings(layer, method), method
+    assert (
+        settings(layer, "latent")["noise_site"] == "1"
+        and settings(paper, "latent")["noise_site"] == "final_norm"
+    )
+
+
 def test_every_demo_field_is_a_documented_flag() -> None:
     import dataclasses
 
@@ -263,14 +318,13 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
 
 
 def test_demo_resumes_evaluation_of_a_trained_run(micro_model, tmp_path) -> None:
-    """A run killed after training (train marker written, no eval marker) is evaluated, not retrained."""
+    """A run killed after training (run.json finished, no records yet) is evaluated, not retrained."""
     out = tmp_path / "demo"
     cfg = _tiny_cfg(out, micro_model, sigma0=(0.5,), val_limit=0, max_steps=1, lr_scheduler_type="constant")
     first = run_demo(cfg)
     rows = [json.loads(line) for line in (first.runs[1].train_dir / "metrics.jsonl").read_text().splitlines()]
     assert {row["learning_rate"] for row in rows if "reward" in row} == {cfg.learning_rate}  # constant
     victim = first.runs[1]
-    (victim.eval_dir / "demo_eval.json").unlink()
     (victim.eval_dir / "records.jsonl").unlink()
     again = run_demo(cfg)
     assert [(r.trained, r.evaluated) for r in again.runs] == [(False, False), (False, True)]

@@ -3,6 +3,8 @@
 - :mod:`ncgrpo.runs.folder`: the layout of a run folder (file names), atomic writers, the JSON-lines
   reader, the ``run.json`` reader, run identity, checkpoint completeness and the folder lock (plain
   files; used by every command).
+- :mod:`ncgrpo.runs.identity`: a training run's identity (every setting ncgrpo declares but a short list
+  of what may change on resume), shared by ``ncgrpo train --resume`` and the demo's reruns.
 - :mod:`ncgrpo.runs.driver`: the metrics callback and the run driver (:func:`~ncgrpo.runs.driver.train_run`),
   shared by ``ncgrpo train`` and the demo.
 """

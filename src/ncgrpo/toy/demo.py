@@ -23,9 +23,15 @@ exactly that pipeline at toy scale, with the same code the full-scale runs use:
    (:func:`ncgrpo.eval.report.compare`), printed and written as Markdown, LaTeX and JSON, and the figures
    (:func:`ncgrpo.eval.plots.plot_dynamics`, :func:`ncgrpo.eval.plots.plot_gains`).
 
-Reruns are cheap: the suite, each finished training run and each finished evaluation leave a marker
-file holding the settings that produced them; a rerun with the same settings skips them, a rerun
-with different settings into the same ``--output_dir`` is refused (records of different runs must not mix).
+Reruns are cheap, and one run is one set of settings, checked as ``ncgrpo train`` and ``ncgrpo eval``
+check theirs. Each training run is :class:`DemoConfig` composed into an ``NCGRPOConfig``
+(:meth:`DemoConfig.trainer_settings`: the demo's fields that are ``NCGRPOConfig`` fields, by name) and
+trained by :func:`ncgrpo.runs.driver.train_run`; its ``config.yaml`` holds its identity (the
+``NCGRPOConfig``'s, :mod:`ncgrpo.runs.identity`, plus the demo's suite, batch and validation settings).
+Each evaluation is :func:`ncgrpo.eval.evaluate.evaluate` into a folder whose ``run.json`` holds eval's
+identity. A rerun skips a finished run whose identity is unchanged and an evaluation that holds a
+record of every test question; a run whose settings changed is refused, naming them (records of
+different runs must not mix). The suite's seed and sizes are in ``OUT/suite/suite.json``.
 
 Noise site: the default is the paper's (``final_norm``), where the noise reaches only the first-token
 logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999), so
@@ -53,6 +59,7 @@ writes a folder at a time (an advisory lock on ``--output_dir``).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -65,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
-from ncgrpo.eval.records import METRICS_FILE, RUN_FILE
+from ncgrpo.runs.folder import CONFIG_FILE, METRICS_FILE, RECORDS_FILE
 from ncgrpo.toy.synthetic import first_per_family
 
 __all__ = [
@@ -94,8 +101,41 @@ BASELINE = "Vanilla GRPO"
 BASE_NAME = "Base model"
 
 SUITE_MARKER = "suite.json"
-EVAL_MARKER = "demo_eval.json"
 _DEVICES = ("cpu", "cuda", "auto")
+
+#: DemoConfig fields that are NCGRPOConfig fields but set only for the methods that use them
+#: (:meth:`DemoConfig.methods` puts them in :attr:`MethodSpec.fields`), and ``output_dir``, the demo's
+#: root (each run's folder is ``OUT/train/RUN``). Every other field NCGRPOConfig has too is passed to
+#: every run as it is (:meth:`DemoConfig.trainer_settings`).
+NOT_EVERY_RUNS = frozenset({"output_dir", "sigma0", "noise_site", "first_token_temperature"})
+#: NCGRPOConfig settings the demo fixes for every run: a log line per step (its progress bar and
+#: metrics.jsonl), no checkpoints (a killed run restarts), its own progress display.
+TRAINER_FIXED: dict[str, Any] = dict(
+    logging_steps=1, save_strategy="no", report_to="none", dataloader_num_workers=0, disable_tqdm=True
+)
+#: DemoConfig fields that do not make one of its training runs what it is: which runs it trains (a
+#: run's own method, sigma0 and noise site are in its NCGRPOConfig), where and how fast it runs, the
+#: base model (recorded as the run's ``model_name_or_path``, its model id) and the test evaluation
+#: (eval's own identity, in its folder's run.json). Every other field NCGRPOConfig has not (the suite,
+#: the batch, the validation) is part of each run's identity beside the NCGRPOConfig's
+#: (:meth:`DemoRun.settings`), so a new field of either is covered with no edit here.
+NOT_RUN_SETTINGS = frozenset(
+    {
+        *NOT_EVERY_RUNS,
+        "seeds",
+        "all_methods",
+        "rollout_methods",
+        "model_name_or_path",
+        "cache_dir",
+        "device",
+        "num_threads",
+        "workers",
+        "progress",
+        "eval_limit",
+        "max_new_tokens",
+        "eval_batch_size",
+    }
+)
 
 
 # ------------------------------------------------------------------------------------ configuration
@@ -268,19 +308,26 @@ class DemoConfig:
             raise ValueError(f"sigma0: every noise scale must be a finite number >= 0, got {bad}")
         if len(set(self.sigma0)) != len(self.sigma0):
             raise ValueError(f"sigma0: {list(self.sigma0)} lists a scale twice")
-        positive = {
-            "max_steps": self.max_steps,
-            "seeds": self.seeds,
-            "prompts_per_step": self.prompts_per_step,
-            "max_completion_length": self.max_completion_length,
-            "max_new_tokens": self.max_new_tokens,
-            "eval_batch_size": self.eval_batch_size,
-            "train_size": self.train_size,
-            "test_size": self.test_size,
-        }
-        for name, v in positive.items():
+        for name in (
+            "max_steps",
+            "seeds",
+            "prompts_per_step",
+            "max_completion_length",
+            "train_size",
+            "test_size",
+        ):
+            v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name, what in (
+            ("eval_limit", "questions per family (or None)"),
+            ("val_every", "steps (or None)"),
+            ("workers", "processes (or None: automatic)"),
+        ):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive number of {what}, got {v!r}")
+        _ = self.decoding  # the evaluation's settings: max_new_tokens and eval_batch_size checked there
         if not isinstance(self.validation_size, int) or self.validation_size < 0:
             raise ValueError(f"validation_size must be an integer >= 0, got {self.validation_size!r}")
         g = self.num_generations
@@ -303,20 +350,12 @@ class DemoConfig:
                 f"--all-methods includes the antithetic and SPSA probes, which pair the noisy half in "
                 f"(+eps, -eps), so num_generations must be a multiple of 4; got {g}"
             )
-        if self.eval_limit is not None and (not isinstance(self.eval_limit, int) or self.eval_limit < 1):
-            raise ValueError(
-                f"eval_limit must be a positive number of questions per family (or None), got {self.eval_limit!r}"
-            )
         if not isinstance(self.val_limit, int) or self.val_limit < 0:
             raise ValueError(f"val_limit must be an integer >= 0 (0: no validation), got {self.val_limit!r}")
         if self.val_limit > self.validation_size:
             raise ValueError(
                 f"val_limit={self.val_limit} asks for more validation questions per family than the suite's "
                 f"validation_size={self.validation_size}"
-            )
-        if self.val_every is not None and (not isinstance(self.val_every, int) or self.val_every < 1):
-            raise ValueError(
-                f"val_every must be a positive number of steps (or None), got {self.val_every!r}"
             )
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a finite number > 0, got {self.learning_rate!r}")
@@ -332,12 +371,6 @@ class DemoConfig:
             self.num_threads = None  # torch's default, as --num_threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
-        if self.workers is not None and (
-            not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1
-        ):
-            raise ValueError(
-                f"workers must be a positive number of processes (or None: automatic), got {self.workers!r}"
-            )
         from ncgrpo.core.noise import parse_noise_site
 
         self.noise_site = str(self.noise_site).replace(" ", "")
@@ -350,6 +383,28 @@ class DemoConfig:
         check_device(self.device)  # before anything is written
 
     # -- derived ------------------------------------------------------------------------------------
+    @property
+    def decoding(self) -> Any:
+        """The evaluation's settings (:class:`ncgrpo.eval.evaluate.DecodingSettings`: greedy,
+        ``max_new_tokens`` per answer, ``eval_batch_size`` prompts per batch), for the test split and
+        the validation during training; constructing it checks them."""
+        from ncgrpo.eval.evaluate import DecodingSettings
+
+        return DecodingSettings(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size)
+
+    def trainer_settings(self) -> dict[str, Any]:
+        """The ``NCGRPOConfig`` settings every run of the demo is given as they are: each field of this
+        config that ``NCGRPOConfig`` has too, by name (``max_steps``, ``num_generations``,
+        ``learning_rate``, ...), but :data:`NOT_EVERY_RUNS`."""
+        from ncgrpo.trainer import NCGRPOConfig
+
+        trainer = {f.name for f in dataclasses.fields(NCGRPOConfig)}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name in trainer and f.name not in NOT_EVERY_RUNS
+        }
+
     @property
     def batch_size(self) -> int:
         """TRL's per_device_train_batch_size: completions per step (prompts x G)."""
@@ -373,19 +428,25 @@ class DemoConfig:
         # the paper's site is unmarked; the propagating variant says where it acts
         site = "" if self.noise_site == "final_norm" else f" @L{self.noise_site}"
         tag = "" if self.noise_site == "final_norm" else "-L" + self.noise_site.replace(",", "_")
+        noise = {"noise_site": self.noise_site}  # where the noise acts: the hidden-noise methods' setting
         out = [MethodSpec(BASELINE, "grpo", "vanilla")]
         for s in self.sigma0:
             out.append(
-                MethodSpec(f"NC-GRPO σ0={s:g}{site}", f"ncgrpo-sigma{s:g}{tag}", "latent", {"sigma0": s})
+                MethodSpec(
+                    f"NC-GRPO σ0={s:g}{site}", f"ncgrpo-sigma{s:g}{tag}", "latent", {"sigma0": s, **noise}
+                )
             )
         if self.all_methods:
             s = self.sigma0[0]
             out += [
                 MethodSpec("NoisyRollout (image)", "image", "image"),
                 MethodSpec(
-                    f"Antithetic σ0={s:g}{site}", f"antithetic-sigma{s:g}{tag}", "antithetic", {"sigma0": s}
+                    f"Antithetic σ0={s:g}{site}",
+                    f"antithetic-sigma{s:g}{tag}",
+                    "antithetic",
+                    {"sigma0": s, **noise},
                 ),
-                MethodSpec(f"SPSA σ0={s:g}{site}", f"spsa-sigma{s:g}{tag}", "spsa", {"sigma0": s}),
+                MethodSpec(f"SPSA σ0={s:g}{site}", f"spsa-sigma{s:g}{tag}", "spsa", {"sigma0": s, **noise}),
                 MethodSpec(
                     f"First-token T0={self.first_token_temperature:g}",
                     f"first-token-t{self.first_token_temperature:g}",
@@ -480,33 +541,6 @@ class DemoResult:
 def _say(cfg: DemoConfig, msg: str) -> None:
     if cfg.progress:
         print(msg, flush=True)
-
-
-def _read_marker(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return None  # a torn marker: the step it marks is redone
-
-
-def _check_settings(marker: Path, found: dict[str, Any], wanted: dict[str, Any]) -> None:
-    """Refuse to reuse a folder that a run with other settings finished."""
-    old = found.get("settings", {})
-    diff = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
-    if diff:
-        details = ", ".join(f"{k}: {old.get(k)!r} -> {wanted.get(k)!r}" for k in diff)
-        raise ValueError(
-            f"{marker}: this folder holds a finished run with other settings ({details}); use another --output_dir "
-            "or delete the folder to redo it"
-        )
-
-
-def _write_marker(path: Path, settings: dict[str, Any], **extra: Any) -> None:
-    from ncgrpo.eval.records import atomic_write_json
-
-    atomic_write_json(path, {"settings": settings, **extra})
 
 
 def validation_accuracy(
@@ -609,23 +643,27 @@ def _callbacks(
     return [val, Progress()]
 
 
-def _mean_metric(train_dir: Path, key: str, last_step: float | None = None) -> float | None:
-    """Mean of ``key`` over the logged steps (those ``<= last_step`` if given); None if never logged."""
+def _metric_means(cfg: DemoConfig, result: RunResult) -> None:
+    """The run's logged noise measures, from one read of its metrics: ``noise/first_token_divergence``
+    over training, and the first-token TVs over the steps before eq. (3)'s midpoint (the noise at
+    full scale). None where never logged."""
     from ncgrpo.eval.plots import read_metrics
 
-    vals = [
-        row[key]
-        for row in read_metrics(train_dir)
-        if isinstance(row.get(key), int | float) and (last_step is None or row.get("step", 0) <= last_step)
-    ]
-    vals = [float(v) for v in vals if math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else None
+    rows = read_metrics(result.train_dir)
 
+    def mean(key: str, last_step: float | None = None) -> float | None:
+        vals = [
+            row[key]
+            for row in rows
+            if isinstance(row.get(key), int | float)
+            and (last_step is None or row.get("step", 0) <= last_step)
+        ]
+        vals = [float(v) for v in vals if math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else None
 
-def _noise_means(cfg: DemoConfig, result: RunResult) -> None:
-    """The run's first-token TVs averaged over the steps before eq. (3)'s midpoint (the noise at full scale)."""
-    result.marginal_tv = _mean_metric(result.train_dir, "noise/first_token_marginal_tv", cfg.k_mid)
-    result.per_draw_tv = _mean_metric(result.train_dir, "noise/first_token_tv", cfg.k_mid)
+    result.first_token_divergence = mean("noise/first_token_divergence")
+    result.marginal_tv = mean("noise/first_token_marginal_tv", cfg.k_mid)
+    result.per_draw_tv = mean("noise/first_token_tv", cfg.k_mid)
 
 
 def _free(device: str) -> None:
@@ -638,20 +676,30 @@ def _free(device: str) -> None:
 
 # ------------------------------------------------------------------------------------------- stages
 def _ensure_suite(cfg: DemoConfig) -> Path:
-    """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema)."""
+    """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema); its seed and
+    sizes are kept in ``suite.json``, and a rerun with others is refused."""
+    from ncgrpo.runs.folder import atomic_write_json, changed_identity
     from ncgrpo.toy.synthetic import build_suite, export_geo3k
 
     path = cfg.output_dir / "suite"
     marker = path / SUITE_MARKER
     settings = {"seed": cfg.suite_seed, "sizes": cfg.suite_sizes}
-    found = _read_marker(marker)
-    if found is not None:
-        _check_settings(marker, found, settings)
+    try:
+        found = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None
+    except ValueError:
+        found = None  # a torn file: the suite is exported again
+    if isinstance(found, dict):
+        changed = changed_identity(found.get("settings", {}), settings, settings)
+        if changed:
+            raise ValueError(
+                f"{marker}: this folder's suite was built with other settings ({', '.join(changed)}); use "
+                "another --output_dir or delete the folder to redo it"
+            )
         return path
     _say(cfg, f"building the synthetic suite (seed {cfg.suite_seed}, {cfg.suite_sizes}) -> {path}")
     suite = build_suite(seed=cfg.suite_seed, sizes=cfg.suite_sizes)
     export_geo3k(suite, path)
-    _write_marker(marker, settings, counts={k: len(v) for k, v in suite.items()})
+    atomic_write_json(marker, {"settings": settings, "counts": {k: len(v) for k, v in suite.items()}})
     return path
 
 
@@ -668,209 +716,247 @@ def _dtype_for(device: str) -> str:
     return "float32" if device == "cpu" else "auto"
 
 
-def _train_settings(cfg: DemoConfig, spec: MethodSpec, seed: int, base_id: str) -> dict[str, Any]:
-    """What a finished run's marker records; a rerun with other values is refused."""
-    return {
-        "method": spec.rollout_method,
-        **spec.fields,
-        "seed": seed,
-        "steps": cfg.max_steps,
-        "num_generations": cfg.num_generations,
-        "prompts_per_step": cfg.prompts_per_step,
-        "max_completion_length": cfg.max_completion_length,
-        "learning_rate": cfg.learning_rate,
-        "lr_scheduler_type": cfg.lr_scheduler_type,
-        # where the noise acts matters only to the hidden-noise methods
-        **({"noise_site": cfg.noise_site} if spec.rollout_method in HIDDEN_NOISE_METHODS else {}),
-        "schedule_k_mid": cfg.k_mid,
-        **({"branch_prefix": cfg.branch_prefix} if cfg.branch_prefix else {}),
-        "base_model": base_id,
-        "suite_seed": cfg.suite_seed,
-        "suite_sizes": cfg.suite_sizes,
-        "val_limit": cfg.val_limit,
-        "val_every": cfg.validation_every,
-    }
+@dataclass(frozen=True)
+class DemoRun:
+    """One training run of the demo (a configuration and a seed) and its evaluation: what the stages
+    that train and evaluate it are given (sent to a worker process as it is)."""
 
+    cfg: DemoConfig
+    spec: MethodSpec
+    seed: int
+    base: Path  # the base model's folder
+    base_id: str  # its model id (ncgrpo.eval.evaluate.model_id_of)
 
-def training_args(cfg: DemoConfig, spec: MethodSpec, seed: int, train_dir: Path, *, bf16: bool = False):
-    """The ``NCGRPOConfig`` of one training run of the demo: what ``ncgrpo train`` would be given."""
-    from ncgrpo.trainer import NCGRPOConfig
+    @property
+    def folder_name(self) -> str:
+        return f"{self.spec.slug}-seed{self.seed}"
 
-    return NCGRPOConfig(
-        output_dir=str(train_dir),
-        run_name=f"{spec.slug}-seed{seed}",
-        rollout_method=spec.rollout_method,
-        **spec.fields,
-        schedule_k_mid=cfg.k_mid,
-        noise_site=cfg.noise_site,
-        branch_prefix=cfg.branch_prefix,
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.batch_size,
-        max_completion_length=cfg.max_completion_length,
-        max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        seed=seed,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=cfg.device == "cpu",
-        bf16=bf16,
-        dataloader_num_workers=0,
-        disable_tqdm=True,  # the demo's own one-line bar instead of a dict per step
-    )
+    @property
+    def train_dir(self) -> Path:
+        return self.cfg.output_dir / "train" / self.folder_name
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.cfg.output_dir / "eval" / self.folder_name
+
+    def training_args(self, *, bf16: bool = False) -> Any:
+        """The run's ``NCGRPOConfig``, what ``ncgrpo train`` would be given: the demo's
+        :meth:`DemoConfig.trainer_settings`, the method's own (:attr:`MethodSpec.fields`), the batch
+        (``prompts_per_step * G``), eq. (3)'s ``k_mid`` scaled to ``max_steps`` and
+        :data:`TRAINER_FIXED`."""
+        from ncgrpo.trainer import NCGRPOConfig
+
+        cfg = self.cfg
+        return NCGRPOConfig(
+            **cfg.trainer_settings(),
+            **self.spec.fields,
+            **TRAINER_FIXED,
+            output_dir=str(self.train_dir),
+            run_name=self.folder_name,
+            rollout_method=self.spec.rollout_method,
+            seed=self.seed,
+            per_device_train_batch_size=cfg.batch_size,
+            schedule_k_mid=cfg.k_mid,
+            use_cpu=cfg.device == "cpu",
+            bf16=bf16,
+        )
+
+    def settings(self) -> dict[str, Any]:
+        """What makes the run what it is (its ``config.yaml``; a rerun with any of them changed is
+        refused): its ``NCGRPOConfig``'s identity as ``ncgrpo train`` defines it
+        (:func:`ncgrpo.runs.identity.run_identity_keys`; the base model's id as ``model_name_or_path``),
+        then every :class:`DemoConfig` field ``NCGRPOConfig`` has not, but :data:`NOT_RUN_SETTINGS`
+        (``val_every`` resolved)."""
+        from ncgrpo.runs.identity import run_identity_keys
+        from ncgrpo.trainer import NCGRPOConfig
+
+        args = self.training_args().to_dict()
+        values = {**args, "model_name_or_path": self.base_id, "dtype": _dtype_for(self.cfg.device)}
+        out = {k: values.get(k) for k in run_identity_keys((NCGRPOConfig,))}
+        for f in dataclasses.fields(self.cfg):
+            if f.name not in args and f.name not in NOT_RUN_SETTINGS:
+                out[f.name] = getattr(self.cfg, f.name)
+        out["val_every"] = self.cfg.validation_every
+        return out
+
+    def eval_identity(self) -> dict[str, Any]:
+        """The arguments of :func:`ncgrpo.eval.evaluate.evaluate` that say whose records its folder
+        holds (the trained model's id: its folder must hold the finished run)."""
+        from ncgrpo.eval.evaluate import model_id_of
+
+        return dict(
+            model_id=model_id_of(self.train_dir),
+            seed=self.seed,
+            name=self.spec.name,
+            method=self.spec.rollout_method,
+        )
 
 
 def check_settings(cfg: DemoConfig, base: Path) -> None:
     """Every setting, checked before anything is written (as ``ncgrpo train`` does): each configuration's
-    ``NCGRPOConfig`` (e.g. SPSA only at the final-norm site) and the noise site against the base
-    model's decoder layers, read from its config. A ``ValueError`` says which configuration and what."""
+    ``NCGRPOConfig`` (e.g. SPSA only at the final-norm site), the noise site against the base model's
+    decoder layers, read from its config, and the evaluation's settings. A ``ValueError`` says which
+    configuration and what."""
     from ncgrpo.models import check_noise_site
 
+    _ = cfg.decoding
     for spec in cfg.methods():
         try:
-            args = training_args(cfg, spec, 0, cfg.output_dir / "train" / f"{spec.slug}-seed0")
+            args = DemoRun(cfg, spec, 0, base, "").training_args()
             if spec.rollout_method in HIDDEN_NOISE_METHODS:
                 check_noise_site(args.noise_site, base)
         except ValueError as e:
             raise ValueError(f"{spec.name}: {e}") from None
 
 
+def _check_same_run(train_dir: Path, settings: dict[str, Any]) -> None:
+    """Refuse to reuse a finished run whose ``config.yaml`` holds other settings (or none)."""
+    import yaml
+
+    from ncgrpo.runs.folder import changed_identity
+
+    path = train_dir / CONFIG_FILE
+    redo = "use another --output_dir or delete the folder to redo it"
+    try:
+        old = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ValueError(
+            f"{train_dir} holds a finished run without {CONFIG_FILE} (written by an older ncgrpo demo), so "
+            f"its settings cannot be compared with this run's; {redo}"
+        ) from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(f"{path}: cannot read the run's settings to compare ({e}); {redo}") from None
+    changed = changed_identity(old if isinstance(old, dict) else {}, settings, settings)
+    if changed:
+        raise ValueError(
+            f"{path}: this folder holds a finished run with other settings ({', '.join(changed)}); {redo}"
+        )
+
+
+def _recorded_accuracy(
+    eval_dir: Path, identity: dict[str, Any], decoding: Any, questions: list[Any]
+) -> dict[str, float] | None:
+    """Accuracy per benchmark (as :func:`ncgrpo.eval.evaluate.evaluate` gives it) when ``eval_dir``
+    holds a record of every question, else None (not evaluated yet, or cut short: evaluate appends
+    the rest). Refused: a folder of another identity (eval's own check,
+    :func:`ncgrpo.eval.evaluate.check_folder`), or one holding records of questions not asked here."""
+    from ncgrpo.eval.evaluate import check_folder, run_identity
+    from ncgrpo.eval.records import iter_records
+
+    records = eval_dir / RECORDS_FILE
+    if check_folder(eval_dir, run_identity(settings=decoding, **identity)) is None or not records.is_file():
+        return None
+    wanted = {(q.benchmark, q.question_id) for q in questions}
+    correct: dict[str, list[int]] = {}
+    other = []
+    for r in iter_records(records):
+        if r.key in wanted:
+            correct.setdefault(r.benchmark, []).append(int(r.correct))
+        else:
+            other.append(r.key)
+    if other:
+        raise ValueError(
+            f"{records}: holds records of {len(other)} questions this demo does not ask (e.g. "
+            f"{'/'.join(map(str, other[0]))}: eval_limit or the suite changed); use another --output_dir or "
+            "delete the folder to redo it"
+        )
+    if sum(map(len, correct.values())) < len(wanted):
+        return None
+    return {b: sum(v) / len(v) for b, v in sorted(correct.items())}
+
+
 def _train(
-    cfg: DemoConfig,
-    spec: MethodSpec,
-    seed: int,
-    base: Path,
-    settings: dict[str, Any],
-    train_questions: list[Any],
-    val_questions: list[Any],
-    train_dir: Path,
+    run: DemoRun, settings: dict[str, Any], train_questions: list[Any], val_questions: list[Any]
 ) -> tuple[Any, Any]:
-    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver); returns the
-    trained (model, processor), saved to ``train_dir`` with ``run.json`` marked finished."""
+    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver), its
+    ``settings`` written to ``config.yaml`` first; returns the trained (model, processor), saved to
+    the run's folder with ``run.json`` marked finished."""
     import torch
+    import yaml
 
+    from ncgrpo.data.geometry3k import to_trl_dataset
     from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
-    from ncgrpo.runs.folder import FolderLock
+    from ncgrpo.rewards import math_reward
+    from ncgrpo.runs.driver import train_run
+    from ncgrpo.runs.folder import FolderLock, atomic_write_text
 
-    model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
+    cfg, spec, seed, out = run.cfg, run.spec, run.seed, run.train_dir
+    model, processor = load_model_and_processor(run.base, dtype=_dtype_for(cfg.device), device=cfg.device)
     if find_vision_tower(model) is not None:
         freeze_vision_tower(model)  # section 4.1: frozen vision tower
-    args = training_args(cfg, spec, seed, train_dir, bf16=next(model.parameters()).dtype == torch.bfloat16)
-    metrics_path = train_dir / METRICS_FILE
-    lock = FolderLock(
-        train_dir, "ncgrpo demo", kind="train"
-    )  # before the first write; train_run re-enters it
-    lock.acquire()
-    try:
-        metrics_path.unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
-        trainer = _train_locked(args, model, processor, train_questions, val_questions, train_dir, spec,
-                                seed, cfg, base, settings, metrics_path)  # fmt: skip
-    finally:
-        lock.release()
+    args = run.training_args(bf16=next(model.parameters()).dtype == torch.bfloat16)
+    with FolderLock(out, "ncgrpo demo", kind="train"):  # before the first write; train_run re-enters it
+        (out / METRICS_FILE).unlink(missing_ok=True)  # an unfinished earlier attempt restarts from step 0
+        atomic_write_text(out / CONFIG_FILE, yaml.safe_dump(settings, sort_keys=False, allow_unicode=True))
+        trainer = train_run(
+            args,
+            model,
+            processor,
+            to_trl_dataset(train_questions),
+            reward_funcs=[math_reward],
+            run_info={
+                "name": spec.name if cfg.seeds == 1 else f"{spec.name} (seed {seed})",
+                "method": spec.rollout_method,
+                "seed": seed,
+                "model": str(run.base),
+            },
+            callbacks=_callbacks(
+                cfg, f"{spec.slug} s{seed}", model, processor, val_questions, out / METRICS_FILE
+            ),
+            console_logs=False,
+        )
     model = trainer.model
     del trainer
     return model, processor
 
 
-def _train_locked(args, model, processor, train_questions, val_questions, train_dir, spec, seed, cfg, base,
-                  settings, metrics_path):  # fmt: skip
-    from ncgrpo.data.geometry3k import to_trl_dataset
-    from ncgrpo.rewards import math_reward
-    from ncgrpo.runs.driver import train_run
-
-    return train_run(
-        args,
-        model,
-        processor,
-        to_trl_dataset(train_questions),
-        reward_funcs=[math_reward],
-        run_info={
-            "name": spec.name if cfg.seeds == 1 else f"{spec.name} (seed {seed})",
-            "method": spec.rollout_method,
-            "seed": seed,
-            "model": str(base),
-            "settings": settings,
-        },
-        callbacks=_callbacks(cfg, f"{spec.slug} s{seed}", model, processor, val_questions, metrics_path),
-        console_logs=False,
-    )
-
-
 def _run_one(
-    cfg: DemoConfig,
-    spec: MethodSpec,
-    seed: int,
-    base: Path,
-    base_id: str,
-    train_questions: list[Any],
-    val_questions: list[Any],
-    test_questions: list[Any],
+    run: DemoRun, train_questions: list[Any], val_questions: list[Any], test_questions: list[Any]
 ) -> RunResult:
-    from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
-
-    run = f"{spec.slug}-seed{seed}"
-    train_dir, eval_dir = cfg.output_dir / "train" / run, cfg.output_dir / "eval" / run
-    settings = _train_settings(cfg, spec, seed, base_id)
-    eval_settings = {
-        **settings,
-        "eval_limit": cfg.eval_limit,
-        "max_new_tokens": cfg.max_new_tokens,
-        "questions": len(test_questions),
-    }
-    result = RunResult(spec.name, spec.rollout_method, seed, train_dir, eval_dir, False, False)
-
-    eval_marker = eval_dir / EVAL_MARKER
-    found = _read_marker(eval_marker)
-    if found is not None:
-        _check_settings(eval_marker, found, eval_settings)
-        result.accuracy = found.get("accuracy", {})
-        result.first_token_divergence = _mean_metric(train_dir, "noise/first_token_divergence")
-        _noise_means(cfg, result)
-        _say(cfg, f"{run}: trained and evaluated already (skipped)")
-        return result
-
+    from ncgrpo.eval.evaluate import evaluate
     from ncgrpo.runs.folder import read_run_json
 
+    cfg, spec = run.cfg, run.spec
+    settings = run.settings()
+    result = RunResult(spec.name, spec.rollout_method, run.seed, run.train_dir, run.eval_dir, False, False)
     model = processor = None
-    found = read_run_json(train_dir)
+    found = read_run_json(run.train_dir)
     if found is not None and found.get("finished"):
-        _check_settings(train_dir / RUN_FILE, found, settings)
-        _say(cfg, f"{run}: trained already (skipped); evaluating")
+        _check_same_run(run.train_dir, settings)
+        accuracy = _recorded_accuracy(run.eval_dir, run.eval_identity(), cfg.decoding, test_questions)
+        if accuracy is not None:
+            result.accuracy = accuracy
+            _metric_means(cfg, result)
+            _say(cfg, f"{run.folder_name}: trained and evaluated already (skipped)")
+            return result
+        _say(cfg, f"{run.folder_name}: trained already (skipped); evaluating")
     else:
-        _say(cfg, f"{run}: training {spec.name} (seed {seed}) for {cfg.max_steps} steps")
+        _say(cfg, f"{run.folder_name}: training {spec.name} (seed {run.seed}) for {cfg.max_steps} steps")
         t0 = time.perf_counter()
-        model, processor = _train(cfg, spec, seed, base, settings, train_questions, val_questions, train_dir)
+        model, processor = _train(run, settings, train_questions, val_questions)
         result.train_time_s = time.perf_counter() - t0
         result.trained = True
 
-    result.first_token_divergence = _mean_metric(train_dir, "noise/first_token_divergence")
-    _noise_means(cfg, result)
+    _metric_means(cfg, result)
     t0 = time.perf_counter()
     if model is None:
         from ncgrpo.models import load_model_and_processor
 
         model, processor = load_model_and_processor(
-            train_dir, dtype=_dtype_for(cfg.device), device=cfg.device
+            run.train_dir, dtype=_dtype_for(cfg.device), device=cfg.device
         )
     summary = evaluate(
         model,
         processor,
         test_questions,
-        eval_dir,
-        model_id=model_id_of(train_dir),
-        seed=seed,
-        name=spec.name,
-        method=spec.rollout_method,
-        settings=DecodingSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size),
+        run.eval_dir,
+        settings=cfg.decoding,
         progress=cfg.progress,
+        **run.eval_identity(),
     )
     result.eval_time_s = time.perf_counter() - t0
     result.evaluated = True
     result.accuracy = dict(summary.accuracy)
-    _write_marker(
-        eval_marker, eval_settings, accuracy=result.accuracy, eval_time_s=round(result.eval_time_s, 2)
-    )
     del model, processor
     _free(cfg.device)
     return result
@@ -878,38 +964,18 @@ def _run_one(
 
 def _evaluate_base(cfg: DemoConfig, base: Path, base_id: str, test_questions: list[Any]) -> Path:
     """Greedy test records of the untrained base model (the table's first row), once per folder."""
-    from ncgrpo.eval.evaluate import DecodingSettings, evaluate
+    from ncgrpo.eval.evaluate import evaluate
     from ncgrpo.models import load_model_and_processor
 
     eval_dir = cfg.output_dir / "eval" / "base"
-    settings = {
-        "base_model": base_id,
-        "eval_limit": cfg.eval_limit,
-        "max_new_tokens": cfg.max_new_tokens,
-        "questions": len(test_questions),
-        "suite_seed": cfg.suite_seed,
-        "suite_sizes": cfg.suite_sizes,
-    }
-    marker = eval_dir / EVAL_MARKER
-    found = _read_marker(marker)
-    if found is not None:
-        _check_settings(marker, found, settings)
+    identity = dict(model_id=base_id, seed=0, name=BASE_NAME, method="base")
+    if _recorded_accuracy(eval_dir, identity, cfg.decoding, test_questions) is not None:
         return eval_dir
     _say(cfg, "evaluating the base model")
     model, processor = load_model_and_processor(base, dtype=_dtype_for(cfg.device), device=cfg.device)
-    summary = evaluate(
-        model,
-        processor,
-        test_questions,
-        eval_dir,
-        model_id=base_id,
-        seed=0,
-        name=BASE_NAME,
-        method="base",
-        settings=DecodingSettings(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.eval_batch_size),
-        progress=cfg.progress,
+    evaluate(
+        model, processor, test_questions, eval_dir, settings=cfg.decoding, progress=cfg.progress, **identity
     )
-    _write_marker(marker, settings, accuracy=dict(summary.accuracy))
     del model, processor
     _free(cfg.device)
     return eval_dir
@@ -962,15 +1028,10 @@ def _report(
 _TRACE_KEYS = ("reward", "reward_std", "loss", "completions/mean_length")
 
 
-def _trace(train_dir: Path) -> list[tuple[Any, ...]]:
-    """Per-step (step, reward, reward_std, loss, mean length): equal traces mean equal rollouts."""
-    from ncgrpo.eval.plots import read_metrics
-
-    return [
-        tuple(row.get(k) for k in ("step", *_TRACE_KEYS))
-        for row in read_metrics(train_dir)
-        if "reward" in row
-    ]
+def _trace(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Per-step (step, reward, reward_std, loss, mean length) of a run's metrics rows: equal traces mean
+    equal rollouts."""
+    return [tuple(row.get(k) for k in ("step", *_TRACE_KEYS)) for row in rows if "reward" in row]
 
 
 def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
@@ -989,20 +1050,21 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
     from ncgrpo.eval.plots import read_metrics
     from ncgrpo.trainer.inert import reward_variance
 
+    rows = {r.train_dir: read_metrics(r.train_dir) for r in runs}  # each run's metrics, read once
     vanilla = {r.seed: r for r in runs if r.method == "vanilla"}
     same = []
     flat = []
     for r in runs:
-        rv = reward_variance(read_metrics(r.train_dir))
+        rv = reward_variance(rows[r.train_dir])
         if rv.none_at_all:
             flat.append(f"{r.name} (seed {r.seed}): {rv.describe()}")
             continue
         base = vanilla.get(r.seed)
         if r.method == "vanilla" or base is None:
             continue
-        if reward_variance(read_metrics(base.train_dir)).none_at_all:
+        if reward_variance(rows[base.train_dir]).none_at_all:
             continue  # vanilla learned nothing: equal traces say nothing about the noise
-        if _trace(r.train_dir) == _trace(base.train_dir):
+        if _trace(rows[r.train_dir]) == _trace(rows[base.train_dir]):
             div = "n/a" if r.first_token_divergence is None else f"{r.first_token_divergence:.4f}"
             same.append(f"{r.name} (seed {r.seed}; mean noise/first_token_divergence {div})")
     notes = []
@@ -1106,13 +1168,11 @@ def _worker_init(num_threads: int | None, parent_pid: int, quiet: bool = False) 
         quiet_libraries()
 
 
-def _run_in_worker(
-    cfg: DemoConfig, spec: MethodSpec, seed: int, base: Path, base_id: str, suite: Path
-) -> RunResult:
-    key = (str(suite), cfg.val_limit, cfg.eval_limit)
+def _run_in_worker(run: DemoRun, suite: Path) -> RunResult:
+    key = (str(suite), run.cfg.val_limit, run.cfg.eval_limit)
     if key not in _WORKER_QUESTIONS:
-        _WORKER_QUESTIONS[key] = _load_questions(cfg, suite)
-    return _run_one(cfg, spec, seed, base, base_id, *_WORKER_QUESTIONS[key])
+        _WORKER_QUESTIONS[key] = _load_questions(run.cfg, suite)
+    return _run_one(run, *_WORKER_QUESTIONS[key])
 
 
 def _steps_done(train_dir: Path) -> int:
@@ -1126,10 +1186,8 @@ def _steps_done(train_dir: Path) -> int:
     return max((row["step"] for row in rows if "reward" in row), default=0)
 
 
-def _run_in_processes(
-    cfg: DemoConfig, jobs: list[tuple[MethodSpec, int]], workers: int, base: Path, base_id: str, suite: Path
-) -> list[RunResult]:
-    """Each (configuration, seed) in its own worker process, ``workers`` at once; results in ``jobs`` order.
+def _run_in_processes(cfg: DemoConfig, jobs: list[DemoRun], workers: int, suite: Path) -> list[RunResult]:
+    """Each run in its own worker process, ``workers`` at once; results in ``jobs`` order.
 
     The runs share nothing but the read-only suite and base model: each is seeded by its own seed and
     writes only its own train and eval folders, so its records equal a one-process run's. A worker's
@@ -1145,7 +1203,7 @@ def _run_in_processes(
         f"training {len(jobs)} runs, {workers} at a time, one process each "
         f"({cfg.num_threads or 'all'} torch thread(s) per process)",
     )
-    dirs = [cfg.output_dir / "train" / f"{spec.slug}-seed{seed}" for spec, seed in jobs]
+    dirs = [run.train_dir for run in jobs]
     bar = tqdm(total=len(jobs) * cfg.max_steps, desc="train", unit="step", disable=not cfg.progress)
     results: dict[int, RunResult] = {}
     try:
@@ -1154,8 +1212,8 @@ def _run_in_processes(
             workers, initializer=_worker_init, initargs=(cfg.num_threads, os.getpid(), _QUIET)
         ) as pool:
             pending = {
-                i: pool.apply_async(_run_in_worker, (quiet, spec, seed, base, base_id, suite))
-                for i, (spec, seed) in enumerate(jobs)
+                i: pool.apply_async(_run_in_worker, (replace(run, cfg=quiet), suite))
+                for i, run in enumerate(jobs)
             }
             while pending:
                 next(iter(pending.values())).wait(1.0)
@@ -1185,8 +1243,7 @@ def run_demo(
     import torch
 
     from ncgrpo.eval.evaluate import model_id_of
-    from ncgrpo.eval.records import FolderLock, atomic_write_json
-    from ncgrpo.runs.folder import read_run_json
+    from ncgrpo.runs.folder import FolderLock, atomic_write_json, claim_folder
 
     t_start = time.perf_counter()
     stage_times: dict[str, float] = {}
@@ -1211,13 +1268,11 @@ def run_demo(
         # of the output folder is written
         base = stage("base_model", lambda: _base_model(cfg))
         check_settings(cfg, base)
-        lock.acquire()
-        if (read_run_json(cfg.output_dir) or {}).get("kind") != "demo":
-            atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "demo"})
+        claim_folder(lock)  # held, and the folder's run.json says kind demo
         suite = stage("suite", lambda: _ensure_suite(cfg))
         base_id = model_id_of(base)
         specs, seeds = cfg.methods(), cfg.seed_values()
-        jobs = [(spec, seed) for spec in specs for seed in seeds]
+        jobs = [DemoRun(cfg, spec, seed, base, base_id) for spec in specs for seed in seeds]
         workers = cfg.worker_count(len(jobs))
         # with workers, each worker loads what it trains on; here only the test split (the base's evaluation)
         train_q, val_q, test_q = stage(
@@ -1233,25 +1288,15 @@ def run_demo(
 
         def train_all() -> None:
             if workers > 1:
-                runs.extend(_run_in_processes(cfg, jobs, workers, base, base_id, suite))
+                runs.extend(_run_in_processes(cfg, jobs, workers, suite))
             else:
-                for spec, seed in jobs:
-                    runs.append(_run_one(cfg, spec, seed, base, base_id, train_q, val_q, test_q))
+                runs.extend(_run_one(run, train_q, val_q, test_q) for run in jobs)
 
         base_eval = stage("base_eval", lambda: _evaluate_base(cfg, base, base_id, test_q))
         stage("train_eval", train_all)
         table, files = stage("report", lambda: _report(cfg, runs, console, base_eval))
         wall = time.perf_counter() - t_start
-        result = DemoResult(
-            out=cfg.output_dir,
-            base_model=base,
-            runs=runs,
-            table=table,
-            files=files,
-            stage_times_s=stage_times,
-            wall_time_s=wall,
-            notes=_notes(cfg, runs),
-        )
+        result = DemoResult(cfg.output_dir, base, runs, table, files, stage_times, wall, _notes(cfg, runs))
         files["summary"] = cfg.output_dir / "summary.json"
         summary = result.to_json()
         summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
