@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ncgrpo.core.noise import NoiseKey, NoiseMode, draw_eps, perturb
+from ncgrpo.core.noise import NoiseKey, NoiseMode, draw_eps_keys, perturb
 
 __all__ = [
     "MARGINAL_DRAW_BASE",
@@ -45,6 +45,7 @@ __all__ = [
     "branch_eps",
     "marginal_estimate",
     "marginal_keys",
+    "marginal_tv",
     "mixture_log_probs",
     "noisy_probs",
     "pool_keys",
@@ -73,8 +74,9 @@ def pool_keys(key: NoiseKey, draws: int) -> list[NoiseKey]:
 
 
 def branch_eps(keys: Sequence[NoiseKey], d: int, mode: NoiseMode = "independent") -> torch.Tensor:
-    """The branch point's (last prompt position's) eps of each key, as the hook draws it. ``# [M, d]``"""
-    return torch.cat([draw_eps(k, [0], d, mode=mode) for k in keys]) if keys else torch.empty(0, d)
+    """The branch point's (last prompt position's) eps of each key, as the hook draws it
+    (:func:`~ncgrpo.core.noise.draw_eps_keys`: the values of ``draw_eps(key, [0], d)``). ``# [M, d]``"""
+    return draw_eps_keys(keys, 0, d, mode=mode)
 
 
 @torch.no_grad()
@@ -91,15 +93,19 @@ def noisy_probs(
     """``q_eps`` for each draw: ``softmax(head(h~_m) / T)`` with ``h~_m = perturb(h, eps_m, sigma, steer)``.
 
     ``h`` ``# [d]``: the clean state at the branch point (the final norm's output at the last prompt
-    position), in the model's dtype; ``eps`` ``# [M, d]``. ``perturb`` is eq. (2)'s own function, so the
-    perturbed states are bit-identical to the hook's. Returns ``# [M, V]`` float32.
+    position), in the model's dtype, or ``# [M, d]``: one state per draw (several prompts' draws in one
+    call); ``eps`` ``# [M, d]``. ``perturb`` is eq. (2)'s own function, so the perturbed states are
+    bit-identical to the hook's. Returns ``# [M, V]`` float32.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if h.dim() == 2 and h.shape[0] != eps.shape[0]:
+        raise ValueError(f"noisy_probs: {h.shape[0]} states for {eps.shape[0]} draws")
     out = []
     for lo in range(0, eps.shape[0], chunk):
         e = eps[lo : lo + chunk].to(h.device)
-        ht = perturb(h.expand(e.shape[0], -1), e, float(sigma), steer=steer)  # [m, d] h.dtype
+        hs = h.expand(e.shape[0], -1) if h.dim() == 1 else h[lo : lo + chunk]
+        ht = perturb(hs, e, float(sigma), steer=steer)  # [m, d] h.dtype
         out.append(torch.softmax(head(ht).float() / temperature, dim=-1))
     return torch.cat(out) if out else torch.empty(0, 0)
 
@@ -129,6 +135,38 @@ def _tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * (p - q).abs().sum(-1)
 
 
+def _bootstrap_tv(p: torch.Tensor, q: torch.Tensor, bootstrap: int, seeds: Sequence[int]) -> torch.Tensor:
+    """``TV(p_i, mean of a resample of q_i's draws)`` for ``bootstrap`` resamples per prompt: ``p`` ``# [P, V]``
+    and ``q`` ``# [P, M, V]`` float64, prompt ``i``'s resamples drawn from ``seeds[i]``. ``# [P, bootstrap]``"""
+    P, M, _ = q.shape
+    # each resample's mean as one matmul: its multiplicities / M times the draws (no Python loop)
+    w = torch.zeros(P, bootstrap, M, dtype=q.dtype)
+    for i, seed in enumerate(seeds):
+        idx = torch.randint(0, M, (bootstrap, M), generator=torch.Generator().manual_seed(int(seed)))
+        w[i].scatter_add_(1, idx, torch.ones(bootstrap, M, dtype=q.dtype))
+    return _tv(p[:, None], torch.bmm((w / M).to(q.device), q)).cpu()  # [P, bootstrap]
+
+
+def marginal_tv(
+    p: torch.Tensor, q_draws: torch.Tensor, *, bootstrap: int = 200, seeds: Sequence[int]
+) -> torch.Tensor:
+    """:class:`MarginalEstimate`'s ``tv`` for several prompts at once (the trainer's per-step metric):
+    ``p`` ``# [P, V]`` the clean distributions, ``q_draws`` ``# [P, M, V]`` each prompt's draws of
+    ``q_eps``, ``seeds`` one bootstrap seed per prompt. The plug-in ``TV(p, q_bar)`` minus its bootstrap
+    bias estimate, floored at 0 (``bootstrap=0``: the plug-in). ``# [P]`` float64 on the CPU"""
+    p, q = p.double(), q_draws.double()
+    if q.dim() != 3 or q.shape[1] < 1 or p.shape != (q.shape[0], q.shape[2]) or len(seeds) != q.shape[0]:
+        raise ValueError(
+            f"marginal_tv: p {tuple(p.shape)}, q_draws {tuple(q.shape)} and {len(seeds)} seeds do not match "
+            "([P, V], [P, M >= 1, V], P seeds)"
+        )
+    plug = _tv(p, q.mean(1)).cpu()  # [P]
+    if bootstrap < 1 or q.shape[1] < 2:
+        return plug
+    boot = _bootstrap_tv(p, q, bootstrap, seeds)
+    return (2.0 * plug - boot.mean(1)).clamp_min(0.0)
+
+
 def marginal_estimate(
     p: torch.Tensor,
     q_draws: torch.Tensor,
@@ -154,13 +192,7 @@ def marginal_estimate(
     se = float("nan")
     tv = plug
     if bootstrap > 0 and M > 1:
-        g = torch.Generator().manual_seed(int(seed))
-        idx = torch.randint(0, M, (bootstrap, M), generator=g)
-        # each resample's mean as one matmul: its multiplicities / M times the draws (no Python loop)
-        w = torch.zeros(bootstrap, M, dtype=q.dtype).scatter_add_(
-            1, idx, torch.ones(bootstrap, M, dtype=q.dtype)
-        )
-        boot = _tv(p, (w / M).to(q.device) @ q).cpu()  # [bootstrap]
+        boot = _bootstrap_tv(p[None], q[None], bootstrap, [seed])[0]  # [bootstrap]
         se = float(boot.std(unbiased=True))
         tv = max(0.0, 2.0 * plug - float(boot.mean()))
     return MarginalEstimate(tv=tv, tv_se=se, tv_plugin=plug, tv_per_draw=per_draw, kl=kl, draws=M)

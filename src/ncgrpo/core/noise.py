@@ -42,6 +42,7 @@ __all__ = [
     "parse_noise_site",
     "draw_direction",
     "draw_eps",
+    "draw_eps_keys",
     "noise_seed",
     "perturb",
     "perturb_rows",
@@ -178,6 +179,35 @@ def draw_eps(
     else:
         raise ValueError(f"unknown noise mode {mode!r}; use 'independent', 'antithetic' or 'rank_one'")
     return out if device is None else out.to(device)
+
+
+def draw_eps_keys(
+    keys: Sequence[NoiseKey], position: int, d: int, *, mode: NoiseMode = "independent"
+) -> torch.Tensor:
+    """``torch.cat([draw_eps(k, [position], d, mode=mode) for k in keys])``, bit-identical, for many keys
+    at once (the branch point's eps of a batch's noisy rows, the Monte Carlo draws of the first-token
+    marginal): one generator re-seeded per key, rows written in place. ``# [len(keys), d]`` float32"""
+    if position < 0:
+        raise ValueError("positions are counted from the end of the prompt and must be >= 0")
+    if mode not in ("independent", "antithetic", "rank_one"):
+        raise ValueError(f"unknown noise mode {mode!r}; use 'independent', 'antithetic' or 'rank_one'")
+    g = torch.Generator(device="cpu")
+    if mode != "rank_one":
+        out = torch.empty(len(keys), d, dtype=torch.float32)
+        for row, k in zip(out.unbind(0), keys, strict=True):
+            g.manual_seed(noise_seed("eps", k.seed, k.step, k.prompt_id, k.draw, position))
+            row.normal_(generator=g)
+        return out
+    r = torch.empty(len(keys), dtype=torch.float32)
+    for i, k in enumerate(keys):
+        g.manual_seed(noise_seed("r", k.seed, k.step, k.prompt_id, k.draw, position))
+        r[i] = torch.randn(1, generator=g, dtype=torch.float32).item()
+    us: dict[tuple[int, int], torch.Tensor] = {}
+    for k in keys:
+        if (k.seed, k.step) not in us:
+            us[k.seed, k.step] = draw_direction(k.seed, k.step, d)  # [d]
+    u = torch.stack([us[k.seed, k.step] for k in keys]) if keys else torch.empty(0, d)
+    return r[:, None] * u
 
 
 # --------------------------------------------------------------------------------------------------

@@ -55,7 +55,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ncgrpo.core.noise import RowNoise, depth_decayed_sigmas, noise_seed, perturb_rows, reverse_positions
+from ncgrpo.core.noise import (
+    RowNoise,
+    depth_decayed_sigmas,
+    draw_eps_keys,
+    noise_seed,
+    perturb,
+    perturb_rows,
+    relative_perturbation,
+)
 
 __all__ = [
     "BranchPoint",
@@ -214,6 +222,7 @@ def branch_point_capture(model: nn.Module, on_branch: Callable | None = None) ->
 
     def capture(module, args, output):
         if point.logits is None:
+            handle.remove()  # only the first call is read: the decode steps run without this hook
             point.logits = output[:, -1].detach().float()
             point.states = args[0][:, -1].detach()
             if on_branch is not None:
@@ -281,9 +290,9 @@ def _last_index(mask: torch.Tensor | None, B: int, T: int, device: torch.device)
     """Index of each row's last real token. ``# [B]``"""
     if mask is None:
         return torch.full((B,), T - 1, dtype=torch.long, device=device)
-    rev = reverse_positions(mask)  # [B, T]
-    hit = rev == 0
-    idx = torch.where(hit.any(1), hit.float().argmax(1), torch.full((B,), T - 1, device=rev.device))
+    pos = torch.arange(T, device=mask.device)
+    last = torch.where(mask.ne(0), pos, -1).amax(1)  # [B] -1: no real token
+    idx = torch.where(last >= 0, last, T - 1)  # (an all-padding row: the last position)
     return idx.to(device=device, dtype=torch.long)
 
 
@@ -325,6 +334,7 @@ class NoiseHook:
         self.timing = timing
         self.records: list[PrefillRecord] = []
         self.any_noisy = any(r.noisy for r in self.rows)
+        self._noisy = [b for b, r in enumerate(self.rows) if r.noisy]  # the rows eq. (2) acts on
         # state of the forward in flight
         self._active = False
         self._mask: torch.Tensor | None = None
@@ -470,6 +480,8 @@ class NoiseHook:
             k = self._keep(T)
             if not self.any_noisy:
                 h_new, rel = h, torch.zeros(B)
+            elif k == 1:  # the branch point alone reaches the logits (generate's logits_to_keep=1)
+                h_new, rel = self._perturb_last(h, None if mask is None else mask[:, -1])
             elif k < T:
                 # fast path: only the last k positions reach the logits. Reverse positions of a suffix
                 # are the same as in the full prompt, so these are exactly the values a full pass gives.
@@ -478,14 +490,14 @@ class NoiseHook:
                 h_new = torch.cat([h[:, : T - k], tail], dim=1)
             else:
                 h_new, rel = perturb_rows(h, self.rows, attention_mask=mask, steer=self.steer)
-            rec.sites["final_norm"] = SiteRecord(rel, _gather_last(h, idx), _gather_last(h_new, idx))
+            rec.final_last = _gather_last(h_new, idx)
+            rec.sites["final_norm"] = SiteRecord(rel, _gather_last(h, idx), rec.final_last)
             if h_new is not h:
                 if isinstance(output, tuple):
                     new_output = (h_new, *output[1:])
                 else:
                     output.last_hidden_state = h_new
                     new_output = output
-            rec.final_last = _gather_last(h_new, idx)
         else:
             rec.final_last = _gather_last(h, idx)
         self._toc(h.device, t)
@@ -494,6 +506,34 @@ class NoiseHook:
         self.records.append(rec)
         self._current = None
         return new_output
+
+    def _perturb_last(
+        self, h: torch.Tensor, last_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``perturb_rows`` on the last position alone (``h`` ``# [B, T, d]``; ``last_mask`` ``# [B]`` the
+        attention mask there): the same values (eq. 2 is row-wise; each noisy row's one eps is
+        ``draw_eps(key, [0], d)``) with the noisy rows' draws in one call (:func:`draw_eps_keys`).
+        Returns ``(h_new, rel)`` as :func:`~ncgrpo.core.noise.perturb_rows` does: a new tensor, ``# [B]``."""
+        B, T, d = h.shape
+        noisy = self._noisy
+        if last_mask is not None:  # a padding position gets no noise (only an all-padding row has one)
+            real = last_mask.ne(0).cpu().tolist()
+            noisy = [b for b in noisy if real[b]]
+        out, rel = h.clone(), torch.zeros(B, dtype=torch.float32)
+        if not noisy:
+            return out, rel
+        specs = [self.rows[b] for b in noisy]
+        eps = torch.empty(len(specs), d, dtype=torch.float32)
+        for mode in dict.fromkeys(s.mode for s in specs):  # one mode in practice
+            sel = [j for j, s in enumerate(specs) if s.mode == mode]
+            eps[sel] = draw_eps_keys([specs[j].key for j in sel], 0, d, mode=mode)
+        sig = torch.tensor([[s.sigma * 1.0 * s.sign] for s in specs], dtype=torch.float32)  # perturb_rows'
+        bi = torch.tensor(noisy, device=h.device)
+        h_sel = h[bi, T - 1]  # [N, d]
+        new = perturb(h_sel, eps.to(h.device), sig.to(h.device), steer=self.steer)  # [N, d]
+        out[bi, T - 1] = new
+        rel[noisy] = relative_perturbation(h_sel, new).cpu()
+        return out, rel
 
     def _keep(self, T: int) -> int:
         """How many trailing positions reach the logits (``positions="auto"``); T means all."""
@@ -653,13 +693,14 @@ def _image_rows(
     return out if img == len(tokens) else None
 
 
-def _groups(top: nn.Module, kwargs: dict) -> tuple[list[int], torch.Tensor] | str:
-    """``(first, index)``: the first row of each run of identical consecutive rows (same tokens, mask
-    and image pixels) and each row's run; or the reason the batch cannot be shared."""
+def _groups(top: nn.Module, kwargs: dict) -> tuple[list[int], torch.Tensor, list | None] | str:
+    """``(first, index, spans)``: the first row of each run of identical consecutive rows (same tokens,
+    mask and image pixels), each row's run, and the rows' :func:`_image_rows` (None without images); or
+    the reason the batch cannot be shared."""
     ids = kwargs["input_ids"]
     R = ids.shape[0]
     rows = [kwargs[k] for k in _ROW_KEYS if isinstance(kwargs.get(k), torch.Tensor)]
-    pix = None
+    pix, spans = None, None
     if any(kwargs.get(k) is not None for k in _IMAGE_KEYS):
         if not all(isinstance(kwargs.get(k), torch.Tensor) for k in _IMAGE_KEYS):
             return "pixel_values without image_grid_thw (or the reverse)"
@@ -667,19 +708,22 @@ def _groups(top: nn.Module, kwargs: dict) -> tuple[list[int], torch.Tensor] | st
         if spans is None:
             return "the image tokens do not match image_grid_thw"
         pix = kwargs["pixel_values"]
+    # row r equals row r - 1 in every per-row input: one comparison per input, read once
+    same = torch.ones(max(R - 1, 0), dtype=torch.bool, device=ids.device)
+    for t in rows if R > 1 else ():
+        same &= (t[1:] == t[:-1]).reshape(R - 1, -1).all(1)
     first, index, g = [0], [0], 0
-    for r in range(1, R):
-        same = all(torch.equal(t[r], t[r - 1]) for t in rows)
-        if same and pix is not None:
+    for r, equal in enumerate(same.tolist(), start=1):
+        if equal and pix is not None:
             (a0, a1, _, _), (b0, b1, _, _) = spans[r], spans[r - 1]
-            same = a1 - a0 == b1 - b0 and torch.equal(pix[a0:a1], pix[b0:b1])
-        if not same:
+            equal = a1 - a0 == b1 - b0 and torch.equal(pix[a0:a1], pix[b0:b1])
+        if not equal:
             first.append(r)
             g += 1
         index.append(g)
     if len(first) == R:
         return "no two consecutive rows share a prompt"
-    return first, torch.tensor(index, dtype=torch.long, device=ids.device)
+    return first, torch.tensor(index, dtype=torch.long, device=ids.device), spans
 
 
 def _refusal(top: nn.Module, kwargs: dict, generation_config: Any) -> str:
@@ -745,7 +789,7 @@ def shared_prefill_generate(model: nn.Module, generate: Callable | None = None, 
             _warn_once(reason)
         top._ncgrpo_last_shared = SharedPrefill(rows=R, unique=R, shared=False, reason=grouped)
         return generate(**kwargs)
-    first, index = grouped
+    first, index, spans = grouped
     t0 = time.perf_counter()
     ids = kwargs["input_ids"]
     sel = torch.tensor(first, dtype=torch.long, device=ids.device)
@@ -754,8 +798,7 @@ def shared_prefill_generate(model: nn.Module, generate: Callable | None = None, 
     for k in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
         if isinstance(kwargs.get(k), torch.Tensor):
             u_kw[k] = kwargs[k][sel]
-    if isinstance(kwargs.get("pixel_values"), torch.Tensor):
-        spans = _image_rows(top, ids, kwargs["image_grid_thw"])
+    if spans is not None:
         u_kw["pixel_values"] = torch.cat([kwargs["pixel_values"][spans[r][0] : spans[r][1]] for r in first])
         u_kw["image_grid_thw"] = torch.cat(
             [kwargs["image_grid_thw"][spans[r][2] : spans[r][3]] for r in first]

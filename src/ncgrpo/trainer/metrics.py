@@ -179,7 +179,7 @@ class BranchPointMetrics:
         Runs inside the LM head's forward (``on_branch`` of :meth:`_nc_branch_point_hooks`; ``head`` its
         weights as a function), where ZeRO-3 has them gathered."""
         from ncgrpo.core.agreement import first_token_tv
-        from ncgrpo.core.marginal import branch_eps, marginal_estimate, marginal_keys, noisy_probs
+        from ncgrpo.core.marginal import branch_eps, marginal_keys, marginal_tv, noisy_probs
 
         a = self.args
         T = float(self.temperature)
@@ -204,14 +204,18 @@ class BranchPointMetrics:
             return out
         mode = NOISE_MODE.get(self.method, "independent")
         steer = self.spsa_mu if self.method == "spsa" else None
-        d = states.shape[-1]
-        for i, c in pairs:
-            p = gen.plans[i]
-            keys = marginal_keys(p.key.seed, p.key.step, p.prompt_id, a.marginal_tv_draws)
-            eps = branch_eps(keys, d, mode)
-            draws = noisy_probs(head, states[c], eps, gen.sigma_k, temperature=T, steer=steer)
-            clean = torch.softmax(logits[c].float() / T, -1)
-            out[i] = marginal_estimate(clean, draws.to(clean.device), bootstrap=32, seed=p.prompt_id).tv
+        M = a.marginal_tv_draws
+        noisy = [gen.plans[i] for i, _ in pairs]
+        # every pair's draws in one call: P * M keyed eps, through the head on the clean partners' states
+        keys = [k for p in noisy for k in marginal_keys(p.key.seed, p.key.step, p.prompt_id, M)]
+        eps = branch_eps(keys, states.shape[-1], mode)  # [P * M, d]
+        cidx = torch.tensor([c for _, c in pairs])
+        h = states[cidx.to(states.device)].repeat_interleave(M, 0)  # [P * M, d]
+        draws = noisy_probs(head, h, eps, gen.sigma_k, temperature=T, steer=steer)  # [P * M, V]
+        clean = torch.softmax(logits[cidx.to(logits.device)].float() / T, -1)  # [P, V]
+        draws = draws.to(clean.device).view(len(pairs), M, -1)
+        tv = marginal_tv(clean, draws, bootstrap=32, seeds=[p.prompt_id for p in noisy])  # [P]
+        out[[i for i, _ in pairs]] = tv.float()
         return out
 
     def _branch_point_stats(
