@@ -52,7 +52,6 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +77,10 @@ from ncgrpo.engines.transformers import (
     eos_token_ids,
     find_text_stack,
     prefill_noise,
-    shared_prefill_generate,
     unwrap_model,
+)
+from ncgrpo.engines.transformers import (
+    share_prompt_prefill as sharing,  # the parameter of that name says whether to share
 )
 from ncgrpo.models import tokenizer_of
 from ncgrpo.prefix import prefix_completions, with_branch_prefix
@@ -227,9 +228,12 @@ def _sample(
         torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
     ):
         torch.manual_seed(seed)
-        with torch.no_grad(), prefill_noise(model, rows, site=site, layer_decay=layer_decay) as hook:
-            run = partial(shared_prefill_generate, model) if share_prompt_prefill else model.generate
-            out = run(
+        with (
+            torch.no_grad(),
+            prefill_noise(model, rows, site=site, layer_decay=layer_decay) as hook,
+            sharing(model, share_prompt_prefill),
+        ):
+            out = model.generate(
                 **inputs,
                 do_sample=True,
                 temperature=temperature,

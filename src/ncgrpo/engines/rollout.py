@@ -30,8 +30,10 @@ from ncgrpo.engines.transformers import (
     cut_after_eos,
     eos_token_ids,
     prefill_noise,
-    shared_prefill_generate,
     unwrap_model,
+)
+from ncgrpo.engines.transformers import (
+    share_prompt_prefill as sharing,  # the parameter of that name says whether to share
 )
 from ncgrpo.models import tokenizer_of
 
@@ -214,14 +216,7 @@ def generate_groups(
 
     rng_devices = [device] if device.type == "cuda" else []
     record = None
-
-    def run():
-        if share_prompt_prefill:
-            return shared_prefill_generate(gen_model, **inputs, **gen_kw)
-        return gen_model.generate(**inputs, **gen_kw)
-
-    gen_model._ncgrpo_last_shared = None
-    with torch.random.fork_rng(devices=rng_devices):
+    with torch.random.fork_rng(devices=rng_devices), sharing(gen_model, share_prompt_prefill) as calls:
         torch.manual_seed(sampling_seed(seed, step))
         with torch.no_grad():
             if use_hook:
@@ -234,11 +229,11 @@ def generate_groups(
                     positions=positions,
                     timing=timing,
                 ) as hook:
-                    out = run()
+                    out = gen_model.generate(**inputs, **gen_kw)
                 record = hook.last
             else:
-                out = run()
-    shared = gen_model._ncgrpo_last_shared
+                out = gen_model.generate(**inputs, **gen_kw)
+    shared = calls[-1] if calls else None
     sequences = out.sequences  # [R, T + L]
 
     # ---- per-row results --------------------------------------------------------------------------
