@@ -28,7 +28,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -120,15 +120,19 @@ class NoiseKey:
 _MASK63 = (1 << 63) - 1
 
 
+def _seed_bytes(part: int | str) -> bytes:
+    """One part of :func:`noise_seed`'s hashed input."""
+    if isinstance(part, str):
+        b = part.encode()
+        return b"s" + struct.pack("<I", len(b)) + b
+    return b"i" + int(part).to_bytes(16, "little", signed=True)
+
+
 def noise_seed(*parts: int | str) -> int:
     """A 63-bit generator seed from a tuple of ints/strings (blake2b; platform independent)."""
     h = hashlib.blake2b(digest_size=8)
     for p in parts:
-        if isinstance(p, str):
-            b = p.encode()
-            h.update(b"s" + struct.pack("<I", len(b)) + b)
-        else:
-            h.update(b"i" + int(p).to_bytes(16, "little", signed=True))
+        h.update(_seed_bytes(p))
     return int.from_bytes(h.digest(), "little") & _MASK63
 
 
@@ -192,15 +196,28 @@ def draw_eps_keys(
     if mode not in ("independent", "antithetic", "rank_one"):
         raise ValueError(f"unknown noise mode {mode!r}; use 'independent', 'antithetic' or 'rank_one'")
     g = torch.Generator(device="cpu")
+    tail = _seed_bytes(position)
+    prefixes: dict[tuple[int, int, int], Any] = {}
+
+    def seed(stream: str, k: NoiseKey) -> int:  # noise_seed(stream, seed, step, prompt_id, draw, position)
+        h = prefixes.get((k.seed, k.step, k.prompt_id))
+        if h is None:
+            h = prefixes[k.seed, k.step, k.prompt_id] = hashlib.blake2b(
+                b"".join(_seed_bytes(p) for p in (stream, k.seed, k.step, k.prompt_id)), digest_size=8
+            )
+        h = h.copy()
+        h.update(_seed_bytes(k.draw) + tail)
+        return int.from_bytes(h.digest(), "little") & _MASK63
+
     if mode != "rank_one":
         out = torch.empty(len(keys), d, dtype=torch.float32)
         for row, k in zip(out.unbind(0), keys, strict=True):
-            g.manual_seed(noise_seed("eps", k.seed, k.step, k.prompt_id, k.draw, position))
+            g.manual_seed(seed("eps", k))
             row.normal_(generator=g)
         return out
     r = torch.empty(len(keys), dtype=torch.float32)
     for i, k in enumerate(keys):
-        g.manual_seed(noise_seed("r", k.seed, k.step, k.prompt_id, k.draw, position))
+        g.manual_seed(seed("r", k))
         r[i] = torch.randn(1, generator=g, dtype=torch.float32).item()
     us: dict[tuple[int, int], torch.Tensor] = {}
     for k in keys:
