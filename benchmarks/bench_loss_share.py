@@ -9,13 +9,15 @@ where a prompt shared by the group needs ``P + G x C``. Two measurements:
    configs): per group, the language model's matmul FLOPs ``2 N`` per token plus attention
    ``4 L d ctx`` per token (ctx: the tokens it attends to), and the vision tower (frozen: forward
    only) on the image's patches (4 per image token after the 2x2 merge).
-2. A measured CPU proxy: a text Qwen2 model (bench_train's ``small`` tower) trained on one group,
-   forward + backward of a policy-gradient loss over the completion tokens, (a) repeated: ``G`` rows of
-   ``prompt + completion``, as TRL does; (b) shared: the prompt minus its last token forwarded once
-   WITH gradient, its KV cache repeated to ``G`` rows (``batch_repeat_interleave``: differentiable),
-   then ``G`` rows of ``last prompt token + completion`` on that cache. Interleaved repeats; the loss
-   and every parameter's gradient of (b) are compared with (a) (the exactness check such a change
-   would need).
+2. The implemented path timed: ``ncgrpo.trainer.shared_loss.per_token_logps_and_entropies`` (what
+   ``share_prompt_loss=True`` runs) against TRL 1.16's own ``GRPOTrainer._get_per_token_logps_and_entropies``
+   (the repeated path), both on a model carrying TRL's fused LM head (temperature 0.9, log-probs and
+   entropies), forward + backward of a GRPO-shaped loss (advantage-weighted log-probs plus an entropy
+   term) over one micro-batch of ``G`` rows of one prompt. Models: a text Qwen2 (bench_train's
+   ``small`` tower, hidden 256 x 4 layers) and a Qwen2.5-VL of the same text tower with a 4-layer
+   vision tower and an image prompt. Interleaved repeats (the order alternates), CPU time of this
+   process; before timing, the log-probs, entropies, loss and every parameter's gradient of the shared
+   path are compared with the repeated one (the exactness the tests check).
 
     python benchmarks/bench_loss_share.py --threads 1 --repeats 7
 """
@@ -27,9 +29,13 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from ncgrpo.trainer.shared_loss import pack_costs, split_set  # noqa: E402
 
 # Published configs (config.json of Qwen/Qwen2.5-VL-3B-Instruct and -7B-Instruct): text tower and vision tower
 ARCH = {
@@ -59,6 +65,18 @@ def vision_flops(a: dict, patches: int) -> float:
     return patches * L * (2 * 4 * d * d + 2 * 3 * d * a["v_inter"] + 4 * d * min(patches, 64 * 4))
 
 
+def _config(a: dict):
+    """A config-like object with ARCH's sizes, for shared_loss.pack_costs."""
+    from types import SimpleNamespace
+
+    text = SimpleNamespace(
+        hidden_size=a["hidden"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
+        intermediate_size=a["inter"], vocab_size=a["vocab"], num_hidden_layers=a["layers"], head_dim=None,
+    )  # fmt: skip
+    vision = SimpleNamespace(hidden_size=a["v_hidden"], intermediate_size=a["v_inter"], depth=a["v_layers"])
+    return SimpleNamespace(get_text_config=lambda: text, vision_config=vision)
+
+
 def flop_table(P: int, C: int, G: int, image_tokens: int) -> dict:
     """Per group: tokens and forward FLOPs of the loss side, repeated vs shared prompt."""
     out = {}
@@ -70,12 +88,24 @@ def flop_table(P: int, C: int, G: int, image_tokens: int) -> dict:
         vis = vision_flops(a, 4 * image_tokens)
         repeated = G * (prompt + completion + vis)
         shared = prompt + vis + G * completion
+        # what shared_loss runs: the packs split_set chooses for this model, each a sequence of Lp tokens
+        # with attention over the full masked square (sdpa/eager compute the masked entries), the last
+        # prompt token once per row, the vision tower once per pack
+        packs = split_set(list(range(G)), P - 1, [C] * G, pack_costs(_config(a)), patches=4 * image_tokens)
+        packed = 0.0
+        for pack in packs:
+            Lp = P - 1 + len(pack) * (C + 1)
+            packed += vis + (P - 1) * text_flops_per_token(a, Lp, logits=False)
+            packed += len(pack) * (C + 1) * text_flops_per_token(a, Lp, logits=True)
         out[name] = {
             "tokens_repeated": G * (P + C),
             "tokens_shared": P + G * C,
             "flops_repeated": repeated,
             "flops_shared": shared,
             "ratio": shared / repeated,
+            "packs": [len(p) for p in packs],
+            "flops_packed": packed,
+            "ratio_packed": packed / repeated,
             "repeated_prompt_share": 1 - shared / repeated,
             "vision_share_of_repeated": G * vis / repeated,
         }
@@ -83,81 +113,168 @@ def flop_table(P: int, C: int, G: int, image_tokens: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
-# measured CPU proxy
+# the implemented path, timed
 # --------------------------------------------------------------------------------------------------
-def build(seed: int):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import build_tokenizer, tiny_text_model
+TEMPERATURE = 0.9
+VL_IMAGE = 224  # pixels: 16 x 16 patches of 14, 64 image tokens after the 2 x 2 merge
 
-    return tiny_text_model(
-        "qwen2",
-        tokenizer=build_tokenizer(),
-        seed=seed,
+
+def build(kind: str, seed: int):
+    """A model with TRL's fused LM head, its tokenizer or processor."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from trl.trainer.utils import add_fused_lm_head
+
+    from tiny_models import build_processor, build_tokenizer, tiny_qwen2_5_vl, tiny_text_model
+
+    tower = dict(
         hidden_size=256,
         intermediate_size=1024,
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-    ).train()
+    )
+    tok = build_tokenizer()
+    if kind == "text":
+        model, proc = tiny_text_model("qwen2", tokenizer=tok, seed=seed, **tower), tok
+    else:
+        proc = build_processor(tok, image_size=VL_IMAGE)
+        model = tiny_qwen2_5_vl(
+            processor=proc,
+            seed=seed,
+            vision_depth=4,
+            vision_hidden_size=256,
+            vision_intermediate_size=512,
+            **tower,
+        )
+        model.model.visual.requires_grad_(False)  # frozen, as the paper's section 4.1
+    add_fused_lm_head(model, temperature=TEMPERATURE, outputs=("log_probs", "entropy"))
+    return model.train(), proc
 
 
-def pg_loss(logits: torch.Tensor, targets: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
-    """``-mean(A_i * log pi(o_it))`` over the completion tokens (the policy-gradient core of GRPO's loss)."""
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]  # [G, C]
-    return -(adv[:, None] * logp).mean()
+def loss_inputs(kind: str, proc, vocab: int, G: int, P: int, C: int, seed: int) -> dict:
+    """One prompt's ``G`` rows as TRL builds them: ``prompt | completion``, completions of ``C`` tokens."""
+    import numpy as np
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    if kind == "text":
+        prompt = torch.randint(5, vocab, (1, P), generator=g)
+        enc = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
+    else:
+        img = Image.fromarray(
+            np.random.default_rng(seed).integers(0, 255, (VL_IMAGE, VL_IMAGE, 3), dtype=np.uint8)
+        )
+
+        def encode(words: int) -> dict:
+            msg = proc.apply_chat_template(
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "word " * words}]}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            return dict(proc(text=[msg], images=[img], return_tensors="pt"))
+
+        lo, hi = 1, P  # the longest text whose prompt (image tokens included) fits in P tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if encode(mid)["input_ids"].shape[1] <= P else (lo, mid - 1)
+        enc = encode(lo)
+    comp = torch.randint(5, vocab, (G, C), generator=g)
+    rows = torch.zeros(G, dtype=torch.long)
+    out = {
+        "input_ids": torch.cat([enc["input_ids"][rows], comp], 1),
+        "attention_mask": torch.cat([enc["attention_mask"][rows], torch.ones_like(comp)], 1),
+        "mm": {},
+        "adv": torch.randn(G, generator=g),
+        "C": C,
+    }
+    if kind != "text":
+        out["mm"] = {
+            "pixel_values": enc["pixel_values"].repeat(G, 1),
+            "image_grid_thw": enc["image_grid_thw"][rows],
+            "num_images": [1] * G,
+            "mm_token_type_ids": torch.cat([enc["mm_token_type_ids"][rows], torch.zeros_like(comp)], 1),
+        }
+    return out
 
 
-def repeated_step(model, prompt, comp, adv):
-    G = comp.shape[0]
-    ids = torch.cat([prompt.expand(G, -1), comp], 1)
-    logits = model(input_ids=ids, use_cache=False, logits_to_keep=comp.shape[1] + 1).logits[:, :-1]
-    loss = pg_loss(logits, comp, adv)
+def repeated_path(model, x):
+    from types import SimpleNamespace
+
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    ns = SimpleNamespace(accelerator=SimpleNamespace(autocast=lambda: torch.autocast("cpu", enabled=False)))
+    fn = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__
+    logps, ent, _ = fn(
+        ns, model, x["input_ids"], x["attention_mask"], x["C"], compute_entropy=True, **x["mm"]
+    )
+    return logps, ent
+
+
+def shared_path(model, x, pack_rows=None, stats=None):
+    from ncgrpo.trainer.shared_loss import per_token_logps_and_entropies
+
+    return per_token_logps_and_entropies(
+        model, x["input_ids"], x["attention_mask"], x["C"], compute_entropy=True, pack_rows=pack_rows,
+        stats=stats, **x["mm"],
+    )  # fmt: skip
+
+
+def step(model, x, path):
+    """Forward + backward of a GRPO-shaped loss; returns the loss, log-probs and gradients."""
+    model.zero_grad(set_to_none=True)
+    logps, ent = path(model, x)
+    loss = -(x["adv"][:, None] * logps + 0.01 * ent).mean()
     loss.backward()
-    return loss.detach()
+    return loss.detach(), logps.detach(), ent.detach()
 
 
-def shared_step(model, prompt, comp, adv):
-    from transformers import DynamicCache
-
-    G, P = comp.shape[0], prompt.shape[1]
-    cache = DynamicCache(config=model.config)
-    model.model(input_ids=prompt[:, :-1], past_key_values=cache, use_cache=True)  # once, with grad
-    cache.batch_repeat_interleave(G)  # differentiable: the G rows' gradients sum into the one prefix
-    ids = torch.cat([prompt[:, -1:].expand(G, -1), comp[:, :-1]], 1)  # [G, C]
-    pos = torch.arange(P - 1, P - 1 + ids.shape[1])[None].expand(G, -1)
-    logits = model(input_ids=ids, past_key_values=cache, use_cache=True, position_ids=pos).logits
-    loss = pg_loss(logits, comp, adv)
-    loss.backward()
-    return loss.detach()
-
-
-def measure(args) -> dict:
+def measure(kind: str, args) -> dict:
     torch.manual_seed(args.seed)
-    model = build(args.seed)
-    V = model.config.vocab_size
-    prompt = torch.randint(5, V, (1, args.proxy_P))
-    comp = torch.randint(5, V, (args.G, args.proxy_C))
-    adv = torch.randn(args.G)
-    # exactness: loss and gradients of the shared step against the repeated one
-    model.zero_grad()
-    la = repeated_step(model, prompt, comp, adv)
+    model, proc = build(kind, args.seed)
+    x = loss_inputs(kind, proc, model.config.get_text_config().vocab_size, args.G, args.proxy_P, args.proxy_C,
+                    args.seed)  # fmt: skip
+    P = x["input_ids"].shape[1] - args.proxy_C
+    la, pa, ea = step(model, x, repeated_path)
     ga = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    lb = shared_step(model, prompt, comp, adv)
+    lb, pb, eb = step(model, x, shared_path)
     gb = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     rel = max(float((ga[n] - gb[n]).norm() / ga[n].norm().clamp_min(1e-30)) for n in ga)
-    exact = {"loss_repeated": float(la), "loss_shared": float(lb), "loss_abs_diff": abs(float(la - lb)),
-             "max_rel_grad_diff": rel, "same_params": sorted(ga) == sorted(gb)}  # fmt: skip
-    times = {"repeated": [], "shared": []}
+    exact = {
+        "loss_abs_diff": abs(float(la - lb)),
+        "max_abs_logp_diff": float((pa - pb).abs().max()),
+        "max_abs_entropy_diff": float((ea - eb).abs().max()),
+        "max_rel_grad_diff": rel,
+        "same_params": sorted(ga) == sorted(gb),
+    }
+    stats = {}
+    shared_path(model, x, stats=stats)  # how the cost model packed the group
+    arms = {
+        "repeated": repeated_path,
+        "shared": shared_path,  # what share_prompt_loss runs: packs chosen by shared_loss.split_set
+        "shared_one_pack": partial(shared_path, pack_rows=args.G),  # all G rows in one packed sequence
+    }
+    times = {k: [] for k in arms}
+    names = list(arms)
     for r in range(args.repeats):
-        order = ["repeated", "shared"] if r % 2 == 0 else ["shared", "repeated"]
-        for k in order:
-            model.zero_grad()
+        for k in names[r % len(names) :] + names[: r % len(names)]:  # the order rotates
             t = time.process_time()
-            (repeated_step if k == "repeated" else shared_step)(model, prompt, comp, adv)
+            step(model, x, arms[k])
             times[k].append(time.process_time() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"exactness": exact, "cpu_s": times, "median_cpu_s": med, "ratio": med["shared"] / med["repeated"]}
+    return {
+        "kind": kind,
+        "P": P,
+        "C": args.proxy_C,
+        "G": args.G,
+        "tokens_repeated": args.G * (P + args.proxy_C),
+        "tokens_shared": P - 1 + args.G * (args.proxy_C + 1),
+        "exactness": exact,
+        "cpu_s": times,
+        "median_cpu_s": med,
+        "packs": stats["packs"],
+        "ratio": med["shared"] / med["repeated"],
+        "ratio_one_pack": med["shared_one_pack"] / med["repeated"],
+    }
 
 
 def main(argv=None):
@@ -168,8 +285,11 @@ def main(argv=None):
     p.add_argument(
         "--image-tokens", type=int, default=600, help="image tokens in the prompt (after the merge)"
     )
-    p.add_argument("--proxy-P", type=int, default=160, help="prompt tokens of the CPU proxy")
-    p.add_argument("--proxy-C", type=int, default=100, help="completion tokens of the CPU proxy")
+    p.add_argument(
+        "--proxy-P", type=int, default=160, help="prompt tokens of the timed models (incl. 64 image)"
+    )
+    p.add_argument("--proxy-C", type=int, default=100, help="completion tokens of the timed models")
+    p.add_argument("--kinds", default="text,vl", help="timed models: text (Qwen2) and/or vl (Qwen2.5-VL)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -177,21 +297,26 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     flops = flop_table(args.P, args.C, args.G, args.image_tokens)
-    proxy = measure(args)
+    proxy = {k: measure(k, args) for k in args.kinds.split(",") if k}
     print(f"# loss side per group, G={args.G}, P={args.P} (image {args.image_tokens}), C={args.C}")
     for name, f in flops.items():
         print(
             f"{name}: tokens {f['tokens_repeated']} -> {f['tokens_shared']} ({f['tokens_shared'] / f['tokens_repeated']:.3f}x); "
             f"forward FLOPs {f['flops_repeated']:.3e} -> {f['flops_shared']:.3e} ({f['ratio']:.3f}x): the repeated prompt "
-            f"is {100 * f['repeated_prompt_share']:.1f}% of the loss side (vision tower {100 * f['vision_share_of_repeated']:.1f}%)"
+            f"is {100 * f['repeated_prompt_share']:.1f}% of the loss side (vision tower {100 * f['vision_share_of_repeated']:.1f}%); "
+            f"as shared_loss packs it ({f['packs']}, dense masked attention) {f['flops_packed']:.3e} "
+            f"({f['ratio_packed']:.3f}x)"
         )
-    e = proxy["exactness"]
-    print(
-        f"# CPU proxy (text Qwen2 256x4, G={args.G}, P={args.proxy_P}, C={args.proxy_C}, forward+backward, "
-        f"{args.repeats} interleaved repeats): repeated {proxy['median_cpu_s']['repeated']:.3f} s, shared "
-        f"{proxy['median_cpu_s']['shared']:.3f} s = {proxy['ratio']:.3f}x; loss diff {e['loss_abs_diff']:.2e}, "
-        f"max relative gradient diff {e['max_rel_grad_diff']:.2e}"
-    )
+    for k, m in proxy.items():
+        e = m["exactness"]
+        print(
+            f"# {k} (hidden 256 x 4, G={m['G']}, P={m['P']}, C={m['C']}; tokens {m['tokens_repeated']} -> "
+            f"{m['tokens_shared']}), forward+backward, {args.repeats} interleaved repeats: repeated "
+            f"{m['median_cpu_s']['repeated']:.3f} s, shared {m['median_cpu_s']['shared']:.3f} s ({m['packs']} pack(s)) = "
+            f"{m['ratio']:.3f}x, all in one pack {m['median_cpu_s']['shared_one_pack']:.3f} s = {m['ratio_one_pack']:.3f}x; "
+            f"loss diff {e['loss_abs_diff']:.1e}, log-prob {e['max_abs_logp_diff']:.1e}, entropy "
+            f"{e['max_abs_entropy_diff']:.1e}, max relative gradient diff {e['max_rel_grad_diff']:.1e}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": vars(args), "flops": flops, "proxy": proxy}, indent=2))

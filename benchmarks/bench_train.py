@@ -112,7 +112,7 @@ def parse_args(argv=None):
         default="vanilla,latent,latent:noshare,image",
         help="comma-separated rollout methods (vanilla is always added as the baseline: TRL's path, one prefill "
         f"per row, no hook); any of {', '.join(ROLLOUT_METHODS)}, each optionally with ':noshare' "
-        "(share_prompt_prefill=False: one prefill per row, as TRL)",
+        "(share_prompt_prefill=False: one prefill per row, as TRL) or ':shareloss' (share_prompt_loss=True)",
     )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (each runs every method once)")
@@ -142,7 +142,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if split_method(m)[0] not in ROLLOUT_METHODS or m.count(":") > 1]
-    bad += [m for m in methods if ":" in m and split_method(m)[1]]
+    bad += [m for m in methods if ":" in m and m.partition(":")[2] not in ("noshare", "shareloss")]
     if bad:
         p.error(f"--methods: unknown {bad}; use any of {', '.join(ROLLOUT_METHODS)}")
     if args.amp == "auto":
@@ -158,7 +158,7 @@ def parse_args(argv=None):
 def split_method(spec: str) -> tuple[str, bool]:
     """``"latent"`` -> ``("latent", True)``; ``"latent:noshare"`` -> ``("latent", False)`` (share_prompt_prefill)."""
     name, _, flag = spec.partition(":")
-    if flag not in ("", "noshare"):
+    if flag not in ("", "noshare", "shareloss"):
         return name, True  # refused by parse_args
     return name, flag != "noshare"
 
@@ -326,6 +326,7 @@ def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Reco
                 sigma_schedule="constant",
                 image_noise_step=args.image_noise_step,
                 share_prompt_prefill=share,
+                share_prompt_loss=spec.endswith(":shareloss"),
                 bf16=args.amp == "bf16",
                 fp16=args.amp == "fp16",
                 disable_tqdm=True,

@@ -8,6 +8,7 @@ split and shuffle groups, eager attention and gradient checkpointing.
 from __future__ import annotations
 
 import math
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -39,10 +40,10 @@ def repeated(model, inputs, batch_size=None, compute_entropy=True):
     return logps, ent
 
 
-def shared(model, inputs, batch_size=None, compute_entropy=True, stats=None):
+def shared(model, inputs, batch_size=None, compute_entropy=True, stats=None, pack_rows=None):
     return shared_loss.per_token_logps_and_entropies(
         model, inputs["input_ids"], inputs["attention_mask"], C, batch_size=batch_size,
-        compute_entropy=compute_entropy, stats=stats, **inputs["mm"],
+        compute_entropy=compute_entropy, stats=stats, pack_rows=pack_rows, **inputs["mm"],
     )  # fmt: skip
 
 
@@ -155,7 +156,7 @@ def test_shared_loss_equals_the_repeated_path(bundle):
             handle.remove()
     assert_same(a, b)
     # the prompt really ran once per set: 3 sets, P - 1 + sum(k_i + 1) tokens, vision once per prompt
-    assert (stats["rows"], stats["sets"]) == (len(TEXTS) * G, len(TEXTS))
+    assert (stats["rows"], stats["sets"], stats["packs"]) == (len(TEXTS) * G, len(TEXTS), len(TEXTS))
     assert stats["tokens"] < inputs["input_ids"].numel()
     if handle is not None:
         assert repeated_patches == G * shared_patches > 0
@@ -175,6 +176,26 @@ def test_split_and_shuffled_micro_batches(kind):
     b = grads(model, shared, inputs, batch_size=5, stats=stats)
     assert_same(a, b)
     assert stats["rows"] == len(TEXTS) * G and len(TEXTS) < stats["sets"] < len(TEXTS) * G
+
+
+def test_packs_of_a_few_rows():
+    """A set split into packs of 3 rows (as the cost model does for long completions) is exact too."""
+    model, proc = _bundle("qwen2_5_vl")
+    inputs = make_inputs("qwen2_5_vl", proc, model.config.get_text_config().vocab_size, seed=5)
+    a = grads(model, repeated, inputs)
+    stats = {}
+    b = grads(model, partial(shared, pack_rows=3), inputs, stats=stats)
+    assert_same(a, b)
+    assert (stats["sets"], stats["packs"]) == (len(TEXTS), 2 * len(TEXTS))
+
+
+def test_the_cost_model_splits_only_long_completions():
+    costs = shared_loss.pack_costs(tiny_bundle("qwen2")[0].config)  # hidden 32: attention is relatively dear
+    rows = list(range(8))
+    assert len(shared_loss.split_set(rows, 20, [7] * 8, costs)) == 1  # short completions: one pack
+    long = shared_loss.split_set(rows, 20, [400] * 8, costs)
+    assert 1 < len(long) <= 8 and sorted(r for p in long for r in p) == rows
+    assert shared_loss.split_set(rows, 20, [7] * 8, costs, pack_rows=3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
 
 
 def test_eager_attention_and_gradient_checkpointing():

@@ -109,6 +109,7 @@ from ncgrpo.trainer.images import ImageNoise
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.metrics import BranchPointMetrics, StepRecord, _LocalGen
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
+from ncgrpo.trainer.shared_loss import SharedPromptLoss
 from ncgrpo.trainer.vllm import VLLMRollouts
 
 
@@ -135,7 +136,9 @@ def apply_noisy_importance_sampling(
     return torch.where(noisy.view(-1, *([1] * (ratio.dim() - 1))), torch.ones_like(ratio), ratio)
 
 
-class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetrics, GRPOTrainer):
+class NCGRPOTrainer(
+    CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetrics, SharedPromptLoss, GRPOTrainer
+):
     """``GRPOTrainer`` with NC-GRPO's rollout methods (see the module docstring for each).
 
     Only the generation seam changes. Importance sampling: TRL 1.16 corrects the sampler/trainer
@@ -158,12 +161,7 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        if args.share_prompt_loss:  # refused before any step where the packed forward cannot be exact
-            from ncgrpo.trainer.shared_loss import check_supported
-
-            check_supported(self.model, aux_loss=self.aux_loss_enabled)
-            if self.ref_model is not None:
-                check_supported(self.ref_model, what="reference model")
+        self._check_share_prompt_loss()  # share_prompt_loss: refused where the packed forward is not exact
         from ncgrpo.trainer.reward_guard import guard_reward_funcs
 
         # bad rewards: an error naming the function
@@ -545,23 +543,6 @@ class NCGRPOTrainer(CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetric
             self._nc_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered by TRL
             self._nc_answers = gather_object([extract_boxed(completion_text(c)) for c in completions])
         return rewards_per_func
-
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-        compute_aux_loss=False, **multimodal,
-    ):  # fmt: skip
-        if not self.args.share_prompt_loss:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **multimodal,
-            )  # fmt: skip
-        from ncgrpo.trainer.shared_loss import per_token_logps_and_entropies
-
-        logps, entropies = per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-            autocast=self.accelerator.autocast, **multimodal,
-        )  # fmt: skip
-        return logps, entropies, None
 
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False

@@ -24,15 +24,20 @@ checkpointing (which recomputes a layer's forward in the backward) is exact, unl
 Rows are grouped within each of TRL's micro-batches (``batch_size`` rows, cut without regard to
 groups, shuffled when ``steps_per_generation > 1``): rows whose prompt ids, prompt mask and images
 (grid and pixels) are identical form a set; a row alone in its micro-batch is a set of one, which is
-the repeated path with a block mask. Sets of one micro-batch are forwarded together, right-padded
-to the longest packed sequence (a padding position attends only to itself and scores nothing).
+the repeated path with a block mask. A set is packed into one sequence, or into a few consecutive
+packs when that is cheaper (:func:`split_set`, below). The packs of one micro-batch are forwarded
+together, right-padded to the longest (a padding position attends only to itself and scores nothing).
 
-Cost: a set of ``g`` rows forwards ``P + g (C + 1) - 1`` tokens instead of ``g (P + C)``, and the
-vision tower once instead of ``g`` times. The mask is ``n_sets x (P + g (C + 1))^2`` booleans (sdpa;
-float for eager): at ``P = 800``, ``C = 500``, ``g = 8`` that is 23 M entries (23 MB as bool) per set,
-and the attention itself runs over the square, masked, so its FLOPs grow like ``(P + g C)^2`` where
-the repeated path's grow like ``g (P + C)^2`` -- still small next to the linear layers at the paper's
-sizes (see docs/benchmarks.md, "The loss pass").
+Cost: a pack of ``g`` rows forwards ``Lp = P + g (C + 1) - 1`` tokens instead of ``g (P + C)``, and the
+vision tower once instead of ``g`` times. But sdpa and eager attention compute the whole masked
+``Lp x Lp`` square (no block skipping), so attention FLOPs grow like ``Lp^2`` where the repeated
+path's grow like ``g (P + C)^2``: :func:`split_set` picks the rows per pack that minimise
+``Lp * linear + Lp^2 * pair`` FLOPs (plus the vision tower once per pack) from the model's sizes: at
+the paper's proportions (G = 12, P = 800 with 600 image tokens, C = 500) one pack for Qwen2.5-VL-3B
+and 7B, two at C = 1024, four at C = 2048. Memory: the mask is
+``packs x Lp^2`` booleans (sdpa; eager takes it as floats of the model's dtype and materialises the
+``heads x Lp^2`` attention weights): at ``P = 800``, ``C = 500``, ``g = 12``, ``Lp = 6,811``, 46 MB as
+booleans per pack, where the repeated rows' padding masks need ``12 x 1,300^2`` = 20 MB.
 
 Supported: text decoders with full attention only (Qwen2, Qwen3, Llama) and Qwen2-VL / Qwen2.5-VL /
 Qwen3-VL with image prompts, attention implementation ``sdpa`` or ``eager`` (flash attention takes
@@ -127,6 +132,58 @@ def _placeholder_ids(model: nn.Module) -> set[int]:
     return {int(v) for k in ("image_token_id", "video_token_id") if (v := getattr(cfg, k, None)) is not None}
 
 
+def pack_costs(config) -> tuple[float, float, float]:
+    """Forward FLOPs per text layer of: one token through the linear layers (the LM head spread over the
+    layers), one query-key pair of attention (``QK^T`` and ``AV``), and one image patch through the
+    vision tower (0 for a text model; its attention ignored)."""
+    t = config.get_text_config()
+    d, h, kv = t.hidden_size, t.num_attention_heads, t.num_key_value_heads
+    hd = getattr(t, "head_dim", None) or d // h
+    layers = t.num_hidden_layers
+    linear = (
+        2 * (2 * d * h * hd + 2 * d * kv * hd + 3 * d * t.intermediate_size) + 2 * d * t.vocab_size / layers
+    )
+    v = getattr(config, "vision_config", None)
+    vision = 0.0
+    if v is not None:
+        vd = getattr(v, "hidden_size", None) or getattr(v, "embed_dim", 0)
+        vi = getattr(v, "intermediate_size", None) or int(vd * getattr(v, "mlp_ratio", 4))
+        vision = getattr(v, "depth", 0) * 2 * (4 * vd * vd + 3 * vd * vi) / layers
+    return float(linear), float(4 * h * hd), float(vision)
+
+
+def split_set(
+    rows: list[int],
+    prompt_tokens: int,
+    kept,
+    costs: tuple[float, float, float],
+    pack_rows: int | None = None,
+    patches: int = 0,
+) -> list[list[int]]:
+    """``rows`` (one shared prompt) in consecutive packs of ``k`` rows, ``k`` minimising the packs' FLOPs.
+
+    A pack of ``Lp = prompt_tokens + sum(kept_i + 1)`` tokens costs ``Lp * linear + Lp^2 * pair`` plus
+    the vision tower on the prompt's ``patches``: the attention runs over the whole masked square, so
+    with long completions one pack of all ``g`` rows can cost more than a few packs that each repeat the
+    prompt (``k = 1`` is the repeated path). Ties go to the larger ``k``. ``pack_rows`` fixes ``k``.
+    """
+    g = len(rows)
+    if pack_rows is not None:
+        k = max(1, min(int(pack_rows), g))
+        return [rows[i : i + k] for i in range(0, g, k)]
+    linear, pair, vision = costs
+    best = None
+    for k in range(g, 0, -1):
+        packs = [rows[i : i + k] for i in range(0, g, k)]
+        cost = 0.0
+        for p in packs:
+            Lp = prompt_tokens + sum(int(kept[r]) + 1 for r in p)
+            cost += Lp * linear + Lp * Lp * pair + patches * vision
+        if best is None or cost < best[0]:
+            best = (cost, packs)
+    return best[1]
+
+
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x.flatten()[index]`` with index ``x.numel()`` reading 0 (differentiable)."""
     return torch.cat([x.reshape(-1), x.new_zeros(1)])[index]
@@ -165,6 +222,7 @@ def per_token_logps_and_entropies(
     num_images: list[int] | None = None,
     mm_token_type_ids: torch.Tensor | None = None,
     autocast: Callable = nullcontext,
+    pack_rows: int | None = None,
     stats: dict | None = None,
     **unsupported,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -173,8 +231,10 @@ def per_token_logps_and_entropies(
 
     ``input_ids`` / ``attention_mask`` ``# [B, P + C]`` are TRL's ``prompt | completion`` rows,
     ``logits_to_keep = C``. ``model`` must carry TRL's fused LM head (``add_fused_lm_head``), as the
-    trainer's models do. ``stats`` (optional) gets ``rows``, ``sets`` and ``tokens`` (packed tokens
-    forwarded) added up over the micro-batches.
+    trainer's models do. A set of rows is packed into one sequence, or into a few consecutive packs when
+    that costs fewer FLOPs (:func:`split_set`; ``pack_rows`` fixes the rows per pack instead).
+    ``stats`` (optional) gets ``rows``, ``sets``, ``packs``, ``tokens`` (packed tokens forwarded) and
+    ``padded_tokens`` added up over the micro-batches.
     """
     bad = sorted(k for k, v in unsupported.items() if v is not None)
     if bad:
@@ -202,6 +262,7 @@ def per_token_logps_and_entropies(
     else:
         pix, grid, grid_key = [None] * B, [None] * B, [None] * B
     attn = _unwrap(model).config.get_text_config()._attn_implementation
+    costs = pack_costs(_unwrap(model).config)
     mask_dtype = _unwrap(model).get_input_embeddings().weight.dtype
     all_logps, all_ent = [], []
     for start in range(0, B, batch_size):
@@ -216,6 +277,21 @@ def per_token_logps_and_entropies(
         sets = group_rows(ids[:, :P], am[:, :P], pix[start:end], grid_key[start:end])
         ids_np = ids.detach().cpu().numpy()
         am_np = am.detach().cpu().numpy().astype(bool)
+        comp_np = am_np[:, P:]  # completion columns up to the last attended one are kept
+        kept_of = np.where(comp_np.any(1), C - np.argmax(comp_np[:, ::-1], axis=1), 0)
+        n_sets = len(sets)
+        sets = [
+            pack
+            for s in sets
+            for pack in split_set(
+                s,
+                int(am_np[s[0], : P - 1].sum()),
+                kept_of,
+                costs,
+                pack_rows,
+                patches=0 if pix[start + s[0]] is None else pix[start + s[0]].shape[0],
+            )
+        ]
         if any(int(ids_np[s[0], P - 1]) in placeholders for s in sets):
             raise ValueError("share_prompt_loss: a prompt ends with an image placeholder token; set "
                              "share_prompt_loss=False.")  # fmt: skip
@@ -226,8 +302,7 @@ def per_token_logps_and_entropies(
             block, labels = [np.full(len(pc), -1)], [np.full(len(pc), -100)]
             starts, kept, n_tok = [], [], len(pc)
             for b, r in enumerate(s):
-                valid = np.flatnonzero(am_np[r, P:])
-                k = int(valid[-1]) + 1 if len(valid) else 0  # completion columns up to the last attended one
+                k = int(kept_of[r])
                 starts.append(n_tok)
                 kept.append(k)
                 n_tok += k + 1
@@ -291,8 +366,36 @@ def per_token_logps_and_entropies(
             all_ent.append(_take(out.entropy, index))
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + (end - start)
-            stats["sets"] = stats.get("sets", 0) + n
+            stats["sets"] = stats.get("sets", 0) + n_sets
+            stats["packs"] = stats.get("packs", 0) + n
             stats["tokens"] = stats.get("tokens", 0) + sum(len(p[0]) for p in packed)
             stats["padded_tokens"] = stats.get("padded_tokens", 0) + n * Lp
     logps = torch.cat(all_logps)
     return logps, (torch.cat(all_ent) if compute_entropy else None)
+
+
+class SharedPromptLoss:
+    """``NCGRPOTrainer``'s loss-side seam: TRL's ``_get_per_token_logps_and_entropies`` (old-log-prob,
+    reference and loss passes) through :func:`per_token_logps_and_entropies` when
+    ``args.share_prompt_loss``; TRL's own method otherwise."""
+
+    def _check_share_prompt_loss(self) -> None:
+        if getattr(self.args, "share_prompt_loss", False):
+            check_supported(self.model, aux_loss=self.aux_loss_enabled)
+            if self.ref_model is not None:
+                check_supported(self.ref_model, what="reference model")
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal,
+    ):  # fmt: skip
+        if not getattr(self.args, "share_prompt_loss", False):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        logps, entropies = per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+            autocast=self.accelerator.autocast, **multimodal,
+        )  # fmt: skip
+        return logps, entropies, None
