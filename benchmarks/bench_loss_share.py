@@ -210,12 +210,17 @@ def repeated_path(model, x):
     return logps, ent
 
 
+def trl_rows(model, ids, am, c, compute_entropy, **mm):
+    """TRL's method on a subset of rows: shared_loss's fallback for rows it leaves alone, as the trainer."""
+    return repeated_path(model, {"input_ids": ids, "attention_mask": am, "C": c, "mm": mm})
+
+
 def shared_path(model, x, pack_rows=None, stats=None):
     from ncgrpo.trainer.shared_loss import per_token_logps_and_entropies
 
     return per_token_logps_and_entropies(
         model, x["input_ids"], x["attention_mask"], x["C"], compute_entropy=True, pack_rows=pack_rows,
-        stats=stats, **x["mm"],
+        repeated=trl_rows, stats=stats, **x["mm"],
     )  # fmt: skip
 
 

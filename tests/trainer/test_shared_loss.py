@@ -40,10 +40,18 @@ def repeated(model, inputs, batch_size=None, compute_entropy=True):
     return logps, ent
 
 
-def shared(model, inputs, batch_size=None, compute_entropy=True, stats=None, pack_rows=None):
+def trl_rows(model, ids, am, c, compute_entropy, **mm):
+    """TRL's method as shared_loss's ``repeated`` fallback (what the trainer passes)."""
+    ns = SimpleNamespace(accelerator=SimpleNamespace(autocast=lambda: torch.autocast("cpu", enabled=False)))
+    fn = GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__
+    return fn(ns, model, ids, am, c, compute_entropy=compute_entropy, **mm)[:2]
+
+
+def shared(model, inputs, batch_size=None, compute_entropy=True, stats=None, pack_rows=None, fallback=False):
     return shared_loss.per_token_logps_and_entropies(
         model, inputs["input_ids"], inputs["attention_mask"], C, batch_size=batch_size,
-        compute_entropy=compute_entropy, stats=stats, pack_rows=pack_rows, **inputs["mm"],
+        compute_entropy=compute_entropy, stats=stats, pack_rows=pack_rows,
+        repeated=trl_rows if fallback else None, **inputs["mm"],
     )  # fmt: skip
 
 
@@ -176,6 +184,11 @@ def test_split_and_shuffled_micro_batches(kind):
     b = grads(model, shared, inputs, batch_size=5, stats=stats)
     assert_same(a, b)
     assert stats["rows"] == len(TEXTS) * G and len(TEXTS) < stats["sets"] < len(TEXTS) * G
+    # with TRL's method as the fallback, rows alone in their micro-batch go through it: still exact
+    stats = {}
+    b = grads(model, partial(shared, fallback=True), inputs, batch_size=5, stats=stats)
+    assert_same(a, b)
+    assert stats["solo"] > 0 and stats["packs"] > 0
 
 
 def test_packs_of_a_few_rows():
@@ -187,6 +200,10 @@ def test_packs_of_a_few_rows():
     b = grads(model, partial(shared, pack_rows=3), inputs, stats=stats)
     assert_same(a, b)
     assert (stats["sets"], stats["packs"]) == (len(TEXTS), 2 * len(TEXTS))
+    stats = {}  # one row per pack, TRL's method for each: the repeated path itself
+    b = grads(model, partial(shared, pack_rows=1, fallback=True), inputs, stats=stats)
+    assert_same(a, b)
+    assert (stats["packs"], stats["solo"]) == (0, len(TEXTS) * G)
 
 
 def test_the_cost_model_splits_only_long_completions():

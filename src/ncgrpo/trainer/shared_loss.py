@@ -165,7 +165,8 @@ def split_set(
     A pack of ``Lp = prompt_tokens + sum(kept_i + 1)`` tokens costs ``Lp * linear + Lp^2 * pair`` plus
     the vision tower on the prompt's ``patches``: the attention runs over the whole masked square, so
     with long completions one pack of all ``g`` rows can cost more than a few packs that each repeat the
-    prompt (``k = 1`` is the repeated path). Ties go to the larger ``k``. ``pack_rows`` fixes ``k``.
+    prompt. ``k = 1`` is the repeated path (TRL's forward, counted with a causal half square). Ties go
+    to the larger ``k``. ``pack_rows`` fixes ``k``.
     """
     g = len(rows)
     if pack_rows is not None:
@@ -178,15 +179,52 @@ def split_set(
         cost = 0.0
         for p in packs:
             Lp = prompt_tokens + sum(int(kept[r]) + 1 for r in p)
-            cost += Lp * linear + Lp * Lp * pair + patches * vision
+            # one row is TRL's own forward, whose causal attention can skip the upper triangle
+            cost += Lp * linear + Lp * Lp * pair / (2 if k == 1 else 1) + patches * vision
         if best is None or cost < best[0]:
             best = (cost, packs)
     return best[1]
 
 
-def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x.flatten()[index]`` with index ``x.numel()`` reading 0 (differentiable)."""
-    return torch.cat([x.reshape(-1), x.new_zeros(1)])[index]
+def _packed_forward(model, packed, ids, am_np, pos, mm, P, Lp, attn, mask_dtype, autocast, pix, grid):
+    """One forward of the packs (right-padded to ``Lp``) through TRL's fused LM head."""
+    device = ids.device
+    n = len(packed)
+    tok = torch.empty(n, Lp, dtype=ids.dtype, device=device)
+    shift_labels = torch.full((n, Lp), -100, dtype=torch.long, device=device)
+    ppos = torch.zeros(*pos.shape[:-2], n, Lp, dtype=pos.dtype, device=device)
+    pmm = torch.zeros(n, Lp, dtype=mm.dtype, device=device) if mm is not None else None
+    allowed = torch.zeros(n, 1, Lp, Lp, dtype=torch.bool)
+    causal = torch.ones(Lp, Lp, dtype=torch.bool).tril()
+    for i, (rows, cols, block, labels, _, _) in enumerate(packed):
+        m = len(rows)
+        r_t, c_t = torch.from_numpy(rows).to(device), torch.from_numpy(cols).to(device)
+        tok[i, :m] = ids[r_t, c_t]
+        tok[i, m:] = ids[rows[0], P - 1]  # padding: a text token, scores nothing, attends to itself
+        shift_labels[i, :m] = torch.from_numpy(labels).to(device)
+        ppos[..., i, :m] = pos[..., r_t, c_t]
+        if pmm is not None:
+            pmm[i, :m] = mm[r_t, c_t]
+        blk = torch.from_numpy(block)
+        key_ok = torch.from_numpy(am_np[rows, cols])
+        same = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]: prompt part or own block
+        allowed[i, 0, :m, :m] = same & causal[:m, :m] & key_ok[None, :]
+        idx = torch.arange(m, Lp)
+        allowed[i, 0, idx, idx] = True
+    allowed = allowed.to(device)
+    if attn == "eager":
+        mask4 = torch.zeros(allowed.shape, dtype=mask_dtype, device=device)
+        mask4 = mask4.masked_fill(~allowed, torch.finfo(mask_dtype).min)
+    else:
+        mask4 = allowed
+    inputs = {"input_ids": tok, "attention_mask": mask4, "position_ids": ppos}
+    if pmm is not None:
+        inputs["mm_token_type_ids"] = pmm
+    if any(p is not None and p.numel() for p in pix):
+        inputs["pixel_values"] = torch.cat(pix)
+        inputs["image_grid_thw"] = torch.cat(grid)
+    with autocast():
+        return model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
 
 
 def group_rows(
@@ -223,6 +261,7 @@ def per_token_logps_and_entropies(
     mm_token_type_ids: torch.Tensor | None = None,
     autocast: Callable = nullcontext,
     pack_rows: int | None = None,
+    repeated: Callable | None = None,
     stats: dict | None = None,
     **unsupported,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -232,8 +271,10 @@ def per_token_logps_and_entropies(
     ``input_ids`` / ``attention_mask`` ``# [B, P + C]`` are TRL's ``prompt | completion`` rows,
     ``logits_to_keep = C``. ``model`` must carry TRL's fused LM head (``add_fused_lm_head``), as the
     trainer's models do. A set of rows is packed into one sequence, or into a few consecutive packs when
-    that costs fewer FLOPs (:func:`split_set`; ``pack_rows`` fixes the rows per pack instead).
-    ``stats`` (optional) gets ``rows``, ``sets``, ``packs``, ``tokens`` (packed tokens forwarded) and
+    that costs fewer FLOPs (:func:`split_set`; ``pack_rows`` fixes the rows per pack instead). With
+    ``repeated`` (TRL's method: ``(model, input_ids, attention_mask, logits_to_keep, compute_entropy,
+    **multimodal) -> (logps, entropies)``), rows left alone in a pack go through it instead, in one call.
+    ``stats`` (optional) gets ``rows``, ``sets``, ``packs``, ``solo``, ``tokens`` (tokens forwarded) and
     ``padded_tokens`` added up over the micro-batches.
     """
     bad = sorted(k for k, v in unsupported.items() if v is not None)
@@ -295,7 +336,9 @@ def per_token_logps_and_entropies(
         if any(int(ids_np[s[0], P - 1]) in placeholders for s in sets):
             raise ValueError("share_prompt_loss: a prompt ends with an image placeholder token; set "
                              "share_prompt_loss=False.")  # fmt: skip
-        packed = []  # per set: rows, cols, block, labels (numpy), block starts, kept completion columns
+        solo = [s[0] for s in sets if len(s) == 1] if repeated is not None else []
+        sets = [s for s in sets if len(s) > 1 or repeated is None]
+        packed = []  # per pack: rows, cols, block, labels (numpy), block starts, kept completion columns
         for s in sets:
             pc = np.flatnonzero(am_np[s[0], : P - 1])  # the prompt minus its last column, padding dropped
             rows, cols = [np.full(len(pc), s[0])], [pc]
@@ -314,62 +357,47 @@ def per_token_logps_and_entropies(
             rows, cols, block, labels = (np.concatenate(x) for x in (rows, cols, block, labels))
             packed.append((rows, cols, block, labels, starts, kept))
         n = len(packed)
-        Lp = max(len(p[0]) for p in packed)
-        tok = torch.empty(n, Lp, dtype=ids.dtype, device=device)
-        shift_labels = torch.full((n, Lp), -100, dtype=torch.long, device=device)
-        ppos = torch.zeros(*pos.shape[:-2], n, Lp, dtype=pos.dtype, device=device)
-        pmm = torch.zeros(n, Lp, dtype=mm.dtype, device=device) if mm is not None else None
-        allowed = torch.zeros(n, 1, Lp, Lp, dtype=torch.bool)
-        causal = torch.ones(Lp, Lp, dtype=torch.bool).tril()
-        for i, (rows, cols, block, labels, _, _) in enumerate(packed):
-            m = len(rows)
-            r_t, c_t = torch.from_numpy(rows).to(device), torch.from_numpy(cols).to(device)
-            tok[i, :m] = ids[r_t, c_t]
-            tok[i, m:] = ids[rows[0], P - 1]  # padding: a text token, scores nothing, attends to itself
-            shift_labels[i, :m] = torch.from_numpy(labels).to(device)
-            ppos[..., i, :m] = pos[..., r_t, c_t]
-            if pmm is not None:
-                pmm[i, :m] = mm[r_t, c_t]
-            blk = torch.from_numpy(block)
-            key_ok = torch.from_numpy(am_np[rows, cols])
-            same = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]: prompt part or own block
-            allowed[i, 0, :m, :m] = same & causal[:m, :m] & key_ok[None, :]
-            idx = torch.arange(m, Lp)
-            allowed[i, 0, idx, idx] = True
-        allowed = allowed.to(device)
-        if attn == "eager":
-            mask4 = torch.zeros(allowed.shape, dtype=mask_dtype, device=device)
-            mask4 = mask4.masked_fill(~allowed, torch.finfo(mask_dtype).min)
-        else:
-            mask4 = allowed
-        inputs = {"input_ids": tok, "attention_mask": mask4, "position_ids": ppos}
-        if pmm is not None:
-            inputs["mm_token_type_ids"] = pmm
-        if pixel_values is not None:
+        Lp = max((len(p[0]) for p in packed), default=0)
+        # each row's C outputs, gathered from [0 | packs' outputs | solo rows' outputs]: block position j
+        # predicts completion column j; beyond the kept columns (trailing padding) TRL returns 0 as well
+        index = torch.zeros(end - start, C, dtype=torch.long)
+        flat_lp, flat_ent = [input_ids.new_zeros(1, dtype=torch.float32)], []
+        if packed:
             reps = [start + s[0] for s in sets]
-            if any(pix[r].numel() for r in reps):
-                inputs["pixel_values"] = torch.cat([pix[r] for r in reps])
-                inputs["image_grid_thw"] = torch.cat([grid[r] for r in reps])
-        with autocast():
-            out = model(**inputs, shift_labels=shift_labels, fused_lm_head=True)
-        # gather each row's C outputs: block position j predicts completion column j; beyond the kept
-        # columns (trailing padding) the repeated path returns 0 as well
-        index = torch.full((end - start, C), n * Lp, dtype=torch.long)
-        for i, (_, _, _, _, starts, kept) in enumerate(packed):
-            for b, r in enumerate(sets[i]):
-                k = kept[b]
-                index[r, :k] = i * Lp + starts[b] + torch.arange(k)
+            out = _packed_forward(
+                model, packed, ids, am_np, pos, mm, P, Lp, attn, mask_dtype, autocast,
+                [pix[r] for r in reps], [grid[r] for r in reps],
+            )  # fmt: skip
+            flat_lp.append(out.log_probs.reshape(-1))
+            flat_ent.append(out.entropy.reshape(-1) if compute_entropy else None)
+            for i, (_, _, _, _, starts, kept) in enumerate(packed):
+                for b, r in enumerate(sets[i]):
+                    index[r, : kept[b]] = 1 + i * Lp + starts[b] + torch.arange(kept[b])
+        if solo:  # rows TRL's own forward computes more cheaply (split_set), in one call
+            sub = {}
+            if mm is not None:
+                sub["mm_token_type_ids"] = mm[solo]
+            if pixel_values is not None:
+                sub["pixel_values"] = torch.cat([pix[start + r] for r in solo])
+                sub["image_grid_thw"] = torch.cat([grid[start + r] for r in solo])
+                sub["num_images"] = [num_images[start + r] for r in solo]
+            lp, ent = repeated(model, ids[solo], am[solo], C, compute_entropy, **sub)
+            base = 1 + n * Lp
+            for q, r in enumerate(solo):
+                index[r] = base + q * C + torch.arange(C)
+            flat_lp.append(lp.reshape(-1))
+            flat_ent.append(ent.reshape(-1) if compute_entropy else None)
         index = index.to(device)
-
-        all_logps.append(_take(out.log_probs, index))
+        all_logps.append(torch.cat([x.to(flat_lp[-1].dtype) for x in flat_lp])[index])
         if compute_entropy:
-            all_ent.append(_take(out.entropy, index))
+            all_ent.append(torch.cat([flat_lp[0].to(flat_lp[-1].dtype), *flat_ent])[index])
         if stats is not None:
             stats["rows"] = stats.get("rows", 0) + (end - start)
             stats["sets"] = stats.get("sets", 0) + n_sets
             stats["packs"] = stats.get("packs", 0) + n
-            stats["tokens"] = stats.get("tokens", 0) + sum(len(p[0]) for p in packed)
-            stats["padded_tokens"] = stats.get("padded_tokens", 0) + n * Lp
+            stats["solo"] = stats.get("solo", 0) + len(solo)
+            stats["tokens"] = stats.get("tokens", 0) + sum(len(p[0]) for p in packed) + len(solo) * L
+            stats["padded_tokens"] = stats.get("padded_tokens", 0) + n * Lp + len(solo) * L
     logps = torch.cat(all_logps)
     return logps, (torch.cat(all_ent) if compute_entropy else None)
 
@@ -394,8 +422,13 @@ class SharedPromptLoss:
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal,
             )  # fmt: skip
+        trl = super()._get_per_token_logps_and_entropies
+
+        def repeated(m, ids, am, c, ent, **mm):
+            return trl(m, ids, am, c, None, ent, False, **mm)[:2]
+
         logps, entropies = per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-            autocast=self.accelerator.autocast, **multimodal,
+            autocast=self.accelerator.autocast, repeated=repeated, **multimodal,
         )  # fmt: skip
         return logps, entropies, None
