@@ -80,6 +80,7 @@ __all__ = [
     "DEFAULT_STEPS",
     "DemoConfig",
     "DemoResult",
+    "DemoRun",
     "MethodSpec",
     "RunResult",
     "first_per_family",
@@ -107,7 +108,7 @@ _DEVICES = ("cpu", "cuda", "auto")
 #: (:meth:`DemoConfig.methods` puts them in :attr:`MethodSpec.fields`), and ``output_dir``, the demo's
 #: root (each run's folder is ``OUT/train/RUN``). Every other field NCGRPOConfig has too is passed to
 #: every run as it is (:meth:`DemoConfig.trainer_settings`).
-NOT_EVERY_RUNS = frozenset({"output_dir", "sigma0", "noise_site", "first_token_temperature"})
+NOT_FOR_EVERY_RUN = frozenset({"output_dir", "sigma0", "noise_site", "first_token_temperature"})
 #: NCGRPOConfig settings the demo fixes for every run: a log line per step (its progress bar and
 #: metrics.jsonl), no checkpoints (a killed run restarts), its own progress display.
 TRAINER_FIXED: dict[str, Any] = dict(
@@ -121,7 +122,7 @@ TRAINER_FIXED: dict[str, Any] = dict(
 #: (:meth:`DemoRun.settings`), so a new field of either is covered with no edit here.
 NOT_RUN_SETTINGS = frozenset(
     {
-        *NOT_EVERY_RUNS,
+        *NOT_FOR_EVERY_RUN,
         "seeds",
         "all_methods",
         "rollout_methods",
@@ -395,14 +396,14 @@ class DemoConfig:
     def trainer_settings(self) -> dict[str, Any]:
         """The ``NCGRPOConfig`` settings every run of the demo is given as they are: each field of this
         config that ``NCGRPOConfig`` has too, by name (``max_steps``, ``num_generations``,
-        ``learning_rate``, ...), but :data:`NOT_EVERY_RUNS`."""
+        ``learning_rate``, ...), but :data:`NOT_FOR_EVERY_RUN`."""
         from ncgrpo.trainer import NCGRPOConfig
 
         trainer = {f.name for f in dataclasses.fields(NCGRPOConfig)}
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name in trainer and f.name not in NOT_EVERY_RUNS
+            if f.name in trainer and f.name not in NOT_FOR_EVERY_RUN
         }
 
     @property
