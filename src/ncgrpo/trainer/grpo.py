@@ -319,7 +319,7 @@ class NCGRPOTrainer(
             if a.first_token_temperature_auto and self.first_token_t0 is None:
                 self.first_token_t0 = self._calibrate_first_token_t0(plans, prompt_ids, multimodal_fields)
             gen.first_token_temperature = self.first_token_temperature_at(k, K)
-        model = self.accelerator.unwrap_model(self.model)
+        model = self._nc_unwrapped_model()
         with ExitStack() as stack:
             branch = stack.enter_context(
                 self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen))
