@@ -344,3 +344,18 @@ def test_config_field_is_checked():
 
     with pytest.raises(ValueError, match="share_prompt_loss must be true or false"):
         NCGRPOConfig(output_dir="unused", use_cpu=True, share_prompt_loss="yes")
+
+
+def test_the_trainer_refuses_at_start_up(tmp_path):
+    """share_prompt_loss with an attention implementation that takes no 4-D mask: a ValueError naming the
+    setting before any step, not a silent fallback."""
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    tiny = _tiny_grpo()
+    model = tiny.model()
+    model.config.get_text_config()._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'.*share_prompt_loss=False"):
+        NCGRPOTrainer(
+            model=model, reward_funcs=[tiny.hash_reward], args=tiny.config(tmp_path, share_prompt_loss=True),
+            train_dataset=tiny.dataset(4), processing_class=tiny.processor(),
+        )  # fmt: skip

@@ -281,8 +281,12 @@ def per_token_logps_and_entropies(
     if bad:
         raise ValueError(f"share_prompt_loss: inputs {bad} are not supported (only Qwen-VL image prompts); "
                          "set share_prompt_loss=False.")  # fmt: skip
-    if (pixel_values is None) != (image_grid_thw is None):
-        raise ValueError("share_prompt_loss: pixel_values and image_grid_thw come together (Qwen-VL)")
+    if (pixel_values is None) != (image_grid_thw is None) or (
+        pixel_values is not None and num_images is None
+    ):
+        raise ValueError(
+            "share_prompt_loss: pixel_values, image_grid_thw and num_images come together (Qwen-VL)"
+        )
     B, L = input_ids.shape
     C = int(logits_to_keep)
     P = L - C
@@ -409,6 +413,11 @@ class SharedPromptLoss:
 
     def _check_share_prompt_loss(self) -> None:
         if getattr(self.args, "share_prompt_loss", False):
+            if getattr(self, "tools", None):
+                raise ValueError(
+                    "share_prompt_loss=True: with tools a completion can carry its own images and tokens TRL "
+                    "masks per row; set share_prompt_loss=False."
+                )
             check_supported(self.model, aux_loss=self.aux_loss_enabled)
             if self.ref_model is not None:
                 check_supported(self.ref_model, what="reference model")
