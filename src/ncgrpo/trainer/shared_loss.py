@@ -194,8 +194,8 @@ def _packed_forward(model, packed, ids, am_np, pos, mm, P, Lp, attn, mask_dtype,
     shift_labels = torch.full((n, Lp), -100, dtype=torch.long, device=device)
     ppos = torch.zeros(*pos.shape[:-2], n, Lp, dtype=pos.dtype, device=device)
     pmm = torch.zeros(n, Lp, dtype=mm.dtype, device=device) if mm is not None else None
-    allowed = torch.zeros(n, 1, Lp, Lp, dtype=torch.bool)
-    causal = torch.ones(Lp, Lp, dtype=torch.bool).tril()
+    allowed = torch.zeros(n, 1, Lp, Lp, dtype=torch.bool, device=device)  # built where it is used
+    causal = torch.ones(Lp, Lp, dtype=torch.bool, device=device).tril()
     for i, (rows, cols, block, labels, _, _) in enumerate(packed):
         m = len(rows)
         r_t, c_t = torch.from_numpy(rows).to(device), torch.from_numpy(cols).to(device)
@@ -205,13 +205,12 @@ def _packed_forward(model, packed, ids, am_np, pos, mm, P, Lp, attn, mask_dtype,
         ppos[..., i, :m] = pos[..., r_t, c_t]
         if pmm is not None:
             pmm[i, :m] = mm[r_t, c_t]
-        blk = torch.from_numpy(block)
-        key_ok = torch.from_numpy(am_np[rows, cols])
+        blk = torch.from_numpy(block).to(device)
+        key_ok = torch.from_numpy(am_np[rows, cols]).to(device)
         same = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]: prompt part or own block
         allowed[i, 0, :m, :m] = same & causal[:m, :m] & key_ok[None, :]
-        idx = torch.arange(m, Lp)
+        idx = torch.arange(m, Lp, device=device)
         allowed[i, 0, idx, idx] = True
-    allowed = allowed.to(device)
     if attn == "eager":
         mask4 = torch.zeros(allowed.shape, dtype=mask_dtype, device=device)
         mask4 = mask4.masked_fill(~allowed, torch.finfo(mask_dtype).min)
