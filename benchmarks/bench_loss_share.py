@@ -1,4 +1,4 @@
-"""How much of a GRPO step is the repeated prompt, and what sharing it in the loss pass would save.
+"""How much of a GRPO step is the repeated prompt, and what sharing it in the loss pass saves.
 
 Issue 24, item 4. TRL's loss side (the old-log-prob forward, the loss forward and its backward, and a
 reference forward when ``beta > 0``) processes every row's prompt: ``G x (P + C)`` tokens per group,
@@ -15,11 +15,16 @@ where a prompt shared by the group needs ``P + G x C``. Two measurements:
    entropies), forward + backward of a GRPO-shaped loss (advantage-weighted log-probs plus an entropy
    term) over one micro-batch of ``G`` rows of one prompt. Models: a text Qwen2 (bench_train's
    ``small`` tower, hidden 256 x 4 layers) and a Qwen2.5-VL of the same text tower with a 4-layer
-   vision tower and an image prompt. Interleaved repeats (the order alternates), CPU time of this
-   process; before timing, the log-probs, entropies, loss and every parameter's gradient of the shared
-   path are compared with the repeated one (the exactness the tests check).
+   vision tower and an image prompt. Three arms: TRL's method; ``shared`` (the packs
+   ``shared_loss.split_set`` chooses, rows it leaves alone through TRL's method, as the trainer runs
+   it); ``shared_one_pack`` (all G rows in one packed sequence, to show what the cost model avoids).
+   Interleaved repeats (the order rotates), CPU time of this process; before timing, the log-probs,
+   entropies, loss and every parameter's gradient of the shared path are compared with the repeated
+   one (the exactness the tests check). The FLOP table also gives what ``shared_loss`` runs: the packs
+   ``split_set`` chooses for the published sizes, attention over each pack's full masked square.
 
     python benchmarks/bench_loss_share.py --threads 1 --repeats 7
+    python benchmarks/bench_loss_share.py --threads 1 --repeats 5 --kinds text --proxy-C 400
 """
 
 from __future__ import annotations
