@@ -291,7 +291,6 @@ def _tiny_grpo():
     return sys.modules["tiny_grpo"]
 
 
-@pytest.mark.slow  # ~15 s on the shared CPU: two 2-step trainer runs
 def test_trainer_steps_equal_with_share_prompt_loss_on_and_off(tmp_path, monkeypatch):
     """Two NCGRPOTrainer steps (tiny Qwen2.5-VL with images, gradient checkpointing as TRL's default, a
     reference model with beta > 0, steps_per_generation = 2 so the old-log-prob pass runs and the
