@@ -184,8 +184,10 @@ def test_first_token_controls_act_at_the_shared_branch_point(control):
     assert (changed[~clean] > 1e-3).all()
 
 
-def test_layer_sites_fall_back_to_one_prefill_per_row():
+def test_layer_sites_fall_back_to_one_prefill_per_row(monkeypatch):
     """A layer site writes the noise into the cache: no sharing, said once, same output as generate."""
+    # the reason is said once per process: forget an earlier test's (e.g. the probe's) saying of it
+    monkeypatch.setattr("ncgrpo.engines.transformers._WARNED", set())
     model, tok = tiny_bundle("qwen2")
     model.eval()
     inputs = repeated_inputs("qwen2", tok)

@@ -428,7 +428,22 @@ def perturb_selected(
     Returns ``# [N, d]``, the values :func:`perturb_rows` gives those states.
     """
     d = h_sel.shape[-1]
-    eps = torch.cat([draw_eps(spec.key, pos, d, mode=spec.mode) for spec, pos in draws])  # [N, d]
+    pos_lists = [
+        [int(p) for p in (pos.tolist() if isinstance(pos, torch.Tensor) else pos)] for _, pos in draws
+    ]
+    if (
+        len({(spec.mode, *pos) for (spec, _), pos in zip(draws, pos_lists, strict=True)}) == 1
+        and len(pos_lists[0]) == 1
+    ):
+        # one state per prompt at one position (the branch point): one generator for every key
+        eps = draw_eps_keys([spec.key for spec, _ in draws], pos_lists[0][0], d, mode=draws[0][0].mode)
+    else:
+        eps = torch.cat(
+            [
+                draw_eps(spec.key, pos, d, mode=spec.mode)
+                for (spec, _), pos in zip(draws, pos_lists, strict=True)
+            ]
+        )
     sig = torch.cat([torch.full((len(pos), 1), spec.sigma * sigma_scale * spec.sign) for spec, pos in draws])
     eps, sig = (to_device(t, h_sel.device, sync_free=sync_free) for t in (eps, sig))  # [N, d], [N, 1]
     mu = None if steer is None else to_device(steer, h_sel.device, sync_free=sync_free)  # [d]

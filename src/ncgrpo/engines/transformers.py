@@ -58,10 +58,9 @@ from torch import nn
 from ncgrpo.core.noise import (
     RowNoise,
     depth_decayed_sigmas,
-    draw_eps_keys,
     noise_seed,
-    perturb,
     perturb_rows,
+    perturb_selected,
     relative_perturbation,
 )
 
@@ -512,7 +511,8 @@ class NoiseHook:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``perturb_rows`` on the last position alone (``h`` ``# [B, T, d]``; ``last_mask`` ``# [B]`` the
         attention mask there): the same values (eq. 2 is row-wise; each noisy row's one eps is
-        ``draw_eps(key, [0], d)``) with the noisy rows' draws in one call (:func:`draw_eps_keys`).
+        ``draw_eps(key, [0], d)``) through :func:`~ncgrpo.core.noise.perturb_selected`, whose draws of one
+        position for many keys are one call (:func:`~ncgrpo.core.noise.draw_eps_keys`).
         Returns ``(h_new, rel)`` as :func:`~ncgrpo.core.noise.perturb_rows` does: a new tensor, ``# [B]``."""
         B, T, d = h.shape
         noisy = self._noisy
@@ -522,15 +522,9 @@ class NoiseHook:
         out, rel = h.clone(), torch.zeros(B, dtype=torch.float32)
         if not noisy:
             return out, rel
-        specs = [self.rows[b] for b in noisy]
-        eps = torch.empty(len(specs), d, dtype=torch.float32)
-        for mode in dict.fromkeys(s.mode for s in specs):  # one mode in practice
-            sel = [j for j, s in enumerate(specs) if s.mode == mode]
-            eps[sel] = draw_eps_keys([specs[j].key for j in sel], 0, d, mode=mode)
-        sig = torch.tensor([[s.sigma * 1.0 * s.sign] for s in specs], dtype=torch.float32)  # perturb_rows'
         bi = torch.tensor(noisy, device=h.device)
         h_sel = h[bi, T - 1]  # [N, d]
-        new = perturb(h_sel, eps.to(h.device), sig.to(h.device), steer=self.steer)  # [N, d]
+        new = perturb_selected(h_sel, [(self.rows[b], [0]) for b in noisy], steer=self.steer)  # [N, d]
         out[bi, T - 1] = new
         rel[noisy] = relative_perturbation(h_sel, new).cpu()
         return out, rel
