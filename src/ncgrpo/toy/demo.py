@@ -152,7 +152,7 @@ class MethodSpec:
 
 @dataclass
 class DemoConfig:
-    """Everything ``ncgrpo demo`` runs. Defaults fit the whole demo in 8 minutes on a 2-core CPU.
+    """Everything ``ncgrpo demo`` runs. At the defaults the whole demo takes about 4 minutes on 2 idle CPU cores.
 
     Training: ``max_steps`` optimizer steps per run, each on ``prompts_per_step`` prompts with
     ``num_generations`` rollouts each (TRL's ``G``; the two-pass methods split it into ``G/2`` clean
