@@ -26,6 +26,13 @@ Rules:
   re-runs the whole sequence and cannot be told from a prefill. Chunked prefill
   (``prefill_chunk_size``) and continuing from a non-empty cache are not supported (the hook stays
   inert on a non-empty cache).
+- Only the top-level model's pre-hook runs on every forward. The stack's hooks are removed after a
+  prefill that came through the top-level forward (``generate``'s first forward) and registered again,
+  in their place, by the next top-level forward that is a branch point: the decode steps run the stack
+  without hook calls. A prefill of the stack called directly keeps them (the next such call is
+  perturbed too); so do modules that carry other forward hooks. A prefill run on the stack directly
+  *after* a top-level prefill in the same ``with`` block is not perturbed (no caller does that:
+  :func:`shared_prefill_generate`'s direct prefix pass is never perturbed).
 - Inputs must be left-padded (what ``generate`` wants for decoder-only models); the 2-D attention
   mask is read from the top-level forward so that each prompt's noise depends only on its real tokens.
   A noisy row with padding after its first real token (right padding) is a ``ValueError`` naming
@@ -342,6 +349,10 @@ class NoiseHook:
         self._current: PrefillRecord | None = None
         self._t0 = 0.0
         self._timed: PrefillRecord | None = None
+        # the stack's hooks (stack_pre, the layer hooks, stack_post): see _arm / _disarm
+        self._targets: list[tuple[nn.Module, str, Callable]] = []
+        self._handles: list[Any] = []
+        self._via_top = False  # the prefill in flight came through the top-level forward (top_pre)
 
     @property
     def last(self) -> PrefillRecord:
@@ -388,8 +399,42 @@ class NoiseHook:
             return m.to(device)
         return None
 
+    # -- arming: the stack's hooks are registered only while a prefill can come -------------------------
+    def _arm(self, *, prepend: bool) -> None:
+        """Register the stack's hooks (``prepend``: ahead of every other hook on those modules; used on
+        re-arming, when every other hook there was registered after this hook's first registration)."""
+        self._handles = [
+            (m.register_forward_pre_hook if kind == "pre" else m.register_forward_hook)(
+                fn, with_kwargs=True, prepend=prepend
+            )
+            for m, kind, fn in self._targets
+        ]
+
+    def _disarm(self) -> None:
+        """Remove the stack's hooks after a prefill that came through the top-level forward: the decode
+        steps that follow run the stack without them (about 5 us of hook calls each); :meth:`top_pre`
+        re-arms them at the next top-level forward that is a branch point. Only where they are the only
+        forward hooks on their modules, so that re-arming them in front (``prepend``) restores the order
+        every hook runs in."""
+        ours = {h.id for h in self._handles}
+        for m in {id(m): m for m, _, _ in self._targets}.values():
+            if not (set(m._forward_pre_hooks) | set(m._forward_hooks)) <= ours:
+                return
+        self._remove_stack_hooks()
+
+    def _remove_stack_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
     # -- hook bodies -------------------------------------------------------------------------------
     def top_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        branch = at_branch_point(kwargs.get("past_key_values"))
+        if not self._handles:  # disarmed after a prefill: only a new branch point re-arms
+            if not branch:
+                return None
+            self._arm(prepend=True)
+        self._via_top = branch
         mask = kwargs.get("attention_mask")
         if mask is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
             mask = args[1]
@@ -504,6 +549,9 @@ class NoiseHook:
             self._timed = rec  # top_post stops the prefill clock after lm_head
         self.records.append(rec)
         self._current = None
+        if self._via_top:  # a top-level caller (generate): the decode steps run without the stack's hooks
+            self._disarm()
+        self._via_top = False
         return new_output
 
     def _perturb_last(
@@ -613,18 +661,17 @@ def prefill_noise(
     _HOOKED[top] = hook
     try:
         handles.append(top.register_forward_pre_hook(hook.top_pre, with_kwargs=True))
-        handles.append(stack.register_forward_pre_hook(hook.stack_pre, with_kwargs=True))
-        for layer in layers or []:
-            handles.append(
-                stack.layers[layer].register_forward_pre_hook(hook.layer_pre(layer), with_kwargs=True)
-            )
-        handles.append(stack.register_forward_hook(hook.stack_post, with_kwargs=True))
+        hook._targets = [(stack, "pre", hook.stack_pre)]
+        hook._targets += [(stack.layers[layer], "pre", hook.layer_pre(layer)) for layer in layers or []]
+        hook._targets.append((stack, "post", hook.stack_post))
+        hook._arm(prepend=False)
         if timing:
             handles.append(top.register_forward_hook(hook.top_post, with_kwargs=True))
         yield hook
     finally:
         for h in handles:
             h.remove()
+        hook._remove_stack_hooks()
         hook._active = False
         _HOOKED.pop(top, None)
 
