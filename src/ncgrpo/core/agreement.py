@@ -31,10 +31,12 @@ from collections.abc import Sequence
 import torch
 
 __all__ = [
+    "agreement_of_probs",
     "answer_agreement",
     "branch_point_agreement",
     "first_token_tv",
     "match_first_token_temperature",
+    "tv_of_probs",
 ]
 
 
@@ -48,6 +50,11 @@ def first_token_tv(
         raise ValueError(f"temperatures must be > 0, got {t_a}, {t_b}")
     p = torch.softmax(logits_a.float() / t_a, dim=-1)
     q = torch.softmax(logits_b.float() / t_b, dim=-1)
+    return tv_of_probs(p, q)
+
+
+def tv_of_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """:func:`first_token_tv` on distributions already computed: ``0.5 * sum_v |p - q|``. ``# [B, V]`` -> ``# [B]``"""
     return 0.5 * (p - q).abs().sum(-1)
 
 
@@ -65,6 +72,12 @@ def branch_point_agreement(
     """
     p = torch.softmax(clean_logits.float() / temperature, dim=-1)
     q = torch.softmax(noisy_logits.float() / temperature, dim=-1)
+    return agreement_of_probs(p, q)
+
+
+def agreement_of_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """:func:`branch_point_agreement` on distributions already computed (``p`` clean, ``q`` noisy):
+    ``sum_v p q / sum_v p^2``. ``# [B, V]`` -> ``# [B]``"""
     return (p * q).sum(-1) / p.pow(2).sum(-1).clamp_min(1e-30)
 
 

@@ -240,7 +240,7 @@ class BranchPointMetrics:
         group has no clean row on this rank. The control's noisy rows sample at their first-token
         temperature, the rest at the sampling temperature; ``noisy_logits`` (``first_token_marginal``): the
         rows' rewritten logits, what they sampled from."""
-        from ncgrpo.core.agreement import branch_point_agreement, first_token_tv
+        from ncgrpo.core.agreement import agreement_of_probs, tv_of_probs
 
         T = float(self.temperature)
         tv = torch.full((len(plans),), float("nan"))
@@ -254,11 +254,15 @@ class BranchPointMetrics:
             return tv, agree
         idx = torch.tensor([i for i, _ in pairs])
         cidx = torch.tensor([c for _, c in pairs])
-        noisy_z, clean_z = logits[idx.to(logits.device)], logits[cidx.to(logits.device)]
+        # one softmax of every row at T (row-wise: each row's values are those of its own softmax), read
+        # by both statistics: the clean partners' p and, unless rewritten, the noisy rows' q
+        probs = torch.softmax(logits.float() / T, -1)
+        p, q = probs[cidx.to(probs.device)], probs[idx.to(probs.device)]
         if noisy_temperature is not None:  # the control: the noisy rows' logits are the clean ones, rescaled
-            noisy_z = clean_z * (T / noisy_temperature)
+            clean_z = logits[cidx.to(logits.device)]
+            q = torch.softmax((clean_z * (T / noisy_temperature)).float() / T, -1)
         if noisy_logits is not None:
-            noisy_z = noisy_logits[idx.to(noisy_logits.device)].float()
-        tv[idx] = first_token_tv(noisy_z, clean_z, t_a=T, t_b=T).cpu()
-        agree[idx] = branch_point_agreement(clean_z, noisy_z, temperature=T).cpu()
+            q = torch.softmax(noisy_logits[idx.to(noisy_logits.device)].float() / T, -1)
+        tv[idx] = tv_of_probs(q, p).cpu()  # first_token_tv(noisy, clean) at T
+        agree[idx] = agreement_of_probs(p, q).cpu()  # branch_point_agreement(clean, noisy) at T
         return tv, agree
