@@ -19,7 +19,14 @@ Each is reported as the median over rounds of the mean per timed step, in millis
 difference to vanilla. ``--detail`` also times the noise hook's bodies (``NoiseHook.top_pre``,
 ``stack_pre``, ``stack_post``: called on every forward, so their own timing adds ~2 us a call).
 
+``--hook-ab N``: instead, the noise hook's cost inside one ``generate`` (the bench model, 2 text prompts x
+8 rows, 4 noisy each, 32 sampled tokens), N interleaved rounds of three arms in one process: no hook;
+the hook with its stack hooks kept on every decode step (``NoiseHook._disarm`` a no-op: the code before
+they were removed after the prefill); the hook as it is. The two hooked arms must sample the same tokens.
+A fraction of a millisecond that step timings do not resolve.
+
     python benchmarks/bench_nc_overhead.py --steps 8 --repeats 4
+    python benchmarks/bench_nc_overhead.py --hook-ab 150
 """
 
 from __future__ import annotations
@@ -85,6 +92,57 @@ def _timers(detail: bool):
     return totals, on, restore
 
 
+def hook_ab(model, proc, rounds: int) -> dict:
+    """``--hook-ab``: CPU ms per ``generate`` without the hook, with its stack hooks kept, as it is."""
+    from ncgrpo.core.noise import NoiseKey, RowNoise
+    from ncgrpo.engines import transformers as et
+
+    tok = getattr(proc, "tokenizer", proc)
+    tok.padding_side = "left"
+    x = tok(
+        ["Solve for x: 3x + 5 = 20."] * 8 + ["A circle has radius r = 5."] * 8,
+        return_tensors="pt",
+        padding=True,
+    )
+    rows = [RowNoise(0.2, NoiseKey(7, 3, i // 8, i % 8)) if i % 8 >= 4 else RowNoise() for i in range(16)]
+    kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=True, pad_token_id=tok.pad_token_id)
+    disarm = et.NoiseHook.__dict__["_disarm"]
+
+    def run(arm: str):
+        et.NoiseHook._disarm = disarm if arm == "as is" else (lambda self: None)
+        torch.manual_seed(0)
+        t = time.process_time()
+        with torch.no_grad():
+            if arm == "no hook":
+                out = model.generate(**x, **kw)
+            else:
+                with et.prefill_noise(model, rows):
+                    out = model.generate(**x, **kw)
+        return time.process_time() - t, out
+
+    arms = ("no hook", "stack hooks kept", "as is")
+    ms: dict[str, list[float]] = {a: [] for a in arms}
+    try:
+        for _ in range(rounds):
+            outs = {}
+            for a in arms:
+                dt, outs[a] = run(a)
+                ms[a].append(dt * 1e3)
+            if not torch.equal(outs["stack hooks kept"], outs["as is"]):
+                raise AssertionError("the two hooked arms sampled different tokens")
+    finally:
+        et.NoiseHook._disarm = disarm
+    print(
+        f"# bench_nc_overhead --hook-ab {rounds}: CPU ms per generate (16 rows, 32 tokens), load {os.getloadavg()[0]:.2f}"
+    )
+    for a in arms:
+        paired = statistics.median(v - w for v, w in zip(ms[a], ms["no hook"], strict=True))
+        print(f"{a:<20} median {statistics.median(ms[a]):8.3f}   - no hook (paired median) {paired:7.3f}")
+    kept = statistics.median(v - w for v, w in zip(ms["stack hooks kept"], ms["as is"], strict=True))
+    print(f"stack hooks kept - as is (paired median) {kept:.3f}")
+    return ms
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="tiny", choices=sorted(bt.SIZES))
@@ -93,6 +151,9 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=4, help="interleaved rounds")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--detail", action="store_true", help="also time the noise hook's bodies")
+    p.add_argument(
+        "--hook-ab", type=int, default=0, metavar="N", help="time the hook inside generate instead"
+    )
     a = p.parse_args(argv)
     warnings.simplefilter("ignore")
     args = bt.parse_args(
@@ -105,6 +166,8 @@ def main(argv=None) -> dict:
     transformers.logging.set_verbosity_error()
     device = torch.device("cpu")
     base, proc, ds = bt.build(args, torch.float32)
+    if a.hook_ab:
+        return {"hook_ab_ms": hook_ab(base, proc, a.hook_ab)}
     rec = bt.Recorder(device)
     totals, on, restore = _timers(a.detail)
     timer = bt.step_timer
