@@ -188,6 +188,7 @@ def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(mo
     class DemoWithIt(DemoConfig):
         brand_new_setting: int = dataclasses.field(default=7, metadata={"help": "the demo's value"})
         new_demo_knob: int = dataclasses.field(default=3, metadata={"help": "a demo-only setting"})
+        max_grad_norm: float = dataclasses.field(default=0.25, metadata={"help": "a TRL field the demo sets"})
 
     def latent_run(cfg: DemoConfig) -> DemoRun:
         return DemoRun(cfg, cfg.methods()[1], 0, Path("base"), "base@0")
@@ -199,6 +200,8 @@ def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(mo
     assert run.training_args().brand_new_setting == 7
     settings = run.settings()
     assert (settings["brand_new_setting"], settings["new_demo_knob"]) == (7, 3)
+    # a TRL field the demo sets for its runs (outside INHERITED_IDENTITY) is part of what they are too
+    assert run.training_args().max_grad_norm == 0.25 and settings["max_grad_norm"] == 0.25
     # what selects the runs, where they run and the test evaluation are not what a run is
     assert {"seeds", "workers", "progress", "eval_limit", "max_new_tokens", "output_dir"}.isdisjoint(settings)
     assert (settings["max_steps"], settings["schedule_k_mid"], settings["model_name_or_path"]) == (

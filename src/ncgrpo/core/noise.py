@@ -427,6 +427,8 @@ def perturb_selected(
     non-finite value is returned as it was (:func:`perturb` ``check_finite=False``) instead of raising.
     Returns ``# [N, d]``, the values :func:`perturb_rows` gives those states.
     """
+    if not draws:
+        return h_sel.clone()
     d = h_sel.shape[-1]
     pos_lists = [
         [int(p) for p in (pos.tolist() if isinstance(pos, torch.Tensor) else pos)] for _, pos in draws

@@ -766,14 +766,18 @@ class DemoRun:
         """What makes the run what it is (its ``config.yaml``; a rerun with any of them changed is
         refused): its ``NCGRPOConfig``'s identity as ``ncgrpo train`` defines it
         (:func:`ncgrpo.runs.identity.run_identity_keys`; the base model's id as ``model_name_or_path``),
+        every setting the demo gives its runs (:meth:`DemoConfig.trainer_settings`, TRL's fields too),
         then every :class:`DemoConfig` field ``NCGRPOConfig`` has not, but :data:`NOT_RUN_SETTINGS`
         (``val_every`` resolved)."""
-        from ncgrpo.runs.identity import run_identity_keys
+        from ncgrpo.runs.identity import MAY_CHANGE_ON_RESUME, run_identity_keys
         from ncgrpo.trainer import NCGRPOConfig
 
         args = self.training_args().to_dict()
         values = {**args, "model_name_or_path": self.base_id, "dtype": _dtype_for(self.cfg.device)}
         out = {k: values.get(k) for k in run_identity_keys((NCGRPOConfig,))}
+        for k in self.cfg.trainer_settings():  # what the demo sets, TRL's own fields too (max_grad_norm, ...)
+            if k not in MAY_CHANGE_ON_RESUME:
+                out.setdefault(k, values.get(k))
         for f in dataclasses.fields(self.cfg):
             if f.name not in args and f.name not in NOT_RUN_SETTINGS:
                 out[f.name] = getattr(self.cfg, f.name)
