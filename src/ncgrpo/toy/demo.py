@@ -1232,6 +1232,10 @@ def _run_in_processes(cfg: DemoConfig, jobs: list[DemoRun], workers: int, suite:
                             f"{dirs[i].name}: {done} (train {r.train_time_s:.0f} s, eval {r.eval_time_s:.0f} s)"
                         )
                 bar.update(sum(min(_steps_done(d), cfg.max_steps) for d in dirs) - bar.n)
+            # let the workers exit on their own: the with block's terminate() kills them, and a killed spawn
+            # worker can leave a semaphore that the resource tracker warns about at shutdown
+            pool.close()
+            pool.join()
     finally:
         bar.close()
     return [results[i] for i in range(len(jobs))]
