@@ -365,15 +365,23 @@ _TP2 = textwrap.dedent(
         from vllm.distributed import get_tensor_model_parallel_rank
 
         rank = get_tensor_model_parallel_rank()
+        # both draws: draw_eps, and draw_eps_keys (one position of many keys, the branch point's path)
         orig = noise.__dict__.setdefault("_honest_draw_eps", noise.draw_eps)
+        orig_keys = noise.__dict__.setdefault("_honest_draw_eps_keys", noise.draw_eps_keys)
         if not on:
-            noise.draw_eps = orig
+            noise.draw_eps, noise.draw_eps_keys = orig, orig_keys
             return rank
 
-        def skewed(key, positions, d, **kw):
-            return orig(dataclasses.replace(key, draw=key.draw + 1000 * rank), positions, d, **kw)
+        def skew(key):
+            return dataclasses.replace(key, draw=key.draw + 1000 * rank)
 
-        noise.draw_eps = skewed
+        def skewed(key, positions, d, **kw):
+            return orig(skew(key), positions, d, **kw)
+
+        def skewed_keys(keys, position, d, **kw):
+            return orig_keys([skew(k) for k in keys], position, d, **kw)
+
+        noise.draw_eps, noise.draw_eps_keys = skewed, skewed_keys
         return rank
 
     def run(llm, prompts, rows):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -340,12 +339,15 @@ def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_
     the clean image is not modified, and the clean rows' requests carry it."""
     import numpy as np
 
-    trainer = SimpleNamespace(processing_class=processor)
+    class Trainer(ImageNoise):  # the mixin's state and methods, without a whole NCGRPOTrainer
+        processing_class = processor
+
+    trainer = Trainer()
     img = random_image(4, size=100).resize((100, 130))  # not on the 28-pixel grid: vLLM resizes it
     before = np.asarray(img).copy()
     G, t = 4, 400
     plans = plan_rows(range(G), [5] * G, num_generations=G, method="image", seed=7, step=3)
-    row_images = ImageNoise._distorted_row_images(trainer, [[img]] * G, plans, t)
+    row_images = trainer._distorted_row_images([[img]] * G, plans, t)
     assert [p.noisy for p in plans] == [False, False, True, True]
     assert row_images[0][0] is img and row_images[1][0] is img
     noisy_img = row_images[2][0]
@@ -364,7 +366,7 @@ def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_
     fields = {k: inputs[k] for k in ("pixel_values", "image_grid_thw")}
     rows_inputs = [
         {"pixel_values": inputs["pixel_values"]},  # clean
-        {"pixel_values": ImageNoise._distort_images(trainer, [[img]], fields, plans[2:3], t)["pixel_values"]},
+        {"pixel_values": trainer._distort_images([[img]], fields, plans[2:3], t)["pixel_values"]},
     ]
     assert not torch.equal(rows_inputs[0]["pixel_values"], rows_inputs[1]["pixel_values"])
     clean_ref = reference_logprobs(hf, dict(inputs, **rows_inputs[0]), None)
