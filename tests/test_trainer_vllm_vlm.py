@@ -22,8 +22,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.trainer import NCGRPOTrainer  # noqa: E402
-from tiny_models import length_reward, vllm_trainer_config  # noqa: E402
-from vlm_fixtures import N_IMAGE_TOKENS, image_chat, random_image, save_vllm_qwen2_5_vl  # noqa: E402
+from tiny_models import image_chat, length_reward, vllm_trainer_config  # noqa: E402
+from vlm_fixtures import N_IMAGE_TOKENS, random_image, save_vllm_qwen2_5_vl  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -391,7 +391,8 @@ def test_real_engine_expands_the_sent_image_to_the_trainers_token_count(tmp_path
     from transformers import AutoProcessor
     from vllm import LLM, SamplingParams
 
-    from vlm_fixtures import image_chat, save_vllm_qwen2_5_vl  # a missing torchvision is an error there
+    from tiny_models import image_chat
+    from vlm_fixtures import save_vllm_qwen2_5_vl  # a missing torchvision is an error there
 
     model_dir = save_vllm_qwen2_5_vl(tmp_path / "model")
     trainer = AutoProcessor.from_pretrained(model_dir, min_pixels=5000, max_pixels=8000)

@@ -419,3 +419,31 @@ def run_torchrun(script: str | os.PathLike, *args: str, cwd, env: dict | None = 
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     res = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
+
+
+# ------------------------------------------------------------------ image prompts of mixed sizes
+#: prompts of different lengths (a batch of them needs left padding), for the shared-prompt tests
+MIXED_TEXTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20, then say why in a few words.", "A circle"]
+#: images of different patch counts: the per-row slices of the flat ``pixel_values`` differ
+MIXED_SIZES = (56, 84, 56)
+
+
+def mixed_images(seed: int = 0) -> list:
+    """One deterministic random RGB PIL image per :data:`MIXED_SIZES` entry."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 255, (s, s, 3), dtype=np.uint8)) for s in MIXED_SIZES]
+
+
+def image_chat(question: str) -> list[dict]:
+    """One user turn: an image, then ``question`` (the trainer's conversational image prompt)."""
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+
+
+def image_prompts(proc, texts: Iterable[str]) -> list[str]:
+    """Each text as :func:`image_chat`'s prompt, rendered by ``proc``'s chat template for generation."""
+    return [
+        proc.apply_chat_template(image_chat(t), tokenize=False, add_generation_prompt=True) for t in texts
+    ]

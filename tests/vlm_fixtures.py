@@ -56,11 +56,6 @@ def save_vllm_qwen2_5_vl(out_dir: str | os.PathLike, *, seed: int = 0) -> Path:
     return save_tiny(model, proc, out_dir)
 
 
-def image_chat(question: str) -> list[dict]:
-    """One user turn: an image, then ``question`` (the trainer's conversational image prompt)."""
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
-
-
 def random_image(seed: int, size: int = IMAGE_SIZE):
     """A deterministic random RGB ``size`` x ``size`` PIL image."""
     import numpy as np

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from ncgrpo.core.noise import NoiseKey, RowNoise
 from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
@@ -24,11 +22,10 @@ from ncgrpo.engines.transformers import (
     share_prompt_prefill,
     shared_prefill_generate,
 )
-from tiny_models import tiny_bundle
+from tiny_models import MIXED_TEXTS, image_prompts, mixed_images, tiny_bundle
 
 G = 4  # rows per prompt: 2 clean + 2 noisy
-TEXTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20, then say why in a few words.", "A circle"]
-SIZES = (56, 84, 56)  # images of different patch counts: per-row slices of the flat pixel_values differ
+TEXTS = MIXED_TEXTS  # prompts of different lengths; images of different patch counts: mixed_images
 ATOL = 1e-5  # float32 rounding of a 1-token forward against the last row of a T-token forward
 
 
@@ -38,25 +35,13 @@ def bundle(request):
     return request.param, model.eval(), proc
 
 
-def _images(seed: int = 0):
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 255, (s, s, 3), dtype=np.uint8)) for s in SIZES]
-
-
 def repeated_inputs(kind, proc, images=None, g=G):
     """The prompts repeated ``g`` times, prompt-major, left-padded (TRL's layout)."""
     tok = getattr(proc, "tokenizer", proc)
     tok.padding_side = "left"
     if kind.endswith("_vl"):
-        images = images or _images()
-        msgs = [
-            proc.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for t in TEXTS
-        ]
+        images = images or mixed_images()
+        msgs = image_prompts(proc, TEXTS)
         enc = proc(
             text=[m for m in msgs for _ in range(g)],
             images=[im for im in images for _ in range(g)],
@@ -130,18 +115,11 @@ def test_image_method_shares_within_each_half():
     """NoisyRollout's noisy half has other pixels: the batch splits into two runs per prompt."""
     model, proc = tiny_bundle("qwen2_5_vl")
     model.eval()
-    clean, dist = _images(0), _images(1)
+    clean, dist = mixed_images(0), mixed_images(1)
     half = G // 2
     images = [im for c, d in zip(clean, dist, strict=True) for im in [c] * half + [d] * half]
     tok = proc.tokenizer
-    msgs = [
-        proc.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}],
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        for t in TEXTS
-    ]
+    msgs = image_prompts(proc, TEXTS)
     tok.padding_side = "left"
     inputs = dict(
         proc(text=[m for m in msgs for _ in range(G)], images=images, padding=True, return_tensors="pt")

@@ -46,7 +46,8 @@ from ncgrpo.engines.vllm_multimodal import (  # noqa: E402
     install_image_prompt_collapse,
 )
 from ncgrpo.trainer.images import ImageNoise  # noqa: E402
-from vlm_fixtures import N_IMAGE_TOKENS, image_chat, random_image, save_vllm_qwen2_5_vl  # noqa: E402
+from tiny_models import image_chat  # noqa: E402
+from vlm_fixtures import N_IMAGE_TOKENS, random_image, save_vllm_qwen2_5_vl  # noqa: E402
 
 BUDGET = 32  # max_num_batched_tokens: every image prompt here is prefilled in chunks
 TOPK = 8

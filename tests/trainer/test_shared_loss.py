@@ -11,19 +11,16 @@ import math
 from functools import partial
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from trl.trainer.grpo_trainer import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from ncgrpo.trainer import shared_loss
-from tiny_models import tiny_bundle
+from tiny_models import MIXED_TEXTS, image_prompts, mixed_images, tiny_bundle
 
 G = 4
-TEXTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20, then say why in a few words.", "A circle"]
-SIZES = (56, 84, 56)
+TEXTS = MIXED_TEXTS  # prompts of different lengths (left padding); images: mixed_images
 C = 7  # completion columns
 TEMPERATURE = 0.7
 LOGP_ATOL = 2e-5  # float32 rounding of log-probs ~ -6 (vocab 512)
@@ -55,26 +52,14 @@ def shared(model, inputs, batch_size=None, compute_entropy=True, stats=None, pac
     )  # fmt: skip
 
 
-def _images(seed=0):
-    rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 255, (s, s, 3), dtype=np.uint8)) for s in SIZES]
-
-
 def make_inputs(kind, proc, vocab, *, perm=None, seed=0):
     """TRL's loss inputs: ``prompt | completion`` rows, prompts repeated G times and left-padded (mixed
     lengths), completions right-padded after a random length (>= 1), in ``perm`` order."""
     tok = getattr(proc, "tokenizer", proc)
     tok.padding_side = "left"
     if kind.endswith("_vl"):
-        msgs = [
-            proc.apply_chat_template(
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for t in TEXTS
-        ]
-        enc = dict(proc(text=msgs, images=_images(), padding=True, return_tensors="pt"))
+        msgs = image_prompts(proc, TEXTS)
+        enc = dict(proc(text=msgs, images=mixed_images(), padding=True, return_tensors="pt"))
     else:
         enc = dict(tok(TEXTS, padding=True, return_tensors="pt"))
     assert (enc["attention_mask"] == 0).any(), "the prompts must need left padding"
