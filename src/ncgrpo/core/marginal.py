@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ncgrpo.core.agreement import tv_of_probs
 from ncgrpo.core.noise import NoiseKey, NoiseMode, draw_eps_keys, perturb
 
 __all__ = [
@@ -131,10 +132,6 @@ class MarginalEstimate:
     draws: int
 
 
-def _tv(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (p - q).abs().sum(-1)
-
-
 def _bootstrap_tv(p: torch.Tensor, q: torch.Tensor, bootstrap: int, seeds: Sequence[int]) -> torch.Tensor:
     """``TV(p_i, mean of a resample of q_i's draws)`` for ``bootstrap`` resamples per prompt: ``p`` ``# [P, V]``
     and ``q`` ``# [P, M, V]`` float64, prompt ``i``'s resamples drawn from ``seeds[i]``. ``# [P, bootstrap]``"""
@@ -144,7 +141,7 @@ def _bootstrap_tv(p: torch.Tensor, q: torch.Tensor, bootstrap: int, seeds: Seque
     for i, seed in enumerate(seeds):
         idx = torch.randint(0, M, (bootstrap, M), generator=torch.Generator().manual_seed(int(seed)))
         w[i].scatter_add_(1, idx, torch.ones(bootstrap, M, dtype=q.dtype))
-    return _tv(p[:, None], torch.bmm((w / M).to(q.device), q)).cpu()  # [P, bootstrap]
+    return tv_of_probs(p[:, None], torch.bmm((w / M).to(q.device), q)).cpu()  # [P, bootstrap]
 
 
 def marginal_tv(
@@ -160,7 +157,7 @@ def marginal_tv(
             f"marginal_tv: p {tuple(p.shape)}, q_draws {tuple(q.shape)} and {len(seeds)} seeds do not match "
             "([P, V], [P, M >= 1, V], P seeds)"
         )
-    plug = _tv(p, q.mean(1)).cpu()  # [P]
+    plug = tv_of_probs(p, q.mean(1)).cpu()  # [P]
     if bootstrap < 1 or q.shape[1] < 2:
         return plug
     boot = _bootstrap_tv(p, q, bootstrap, seeds)
@@ -186,8 +183,8 @@ def marginal_estimate(
     if M < 1:
         raise ValueError("marginal_estimate needs at least one draw")
     qbar = q.mean(0)
-    plug = float(_tv(p, qbar))
-    per_draw = float(_tv(p[None], q).mean())
+    plug = float(tv_of_probs(p, qbar))
+    per_draw = float(tv_of_probs(p[None], q).mean())
     kl = float((qbar * (qbar.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum().clamp_min(0.0))
     se = float("nan")
     tv = plug
@@ -240,7 +237,7 @@ def closest_temperature(
     t = targets.float().to(z.device)
 
     def f(log_t: float) -> float:
-        return float(_tv(torch.softmax(z / math.exp(log_t), -1), t).mean())
+        return float(tv_of_probs(torch.softmax(z / math.exp(log_t), -1), t).mean())
 
     a, b = math.log(lo), math.log(hi)
     gr = (math.sqrt(5) - 1) / 2
