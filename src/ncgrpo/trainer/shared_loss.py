@@ -54,6 +54,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ncgrpo.engines.transformers import unwrap_model
+
 #: model_type -> whether it is a Qwen-VL model with M-RoPE positions (``compute_3d_position_ids``)
 SUPPORTED_MODEL_TYPES = {
     "qwen2": False,
@@ -67,18 +69,9 @@ SUPPORTED_MODEL_TYPES = {
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The transformers model under DDP / accelerate / PEFT wrappers."""
-    while hasattr(model, "module") and isinstance(model.module, nn.Module):
-        model = model.module
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model
-
-
 def check_supported(model: nn.Module, *, aux_loss: bool = False, what: str = "model") -> None:
     """Raise ``ValueError`` saying what to set when ``share_prompt_loss`` cannot be exact for ``model``."""
-    m = _unwrap(model)
+    m = unwrap_model(model)
     cfg = m.config
     mt = getattr(cfg, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -108,7 +101,7 @@ def check_supported(model: nn.Module, *, aux_loss: bool = False, what: str = "mo
 
 def _positions(model: nn.Module, input_ids, attention_mask, image_grid_thw, mm_token_type_ids):
     """The position ids the repeated forward uses for these rows: ``[B, L]`` or ``[3, B, L]`` (M-RoPE)."""
-    m = _unwrap(model)
+    m = unwrap_model(model)
     B, L = input_ids.shape
     if SUPPORTED_MODEL_TYPES.get(m.config.model_type):
         backbone = next(x for x in m.modules() if hasattr(x, "compute_3d_position_ids"))
@@ -128,7 +121,7 @@ def _positions(model: nn.Module, input_ids, attention_mask, image_grid_thw, mm_t
 
 
 def _placeholder_ids(model: nn.Module) -> set[int]:
-    cfg = _unwrap(model).config
+    cfg = unwrap_model(model).config
     return {int(v) for k in ("image_token_id", "video_token_id") if (v := getattr(cfg, k, None)) is not None}
 
 
@@ -305,9 +298,10 @@ def per_token_logps_and_entropies(
         grid_key = [tuple(map(tuple, g.tolist())) for g in grid]
     else:
         pix, grid, grid_key = [None] * B, [None] * B, [None] * B
-    attn = _unwrap(model).config.get_text_config()._attn_implementation
-    costs = pack_costs(_unwrap(model).config)
-    mask_dtype = _unwrap(model).get_input_embeddings().weight.dtype
+    inner = unwrap_model(model)
+    attn = inner.config.get_text_config()._attn_implementation
+    costs = pack_costs(inner.config)
+    mask_dtype = inner.get_input_embeddings().weight.dtype
     all_logps, all_ent = [], []
     for start in range(0, B, batch_size):
         end = min(start + batch_size, B)
