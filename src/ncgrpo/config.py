@@ -31,6 +31,7 @@ file's, base first), so rerunning from it sets the same environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import enum
@@ -338,6 +339,38 @@ class ConfigParser(TrlParser):
             self.dataclass_types.append(t)
             self._add_dataclass_arguments(t)
 
+    def _add_dataclass_arguments(self, dtype: type) -> None:
+        """HfArgumentParser's, with a dataclass's ``help_groups`` (header -> field names) honoured: those
+        fields go under their headers, listed first in ``--help``; the dataclass's other fields under its
+        ``help_rest_title``, listed last. A dataclass without ``help_groups`` is added as HF adds it."""
+        groups: Mapping[str, Sequence[str]] | None = getattr(dtype, "help_groups", None)
+        if not groups:
+            super()._add_dataclass_arguments(dtype)
+            return
+        hints = typing.get_type_hints(dtype)
+        names = {f.name for f in dataclasses.fields(dtype) if f.init}
+        where: dict[str, Any] = {}
+        firsts = []
+        for title, members in groups.items():
+            unknown = [m for m in members if m not in names]
+            if unknown:
+                raise ValueError(
+                    f"{dtype.__name__}.help_groups['{title}'] names no field {', '.join(unknown)}"
+                )
+            group = self.add_argument_group(title)
+            firsts.append(group)
+            where.update(dict.fromkeys(members, group))
+        rest = self.add_argument_group(getattr(dtype, "help_rest_title", f"{dtype.__name__} settings"))
+        # argparse prints groups in creation order: the topic groups go before "options" (the command's
+        # own flags and the other dataclasses), the inherited rest after everything added so far
+        for group in firsts:
+            self._action_groups.remove(group)
+        self._action_groups[0:0] = firsts
+        for f in dataclasses.fields(dtype):
+            if f.init:
+                f.type = hints[f.name]
+                self._parse_dataclass_field(where.get(f.name, rest), f)
+
     def _materialize(self) -> None:
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -345,11 +378,31 @@ class ConfigParser(TrlParser):
 
     def format_help(self) -> str:
         self._materialize()
-        return super().format_help()
+        with self._short_usage():
+            return super().format_help()
 
     def format_usage(self) -> str:
         self._materialize()
-        return super().format_usage()
+        with self._short_usage():
+            return super().format_usage()
+
+    @contextlib.contextmanager
+    def _short_usage(self):
+        """The usage line names the command's own flags and ``[--SETTING VALUE]`` for the dataclass
+        fields (each listed under its header below), not every field (hundreds of lines for train)."""
+        if self.usage is not None or not self.dataclass_types:
+            yield
+            return
+        fields = set(self._fields())
+        own = [a for a in self._actions if a.dest not in fields]
+        setting = argparse.Action(["--SETTING"], dest="SETTING", metavar="VALUE", required=False)
+        formatter = self._get_formatter()
+        formatter.add_usage(None, [*own, setting], [], prefix="")
+        self.usage = formatter.format_help().strip().replace("%", "%%").replace(self.prog, "%(prog)s", 1)
+        try:
+            yield
+        finally:
+            self.usage = None
 
     def error(self, message: str):
         if self.configurable:

@@ -26,6 +26,40 @@ class NCGRPOConfig(GRPOConfig):
     noisy rows, so ``G`` must be even (and a multiple of 4 for the paired methods).
     """
 
+    #: NC-GRPO's fields by topic: ``ncgrpo train --help`` lists them first under these headers
+    #: (ncgrpo.config.ConfigParser) and docs/reference/settings.md is generated from them; a field of this
+    #: class missing here fails tests/test_docs_site.py. Not a dataclass field (no annotation).
+    help_groups = {
+        "NC-GRPO: method": (
+            "rollout_method",
+            "antithetic_grouping",
+            "spsa_lr",
+            "spsa_mu_max",
+            "spsa_min_sigma_ratio",
+            "spsa_max_step_ratio",
+            "image_noise_step",
+        ),
+        "NC-GRPO: noise": (
+            "sigma0",
+            "noise_site",
+            "noise_layer_decay",
+            "noise_positions",
+            "noise_seed",
+            "branch_prefix",
+        ),
+        "NC-GRPO: schedule": ("sigma_schedule", "schedule_gamma", "schedule_k_mid", "schedule_unit"),
+        "NC-GRPO: controls": (
+            "first_token_temperature",
+            "first_token_temperature_auto",
+            "first_token_marginal_draws",
+        ),
+        "NC-GRPO: sharing": ("share_prompt_prefill", "share_prompt_loss"),
+        "NC-GRPO: probes and metrics": ("marginal_tv_draws",),
+        "NC-GRPO: generation": ("max_prompt_length", "noisy_importance_sampling"),
+    }
+    #: The header of the fields NCGRPOConfig inherits (listed after the NC-GRPO groups and the command's own).
+    help_rest_title = "TRL GRPOConfig and transformers TrainingArguments settings"
+
     rollout_method: str = field(
         default="latent",
         metadata={
