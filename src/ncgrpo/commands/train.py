@@ -48,6 +48,7 @@ __all__ = [
     "build_datasets",
     "execute_run",
     "load_model",
+    "peft_config_for",
     "prepare_run",
     "run",
     "run_identity_keys",
@@ -171,7 +172,6 @@ class ScriptArguments:
 
 #: ModelConfig features ncgrpo does not implement: field -> the value that means "off".
 _UNSUPPORTED_MODEL_FEATURES = {
-    "use_peft": (False, "PEFT/LoRA adapters"),
     "load_in_8bit": (False, "8-bit quantisation"),
     "load_in_4bit": (False, "4-bit quantisation"),
     "model_revision": ("main", "hub revisions (pass a local folder saved at the revision you want)"),
@@ -182,9 +182,11 @@ _UNSUPPORTED_MODEL_FEATURES = {
 class ModelArguments(ModelConfig):
     """``trl.ModelConfig`` plus the vision settings of the paper's recipe (section 4.1).
 
-    ncgrpo trains the whole language model: ``use_peft``, ``load_in_8bit``/``load_in_4bit`` and a
-    ``model_revision`` other than ``main`` are refused (the LoRA and bitsandbytes settings only matter
-    with them).
+    ncgrpo trains the whole language model, or with ``use_peft`` a LoRA adapter on it (TRL's fields:
+    ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ... made into a ``LoraConfig``
+    by ``trl.get_peft_config``, as TRL's scripts do; :func:`peft_config_for`). ``load_in_8bit`` /
+    ``load_in_4bit`` and a ``model_revision`` other than ``main`` are refused (the bitsandbytes settings
+    only matter with them).
     """
 
     dtype: str | None = field(
@@ -228,12 +230,36 @@ class ModelArguments(ModelConfig):
                 raise ValueError(
                     f"{name}={getattr(self, name)!r}: ncgrpo does not support {what}; remove it from the config"
                 )
+        if self.use_peft:
+            self._check_lora()
         for name in ("min_pixels", "max_pixels"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive number of pixels or null, got {value!r}")
         if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels={self.min_pixels} is above max_pixels={self.max_pixels}")
+
+    def _check_lora(self) -> None:
+        """``use_peft``: the LoRA settings checked before anything loads (peft installed, sizes valid)."""
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise ValueError(
+                "use_peft=true needs the peft package, which is not installed here: "
+                "pip install 'ncgrpo[peft]' (or pip install 'peft>=0.21,<1')"
+            )
+        r, alpha, dropout = self.lora_r, self.lora_alpha, self.lora_dropout
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise ValueError(f"lora_r must be a positive integer (the adapter's rank), got {r!r}")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 0:
+            raise ValueError(f"lora_alpha must be a positive number, got {alpha!r}")
+        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {dropout!r}")
+        if self.lora_task_type != "CAUSAL_LM":
+            raise ValueError(
+                f"lora_task_type={self.lora_task_type!r}: NC-GRPO trains causal (vision-)language models; "
+                "use CAUSAL_LM (the default)"
+            )
 
 
 def train_dataclasses() -> tuple[type, type, type]:
@@ -511,12 +537,17 @@ def reward_functions(names: Sequence[str]) -> list:
 
 def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
     """(model, processor or tokenizer) as :class:`ModelArguments` say, left where ``from_pretrained``
-    put it (the Trainer places it)."""
+    put it (the Trainer places it). With ``use_peft`` a local folder is loaded by its absolute path, so
+    the adapter saved at the end names a base model (``adapter_config.json``'s ``base_model_name_or_path``)
+    that loads from any working directory."""
     from ncgrpo.models import load_model_and_processor
 
     m = model_args
+    path = m.model_name_or_path
+    if m.use_peft and os.path.isdir(path):
+        path = os.path.abspath(path)
     return load_model_and_processor(
-        m.model_name_or_path,
+        path,
         dtype=m.dtype,
         device=None,
         attn_implementation=m.attn_implementation,
@@ -526,9 +557,39 @@ def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
     )
 
 
+def peft_config_for(model_args: ModelArguments, model: Any) -> Any:
+    """The ``peft.LoraConfig`` of ``use_peft`` (None without it), made by ``trl.get_peft_config`` as TRL's
+    scripts make it. Two ncgrpo additions: with ``freeze_vision_tower`` the vision tower is excluded
+    (``exclude_modules``), so the adapter trains the language model only, as the full-weight run does
+    (Qwen2.5-VL's vision blocks have ``gate_proj``/``up_proj``/``down_proj`` too); and a model type peft
+    has no default target modules for (the Qwen-VL family) is an error naming ``--lora_target_modules``
+    here, before the trainer starts, instead of peft's."""
+    if not model_args.use_peft:
+        return None
+    import re
+
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
+    from trl import get_peft_config
+
+    from ncgrpo.models import find_vision_tower
+
+    config = get_peft_config(model_args)
+    model_type = getattr(model.config, "model_type", None)
+    if config.target_modules is None and not config.target_parameters and model_type not in DEFAULT_TARGETS:
+        raise ValueError(
+            f"use_peft: peft has no default LoRA target modules for model type {model_type!r}; set "
+            "lora_target_modules (e.g. --lora_target_modules all-linear, or q_proj k_proj v_proj o_proj)"
+        )
+    tower = find_vision_tower(model) if model_args.freeze_vision_tower else None
+    if tower is not None:
+        config.exclude_modules = rf"{re.escape(tower[0])}(\..*)?"
+    return config
+
+
 def execute_run(plan: RunPlan):
     """Load the model (vision tower frozen if asked) and train the plan through
-    :func:`ncgrpo.runs.driver.train_run`; the run folder's lock is released at the end."""
+    :func:`ncgrpo.runs.driver.train_run` (with ``use_peft``: a LoRA adapter, :func:`peft_config_for`; the
+    folder then holds the adapter, not full weights); the run folder's lock is released at the end."""
     from ncgrpo.runs.driver import train_run
 
     if plan.training_args is None:
@@ -544,6 +605,7 @@ def execute_run(plan: RunPlan):
             run_info=plan.run_info,
             eval_dataset=plan.eval_dataset,
             resume_from_checkpoint=plan.checkpoint,
+            peft_config=peft_config_for(plan.model_args, model),
         )
     finally:
         plan.release()

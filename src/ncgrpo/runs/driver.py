@@ -88,6 +88,7 @@ def train_run(
     callbacks: Sequence[Any] = (),
     resume_from_checkpoint: str | None = None,
     console_logs: bool = True,
+    peft_config=None,
 ):
     """One training run into ``args.output_dir``, the same for ``ncgrpo train`` and the demo.
 
@@ -99,7 +100,8 @@ def train_run(
     given), saves the final model and processor to the folder and rewrites ``run.json`` with
     ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
     complete model. Only the main process writes. ``console_logs=False`` removes TRL's per-step
-    printing (a caller with its own progress display). Returns the trainer.
+    printing (a caller with its own progress display). ``peft_config``: given to the trainer (TRL wraps
+    the model; the folder then holds the adapter). Returns the trainer.
     """
     from accelerate import PartialState
 
@@ -112,7 +114,7 @@ def train_run(
         return _train_locked(
             args, model, processor, train_dataset, out=out, main_process=state.is_main_process,
             reward_funcs=reward_funcs, run_info=run_info, eval_dataset=eval_dataset, callbacks=callbacks,
-            resume_from_checkpoint=resume_from_checkpoint, console_logs=console_logs,
+            resume_from_checkpoint=resume_from_checkpoint, console_logs=console_logs, peft_config=peft_config,
         )  # fmt: skip
     finally:
         lock.release()
@@ -120,7 +122,7 @@ def train_run(
 
 def _train_locked(
     args, model, processor, train_dataset, *, out: Path, main_process: bool, reward_funcs, run_info,
-    eval_dataset, callbacks, resume_from_checkpoint, console_logs,
+    eval_dataset, callbacks, resume_from_checkpoint, console_logs, peft_config=None,
 ):  # fmt: skip
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -137,6 +139,7 @@ def _train_locked(
         eval_dataset=eval_dataset,
         processing_class=processor,
         callbacks=[MetricsCallback(out / METRICS_FILE), *callbacks],
+        peft_config=peft_config,
     )
     if not console_logs:
         trainer.remove_callback(PrinterCallback)

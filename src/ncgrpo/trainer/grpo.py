@@ -136,6 +136,50 @@ def apply_noisy_importance_sampling(
     return torch.where(noisy.view(-1, *([1] * (ratio.dim() - 1))), torch.ones_like(ratio), ratio)
 
 
+#: GRPOTrainer's positional parameters after ``args``, up to ``peft_config`` (TRL 1.16's order).
+_PEFT_CONFIG_POSITION = 7  # train_dataset, eval_dataset, processing_class, reward_processing_classes,
+# callbacks, optimizers, quantization_config, peft_config
+
+
+def _check_peft(model, args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
+    """PEFT (``peft_config=`` or a ``PeftModel``): the noise hooks find the language-model stack through
+    the adapter wrapper (:func:`ncgrpo.engines.transformers.unwrap_model`; LoRA layers are injected into
+    the base model's own modules, so every forward of it, generate's and the shared paths', runs the
+    adapter), and TRL's reference pass (adapter disabled) runs outside the generation hooks. Refused:
+    an NC-GRPO method on vLLM with an adapter. TRL merges the adapter into the weights it sends to vLLM
+    on every sync (``VLLMGeneration._iter_named_params``), which ncgrpo's vLLM tests do not cover (the
+    vLLM test environment has no peft); generate with transformers (``use_vllm=False``) instead."""
+    peft_config = kwargs.get(
+        "peft_config", rest[_PEFT_CONFIG_POSITION] if len(rest) > _PEFT_CONFIG_POSITION else None
+    )
+    from accelerate.utils import is_peft_model
+
+    if peft_config is None and not is_peft_model(model):
+        return
+    if args.use_vllm and args.rollout_method != "vanilla":
+        raise NotImplementedError(
+            f"rollout_method={args.rollout_method!r} with a PEFT adapter on vLLM (use_vllm=True) is not supported: "
+            "TRL syncs the merged adapter into vLLM, a path ncgrpo's vLLM tests do not cover. Generate with "
+            "transformers (use_vllm=False; the noise acts through the adapter there), or merge the adapter "
+            "(PeftModel.merge_and_unload) and train the merged model."
+        )
+
+
+def _warn_lora_dropout(model) -> None:
+    """TRL generates with the model in training mode, so LoRA dropout (TRL's default ``lora_dropout=0.05``)
+    perturbs every rollout row, the clean half included: a second, unkeyed noise source beside eq. (2)."""
+    rates = [
+        m.p for n, m in model.named_modules() if ".lora_dropout." in n and isinstance(m, torch.nn.Dropout)
+    ]
+    if any(p > 0 for p in rates):
+        warnings.warn(
+            f"LoRA dropout {max(rates)} is active in the rollouts (TRL generates in training mode), so the clean "
+            "half is not the clean policy: every row gets a random dropout mask besides the noisy half's eq. (2) "
+            "noise. Set lora_dropout=0 (or disable_dropout=True) for NC-GRPO's clean/noisy contrast.",
+            stacklevel=3,
+        )
+
+
 class NCGRPOTrainer(
     CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetrics, SharedPromptLoss, GRPOTrainer
 ):
@@ -160,6 +204,7 @@ class NCGRPOTrainer(
                 f"NCGRPOTrainer needs an NCGRPOConfig, got {type(args).__name__}; replace GRPOConfig(...) with "
                 "NCGRPOConfig(..., rollout_method=...)"
             )
+        _check_peft(model, args, rest, kwargs)  # before TRL starts any engine
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self._check_share_prompt_loss()  # share_prompt_loss: refused where the packed forward is not exact
         from ncgrpo.trainer.reward_guard import guard_reward_funcs
@@ -213,6 +258,7 @@ class NCGRPOTrainer(
                 f"noise_site={args.noise_site!r} names layer {max(site)} but the model has {len(stack.layers)} "
                 f"decoder layers (0..{len(stack.layers) - 1})"
             )
+        _warn_lora_dropout(self.model)
         if self.method == "spsa":
             self.spsa_mu = torch.zeros(self._hidden_size(), dtype=torch.float32)
         # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
