@@ -23,6 +23,7 @@ __all__ = [
     "load_processor",
     "resolve_device",
     "resolve_dtype",
+    "set_pixel_budget",
     "text_layers",
     "tokenizer_of",
 ]
@@ -151,19 +152,20 @@ def load_processor(
     """The processor of a vision-language checkpoint, the tokenizer of a text one, without the weights
     (what :func:`load_model_and_processor` returns beside the model; ``ncgrpo eval --engine vllm``
     renders prompts with it). The tokenizer pads on the left, which batched generation needs."""
-    from transformers import AutoProcessor, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL processors)
+    from ncgrpo import processors  # the torchvision-free Qwen VL processors (registered on import)
 
     config = config if config is not None else load_config(path)
     if is_vision_language(config):
-        pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
-        processor = AutoProcessor.from_pretrained(path, **pixels)
+        # AutoProcessor, or the image-only Qwen VL processor where torchvision is missing (a hub checkpoint)
+        processor = processors.from_pretrained(path, config)
         if getattr(processor, "image_processor", None) is None:
             raise ValueError(
                 f"{path}: AutoProcessor gave {type(processor).__name__}, which has no image processor; "
                 "a vision-language model needs its processor saved next to it"
             )
+        set_pixel_budget(processor.image_processor, min_pixels=min_pixels, max_pixels=max_pixels)
         tok = processor.tokenizer
     else:
         processor = AutoTokenizer.from_pretrained(path)
@@ -172,6 +174,27 @@ def load_processor(
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return processor
+
+
+def set_pixel_budget(image_processor: Any, *, min_pixels: int | None, max_pixels: int | None) -> None:
+    """Set a Qwen-VL image processor's pixel budget in its ``size`` (``shortest_edge`` / ``longest_edge``
+    are transformers 5's names for min_pixels / max_pixels), where every call reads it. Not by passing
+    ``min_pixels=`` to ``from_pretrained``: the processor then hands them to every call, which
+    transformers 5.2x warns is deprecated (a FutureWarning per batch). ``None`` keeps the checkpoint's."""
+    if min_pixels is None and max_pixels is None:
+        return
+    current = getattr(image_processor, "size", None) or {}
+    size = {k: v for k, v in dict(current).items() if v is not None}
+    if min_pixels is not None:
+        size["shortest_edge"] = int(min_pixels)
+    if max_pixels is not None:
+        size["longest_edge"] = int(max_pixels)
+    image_processor.size = type(current)(**size) if not isinstance(current, dict) else size
+    for name, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if (
+            value is not None and getattr(image_processor, name, None) is not None
+        ):  # transformers 4.x kept both
+            setattr(image_processor, name, int(value))
 
 
 def check_weight_files(path: str | Path) -> None:

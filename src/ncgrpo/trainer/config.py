@@ -18,6 +18,26 @@ from ncgrpo.core.plan import (
 )
 
 
+def _caller_stacklevel() -> int:
+    """``stacklevel`` for a warning raised inside ``NCGRPOConfig(...)`` that names the line that built the
+    config, not the dataclass's generated ``__init__`` (``<string>``) or TRL's / transformers' /
+    ncgrpo's own frames (the command line's parser is one)."""
+    import sys
+    from pathlib import Path
+
+    inside = tuple(
+        str(Path(m.__file__).resolve().parent) for m in (sys.modules["ncgrpo"], sys.modules["trl"])
+    )
+    level, frame = 1, sys._getframe(1)  # level 1: the function that calls warnings.warn
+    while frame is not None:
+        name = frame.f_code.co_filename
+        generated = name.startswith("<") and frame.f_code.co_name == "__init__"  # the dataclass's __init__
+        if not (generated or name.startswith(inside) or "/transformers/" in name or "dataclasses" in name):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
 @dataclass
 class NCGRPOConfig(GRPOConfig):
     r"""``GRPOConfig`` plus NC-GRPO's rollout fields (one name per concept: field == CLI key == docs).
@@ -229,11 +249,13 @@ class NCGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        if getattr(self, "activation_checkpointing", False) is None and self.gradient_checkpointing is True:
-            # TRL's default (gradient checkpointing on) under the name this transformers wants: its
-            # `gradient_checkpointing` is a deprecated alias that warns at every config. A value the user
-            # gave under the old name other than TRL's default still gets transformers' warning.
-            self.activation_checkpointing, self.gradient_checkpointing = True, None
+        if getattr(self, "activation_checkpointing", False) is None and isinstance(
+            self.gradient_checkpointing, bool
+        ):
+            # Under the name this transformers wants (>= 5.18: `gradient_checkpointing` is a deprecated alias
+            # that warns at every config). TRL's default is on; the recipes write `gradient_checkpointing`
+            # because vLLM's transformers (< 5.18) has no `activation_checkpointing`, so both values move.
+            self.activation_checkpointing, self.gradient_checkpointing = self.gradient_checkpointing, None
         super().__post_init__()
         m = self.rollout_method
         if m not in ROLLOUT_METHODS:
@@ -387,13 +409,16 @@ class NCGRPOConfig(GRPOConfig):
         if self.sigma_schedule == "sigmoid" and K is not None and K > 0 and self.schedule_k_mid > K:
             # Not refused: short smoke runs (max_steps=1..2) with the paper's k_mid=40 are common and
             # then keep sigma near sigma0 for the whole run. Said once, loudly.
-            import warnings
-
+            what = (
+                "the image distortion step stays near image_noise_step"
+                if self.rollout_method == "image"
+                else "sigma stays near sigma0"
+            )
             warnings.warn(
                 f"schedule_k_mid={self.schedule_k_mid} is after the last step (max_steps={K}): the sigmoid "
-                f"schedule never anneals, sigma stays near sigma0 (the paper uses k_mid = 40/60 K)",
+                f"schedule never anneals, {what} (the paper uses k_mid = 40/60 K)",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=_caller_stacklevel(),
             )
 
     @property
