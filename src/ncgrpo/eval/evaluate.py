@@ -305,7 +305,14 @@ def load_for_eval(
 ) -> tuple[Any, Any]:
     """``(model, processor)`` for :func:`evaluate` on ``engine``: a transformers model in eval mode, or
     a :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine` sized for ``questions`` and ``settings``."""
+    base = adapter_base(path)
     if engine == "vllm":
+        if base is not None:
+            raise ValueError(
+                f"{path} is a PEFT adapter folder (adapter_config.json, base {base}); --engine vllm loads full "
+                "weights: evaluate it with --engine transformers (the adapter is merged into its base on load), "
+                "or save PeftModel.from_pretrained(base, path).merge_and_unload() and evaluate that folder"
+            )
         from ncgrpo.eval.vllm_engine import load_vllm_engine
 
         return load_vllm_engine(
@@ -315,7 +322,64 @@ def load_for_eval(
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     from ncgrpo.models import load_model_and_processor
 
+    if base is not None:
+        return load_adapter(path, base, dtype=dtype, device=device)
     return load_model_and_processor(path, dtype=dtype, device=device)
+
+
+#: What ``save_pretrained`` of a PEFT model writes beside the adapter weights.
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_base(path: str | Path) -> str | None:
+    """The base model a PEFT adapter folder names (``adapter_config.json``'s ``base_model_name_or_path``;
+    ``ncgrpo train --use_peft true`` writes its run folder so), or None for anything else (a model
+    folder: one with its own ``config.json``)."""
+    folder = Path(path)
+    f = folder / ADAPTER_CONFIG
+    if not f.is_file() or (folder / "config.json").is_file():
+        return None
+    import json
+
+    try:
+        base = json.loads(f.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{f}: cannot read the adapter's config ({e})") from None
+    if not base:
+        raise ValueError(
+            f"{f} names no base_model_name_or_path; the adapter cannot be loaded without its base"
+        )
+    return str(base)
+
+
+def load_adapter(
+    path: str | Path, base: str, *, dtype: str = "auto", device: str = "auto"
+) -> tuple[Any, Any]:
+    """``(model, processor)`` of a PEFT adapter folder: its base loaded as
+    :func:`ncgrpo.models.load_model_and_processor` loads a model, the adapter applied
+    (``PeftModel.from_pretrained``) and merged into the weights (``merge_and_unload``), so evaluation
+    runs the plain model the adapter defines. The processor saved beside the adapter (``ncgrpo train``
+    saves it there) is used when the folder has one, else the base's."""
+    from ncgrpo.models import load_model_and_processor, load_processor
+
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ValueError(
+            f"{path} is a PEFT adapter folder; loading it needs peft: pip install 'ncgrpo[peft]'"
+        ) from None
+    if base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():  # a path, not a hub id
+        raise ValueError(f"{path}: the adapter's base model {base} (adapter_config.json) does not exist here")
+    model, processor = load_model_and_processor(base, dtype=dtype, device=device)
+    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    model.eval()
+    folder = Path(path)
+    if any(
+        (folder / f).is_file()
+        for f in ("processor_config.json", "preprocessor_config.json", "tokenizer.json")
+    ):
+        processor = load_processor(folder, config=model.config)
+    return model, processor
 
 
 def model_id_of(path: str | Path) -> str:
