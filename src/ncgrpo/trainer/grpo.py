@@ -108,6 +108,7 @@ from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
 from ncgrpo.trainer.images import ImageNoise
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.metrics import BranchPointMetrics, StepRecord, _LocalGen
+from ncgrpo.trainer.model_card import create_model_card as _model_card
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
 from ncgrpo.trainer.shared_loss import SharedPromptLoss
 from ncgrpo.trainer.vllm import VLLMRollouts
@@ -194,6 +195,8 @@ class NCGRPOTrainer(
     Every private TRL / transformers method this class touches sits in the last section of the class
     ("the TRL seam"), each a few lines that delegate to the NC-GRPO methods above it.
     """
+
+    create_model_card = _model_card  # names NC-GRPO, the base model and the paper (TRL's: "GRPO", "[None]")
 
     def __init__(self, model, reward_funcs, args: NCGRPOConfig | None = None, *rest, **kwargs):
         if args is None:

@@ -1,0 +1,70 @@
+"""The model card NCGRPOTrainer writes at a checkpoint names NC-GRPO (the method as run), the base model
+(a local folder too: TRL wrote "a fine-tuned version of [None]") and the paper, beside GRPO and TRL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from PIL import Image
+
+from ncgrpo import NCGRPOConfig, NCGRPOTrainer
+from ncgrpo.models import load_model_and_processor
+from ncgrpo.rewards import math_reward
+
+BASE = Path(__file__).resolve().parents[2] / "src" / "ncgrpo" / "toy" / "assets" / "base"
+
+
+def _dataset(n: int = 2) -> Dataset:
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "2 + 3 = ? \\boxed{}"}]}]
+    return Dataset.from_list([{"prompt": chat, "images": [Image.new("RGB", (56, 56))], "answer": "5"}] * n)
+
+
+@pytest.mark.parametrize("method", ["latent", "vanilla"])
+def test_checkpoint_card_names_the_method_the_base_and_the_paper(tmp_path, method) -> None:
+    model, processor = load_model_and_processor(BASE, device=None)
+    args = NCGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        rollout_method=method,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=4,
+        max_steps=1,
+        schedule_k_mid=1,
+        save_strategy="steps",
+        save_steps=1,
+        report_to="none",
+        bf16=False,
+        gradient_checkpointing=False,
+    )
+    trainer = NCGRPOTrainer(
+        model=model, reward_funcs=math_reward, args=args, train_dataset=_dataset(), processing_class=processor
+    )
+    trainer.train()
+    card = (tmp_path / "run" / "README.md").read_text()  # written by TRL's _save_checkpoint
+    assert "[None]" not in card
+    assert f"the local checkpoint `{BASE}`" in card
+    assert "Perturb the Thought, Not the Pixels" in card and "@inproceedings{jerge2027perturb" in card
+    assert "DeepSeekMath" in card and "vonwerra2020trl" in card  # GRPO and TRL still cited
+    if method == "latent":
+        assert "NC-GRPO (Noise-Contrastive GRPO; G = 4: 2 clean + 2 noisy" in card and "sigma0 0.2" in card
+    else:
+        assert "vanilla GRPO" in card and "sigma0" not in card
+
+
+def test_hub_base_goes_to_the_metadata(tmp_path) -> None:
+    from ncgrpo.trainer.model_card import model_card_text
+
+    class Cfg:
+        _name_or_path = "Qwen/Qwen2.5-VL-7B-Instruct"
+
+    class T:
+        args = NCGRPOConfig(output_dir=str(tmp_path / "x"), bf16=False, num_generations=4)
+        model = type("M", (), {"config": Cfg()})()
+        _tag_names = ["trl", "grpo"]
+
+    card = model_card_text(T(), dataset_name="hiyouga/geometry3k")
+    assert "base_model: Qwen/Qwen2.5-VL-7B-Instruct" in card
+    assert "[Qwen/Qwen2.5-VL-7B-Instruct](https://huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct)" in card
+    assert "on the `hiyouga/geometry3k` dataset" in card
