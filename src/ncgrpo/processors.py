@@ -9,6 +9,20 @@ mapping changes) when this module is imported: ``AutoProcessor.from_pretrained(s
 a folder whose ``processor_config.json`` names one of them in any process that imported this module
 (:func:`ncgrpo.models.load_model_and_processor` does).
 
+A checkpoint from the hub names the upstream class (``preprocessor_config.json``'s ``processor_class``:
+``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``), which ``AutoProcessor`` cannot build
+without torchvision. :func:`from_pretrained` (what :func:`ncgrpo.models.load_processor` calls) builds it
+with ``AutoProcessor`` where torchvision is installed, and the image-only subclass of the same class
+from the same files where it is not: same image processor, tokenizer, chat template, text and image
+processing; videos are refused.
+
+A folder saved by the Qwen2-VL or Qwen2.5-VL image-only processor names it (``TinyQwen2_5_VLProcessor``),
+which ``AutoProcessor`` finds only in a process that imported this module; elsewhere it falls back to a
+bare tokenizer, with which TRL fails (``KeyError: 'pixel_values'``). :func:`name_standard_processor`
+rewrites such a folder to name :data:`STANDARD_IMAGE_ONLY_PROCESSOR`, a transformers class that does the
+same image processing with no video slot, so ``AutoProcessor.from_pretrained(folder)`` gives a working
+processor in any process, torchvision or not (the embedded base is saved so).
+
 The class names keep the ``Tiny`` prefix they were first saved under, so existing folders still load.
 """
 
@@ -16,6 +30,12 @@ from __future__ import annotations
 
 __all__ = [
     "IMAGE_ONLY_PROCESSORS",
+    "STANDARD_IMAGE_ONLY_PROCESSOR",
+    "from_pretrained",
+    "image_only_kind",
+    "image_only_processor",
+    "name_standard_processor",
+    "saved_processor_class",
     "TinyQwen2VLProcessor",
     "TinyQwen2_5_VLProcessor",
     "TinyQwen3VLProcessor",
@@ -67,3 +87,132 @@ def _register_with_auto_processor() -> None:
 
 
 _register_with_auto_processor()
+
+#: The upstream processor each image-only class stands in for, by the class name a checkpoint saves.
+_UPSTREAM = {
+    "Qwen2VLProcessor": "qwen2_vl",
+    "Qwen2_5_VLProcessor": "qwen2_5_vl",
+    "Qwen3VLProcessor": "qwen3_vl",
+}
+#: Where ``AutoProcessor`` reads the processor class, in its order (the config's model type last).
+_CLASS_FILES = (
+    "processor_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+    "tokenizer_config.json",
+)
+
+
+def saved_processor_class(path, config=None) -> str | None:
+    """The processor class a checkpoint names, found as ``AutoProcessor`` finds it: ``processor_class``
+    in the first of :data:`_CLASS_FILES` that has one, else the upstream processor of the model type
+    (``config``, or the folder's ``config.json``); ``None`` if neither names one."""
+    import json
+
+    from transformers import AutoConfig
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    from transformers.utils import cached_file
+
+    for name in _CLASS_FILES:
+        file = cached_file(
+            path,
+            name,
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            _raise_exceptions_for_gated_repo=False,
+        )
+        if file is None:
+            continue
+        with open(file, encoding="utf-8") as f:
+            found = json.load(f).get("processor_class")
+        if found:
+            return found
+    if config is None:
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except (OSError, ValueError):
+            return None
+    names = PROCESSOR_MAPPING_NAMES.get(getattr(config, "model_type", None))
+    return names if isinstance(names, str) or names is None else names[0]
+
+
+def image_only_kind(path, config=None) -> str | None:
+    """``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"qwen3_vl"`` when the checkpoint at ``path`` names that upstream
+    Qwen VL processor and torchvision is not installed, so ``AutoProcessor`` cannot build it (its video
+    processor needs torchvision); ``None`` when ``AutoProcessor`` is the way to load it."""
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        return None
+    return _UPSTREAM.get(saved_processor_class(path, config) or "")
+
+
+def from_pretrained(path, config=None, **kwargs):
+    """``AutoProcessor.from_pretrained(path, **kwargs)``, except that a checkpoint naming an upstream Qwen
+    VL processor (a hub checkpoint of Qwen2-VL, Qwen2.5-VL, Qwen3-VL or a model saved from one) loads as
+    its image-only subclass when torchvision is not installed (:func:`image_only_kind`; the upstream
+    class would raise "Qwen2VLVideoProcessor requires the Torchvision library"). Nothing is written."""
+    import logging
+
+    from transformers import AutoProcessor
+
+    kind = image_only_kind(path, config)
+    if kind is not None:
+        return IMAGE_ONLY_PROCESSORS[kind].from_pretrained(path, **kwargs)
+    # PaddleOCRVLProcessor's image_processor_class attribute makes transformers 5.2x log a deprecation
+    # warning that only transformers can act on; the loading itself is the standard one
+    log = logging.getLogger("transformers.processing_utils")
+    level = log.level
+    log.setLevel(max(level, logging.ERROR))
+    try:
+        return AutoProcessor.from_pretrained(path, **kwargs)
+    finally:
+        log.setLevel(level)
+
+
+def image_only_processor(path, **kwargs):
+    """What ``NCGRPOTrainer(model=path)`` loads in place of TRL's ``AutoProcessor.from_pretrained``:
+    the image-only processor (left padding and truncation, as TRL asks) when :func:`image_only_kind`
+    says ``AutoProcessor`` cannot build the checkpoint's processor here, else ``None`` (TRL loads it)."""
+    if image_only_kind(path) is None:
+        return None
+    return from_pretrained(path, truncation_side="left", padding_side="left", **kwargs)
+
+
+#: transformers' processor class that processes text and images exactly as ``Qwen2VLProcessor`` /
+#: ``Qwen2_5_VLProcessor`` do (each image's ``<|image_pad|>`` expanded to ``image_grid_thw.prod() //
+#: merge_size**2`` tokens, the same image processor, tokenizer and chat template; output keys and tensors
+#: equal, tests/test_processors.py) and has no video slot, so it loads without torchvision. It reads
+#: the image token from the tokenizer (``image_token`` in ``tokenizer_config.json``).
+STANDARD_IMAGE_ONLY_PROCESSOR = "PaddleOCRVLProcessor"
+_STANDARD_OK = {"TinyQwen2VLProcessor", "TinyQwen2_5_VLProcessor", STANDARD_IMAGE_ONLY_PROCESSOR}
+
+
+def name_standard_processor(folder) -> None:
+    """Make ``folder`` (saved by ``TinyQwen2_5_VLProcessor`` or ``TinyQwen2VLProcessor``) load with
+    ``AutoProcessor`` and no ncgrpo import: ``processor_class`` in ``processor_config.json`` and
+    ``tokenizer_config.json`` becomes :data:`STANDARD_IMAGE_ONLY_PROCESSOR`, and the tokenizer names its
+    image token (``"image_token": "<|image_pad|>"``, the token the Qwen processors use). Nothing else
+    changes (weights, image processor, vocabulary, chat template). Idempotent. A folder saved by another
+    processor (Qwen3-VL's, whose text settings differ) is refused."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    files = [folder / "processor_config.json", folder / "tokenizer_config.json"]
+    data = {}
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"{f}: missing; save the processor with save_pretrained first")
+        data[f] = json.loads(f.read_text(encoding="utf-8"))
+        name = data[f].get("processor_class")
+        if name not in _STANDARD_OK:
+            raise ValueError(
+                f"{f}: processor_class {name!r} is not one of {sorted(_STANDARD_OK)}; only a Qwen2-VL or "
+                "Qwen2.5-VL image-only processor's folder can name the standard class"
+            )
+    for d in data.values():
+        d["processor_class"] = STANDARD_IMAGE_ONLY_PROCESSOR
+    data[files[1]].setdefault("image_token", "<|image_pad|>")
+    for f, d in data.items():
+        f.write_text(json.dumps(d, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

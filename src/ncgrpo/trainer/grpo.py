@@ -102,6 +102,7 @@ from ncgrpo.core.plan import (
     row_noise,
 )
 from ncgrpo.core.spsa import spsa_step
+from ncgrpo.processors import image_only_processor
 from ncgrpo.runs.folder import checkpoint_weight_files
 from ncgrpo.trainer.checkpoints import CheckpointState
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
@@ -155,7 +156,7 @@ def _check_peft(model, args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
     )
     from accelerate.utils import is_peft_model
 
-    if peft_config is None and not is_peft_model(model):
+    if peft_config is None and (isinstance(model, str) or not is_peft_model(model)):  # a path: TRL loads it
         return
     if args.use_vllm and args.rollout_method != "vanilla":
         raise NotImplementedError(
@@ -208,6 +209,9 @@ class NCGRPOTrainer(
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         _check_peft(model, args, rest, kwargs)  # before TRL starts any engine
+        if isinstance(model, str) and len(rest) < 3 and kwargs.get("processing_class") is None:
+            # a hub Qwen VL checkpoint without torchvision: TRL's AutoProcessor would raise; None: TRL loads it
+            kwargs["processing_class"] = image_only_processor(model)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         self._check_share_prompt_loss()  # share_prompt_loss: refused where the packed forward is not exact
         from ncgrpo.trainer.reward_guard import guard_reward_funcs
