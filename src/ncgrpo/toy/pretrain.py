@@ -48,7 +48,7 @@ checkpoint's ``pretrain.json`` records where the default recipe lands. The mixed
 rate is constant after warm-up, so its first k steps are exactly ``pretrain(steps=k)`` and one run
 with snapshots (``on_step``) measures every mixed budget up to its length.
 :func:`ensure_base_model` returns the checkpoint committed as package data under
-``ncgrpo/assets/base`` when present, else builds one into a per-version cache.
+``src/ncgrpo/toy/assets/base`` when present, else builds one into a per-version cache.
 """
 
 from __future__ import annotations
@@ -970,7 +970,8 @@ def _file_lock(path: Path) -> Iterator[None]:
 def ensure_base_model(cache_dir: str | os.PathLike | None = None, *, use_asset: bool = True) -> Path:
     """The folder of the embedded base model, ready for ``load_model_and_processor``.
 
-    The checkpoint committed under ``ncgrpo/assets/base`` when it is there (and ``use_asset``);
+    The checkpoint committed under ``src/ncgrpo/toy/assets/base`` (:data:`ASSET_DIR`) when it is there
+    (and ``use_asset``);
     otherwise ``cache_dir`` (default ``~/.cache/ncgrpo``) ``/base-<recipe hash>``, built by
     :func:`pretrain` with the default recipe on first use. Concurrent callers serialise on a lock
     file, and the build goes to a temporary folder renamed into place, so no caller ever sees a
