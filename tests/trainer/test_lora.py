@@ -307,3 +307,16 @@ def test_cli_bad_lora_settings_exit_2(base, suite, tmp_path, capsys, flags, matc
 def test_cli_lora_without_target_modules_on_a_qwen_vl_names_the_flag(base, suite, tmp_path, capsys) -> None:
     assert main(train_args(tmp_path / "run", base, suite, "--use_peft", "true")) == 2
     assert "--lora_target_modules" in capsys.readouterr().err
+
+
+def test_the_lora_example_runs(tmp_path, capsys) -> None:
+    """examples/lora.py as a user runs it (CI runs it too), two steps."""
+    import runpy
+
+    example = runpy.run_path(str(ROOT / "examples" / "lora.py"))
+    out = tmp_path / "adapter"
+    got = example["main"](["--output_dir", str(out), "--max_steps", "2"])
+    assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert 0 < got["trainable"] < got["total"] / 10  # the adapter only
+    assert 0.3 < got["noise/rel_perturbation"] < 0.8 and got["noise/first_token_marginal_tv"] > 1e-3
+    assert "reloaded: PeftModelForCausalLM" in capsys.readouterr().out
