@@ -21,7 +21,7 @@ from PIL import Image
 
 import tiny_models as tiny
 from ncgrpo.models import load_model_and_processor, load_processor
-from ncgrpo.processors import IMAGE_ONLY_PROCESSORS, saved_processor_class
+from ncgrpo.processors import IMAGE_ONLY_PROCESSORS
 from ncgrpo.toy.model import CONTROL_TOKENS, EOS_TOKEN, PAD_TOKEN, QWEN_CHAT_TEMPLATE, build_tokenizer
 
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -223,6 +223,8 @@ def test_a_checkpoint_saved_with_a_video_processor_loads(kind, tmp_path):
 
 
 def test_saved_processor_class_reads_the_files_autoprocessor_reads(tmp_path):
+    from ncgrpo.processors import saved_processor_class
+
     path = hub_checkpoint("qwen3_vl", tmp_path / "hub", weights=False)
     assert saved_processor_class(path) == "Qwen3VLProcessor"
     for f in ("preprocessor_config.json", "video_preprocessor_config.json"):
