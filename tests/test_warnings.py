@@ -39,6 +39,14 @@ def test_gradient_checkpointing_gives_no_future_warning(value) -> None:
     assert getattr(args, "activation_checkpointing", args.gradient_checkpointing) is expected
 
 
+def test_no_pinned_memory_without_an_accelerator() -> None:
+    """torch's DataLoader warns at every epoch when asked to pin memory with no accelerator (CPU runs)."""
+    import torch
+
+    assert _config().dataloader_pin_memory is torch.accelerator.is_available()  # TRL's default where it can pin
+    assert _config(use_cpu=True).dataloader_pin_memory is False
+
+
 def test_schedule_warning_names_the_callers_line_and_the_image_methods_noise() -> None:
     with pytest.warns(UserWarning, match="never anneals") as seen:
         _config(max_steps=2, rollout_method="latent")

@@ -18,6 +18,13 @@ from ncgrpo.core.plan import (
 )
 
 
+def _has_accelerator() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
+
+
 def _caller_stacklevel() -> int:
     """``stacklevel`` for a warning raised inside ``NCGRPOConfig(...)`` that names the line that built the
     config, not the dataclass's generated ``__init__`` (``<string>``) or TRL's / transformers' /
@@ -257,6 +264,9 @@ class NCGRPOConfig(GRPOConfig):
             # because vLLM's transformers (< 5.18) has no `activation_checkpointing`, so both values move.
             self.activation_checkpointing, self.gradient_checkpointing = self.gradient_checkpointing, None
         super().__post_init__()
+        if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
+            # pinning needs an accelerator; torch's DataLoader warns at every epoch on a CPU-only machine
+            self.dataloader_pin_memory = False
         m = self.rollout_method
         if m not in ROLLOUT_METHODS:
             raise ValueError(f"rollout_method={m!r} is unknown; use one of {', '.join(ROLLOUT_METHODS)}")
