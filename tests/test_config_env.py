@@ -73,7 +73,7 @@ def test_the_resolved_config_keeps_env_and_a_rerun_from_it_restores_it(tmp_path:
         "--dataset_path",
         str(data),
         "--model_name_or_path",
-        "/m",
+        str(ROOT / "src" / "ncgrpo" / "toy" / "assets" / "base"),  # a dry run reads the model's config
         "--dry-run",
     ]
     assert main(["train", "--config", str(tmp_path / "r.yaml"), "--output_dir", str(out), *flags]) == 0

@@ -75,7 +75,7 @@ def model_folder(root: Path) -> Path:
 
 def _train(out: Path) -> list[str]:
     return ["train", "--config", str(TINY_RECIPE), "--output_dir", str(out), "--dataset_name", "geo3k",
-            "--dataset_path", str(out.parent / "no-data"), "--model_name_or_path", "/no/model", "--dry-run"]  # fmt: skip
+            "--dataset_path", str(out.parent / "no-data"), "--model_name_or_path", str(ROOT / "src/ncgrpo/toy/assets/base"), "--dry-run"]  # fmt: skip
 
 
 def _eval(out: Path) -> list[str]:

@@ -19,6 +19,8 @@ from ncgrpo.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny_cpu_latent.yaml"
+#: a model folder every dry run can read the config of (the embedded base; no weights are loaded)
+MODEL = str(ROOT / "src" / "ncgrpo" / "toy" / "assets" / "base")
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -93,7 +95,7 @@ def _parse(path: Path, *flags: str):
 # ------------------------------------------------------------------------------- fast tests
 def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path, capsys) -> None:
     out = tmp_path / "run"
-    rc = main(_args(out, geo3k, "/no/model/needed", "--dry-run", "--sigma0", "0.5", "--seed", "7"))
+    rc = main(_args(out, geo3k, MODEL, "--dry-run", "--sigma0", "0.5", "--seed", "7"))
     assert rc == 0
     assert "4 training prompts" in capsys.readouterr().out
 
@@ -101,10 +103,7 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     resolved = _parse(out / "config.yaml")
     assert resolved.get("sigma0") == 0.5 and resolved.get("output_dir") == str(out)
     assert resolved.get("run_name") == "tiny-latent" and resolved.get("max_steps") == 2
-    assert (
-        resolved.get("dataset_path") == str(geo3k)
-        and resolved.get("model_name_or_path") == "/no/model/needed"
-    )
+    assert resolved.get("dataset_path") == str(geo3k) and resolved.get("model_name_or_path") == MODEL
     text = (out / "config.yaml").read_text()
     assert f"# from {TINY_RECIPE}" in text and "--sigma0 0.5 --seed 7" in text
     assert "trainer" not in yaml.safe_load(text)  # flat: one key per field
@@ -115,7 +114,7 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
         "name": "tiny-latent",
         "method": "latent",
         "seed": 7,
-        "model": "/no/model/needed",
+        "model": MODEL,
         "recipe": str(TINY_RECIPE),
         "output_dir": str(out),
     }
@@ -128,47 +127,54 @@ def test_a_dry_run_into_a_finished_run_leaves_its_files_as_they_were(
     """A dry run checks a config against a folder; it must not rewrite the run that folder holds (it
     used to replace config.yaml and run.json, dropping ``finished: true``)."""
     out = tmp_path / "run"
-    assert main(_args(out, geo3k, "/m", "--dry-run", "--seed", "7")) == 0
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--seed", "7")) == 0
     run = json.loads((out / "run.json").read_text())
     (out / "run.json").write_text(json.dumps({**run, "finished": True, "global_step": 2}))
     before = {f: (out / f).read_bytes() for f in ("run.json", "config.yaml")}
     capsys.readouterr()
-    assert main(_args(out, geo3k, "/m", "--dry-run", "--seed", "8", "--sigma0", "0.4")) == 0
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--seed", "8", "--sigma0", "0.4")) == 0
     assert "holds a run" in capsys.readouterr().err
     assert {f: (out / f).read_bytes() for f in before} == before
 
 
-def test_dry_run_of_a_paper_recipe_needs_no_gpu(tmp_path: Path, geo3k: Path, capsys) -> None:
-    """bf16 recipes resolve and build their dataset on a CPU: the dry run does not build NCGRPOConfig."""
-    out = tmp_path / "run"
+def test_dry_run_of_a_paper_recipe_checks_what_the_run_checks(tmp_path: Path, geo3k: Path, capsys) -> None:
+    """A bf16 recipe on a machine without a GPU: the dry run refuses it as the run would (it used to
+    pass), naming the way to try it here; made runnable on the CPU, it resolves flat with its base."""
+    import torch
+
     recipe = ROOT / "recipes" / "qwen2_5_vl_7b_image.yaml"
+    argv = ["train", "--config", str(recipe), "--dataset_path", str(geo3k), "--model_name_or_path", MODEL]
+    if not torch.cuda.is_available():
+        out = tmp_path / "gpu-recipe"
+        assert main([*argv, "--output_dir", str(out), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert "bf16" in err and "--smoke" in err and not out.exists()
+    out = tmp_path / "run"
+    cpu = [
+        "--bf16",
+        "false",
+        "--use_cpu",
+        "true",
+        "--use_vllm",
+        "false",
+        "--per_device_train_batch_size",
+        "12",
+    ]
     assert (
-        main(
-            [
-                "train",
-                "--config",
-                str(recipe),
-                "--output_dir",
-                str(out),
-                "--dataset_path",
-                str(geo3k),
-                "--dry-run",
-            ]
-        )
-        == 0
+        main([*argv, *cpu, "--gradient_accumulation_steps", "1", "--output_dir", str(out), "--dry-run"]) == 0
     )
     assert "noisyrollout-image (image), 4 training prompts" in capsys.readouterr().out
     text = (out / "config.yaml").read_text()
     assert "#   base: " in text and "geo3k_qwen2_5_vl_7b.yaml" in text
     resolved = _parse(out / "config.yaml")
-    assert resolved.get("bf16") is True and resolved.get("rollout_method") == "image"
+    assert resolved.get("bf16") is False and resolved.get("rollout_method") == "image"
     assert resolved.get("gradient_checkpointing_kwargs") == {"use_reentrant": False}
     assert "base" not in yaml.safe_load(text)  # the resolved config is flat
 
 
 def test_output_dir_defaults_to_runs_slash_run_name(tmp_path: Path, geo3k: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    args = [a for a in _args(tmp_path, geo3k, "/m", "--dry-run", "--run_name", "r1") if a != "--output_dir"]
+    args = [a for a in _args(tmp_path, geo3k, MODEL, "--dry-run", "--run_name", "r1") if a != "--output_dir"]
     args.remove(str(tmp_path))
     assert main(args) == 0
     assert (tmp_path / "runs" / "r1" / "config.yaml").exists()
@@ -179,7 +185,7 @@ def test_output_dir_defaults_to_runs_slash_run_name(tmp_path: Path, geo3k: Path,
 def test_run_name_is_a_name_not_a_path(tmp_path: Path, geo3k: Path, monkeypatch, capsys, name: str) -> None:
     """runs/<run_name> must stay inside runs/: a separator or '..' is refused before anything is written."""
     monkeypatch.chdir(tmp_path)
-    args = [a for a in _args(tmp_path, geo3k, "/m", "--dry-run", "--run_name", name) if a != "--output_dir"]
+    args = [a for a in _args(tmp_path, geo3k, MODEL, "--dry-run", "--run_name", name) if a != "--output_dir"]
     args.remove(str(tmp_path))
     assert main(args) == 2
     assert "is not a name" in capsys.readouterr().err
@@ -233,7 +239,7 @@ def test_synthetic_without_path_generates_the_suite(tmp_path: Path, capsys) -> N
 
 
 def test_bad_flag_exits_2_with_suggestion(tmp_path: Path, geo3k: Path, capsys) -> None:
-    rc = main(_args(tmp_path / "run", geo3k, "/m", "--dry-run", "--sigma_0", "0.3"))
+    rc = main(_args(tmp_path / "run", geo3k, MODEL, "--dry-run", "--sigma_0", "0.3"))
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("ncgrpo train: error: unknown option --sigma_0 (did you mean '--sigma0'?)")
@@ -250,14 +256,14 @@ def test_bad_key_in_file_exits_2_naming_file(tmp_path: Path, geo3k: Path, capsys
 
 
 def test_old_override_style_is_explained(tmp_path: Path, geo3k: Path, capsys) -> None:
-    assert main(_args(tmp_path / "run", geo3k, "/m", "--dry-run", "trainer.sigma0=0.3")) == 2
+    assert main(_args(tmp_path / "run", geo3k, MODEL, "--dry-run", "trainer.sigma0=0.3")) == 2
     assert "every setting is a flag, e.g. --sigma0 0.5" in capsys.readouterr().err
 
 
 def test_refuses_folder_with_checkpoints_without_resume(tmp_path: Path, geo3k: Path, capsys) -> None:
     out = tmp_path / "run"
     (out / "checkpoint-3").mkdir(parents=True)
-    assert main(_args(out, geo3k, "/m")) == 2
+    assert main(_args(out, geo3k, MODEL)) == 2
     assert "already holds checkpoint-3; pass --resume" in capsys.readouterr().err
 
 
@@ -419,15 +425,15 @@ def _fake_complete_checkpoint(folder: Path) -> None:
 
 def test_resume_with_changed_settings_is_refused_unless_forced(tmp_path: Path, geo3k: Path, capsys) -> None:
     out = tmp_path / "run"
-    assert main(_args(out, geo3k, "/m", "--dry-run", "--sigma0", "0.2")) == 0
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--sigma0", "0.2")) == 0
     _fake_complete_checkpoint(out / "checkpoint-1")
     before = (out / "config.yaml").read_text()
-    assert main(_args(out, geo3k, "/m", "--dry-run", "--resume", "--sigma0", "0.5", "--seed", "3")) == 2
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--resume", "--sigma0", "0.5", "--seed", "3")) == 2
     err = capsys.readouterr().err
     assert "ncgrpo train: error:" in err and "sigma0: 0.2 -> 0.5" in err and "seed: 0 -> 3" in err
     assert (out / "config.yaml").read_text() == before  # the run's config was not overwritten
-    assert main(_args(out, geo3k, "/m", "--dry-run", "--resume", "--sigma0", "0.2")) == 0  # same run
-    assert main(_args(out, geo3k, "/m", "--dry-run", "--resume", "--sigma0", "0.5", "--force")) == 0
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--resume", "--sigma0", "0.2")) == 0  # same run
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--resume", "--sigma0", "0.5", "--force")) == 0
     assert "changed settings (--force)" in capsys.readouterr().err
 
 
@@ -467,7 +473,7 @@ def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Pat
     out = tmp_path / "run"
     _fake_complete_checkpoint(out / "checkpoint-2")
     (out / "checkpoint-3").mkdir()  # a kill while transformers was writing it
-    parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, "/m")[1:]).parsed_config
+    parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, MODEL)[1:]).parsed_config
     plan = prepare_run(parsed, resume=True, dry_run=True)
     assert plan.checkpoint == str(out / "checkpoint-2")
     assert any("checkpoint-3" in n for n in plan.notes)
@@ -477,7 +483,7 @@ def test_finished_run_is_not_overwritten_without_the_flag(tmp_path: Path, geo3k:
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"name": "x", "finished": True, "global_step": 60}))
-    assert main(_args(out, geo3k, "/no/model")) == 2
+    assert main(_args(out, geo3k, MODEL)) == 2
     assert "holds a finished run" in capsys.readouterr().err
     assert json.loads((out / "run.json").read_text())["finished"] is True
 
@@ -496,9 +502,9 @@ def test_checks_that_need_no_weights_run_before_the_model_loads(
             _args(
                 out,
                 geo3k,
-                "/no/such/model",
+                MODEL,
                 "--per_device_train_batch_size",
-                "32",
+                "64",
                 "--gradient_accumulation_steps",
                 "1",
             )
@@ -516,3 +522,126 @@ def test_a_prompt_over_max_prompt_length_is_an_error(
     assert main(_args(out, geo3k, tiny_vl, "--max_prompt_length", "8", "--max_steps", "1")) == 2
     err = capsys.readouterr().err
     assert "max_prompt_length=8" in err and "question_id" in err
+
+
+# ------------------------------------------------------ --dry-run checks what the run checks; writes nothing
+PAPER_RECIPE = ROOT / "recipes" / "qwen2_5_vl_7b_latent_sigma0.2.yaml"
+# the paper recipe made runnable on this CPU (transformers engine, float32) with a batch of 4 prompts x 12
+CPU_PAPER = [
+    "--bf16",
+    "false",
+    "--use_cpu",
+    "true",
+    "--use_vllm",
+    "false",
+    "--per_device_train_batch_size",
+    "12",
+]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num_generations", "7"], "num_generations"),  # odd G: the two-pass split (and TRL's batch)
+        (["--num_generations", "6"], "divisible by num_generations"),  # TRL: 16 completions per generation
+        (["--per_device_train_batch_size", "64", "--gradient_accumulation_steps", "1"], "has 4 prompts"),
+        (["--reward_weights", "1.0", "2.0"], "reward_weights has 2 weights"),
+    ],
+    ids=["odd-G", "batch-not-divisible", "data-smaller-than-a-batch", "reward-weights"],
+)
+def test_dry_run_refuses_what_the_run_refuses(
+    tmp_path: Path, geo3k: Path, capsys, flags: list, message: str
+) -> None:
+    """Each of these passed --dry-run and failed in the real run (TRL's GRPOConfig / GRPOTrainer checks)."""
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL, "--dry-run", *flags)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ncgrpo train: error:") and message in err, err
+    assert not out.exists()
+
+
+def test_dry_run_refuses_vllm_where_it_is_not_installed(tmp_path: Path, geo3k: Path, capsys) -> None:
+    from trl.import_utils import is_vllm_available
+
+    if is_vllm_available():
+        pytest.skip("vLLM is installed here")
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--use_vllm", "true")) == 2
+    assert "vLLM is not installed" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("path", ["./no-such-model", "runs/no-such-model", "models/a/b", "~/no-such-model-x"])
+def test_a_model_path_that_is_not_there_is_refused_at_once(
+    tmp_path: Path, geo3k: Path, monkeypatch, capsys, path: str
+) -> None:
+    """No hub lookup (it used to spend 32 s on retries) and nothing written (it used to write config.yaml,
+    run.json, data and a lock first)."""
+    import transformers
+
+    def no_lookup(*a, **k):
+        raise AssertionError("the model's config was looked up")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_lookup)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # runs/x with a local runs/ is a folder, not the hub namespace "runs"
+    out = tmp_path / "out"
+    for dry in ([], ["--dry-run"]):
+        assert main(_args(out, geo3k, path, *dry)) == 2
+        err = capsys.readouterr().err
+        assert "model_name_or_path " in err and "no such folder" in err and path.lstrip("~./") in err, err
+        assert not out.exists()
+
+
+def test_a_folder_that_is_not_a_model_is_refused(tmp_path: Path, geo3k: Path, capsys) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(_args(tmp_path / "out", geo3k, tmp_path / "empty", "--dry-run")) == 2
+    assert "holds no config.json" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_nothing_is_written_before_the_model_loads(tmp_path: Path, geo3k: Path, monkeypatch, capsys) -> None:
+    """A model that fails to load leaves no folder: config.yaml, run.json, the generated suite and the
+    lock are written only once it has loaded."""
+    import ncgrpo.commands.train as train
+
+    def fail(model_args):
+        raise ValueError("the weights are torn")
+
+    monkeypatch.setattr(train, "load_model", fail)
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL)) == 2
+    assert "the weights are torn" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_derived_settings_follow_their_overrides(tmp_path: Path, geo3k: Path, capsys) -> None:
+    """The paper recipe sets steps_per_generation 192 = 4 x gradient_accumulation_steps 48 and dtype
+    bfloat16 with bf16: overriding the accumulation or bf16 alone used to keep 192 (one rollout batch
+    of 768 rollouts, a run sitting at 0/2 steps) and bf16 weights."""
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(PAPER_RECIPE), "--output_dir", str(out), "--dataset_path", str(geo3k)]
+    argv += ["--model_name_or_path", MODEL, *CPU_PAPER, "--gradient_accumulation_steps", "1", "--dry-run"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "steps_per_generation 192 -> 4" in err and "dtype bfloat16 -> float32" in err
+    resolved = _parse(out / "config.yaml")
+    assert resolved.get("steps_per_generation") == 4 and resolved.get("dtype") == "float32"
+    # given explicitly, both are kept as given
+    out2 = tmp_path / "explicit"
+    argv2 = [*argv[:4], str(out2), *argv[5:], "--steps_per_generation", "1", "--dtype", "bfloat16"]
+    assert main(argv2) == 0
+    resolved = _parse(out2 / "config.yaml")
+    assert resolved.get("steps_per_generation") == 1 and resolved.get("dtype") == "bfloat16"
+
+
+def test_steps_per_generation_not_a_multiple_is_refused_when_the_accumulation_changes(
+    tmp_path: Path, geo3k: Path, capsys
+) -> None:
+    """A file whose steps_per_generation is no multiple of its accumulation states no ratio to keep:
+    overriding the accumulation alone is refused, naming both values."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"base: {TINY_RECIPE}\ngradient_accumulation_steps: 4\nsteps_per_generation: 6\n")
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL, "--config", str(recipe), "--gradient_accumulation_steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert "gradient_accumulation_steps 2" in err and "steps_per_generation 6" in err, err
+    assert "--steps_per_generation" in err and not out.exists()

@@ -5,9 +5,10 @@ As TRL's ``scripts/grpo.py``: the settings are three dataclasses parsed together
 override the file): :class:`ScriptArguments` (data and rewards), ``NCGRPOConfig`` (the trainer) and
 :class:`ModelArguments` (``trl.ModelConfig`` plus the vision settings); ``ncgrpo train --help`` lists
 them. The pipeline is :func:`prepare_run` (resolve the run folder, refuse one holding checkpoints
-unless resuming, check what needs no weights, write ``config.yaml`` and ``run.json``, build the
-datasets) then :func:`execute_run` (load the model, train through :func:`ncgrpo.runs.driver.train_run`,
-save).
+unless resuming, build the trainer's settings and the datasets, check everything that needs no weights;
+a dry run then writes ``config.yaml`` and ``run.json`` and stops) then :func:`execute_run` (load the
+model, then write the run folder, train through :func:`ncgrpo.runs.driver.train_run`, save). ``--smoke``
+shrinks any recipe to a CPU minute on the embedded base (:func:`apply_smoke`).
 """
 
 from __future__ import annotations
@@ -332,16 +333,49 @@ class RunPlan:
     checkpoint: str | None  # resume from here (None: from scratch)
     script_args: ScriptArguments
     model_args: ModelArguments
-    training_args: Any  # NCGRPOConfig; None for a dry run
+    training_args: Any  # NCGRPOConfig
     train_dataset: Any
     eval_dataset: Any
     run_info: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     main_process: bool = True  # this process writes files and prints
-    lock: Any = None  # the folder's FolderLock, held by the main process until release()
+    lock: Any = None  # the folder's FolderLock, taken by write_folder(), held until release()
+    config_text: str = ""  # the resolved config.yaml
+    staging: Path | None = None  # a generated synthetic suite, moved into the folder by write_folder()
+    dry_run: bool = False
+    keep: bool = False  # a dry run into a folder that holds a run: its files are left as they are
+
+    def write_folder(self) -> None:
+        """Take the folder's lock and write ``config.yaml``, ``run.json`` and the generated data (the
+        main process; :func:`prepare_run` calls it at the end of a dry run, :func:`execute_run` once the
+        model has loaded). The lock stays held until :meth:`release`."""
+        import shutil
+
+        try:
+            if self.main_process and not self.keep:
+                self.lock.acquire()
+                if self.staging is not None:
+                    target = self.output_dir / "synthetic-data"
+                    if not target.exists():
+                        shutil.move(str(self.staging / "synthetic-data"), str(target))
+                atomic_write_text(self.output_dir / CONFIG_FILE, self.config_text)
+                atomic_write_json(self.output_dir / RUN_FILE, self.run_info)
+        except BaseException:
+            self.release()
+            raise
+        finally:
+            if self.staging is not None:
+                shutil.rmtree(self.staging, ignore_errors=True)
+                self.staging = None
 
     def release(self) -> None:
-        """Let go of the run folder (:func:`execute_run` does at its end); idempotent."""
+        """Let go of the run folder (:func:`execute_run` does at its end) and of a staged suite never
+        written; idempotent."""
+        if self.staging is not None:
+            import shutil
+
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
         if self.lock is not None:
             self.lock.release()
 
@@ -363,15 +397,257 @@ def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str
     return keys_of(dataclass_types if dataclass_types is not None else train_dataclasses())
 
 
-def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset) -> None:
-    """Checks that need no weights: the noise site against the model's config, and the dataset
-    against one generation batch (TRL would otherwise train 0 steps and save the base weights)."""
+# ------------------------------------------------------------------------ --smoke, derived settings
+#: Where a setting came from when :func:`--smoke <apply_smoke>` set it (the other origins: a config
+#: file's path, :data:`COMMAND_LINE`).
+SMOKE = "--smoke"
+COMMAND_LINE = "the command line"
+#: What ``--smoke`` sets (each unless given on the command line): the embedded base and the synthetic
+#: suite instead of the recipe's model and data, one prompt's group per micro-batch, two rollout
+#: batches, 48-token answers, float32 on the transformers engine, and ``branch_prefix '<think>'`` (on the
+#: embedded base the first token after the generation prompt is ``<think>`` with probability ~1, which
+#: leaves the paper's final-norm noise inert; the prefix moves the branch point to the first reasoning
+#: token: README, "Read marginal TV"). Kept from the recipe: the method and its settings, G, the
+#: reward, the optimizer, the ratio ``steps_per_generation / gradient_accumulation_steps`` (updates per
+#: rollout batch) and eq. (3)'s schedule scaled to the shorter run. ``model_name_or_path`` is filled in
+#: by :func:`smoke_settings`; ``per_device_train_batch_size``, ``max_steps``, ``schedule_k_mid`` and a
+#: layer ``noise_site`` are derived from the recipe there.
+SMOKE_SETTINGS: dict[str, Any] = {
+    "dataset_name": "synthetic",
+    "dataset_path": None,
+    "dataset_train_limit": 16,
+    "eval_dataset_name": None,
+    "eval_dataset_path": None,
+    "eval_dataset_limit": 12,
+    "min_pixels": None,
+    "max_pixels": None,
+    "gradient_accumulation_steps": 1,
+    "max_completion_length": 48,
+    "bf16": False,
+    "fp16": False,
+    "gradient_checkpointing": False,
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "branch_prefix": "<think>",
+    "logging_steps": 1,
+    "report_to": ["none"],
+}
+#: Rollout batches a smoke run trains (the schedule's K in generations).
+SMOKE_GENERATIONS = 2
+
+
+def command_line_keys(parsed) -> set[str]:
+    """The fields the command line gave (``--x``, ``--x=v``, ``--x-y``, ``--no_x``), from ``parsed.argv``."""
+    fields = {k for t in parsed.types for k in parsed.values[t]}
+    given = set()
+    for tok in parsed.argv:
+        if not tok.startswith("--"):
+            continue
+        name = tok[2:].split("=", 1)[0].replace("-", "_")
+        if name in fields:
+            given.add(name)
+        elif name.startswith("no_") and name[3:] in fields:
+            given.add(name[3:])
+    return given
+
+
+def _file_values(parsed) -> dict[str, Any]:
+    """The config file's values (its ``base:`` chain merged), as written."""
+    if not parsed.config:
+        return {}
+    from ncgrpo.config import load_config_file
+
+    return dict(load_config_file(parsed.config).values)
+
+
+def smoke_settings(parsed) -> dict[str, Any]:
+    """:data:`SMOKE_SETTINGS` for this recipe, with what is derived from it: the embedded base as the
+    model, ``per_device_train_batch_size`` = G (one prompt's group per micro-batch), ``max_steps`` =
+    :data:`SMOKE_GENERATIONS` rollout batches at the recipe's updates per rollout batch,
+    ``schedule_k_mid`` scaled by the same factor as ``max_steps`` (eq. (3) anneals at the same point of
+    the run), a layer ``noise_site`` past the embedded base's layers moved to its middle layer, and
+    ``run_name`` + ``-smoke`` (so the default output folder is not the full run's)."""
+    from ncgrpo.core.noise import parse_noise_site
+    from ncgrpo.models import text_layers
+    from ncgrpo.toy.pretrain import ensure_base_model
+
+    base = ensure_base_model()
+    out = dict(SMOKE_SETTINGS)
+    out["model_name_or_path"] = str(base)
+    g = int(parsed.get("num_generations") or 2)
+    ga = int(parsed.get("gradient_accumulation_steps") or 1)
+    spg = parsed.get("steps_per_generation")
+    updates = spg // ga if spg is not None and spg % ga == 0 and spg >= ga else 1
+    out["per_device_train_batch_size"] = g
+    out["max_steps"] = SMOKE_GENERATIONS * updates
+    max_steps = parsed.get("max_steps")
+    if max_steps and max_steps > 0 and parsed.get("schedule_k_mid") is not None:
+        out["schedule_k_mid"] = round(float(parsed.get("schedule_k_mid")) * out["max_steps"] / max_steps, 4)
+    site = parse_noise_site(str(parsed.get("noise_site")))
+    layers = text_layers(base)
+    if site != "final_norm" and layers is not None and max(site) >= layers:
+        out["noise_site"] = str(layers // 2)
+    name = parsed.get("run_name") or (Path(parsed.config).stem if parsed.config else "ncgrpo")
+    out["run_name"] = f"{name}-smoke"
+    return out
+
+
+def apply_smoke(parsed, given: set[str]) -> tuple[list[str], set[str]]:
+    """Overlay :func:`smoke_settings` on the recipe (a flag given on the command line still wins);
+    returns the notes (what changed) and the keys it set."""
+    notes = []
+    settings = smoke_settings(parsed)
+    applied = set()
+    for key, value in settings.items():
+        if key in given:
+            continue
+        before = parsed.get(key)
+        parsed.set(key, value)
+        applied.add(key)
+        if key in ("noise_site", "schedule_k_mid") and before != value:
+            why = (
+                "the embedded base has no such layer; its middle one"
+                if key == "noise_site"
+                else "scaled with max_steps"
+            )
+            notes.append(f"--smoke: {key} {before} -> {value} ({why})")
+    notes.append(
+        f"--smoke: {parsed.get('rollout_method')} on the embedded base ({settings['model_name_or_path']}), "
+        f"{parsed.get('max_steps')} steps, G={parsed.get('num_generations')}, "
+        f"branch_prefix {parsed.get('branch_prefix')!r}, the synthetic suite"
+    )
+    return notes, applied
+
+
+def resolve_derived(parsed, overridden: set[str], file_values: dict[str, Any]) -> list[str]:
+    """Settings a file states as functions of others follow an override of those others, or the run is
+    refused naming both values; returns notes. ``overridden``: the keys the command line (or
+    ``--smoke``) set over the file.
+
+    - ``steps_per_generation`` (micro-batches per rollout batch): a file that sets it with
+      ``gradient_accumulation_steps`` sets the updates per rollout batch (the recipes: 192 / 48 = 4); an
+      override of ``gradient_accumulation_steps`` alone keeps that ratio. Where the file's value is no
+      multiple of it, or the file sets ``steps_per_generation`` alone, the override is refused.
+    - ``dtype`` (the weights as loaded) follows ``bf16`` / ``fp16`` when those are overridden and
+      ``dtype`` is not: ``--bf16 false`` on a bf16 recipe loads float32 weights.
+    """
+    notes = []
+    ga_key, spg_key = "gradient_accumulation_steps", "steps_per_generation"
+    file_spg = file_values.get(spg_key)
+    if ga_key in overridden and spg_key not in overridden and file_spg is not None:
+        ga = parsed.get(ga_key)
+        file_ga = file_values.get(ga_key)
+        where = parsed.config
+        if file_ga is None or file_spg % file_ga != 0:
+            stated = f"with gradient_accumulation_steps {file_ga}" if file_ga is not None else "alone"
+            raise ValueError(
+                f"gradient_accumulation_steps {ga} overrides {where}, but its steps_per_generation {file_spg} "
+                f"(set {stated}) was not: TRL would generate {file_spg} micro-batches per rollout batch, "
+                f"{file_spg / ga:g} updates of {ga} micro-batches each; pass --steps_per_generation too"
+            )
+        new = file_spg // file_ga * ga
+        if new != parsed.get(spg_key):
+            notes.append(
+                f"steps_per_generation {file_spg} -> {new}: {where} sets it to {file_spg // file_ga} x "
+                f"gradient_accumulation_steps ({file_spg // file_ga} updates per rollout batch), which is "
+                f"now {ga}; pass --steps_per_generation to set it yourself"
+            )
+            parsed.set(spg_key, new)
+    if "dtype" not in overridden and {"bf16", "fp16"} & overridden:
+        dtype = parsed.get("dtype")
+        bf16, fp16 = parsed.get("bf16"), parsed.get("fp16")
+        mixed = "bfloat16" if bf16 else "float16" if fp16 else "float32"
+        if dtype in ("bfloat16", "float16", "float32") and dtype != mixed:
+            flag = "bf16" if "bf16" in overridden else "fp16"
+            notes.append(
+                f"dtype {dtype} -> {mixed}: the weights follow {flag}={parsed.get(flag)}; "
+                "pass --dtype to load them otherwise"
+            )
+            parsed.set("dtype", mixed)
+    return notes
+
+
+# --------------------------------------------------------------------- checks before the model
+def _looks_like_a_path(name: str) -> bool:
+    """Whether a missing ``model_name_or_path`` is meant as a local folder (not a hub id ORG/NAME)."""
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.endswith("/") or name.count("/") > 1:
+        return True
+    if "/" in name and Path(name.split("/", 1)[0]).is_dir():
+        return True  # runs/my-model with a local runs/: a folder, not the hub namespace "runs"
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def check_model_source(name: str) -> None:
+    """Refuse, with no hub lookup, a ``model_name_or_path`` that names a folder that is not there (or a
+    file, or a folder with no ``config.json``); a hub id ``ORG/NAME`` is looked up (cache first) by
+    :func:`_model_config`. With ``HF_HUB_OFFLINE`` set, a hub id missing from the cache is refused here."""
+    p = Path(name)
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(
+                f"model_name_or_path {name}: is a file; pass the folder save_pretrained wrote (or a hub id)"
+            )
+        if not (p / "config.json").is_file():
+            raise ValueError(
+                f"model_name_or_path {name}: the folder holds no config.json, so it is not a model saved with "
+                "save_pretrained"
+            )
+        return
+    if _looks_like_a_path(name):
+        raise ValueError(
+            f"model_name_or_path {name}: no such folder ({p.absolute()}); pass a folder written by "
+            "save_pretrained, or a hub id ORG/NAME"
+        )
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise ValueError(
+            f"model_name_or_path {name}: not a local folder, and not in the hub cache ({constants.HF_HUB_CACHE}) "
+            "while HF_HUB_OFFLINE is set"
+        )
+
+
+def _model_config(name: str):
+    """The model's config (no weights): the first thing ``from_pretrained`` reads."""
+    from transformers import AutoConfig
+
+    import ncgrpo.processors  # noqa: F401 - registers the embedded base's classes where it has its own
+
+    try:
+        return AutoConfig.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001 - any reason it does not load is the user's to see, named
+        where = "folder" if Path(name).is_dir() else "hub id (not a local folder)"
+        raise ValueError(f"model_name_or_path {name}: its config does not load as a {where}: {e}") from None
+
+
+def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset, script_args=None) -> None:
+    """Checks that need no weights, the ones the trainer would otherwise make after the model loads:
+    the model's source and config (:func:`check_model_source`), the noise site against its layers, the
+    dataset against one generation batch (TRL would otherwise train 0 steps and save the base weights),
+    and what ``GRPOTrainer.__init__`` / ``NCGRPOTrainer.__init__`` refuse before they generate (vLLM
+    installed for ``use_vllm``, one weight per reward, continuous batching with a processor,
+    ``share_prompt_loss`` against the model and attention, several GPUs in one process)."""
+    from ncgrpo.core.noise import parse_noise_site
     from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
-    from ncgrpo.models import check_noise_site
 
     a = plan_args
+    name = model_args.model_name_or_path
+    check_model_source(name)
+    config = _model_config(name)
     if a.rollout_method in HIDDEN_NOISE_METHODS:
-        check_noise_site(a.noise_site, model_args.model_name_or_path)
+        site = parse_noise_site(a.noise_site)
+        layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+        if site != "final_norm" and layers is not None and max(site) >= layers:
+            raise ValueError(
+                f"noise_site={a.noise_site!r} names layer {max(site)} but {name} has "
+                f"{layers} decoder layers (0..{layers - 1})"
+            )
     per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
     prompts_needed = per_generation // a.num_generations
     if len(train_dataset) < prompts_needed:
@@ -381,6 +657,69 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
             f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
             f"{a.num_generations}); use more data or a smaller batch"
         )
+    if a.use_vllm:
+        from trl.import_utils import is_vllm_available
+
+        if not is_vllm_available():
+            raise ValueError(
+                "use_vllm=true, but vLLM is not installed here: pip install -e '.[vllm]' (a GPU wheel), "
+                "or --use_vllm false for the transformers engine"
+            )
+    if script_args is not None and a.reward_weights is not None:
+        if len(a.reward_weights) != len(script_args.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(a.reward_weights)} weights but reward_funcs names "
+                f"{len(script_args.reward_funcs)} functions ({', '.join(script_args.reward_funcs)})"
+            )
+    from ncgrpo.models import is_vision_language
+
+    if a.use_transformers_continuous_batching and is_vision_language(config):
+        raise ValueError(
+            "use_transformers_continuous_batching does not support vision-language models (TRL); set it false"
+        )
+    if a.share_prompt_loss:
+        from ncgrpo.trainer.shared_loss import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES
+
+        attn = model_args.attn_implementation or "sdpa"
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"share_prompt_loss=True: {name}'s model_type {config.model_type!r} is not one it is tested on "
+                f"({', '.join(SUPPORTED_MODEL_TYPES)}); set share_prompt_loss=False."
+            )
+        if attn not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"share_prompt_loss=True needs a 4-D attention mask, which attn_implementation={attn!r} does "
+                "not take; use sdpa (or eager), or set share_prompt_loss=False."
+            )
+    if a.n_gpu > 1:
+        raise ValueError(
+            f"{a.n_gpu} GPUs are visible to one process, which the trainer refuses (nn.DataParallel); launch "
+            "with accelerate launch (recipes/accelerate/) or make one GPU visible with CUDA_VISIBLE_DEVICES"
+        )
+
+
+def _trainer_config(parsed):
+    """``NCGRPOConfig`` from the parsed settings, as the real run builds it (in a dry run too)."""
+    from ncgrpo.trainer import NCGRPOConfig
+
+    where = parsed.config or "the command line"
+    try:
+        return parsed.build(NCGRPOConfig)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        hint = ""
+        if "bf16" in str(e) or "fp16" in str(e):
+            hint = (
+                " (a recipe for GPUs on a machine without one: --smoke tries it small on the CPU; "
+                "--bf16 false --use_cpu true runs it as is)"
+            )
+        raise ValueError(f"{where}: trainer settings rejected by NCGRPOConfig: {e}{hint}") from None
+
+
+def _needs_generated_suite(script_args: ScriptArguments) -> bool:
+    s = script_args
+    return (s.dataset_name == "synthetic" and s.dataset_path is None) or (
+        bool(s.eval_dataset_splits) and s.eval_name == "synthetic" and s.eval_path is None
+    )
 
 
 def prepare_run(
@@ -390,34 +729,49 @@ def prepare_run(
     dry_run: bool = False,
     force: bool = False,
     overwrite: bool = False,
+    smoke: bool = False,
     synthetic: Callable[[Path, int], Any] | None = None,
 ) -> RunPlan:
     """Everything before the model: from a :class:`ncgrpo.config.ParsedConfig` of
-    :func:`train_dataclasses` to a :class:`RunPlan`.
+    :func:`train_dataclasses` to a :class:`RunPlan`. Nothing is written into the run folder here but by
+    a dry run once every check has passed; a real run writes it in :func:`execute_run`, once the model
+    has loaded (:meth:`RunPlan.write_folder`).
 
-    ``run_name`` defaults to the config file's stem and ``output_dir`` to ``runs/<run_name>``; both are
-    recorded in the resolved config. Refused before anything is written:
+    ``smoke``: the recipe shrunk to a CPU minute (:func:`apply_smoke`). Then settings derived from
+    others follow their overrides (:func:`resolve_derived`). ``run_name`` defaults to the config file's
+    stem and ``output_dir`` to ``runs/<run_name>``; both are recorded in the resolved config. Refused,
+    each in a dry run too:
 
     - a folder another process is writing (its lock, :class:`ncgrpo.runs.folder.FolderLock`, names the
       holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
       :func:`ncgrpo.runs.folder.folder_kind`);
-    - a folder holding ``checkpoint-*`` without ``resume`` (or ``dry_run``);
-    - a folder whose ``run.json`` says the run finished, unless ``overwrite``;
+    - a folder holding ``checkpoint-*`` without ``resume`` (not in a dry run, which writes no run);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem);
     - ``resume`` with settings that change the run (:func:`run_identity_keys`) unless ``force``;
-    - trainer settings ``NCGRPOConfig`` rejects (not built in a dry run, which needs no accelerator);
-    - a noise site past the model's layers (read from its config, before the weights) and a training
-      set smaller than one generation batch.
+    - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
+    - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
+      lookup), a config that does not load, a noise site past the model's layers, a training set
+      smaller than one generation batch, what the trainer's constructor refuses.
 
     ``resume`` continues from the newest COMPLETE checkpoint
     (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
-    Then the main process takes the folder's lock (held until :meth:`RunPlan.release`, which
-    :func:`execute_run` calls), builds the datasets and writes ``config.yaml`` and ``run.json`` (a dry
-    run into a folder that already holds a run leaves both as they are).
+    A synthetic suite the run generates (``dataset_name synthetic``, no path) is built in a temporary
+    folder and moved to ``OUTPUT/synthetic-data`` when the folder is written.
     """
+    import shutil
+    import tempfile
+
     from accelerate import PartialState
 
-    from ncgrpo.trainer import NCGRPOConfig
-
+    notes: list[str] = []
+    given = command_line_keys(parsed)
+    file_values = _file_values(parsed)
+    overridden = set(given)
+    if smoke:
+        smoke_notes, applied = apply_smoke(parsed, given)
+        notes += smoke_notes
+        overridden |= applied
+    notes += resolve_derived(parsed, overridden, file_values)
     script_args = parsed.build(ScriptArguments)
     model_args = parsed.build(ModelArguments)
     name = parsed.get("run_name") or (Path(parsed.config).stem if parsed.config else "ncgrpo")
@@ -436,7 +790,6 @@ def prepare_run(
 
     import yaml
 
-    notes = []
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
     if any_checkpoint and not resume and not dry_run:
         raise ValueError(
@@ -470,17 +823,11 @@ def prepare_run(
             if changed:
                 notes.append("resuming with changed settings (--force): " + "; ".join(changed))
 
-    training_args = None
-    if not dry_run:
-        try:
-            training_args = parsed.build(NCGRPOConfig)
-        except (TypeError, ValueError) as e:
-            where = parsed.config or "the command line"
-            raise ValueError(f"{where}: trainer settings rejected by NCGRPOConfig: {e}") from None
-        # initialise the distributed state with the config's settings (backend, timeout) before the
-        # PartialState below shares it
-        _ = training_args.device
-
+    training_args = _trainer_config(parsed)
+    # initialise the distributed state with the config's settings (backend, timeout) before the
+    # PartialState below shares it
+    _ = training_args.device
+    state = PartialState()
     run_info = {
         "kind": "train",
         "name": name,
@@ -490,28 +837,27 @@ def prepare_run(
         "recipe": parsed.config,
         "output_dir": str(output_dir),
     }
-    state = PartialState()
-    if state.is_main_process:
-        lock.acquire()
+    # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
+    # say what that run was, finished or not); into a new folder it writes the resolved config
+    keep = dry_run and (previous is not None or bool(any_checkpoint))
+    staging = None
+    data_dir = output_dir
+    if _needs_generated_suite(script_args) and not (output_dir / "synthetic-data" / "data").is_dir():
+        staging = Path(tempfile.mkdtemp(prefix="ncgrpo-train-data-"))
+        data_dir = staging
     try:
-        with state.main_process_first():
-            train_ds, eval_ds = build_datasets(script_args, output_dir, seed=seed, synthetic=synthetic)
-        if training_args is not None:
-            _check_before_the_model(training_args, model_args, train_ds)
-        # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
-        # say what that run was, finished or not); into a new folder it writes the resolved config
-        keep = dry_run and (previous is not None or bool(any_checkpoint))
-        if keep:
-            notes.append(
-                f"dry run: {output_dir} holds a run; its {CONFIG_FILE} and {RUN_FILE} are left as they are"
-            )
-        if state.is_main_process and not keep:
-            atomic_write_text(output_dir / CONFIG_FILE, parsed.to_yaml())
-            atomic_write_json(output_dir / RUN_FILE, run_info)
+        check_model_source(model_args.model_name_or_path)  # before the data: a typo costs no suite
+        train_ds, eval_ds = build_datasets(script_args, data_dir, seed=seed, synthetic=synthetic)
+        _check_before_the_model(training_args, model_args, train_ds, script_args)
     except BaseException:
-        lock.release()
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
-    return RunPlan(
+    if keep:
+        notes.append(
+            f"dry run: {output_dir} holds a run; its {CONFIG_FILE} and {RUN_FILE} are left as they are"
+        )
+    plan = RunPlan(
         name=name,
         method=method,
         seed=seed,
@@ -526,7 +872,17 @@ def prepare_run(
         notes=notes,
         main_process=state.is_main_process,
         lock=lock,
+        config_text=parsed.to_yaml(),
+        staging=staging,
+        dry_run=dry_run,
+        keep=keep,
     )
+    if dry_run:
+        try:
+            plan.write_folder()
+        finally:
+            plan.release()
+    return plan
 
 
 def reward_functions(names: Sequence[str]) -> list:
@@ -592,10 +948,11 @@ def execute_run(plan: RunPlan):
     folder then holds the adapter, not full weights); the run folder's lock is released at the end."""
     from ncgrpo.runs.driver import train_run
 
-    if plan.training_args is None:
-        raise ValueError("a dry-run plan has no trainer settings; prepare it with dry_run=False")
+    if plan.dry_run:
+        raise ValueError("a dry-run plan is not trained; prepare it with dry_run=False")
     try:
         model, processor = load_model(plan.model_args)
+        plan.write_folder()  # nothing is written before the model has loaded
         return train_run(
             plan.training_args,
             model,
@@ -640,7 +997,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--dry-run",
         "--dry_run",
         action="store_true",
-        help="resolve the config, write it and build the dataset, then stop (no model)",
+        help="every check the run makes before it loads the model (settings, the model's config, the data "
+        "against the batch), then write the resolved config and stop (no weights loaded)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the recipe shrunk to a CPU minute: same method and settings, on the embedded base and the "
+        "synthetic suite, two rollout batches, G kept (recipes/README.md, 'Trying a recipe small'); "
+        "flags given here still override",
     )
     p.set_defaults(func=run)
     return p
@@ -659,6 +1024,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         force=args.force,
         overwrite=args.overwrite,
+        smoke=args.smoke,
         synthetic=_synthetic_suite,
     )
     if plan.main_process:
