@@ -320,3 +320,54 @@ def test_the_lora_example_runs(tmp_path, capsys) -> None:
     assert 0 < got["trainable"] < got["total"] / 10  # the adapter only
     assert 0.3 < got["noise/rel_perturbation"] < 0.8 and got["noise/first_token_marginal_tv"] > 1e-3
     assert "reloaded: PeftModelForCausalLM" in capsys.readouterr().out
+
+
+def test_cli_lora_run_resumes_from_its_adapter_checkpoint(base, suite, tmp_path, capsys) -> None:
+    """--resume continues a LoRA run from its newest complete checkpoint (adapter weights, optimizer,
+    NC-GRPO state): an adapter checkpoint counts as complete, and the resumed run starts from its adapter."""
+    import safetensors.torch
+
+    from ncgrpo.runs.folder import checkpoint_problem
+
+    out = tmp_path / "run"
+    common = (*LORA_FLAGS, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
+    assert main(train_args(out, base, suite, *common)) == 0
+    ckpt = out / "checkpoint-1"
+    assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "ncgrpo_state.pt").is_file()
+    assert checkpoint_problem(ckpt, "latent") is None
+    saved = safetensors.torch.load_file(str(ckpt / "adapter_model.safetensors"))
+    assert any(v.abs().max() > 0 for k, v in saved.items() if "lora_B" in k)  # a trained adapter
+    # as if killed before checkpoint-2 was complete: resume from checkpoint-1
+    import shutil
+
+    shutil.rmtree(out / "checkpoint-2")
+    run = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**run, "finished": False}))
+    loaded = {}
+    original = NCGRPOTrainer._load_from_checkpoint
+
+    def remember(trainer_self, checkpoint, model=None):
+        result = original(trainer_self, checkpoint, model)
+        loaded.update(
+            {
+                n.replace(".default", ""): p.detach().clone()
+                for n, p in trainer_self.model.named_parameters()
+                if "lora_" in n
+            }
+        )
+        return result
+
+    capsys.readouterr()
+    try:
+        NCGRPOTrainer._load_from_checkpoint = remember
+        assert main(train_args(out, base, suite, *common, "--resume")) == 0
+    finally:
+        NCGRPOTrainer._load_from_checkpoint = original
+    assert "no complete checkpoint" not in capsys.readouterr().err
+    assert loaded.keys() == saved.keys()
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved)  # checkpoint-1's adapter, not a fresh one
+    steps = [
+        r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    ]
+    assert steps == [1, 2]
+    assert json.loads((out / "run.json").read_text())["global_step"] == 2

@@ -343,7 +343,7 @@ def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None)
 
     Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
     (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
-    exist (a safetensors file or index), ``optimizer.pt`` unless the state says nothing was saved
+    exist (a safetensors file or index; a PEFT run's adapter weights), ``optimizer.pt`` unless the state says nothing was saved
     beyond the model, and, for every NC-GRPO method, ``ncgrpo_state.pt`` loads (it is written
     first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
     by a kill is incomplete; so is one whose files were torn.
@@ -357,7 +357,9 @@ def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None)
             json.load(f)
     except (OSError, ValueError) as e:
         return f"{state_path} is missing or torn ({type(e).__name__})"
-    if not checkpoint_weight_files(ckpt) and not os.path.isfile(os.path.join(ckpt, "pytorch_model.bin")):
+    # a PEFT run's checkpoints hold the adapter (adapter_model.*), which is what its resume loads
+    other = ("pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
+    if not checkpoint_weight_files(ckpt) and not any(os.path.isfile(os.path.join(ckpt, f)) for f in other):
         return f"{ckpt} has no model weights"
     if not os.path.isfile(os.path.join(ckpt, "optimizer.pt")) and os.path.isfile(
         os.path.join(ckpt, "scheduler.pt")
