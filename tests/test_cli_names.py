@@ -87,7 +87,7 @@ def test_old_spellings_parse_with_a_deprecation_message(monkeypatch, tmp_path, c
                      ("method", "rollout_method"), ("threads", "num_threads"),
                      ("max_new_tokens", "max_completion_length"), ("model", "model_name_or_path"),
                      ("out", "output_file")]:  # fmt: skip
-        assert f"--{old} is deprecated and will be removed in the next release; use --{new}" in err
+        assert f"--{old} is deprecated and will be removed in ncgrpo 0.2.0; use --{new}" in err
     a = seen["args"]
     assert (a.sigma0, a.noise_site, a.noise_layer_decay, a.rollout_method) == (
         [0.1, 0.3],
@@ -109,9 +109,7 @@ def test_old_spellings_parse_with_a_deprecation_message(monkeypatch, tmp_path, c
     err = capsys.readouterr().err
     for old, new in [("model", "model_name_or_path"), ("out", "output_dir"), ("no_progress", "progress"),
                      ("method", "rollout_method")]:  # fmt: skip
-        assert (
-            f"{conf}: key '{old}' is deprecated and will be removed in the next release; use '{new}'" in err
-        )
+        assert f"{conf}: key '{old}' is deprecated and will be removed in ncgrpo 0.2.0; use '{new}'" in err
 
 
 def test_an_old_and_a_new_key_for_one_setting_is_an_error(tmp_path, capsys) -> None:

@@ -55,7 +55,8 @@ CONFIG_FLAG = "--config"
 #: command's setting is another thing of the same kind, the first of these names the command has: the
 #: probe writes one file, ``output_file``, not a folder). A parser accepts an old spelling (as a flag or
 #: a config key, with a deprecation message on stderr) where it has the new field and no field of the
-#: old name, until the next release.
+#: old name, until they are removed in :data:`RENAMED_REMOVED_IN` (CHANGELOG.md).
+RENAMED_REMOVED_IN = "0.2.0"
 RENAMED: dict[str, tuple[str, ...]] = {
     "sigma": ("sigma0",),
     "site": ("noise_site",),
@@ -76,7 +77,7 @@ def _deprecated(old: str, new: str, where: str | None = None) -> None:
     what = f"{where}: key '{old}'" if where else f"--{old}"
     now = f"'{new}'" if where else f"--{new}"
     print(
-        f"ncgrpo: warning: {what} is deprecated and will be removed in the next release; use {now}",
+        f"ncgrpo: warning: {what} is deprecated and will be removed in ncgrpo {RENAMED_REMOVED_IN}; use {now}",
         file=sys.stderr,
     )
 

@@ -118,7 +118,7 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path, capsys) -> None:
     assert "ncgrpo demo: error: stop here" in err
     # the old spellings still work for one release, each with a deprecation message
     for old, new in (("out", "output_dir"), ("steps", "max_steps"), ("threads", "num_threads")):
-        assert f"--{old} is deprecated and will be removed in the next release; use --{new}" in err
+        assert f"--{old} is deprecated and will be removed in ncgrpo 0.2.0; use --{new}" in err
     cfg = seen["cfg"]
     assert (cfg.output_dir, cfg.max_steps, cfg.seeds, cfg.sigma0, cfg.all_methods) == (
         tmp_path,
