@@ -267,7 +267,7 @@ def test_cli_lora_run_saves_an_adapter_that_eval_loads(base, suite, tmp_path, ca
 def test_eval_loads_the_adapter_merged(base, tmp_path) -> None:
     """``load_for_eval`` of an adapter folder is the base with the adapter merged in (same logits as the
     PeftModel); --engine vllm refuses the folder with the reason."""
-    from ncgrpo.eval.evaluate import adapter_base, load_for_eval
+    from ncgrpo.eval.evaluate import adapter_base, config_reads_images, load_for_eval
 
     model, processor = load_base(base)
     torch.manual_seed(1)
@@ -276,6 +276,7 @@ def test_eval_loads_the_adapter_merged(base, tmp_path) -> None:
     pm.save_pretrained(str(folder))
     processor.save_pretrained(str(folder))
     assert adapter_base(folder) == str(base) and adapter_base(base) is None
+    assert config_reads_images(folder) is True  # the base's config: a vision-language model
     merged, proc = load_for_eval(folder, dtype="float32", device="cpu")
     assert not isinstance(merged, PeftModel)
     x = tokenizer_of(proc)(["What is 2 + 2?"], return_tensors="pt")

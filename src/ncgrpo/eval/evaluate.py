@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ncgrpo.data.prompts import build_messages, prompt_hash, render_prompt
+from ncgrpo.data.prompts import build_messages, image_hash, prompt_hash, render_prompt
 from ncgrpo.data.types import MATH_PROMPT, Question
 from ncgrpo.eval.records import (
     RECORDS_FILE,
@@ -281,7 +281,8 @@ def check_images(questions: Sequence[Question], reads_images: bool | None, model
 
 def config_reads_images(path: str | Path) -> bool | None:
     """Whether the model at ``path`` is a vision-language model, from its config alone (no weights);
-    None if the config cannot be read here (the model load then names the problem)."""
+    None if the config cannot be read here (the model load then names the problem). A PEFT adapter
+    folder is its base model's config."""
     from ncgrpo.models import is_vision_language
 
     try:
@@ -289,7 +290,7 @@ def config_reads_images(path: str | Path) -> bool | None:
 
         import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL classes)
 
-        return is_vision_language(AutoConfig.from_pretrained(path))
+        return is_vision_language(AutoConfig.from_pretrained(adapter_base(path) or path))
     except Exception:  # noqa: BLE001 - unreadable here: the model load names the problem
         return None
 
@@ -506,6 +507,7 @@ def _evaluate_locked(
                         checkpoint=run_info["checkpoint"],
                         seed=run_info["seed"],
                         decoding=decoding,
+                        image_hash=image_hash(q.images),
                     )
                 )
             writer.write(recs)
