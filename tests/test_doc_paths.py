@@ -16,7 +16,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PREFIXES = ("docs", "recipes", "src", "tests", "scripts", "benchmarks", "examples", ".ci")
 #: a cited path: one of the prefixes, then path characters (globs allowed), not inside a longer path
-PATH = re.compile(r"(?<![\w./~$-])((?:%s)/[\w.*/-]*[\w*/])" % "|".join(re.escape(p) for p in PREFIXES))
+PATH = re.compile(r"(?<![\w./~$-])((?:" + "|".join(map(re.escape, PREFIXES)) + r")/[\w.*/-]*[\w*/])")
+#: a placeholder the reader replaces (`recipes/RECIPE.yaml`, `docs/NAME.md`): all capitals
+PLACEHOLDER = re.compile(r"(?:^|/)(?!README|CHANGELOG|LICENSE|CITATION)[A-Z][A-Z0-9_]*(?:\.\w+)?(?:/|$)")
+#: pages the site generates at build time (docs/gen_settings.py), which links may name
+GENERATED = {ROOT / "docs" / "reference" / "settings.md"}
 #: the project brief's folders, which live next to the checkout, not in it
 OUTSIDE = re.compile(r"(?<![\w/.-])(?:\.\./)?shared/(?:paper|reference)\b")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -53,6 +57,8 @@ def _anchors(md: Path) -> set[str]:
 
 def _exists(cited: str) -> bool:
     cited = cited.rstrip(".")
+    if PLACEHOLDER.search(cited) or ROOT / cited in GENERATED:
+        return True
     if any(c in cited for c in "*?["):
         return any(ROOT.glob(cited))
     return (ROOT / cited).exists()
@@ -76,6 +82,8 @@ def _problems(path: Path) -> list[str]:
                 continue  # a URL (http:, mailto:) or a site-absolute path
             file_part, _, anchor = target.partition("#")
             dest = (path.parent / file_part).resolve() if file_part else path
+            if dest in GENERATED:
+                continue
             if not dest.exists():
                 out.append(f"{where}: link to {target}: {file_part} does not exist")
             elif not dest.resolve().is_relative_to(ROOT):
@@ -100,6 +108,7 @@ def test_the_scan_covers_the_documents() -> None:
         ("the paper (`shared/paper/`)", "shared/paper"),
         ("# from ../shared/reference/anchors.md", "shared/reference"),
         ("`recipes/*_nothing.yaml`", "recipes/*_nothing.yaml"),
+        ("`docs/README.md`", "docs/README.md"),
     ],
 )
 def test_a_missing_path_is_reported(tmp_path: Path, text: str, bad: str, monkeypatch) -> None:
@@ -116,7 +125,8 @@ def test_existing_paths_pass() -> None:
     doc = ROOT / "docs" / "_probe_doc_paths_ok.md"
     doc.write_text(
         "`docs/equations.md`, [eq](equations.md#section-31-noise-induced-branching), `recipes/*.yaml`, "
-        "`tests/test_doc_paths.py::x`, `/shared/runs/x` (an absolute user path), [site](https://example.org/x)\n",
+        "`tests/test_doc_paths.py::x`, `/shared/runs/x` (an absolute user path), [site](https://example.org/x), "
+        "`recipes/RECIPE.yaml` (a placeholder), [settings](reference/settings.md) (generated)\n",
         encoding="utf-8",
     )
     try:

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Build the documentation site into site/ with warnings as errors (mkdocs.yml: a broken link, a missing
+# page or anchor, or an API reference that does not resolve fails the build). `bash scripts/docs.sh serve`
+# previews it instead. Needs the docs extra in .venv: .venv/bin/pip install -e ".[docs]"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MKDOCS=.venv/bin/mkdocs
+if [ ! -x "$MKDOCS" ]; then
+  echo "docs: $MKDOCS not found; install the docs extra: .venv/bin/pip install -e \".[docs]\"" >&2
+  exit 2
+fi
+export NO_MKDOCS_2_WARNING=1  # Material's banner about MkDocs 2, printed at every build
+if [ "${1:-build}" = "serve" ]; then
+  exec "$MKDOCS" serve --strict
+fi
+exec "$MKDOCS" build --strict "$@"

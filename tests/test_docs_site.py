@@ -1,0 +1,129 @@
+"""The documentation site: the settings reference is generated from ``NCGRPOConfig`` and lists every
+NC-GRPO field under a topic header; the site builds with warnings as errors and its pages list what
+they must (the settings page and the API page of ``NCGRPOConfig`` every field; the API pages the
+public functions users call)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trl import GRPOConfig
+
+from ncgrpo.trainer import NCGRPOConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gen():
+    spec = importlib.util.spec_from_file_location("gen_settings", ROOT / "docs" / "gen_settings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _own_fields() -> list[str]:
+    inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return [f.name for f in dataclasses.fields(NCGRPOConfig) if f.name not in inherited]
+
+
+def test_generated_reference_lists_every_field_under_a_group() -> None:
+    gen = _gen()
+    assert gen.nc_grpo_fields() == _own_fields() and len(_own_fields()) >= 25
+    page = gen.render()
+    group_of = {}
+    group = None
+    for line in page.splitlines():
+        if line.startswith("### ") and not line.startswith("### `"):
+            group = line[4:]
+        elif line.startswith("## "):
+            group = None
+        elif m := re.match(r"#### `(\w+)`$", line):
+            group_of[m.group(1)] = group
+    for name in _own_fields():
+        assert group_of.get(name), f"{name} is not under a group header of the settings reference"
+        help_start = NCGRPOConfig.__dataclass_fields__[name].metadata["help"][:20]
+        assert gen._text(help_start)[:10] in page, name
+    assert {g for g in group_of.values()} == {
+        t.replace("NC-GRPO: ", "").capitalize() for t in NCGRPOConfig.help_groups
+    }
+    # the six fields docs/library.md's hand-written list had missed are there
+    for name in (
+        "branch_prefix",
+        "noise_positions",
+        "share_prompt_prefill",
+        "share_prompt_loss",
+        "noise_seed",
+        "spsa_max_step_ratio",
+    ):
+        assert f"#### `{name}`" in page
+
+
+def test_a_field_in_no_group_fails_the_generation(monkeypatch) -> None:
+    groups = dict(NCGRPOConfig.help_groups)
+    groups["NC-GRPO: noise"] = tuple(n for n in groups["NC-GRPO: noise"] if n != "noise_seed")
+    monkeypatch.setattr(NCGRPOConfig, "help_groups", groups)
+    with pytest.raises(RuntimeError, match="noise_seed"):
+        _gen().render()
+
+
+def test_help_text_is_escaped_for_markdown() -> None:
+    assert _gen()._text("'<think>' a_b * c") == "'&lt;think&gt;' a\\_b \\* c"
+
+
+#: the objects the API reference must document (issue 33): page -> mkdocstrings anchors
+API = {
+    "reference/api/trainer": ["ncgrpo.trainer.NCGRPOConfig", "ncgrpo.trainer.NCGRPOTrainer"],
+    "reference/api/rollouts": [
+        "ncgrpo.engines.rollout.generate_groups",
+        "ncgrpo.engines.transformers.prefill_noise",
+    ],
+    "reference/api/eval": [
+        "ncgrpo.eval.evaluate.evaluate",
+        "ncgrpo.eval.evaluate.DecodingSettings",
+        "ncgrpo.data.types.Question",
+        "ncgrpo.eval.stats.mcnemar_exact",
+    ],
+    "reference/api/probe": ["ncgrpo.probe.probe", "ncgrpo.probe.ProbeResult"],
+    "reference/api/rewards": ["ncgrpo.rewards.make_math_reward", "ncgrpo.rewards.grade"],
+    "reference/api/core": [
+        "ncgrpo.core.noise.perturb",
+        "ncgrpo.core.noise.sigma_schedule",
+        "ncgrpo.core.plan.plan_group",
+    ],
+}
+
+
+@pytest.mark.slow
+def test_site_builds_strict_and_lists_every_setting(tmp_path: Path) -> None:
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    if not mkdocs.exists() or shutil.which(str(mkdocs)) is None:
+        if os.environ.get("NCGRPO_REQUIRE_DOCS"):
+            pytest.fail(f"{mkdocs} is missing: install the docs extra (pip install -e '.[docs]')")
+        pytest.skip("the docs extra is not installed (pip install -e '.[docs]')")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    settings = (site / "reference" / "settings" / "index.html").read_text(encoding="utf-8")
+    api = (site / "reference" / "api" / "trainer" / "index.html").read_text(encoding="utf-8")
+    for name in _own_fields():
+        assert f'id="{name}"' in settings, f"settings page has no entry for {name}"
+        assert f'id="ncgrpo.trainer.NCGRPOConfig.{name}"' in api, f"NCGRPOConfig's API page lacks {name}"
+    for page, anchors in API.items():
+        html = (site / page / "index.html").read_text(encoding="utf-8")
+        for anchor in anchors:
+            assert f'id="{anchor}"' in html, f"{page} does not document {anchor}"
