@@ -538,7 +538,6 @@ def test_dataclass_validation(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "what"),
     [
-        (["--use_peft"], "PEFT/LoRA"),
         (["--load_in_4bit"], "4-bit"),
         (["--load_in_8bit"], "8-bit"),
         (["--model_revision", "v2"], "hub revisions"),
