@@ -149,6 +149,7 @@ def test_saved_folder_loads_and_generates(small_run):
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
     assert model.config.text_config.hidden_size == pt.SIZES["micro"]["hidden_size"]
     assert len(proc.tokenizer) == report.dims["vocab_size"]
+    assert type(proc).__name__ == "PaddleOCRVLProcessor"  # as the committed base (no ncgrpo import needed)
     qs = build_suite(0, SMALL["suite_sizes"])["validation"][:2]
     outs = generate_greedy(model, proc, qs, DecodingSettings(max_new_tokens=6, batch_size=2))
     assert len(outs) == 2 and all(isinstance(o, str) for o in outs)

@@ -765,6 +765,7 @@ def _pretrain(
     import transformers
 
     import ncgrpo
+    from ncgrpo.processors import name_standard_processor
     from ncgrpo.toy.model import (
         build_processor,
         build_tokenizer,
@@ -909,6 +910,7 @@ def _pretrain(
         report.in_band = in_dom is not None and TARGET_BAND[0] <= in_dom <= TARGET_BAND[1]
         report.mixed_ok = report.mixed_share.get("geometry", 0.0) >= MIXED_GROUP_TARGET
     save_tiny(model, processor, out)
+    name_standard_processor(out)  # AutoProcessor loads it with no ncgrpo import, as the committed base
     report.checkpoint_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     report.wall_time_s = round(time.perf_counter() - t0, 2)
     from ncgrpo.runs.folder import atomic_write_text
