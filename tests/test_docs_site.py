@@ -127,3 +127,38 @@ def test_site_builds_strict_and_lists_every_setting(tmp_path: Path) -> None:
         html = (site / page / "index.html").read_text(encoding="utf-8")
         for anchor in anchors:
             assert f'id="{anchor}"' in html, f"{page} does not document {anchor}"
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("gen_hooks", ROOT / "docs" / "gen_hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_links_out_of_docs_become_repository_paths() -> None:
+    rewrite = _hooks().repo_links_as_paths
+    docs = ROOT / "docs"
+    page = (
+        "see [recipes/README.md](../recipes/README.md#trying-a-recipe-small), [the recipes](../recipes/README.md), "
+        "[eq](equations.md#x), [up](../../elsewhere.md), [web](https://example.org/a.md)\n"
+        "```\n[kept](../recipes/README.md)\n```"
+    )
+    out = rewrite(page, "x.md", docs, ROOT)
+    assert out.splitlines()[0] == (
+        "see `recipes/README.md`, the recipes (`recipes/README.md`), [eq](equations.md#x), "
+        "[up](../../elsewhere.md), [web](https://example.org/a.md)"
+    )
+    assert "[kept](../recipes/README.md)" in out  # code blocks are left alone
+    # a page one folder down resolves its links from there
+    assert (
+        rewrite("[r](../../src/ncgrpo/config.py)", "guides/x.md", docs, ROOT) == "r (`src/ncgrpo/config.py`)"
+    )
+
+
+def test_sphinx_roles_are_dropped_from_rendered_docstrings() -> None:
+    clean = _hooks().clean_roles
+    assert clean("a :func:<code>~ncgrpo.core.noise.perturb</code> b") == "a <code>perturb</code> b"
+    assert (
+        clean(":class:<code>ncgrpo.trainer.NCGRPOConfig</code>") == "<code>ncgrpo.trainer.NCGRPOConfig</code>"
+    )
