@@ -124,20 +124,33 @@ TEMPERATURE = 0.9
 VL_IMAGE = 224  # pixels: 16 x 16 patches of 14, 64 image tokens after the 2 x 2 merge
 
 
-def build(kind: str, seed: int):
+#: timed text towers: the proxy (hidden 256 x 4 layers) and bench_rollout's Qwen2.5 sizes (random weights)
+TOWERS = {
+    "proxy": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ),
+}
+
+
+def _towers() -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_rollout import SIZES
+
+    return {**TOWERS, "0.5b": SIZES["0.5b"], "1.5b": SIZES["1.5b"]}
+
+
+def build(kind: str, seed: int, tower_name: str = "proxy"):
     """A model with TRL's fused LM head, its tokenizer or processor."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from trl.trainer.utils import add_fused_lm_head
 
     from tiny_models import build_processor, build_tokenizer, tiny_qwen2_5_vl, tiny_text_model
 
-    tower = dict(
-        hidden_size=256,
-        intermediate_size=1024,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    tower = dict(_towers()[tower_name])
     tok = build_tokenizer()
     if kind == "text":
         model, proc = tiny_text_model("qwen2", tokenizer=tok, seed=seed, **tower), tok
@@ -238,21 +251,43 @@ def step(model, x, path):
     return loss.detach(), logps.detach(), ent.detach()
 
 
+def to_device(x: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """The loss inputs on ``device``; floating tensors (pixels, advantages) in ``dtype``."""
+
+    def mv(v):
+        if not torch.is_tensor(v):
+            return v
+        return v.to(device=device, dtype=dtype) if v.is_floating_point() else v.to(device)
+
+    return {k: ({n: mv(t) for n, t in v.items()} if k == "mm" else mv(v)) for k, v in x.items()}
+
+
 def measure(kind: str, args) -> dict:
     torch.manual_seed(args.seed)
-    model, proc = build(kind, args.seed)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    model, proc = build(kind, args.seed, args.tower)
+    model = model.to(device=device, dtype=dtype)
     x = loss_inputs(kind, proc, model.config.get_text_config().vocab_size, args.G, args.proxy_P, args.proxy_C,
                     args.seed)  # fmt: skip
+    x = to_device(x, device, dtype)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    # CUDA: synchronised wall time; CPU: this process's CPU time (robust to a shared machine's load)
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
     P = x["input_ids"].shape[1] - args.proxy_C
     la, pa, ea = step(model, x, repeated_path)
     ga = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     lb, pb, eb = step(model, x, shared_path)
     gb = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    rel = max(float((ga[n] - gb[n]).norm() / ga[n].norm().clamp_min(1e-30)) for n in ga)
+    rel = max(float((ga[n] - gb[n]).float().norm() / ga[n].float().norm().clamp_min(1e-30)) for n in ga)
     exact = {
         "loss_abs_diff": abs(float(la - lb)),
         "max_abs_logp_diff": float((pa - pb).abs().max()),
         "max_abs_entropy_diff": float((ea - eb).abs().max()),
+        "bit_identical_logps": bool(torch.equal(pa, pb)),
         "max_rel_grad_diff": rel,
         "same_params": sorted(ga) == sorted(gb),
     }
@@ -265,13 +300,34 @@ def measure(kind: str, args) -> dict:
     }
     times = {k: [] for k in arms}
     names = list(arms)
+    peak = {}
+    t_start, round_s, cut = time.perf_counter(), 0.0, None
     for r in range(args.repeats):
+        if r and args.time_cap and time.perf_counter() - t_start + round_s > args.time_cap:
+            cut = f"repeats: {r} of {args.repeats} (--time-cap {args.time_cap:g}s)"
+            break
+        t_round = time.perf_counter()
         for k in names[r % len(names) :] + names[: r % len(names)]:  # the order rotates
-            t = time.process_time()
+            sync()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            t = clock()
             step(model, x, arms[k])
-            times[k].append(time.process_time() - t)
+            sync()
+            times[k].append(clock() - t)
+            if device.type == "cuda":
+                peak[k] = max(peak.get(k, 0), torch.cuda.max_memory_allocated(device))
+        round_s = time.perf_counter() - t_round
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
+        "device": str(device),
+        "dtype": args.dtype,
+        "tower": args.tower,
+        "clock": "wall (synchronised)" if device.type == "cuda" else "process CPU",
+        "attn_implementation": model.config.get_text_config()._attn_implementation,
+        "repeats_done": len(times["repeated"]),
+        "cut_by_time_cap": cut,
+        "peak_memory_bytes": peak or None,
         "kind": kind,
         "P": P,
         "C": args.proxy_C,
@@ -279,8 +335,9 @@ def measure(kind: str, args) -> dict:
         "tokens_repeated": args.G * (P + args.proxy_C),
         "tokens_shared": P - 1 + args.G * (args.proxy_C + 1),
         "exactness": exact,
-        "cpu_s": times,
-        "median_cpu_s": med,
+        "times_s": times,  # the clock above
+        "median_s": med,
+        **({"cpu_s": times, "median_cpu_s": med} if device.type == "cpu" else {}),
         "packs": stats["packs"],
         "ratio": med["shared"] / med["repeated"],
         "ratio_one_pack": med["shared_one_pack"] / med["repeated"],
@@ -304,7 +361,18 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_loss_share.json")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (CUDA: synchronised wall time)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--tower", default="proxy", choices=["proxy", "0.5b", "1.5b"], help="the timed model's text tower"
+    )
+    p.add_argument(
+        "--time-cap", type=float, default=0.0, help="seconds per timed model (0: no cap); the summary prints "
+        "the repeats that ran (at least one)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.time_cap < 0:
+        p.error("--repeats must be >= 1 and --time-cap >= 0")
     torch.set_num_threads(args.threads)
     flops = flop_table(args.P, args.C, args.G, args.image_tokens)
     proxy = {k: measure(k, args) for k in args.kinds.split(",") if k}
@@ -320,12 +388,14 @@ def main(argv=None):
     for k, m in proxy.items():
         e = m["exactness"]
         print(
-            f"# {k} (hidden 256 x 4, G={m['G']}, P={m['P']}, C={m['C']}; tokens {m['tokens_repeated']} -> "
-            f"{m['tokens_shared']}), forward+backward, {args.repeats} interleaved repeats: repeated "
-            f"{m['median_cpu_s']['repeated']:.3f} s, shared {m['median_cpu_s']['shared']:.3f} s ({m['packs']} pack(s)) = "
-            f"{m['ratio']:.3f}x, all in one pack {m['median_cpu_s']['shared_one_pack']:.3f} s = {m['ratio_one_pack']:.3f}x; "
+            f"# {k} ({m['tower']} tower, {m['device']} {m['dtype']} {m['attn_implementation']}, G={m['G']}, P={m['P']}, "
+            f"C={m['C']}; tokens {m['tokens_repeated']} -> {m['tokens_shared']}), forward+backward, "
+            f"{m['repeats_done']} interleaved repeats ({m['clock']} s): repeated "
+            f"{m['median_s']['repeated']:.3f} s, shared {m['median_s']['shared']:.3f} s ({m['packs']} pack(s)) = "
+            f"{m['ratio']:.3f}x, all in one pack {m['median_s']['shared_one_pack']:.3f} s = {m['ratio_one_pack']:.3f}x; "
             f"loss diff {e['loss_abs_diff']:.1e}, log-prob {e['max_abs_logp_diff']:.1e}, entropy "
             f"{e['max_abs_entropy_diff']:.1e}, max relative gradient diff {e['max_rel_grad_diff']:.1e}"
+            + (f"; cut by the time cap: {m['cut_by_time_cap']}" if m["cut_by_time_cap"] else "")
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -71,7 +71,82 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     p.add_argument("--out", default="runs/bench_rollout.json", help="JSON output path")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--time-cap",
+        type=float,
+        default=0.0,
+        help="seconds for the timed part (repeats, breakdown, hook share; 0: no cap). The repeats stop when "
+        "the next round would pass 60%% of it, the breakdown runs up to 80%%, the hook share up to 100%%; the "
+        "summary prints whatever ran (at least one repeat of each arm)",
+    )
+    p.add_argument(
+        "--save-model",
+        default=None,
+        metavar="DIR",
+        help="save the built model and processor to DIR (save_pretrained) before timing, for a later part",
+    )
+    p.add_argument(
+        "--build-only", action="store_true", help="build and save the model (--save-model), time nothing"
+    )
+    args = p.parse_args(argv)
+    if args.build_only and not args.save_model:
+        p.error("--build-only needs --save-model DIR")
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.time_cap < 0:
+        p.error("--time-cap must be >= 0")
+    return args
+
+
+class Deadline:
+    """A time cap measured from construction: ``left(frac)`` is the time before ``frac`` of the cap
+    (inf with no cap); ``fits(frac, need)`` says whether ``need`` more seconds fit before it."""
+
+    def __init__(self, cap_s: float, clock=time.perf_counter):
+        self.cap, self.clock, self.t0 = cap_s, clock, clock()
+        self.cut: list[str] = []  # what the cap cut short, for the summary
+
+    def left(self, frac: float = 1.0) -> float:
+        if not self.cap:
+            return float("inf")
+        return self.t0 + frac * self.cap - self.clock()
+
+    def fits(self, frac: float, need: float) -> bool:
+        return self.left(frac) >= need
+
+
+def hbm_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float | None:
+    """Measured device-memory bandwidth in bytes/s (a device-to-device copy, bytes read plus written);
+    None off CUDA (a CPU figure would be the caches')."""
+    if device.type != "cuda":
+        return None
+    src = torch.randn(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def decode_roofline(model, rows: int, prompt_tokens: int, new_tokens: int, bandwidth: float | None) -> dict:
+    """The fewest bytes one decode step must read (the language model's weights once, the KV cache of
+    every row at the mean context) and that over ``bandwidth``: the step's HBM floor."""
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    skip = {id(p) for p in visual.parameters()} if visual is not None else set()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+    t = model.config.get_text_config()
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    elt = next(model.parameters()).element_size()
+    ctx = prompt_tokens + new_tokens / 2
+    kv_bytes = 2 * t.num_hidden_layers * t.num_key_value_heads * head_dim * elt * rows * ctx
+    out = {"weight_bytes": weight_bytes, "kv_bytes_mean": kv_bytes, "bandwidth_Bps": bandwidth}
+    out["floor_s_per_step"] = (weight_bytes + kv_bytes) / bandwidth if bandwidth else None
+    return out
 
 
 def _cpu_name() -> str:
@@ -150,6 +225,13 @@ def main(argv=None) -> dict:
     model, proc, prompts, images = build(args, device, dtype)
     build_s = time.perf_counter() - t0
     print(f"built {args.size} in {build_s:.1f}s", file=sys.stderr, flush=True)
+    if args.save_model:
+        from ncgrpo.toy.model import save_tiny
+
+        save_tiny(model, proc, args.save_model)
+        print(f"saved the model to {args.save_model}", file=sys.stderr, flush=True)
+        if args.build_only:
+            return {"saved": args.save_model, "build_s": build_s}
     site = args.site if args.site == "final_norm" else int(args.site)
 
     def sync():
@@ -177,13 +259,20 @@ def main(argv=None) -> dict:
             **kw,
         )
 
-    def timed(nc: bool, share: bool, step: int) -> tuple[float, float]:
+    peak_mem: dict[str, int] = {}
+
+    def timed(nc: bool, share: bool, step: int, name: str = "") -> tuple[float, float]:
         """(wall seconds, process CPU seconds); the latter is robust to other load on a shared CPU."""
         sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         t, c = time.perf_counter(), time.process_time()
         rollout(nc, step, share)
         sync()
-        return time.perf_counter() - t, time.process_time() - c
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        if device.type == "cuda":
+            peak_mem[name] = max(peak_mem.get(name, 0), torch.cuda.max_memory_allocated(device))
+        return wall, cpu
 
     # arms: TRL's vanilla (one prefill per row, no hook), NC-GRPO sharing the prompt's prefill (the
     # default), NC-GRPO with one prefill per row
@@ -196,13 +285,21 @@ def main(argv=None) -> dict:
     times = {k: [] for k in arms}
     cpu_times = {k: [] for k in arms}
     names = list(arms)
+    cap = Deadline(args.time_cap)
+    round_s = 0.0
     for i in range(args.repeats):
+        if i and not cap.fits(0.6, round_s):
+            cap.cut.append(f"repeats: {i} of {args.repeats} (the next round would pass 60% of the time cap)")
+            break
+        t_round = time.perf_counter()
         order = names[i % len(names) :] + names[: i % len(names)]  # rotated: each arm goes first in turn
         for name in order:
-            wall, cpu = timed(*arms[name], step=i + 1)
+            wall, cpu = timed(*arms[name], step=i + 1, name=name)
             times[name].append(wall)
             print(f"repeat {i}: {name} {wall:.3f}s wall, {cpu:.3f}s CPU", file=sys.stderr, flush=True)
             cpu_times[name].append(cpu)
+        round_s = time.perf_counter() - t_round
+    repeats_done = len(times["vanilla"])
 
     # where a rollout's time goes (synchronised timing; separate runs): the vision tower, the prefill
     # forward (vision tower, prompt, lm_head), the rest is decoding. Repeated: the hook's prefill clock on
@@ -226,6 +323,9 @@ def main(argv=None) -> dict:
         for name, share in (("ncgrpo_noshare", False), ("ncgrpo", True)):
             rows = []
             for i in range(max(3, args.repeats // 2)):
+                if not cap.fits(0.8, (rows[-1][0] if rows else 0.0)):
+                    cap.cut.append(f"breakdown {name}: {len(rows)} runs (80% of the time cap)")
+                    break
                 vis["t"] = 0.0
                 sync()
                 t = time.perf_counter()
@@ -238,6 +338,8 @@ def main(argv=None) -> dict:
                 else:  # generate encodes the images before its prefill forward
                     prefill = vis["t"] + out.record.prefill_s
                 rows.append((wall, vis["t"], prefill))
+            if not rows:
+                continue
             w, v, pf = (statistics.median(x[j] for x in rows) for j in range(3))
             breakdown[name] = {
                 "wall_s": w,
@@ -253,11 +355,18 @@ def main(argv=None) -> dict:
     # the hook's share of the prefill forward (synchronised timing; separate runs, one prefill per row)
     shares = {}
     for positions in ("auto", "all"):
-        hs, ps = [], []
+        hs, ps, last = [], [], 0.0
         for i in range(max(3, args.repeats // 2)):
+            if not cap.fits(1.0, last):
+                cap.cut.append(f"hook share positions={positions}: {len(hs)} runs (the time cap)")
+                break
+            t = time.perf_counter()
             rec = rollout(True, i + 1, False, timing=True, positions=positions).record
+            last = time.perf_counter() - t
             hs.append(rec.hook_s)
             ps.append(rec.prefill_s)
+        if not hs:
+            continue
         shares[positions] = {
             "hook_s": statistics.median(hs),
             "prefill_s": statistics.median(ps),
@@ -269,6 +378,21 @@ def main(argv=None) -> dict:
 
     def paired(key_times, k):
         return statistics.median(a / b for a, b in zip(key_times[k], key_times["vanilla"], strict=True))
+
+    rows_n = args.prompts * 2 * args.n
+    bandwidth = hbm_bandwidth(device)
+    roof = decode_roofline(model, rows_n, prompt_len, args.max_new_tokens, bandwidth)
+    decode = {}
+    for k in arms:  # decode time per step: the rollout less its prefill (the synchronised breakdown's)
+        b = breakdown.get(k) or breakdown.get("ncgrpo_noshare") or {}
+        prefill = b.get("prefill_s", 0.0)
+        step_s = max(med[k] - prefill, 0.0) / args.max_new_tokens
+        floor = roof["floor_s_per_step"]
+        decode[k] = {
+            "s_per_step": step_s,
+            "prefill_s_used": prefill,
+            "hbm_roofline_fraction": (floor / step_s) if (floor and step_s) else None,
+        }
 
     result = {
         "machine": machine(device),
@@ -289,14 +413,23 @@ def main(argv=None) -> dict:
         "paired_cpu_ratio": {k: paired(cpu_times, k) for k in arms},
         "breakdown": breakdown,
         "hook_share_of_prefill": shares,
+        "repeats_done": repeats_done,
+        "time_cap_s": args.time_cap or None,
+        "cut_by_time_cap": cap.cut,
+        "new_tokens_per_s": {k: rows_n * args.max_new_tokens / med[k] for k in arms},
+        "peak_memory_bytes": peak_mem or None,
+        "decode": decode,
+        "decode_roofline": roof,
     }
 
     print(f"# bench_rollout  {result['machine']['device_name']}  torch {torch.__version__}  {args.dtype}")
     print(
         f"# size={args.size} params={result['params']['total'] / 1e6:.1f}M  P={args.prompts} G={2 * args.n} "
         f"rows={result['rows']} prompt_tokens={prompt_len} new_tokens={args.max_new_tokens} "
-        f"images/prompt={args.images} repeats={args.repeats} sigma={args.sigma} site={site}"
+        f"images/prompt={args.images} repeats={repeats_done} of {args.repeats} sigma={args.sigma} site={site}"
     )
+    for c in cap.cut:
+        print(f"# cut by --time-cap {args.time_cap:g}s: {c}")
     print(
         f"{'method':<34}{'median s':>10}{'min s':>10}{'max s':>10}{'x vanilla':>10}{'paired':>8}{'CPU s':>10}{'x vanilla':>10}{'paired':>8}"
     )
@@ -321,6 +454,20 @@ def main(argv=None) -> dict:
         print(
             f"hook share of prefill (positions={pos}): {100 * s['share']:.2f}%  "
             f"(hook {1e3 * s['hook_s']:.2f} ms / prefill {1e3 * s['prefill_s']:.1f} ms)"
+        )
+    for k in arms:
+        d, mem = decode[k], (peak_mem or {}).get(k)
+        frac = d["hbm_roofline_fraction"]
+        print(
+            f"{labels[k]}: {result['new_tokens_per_s'][k]:.0f} new tokens/s, decode {1e3 * d['s_per_step']:.2f} ms/step"
+            + (f" = {100 * frac:.1f}% of the HBM roofline" if frac is not None else "")
+            + (f", peak memory {mem / 2**30:.2f} GiB" if mem else "")
+        )
+    if roof["floor_s_per_step"]:
+        print(
+            f"# HBM roofline of a decode step: {roof['weight_bytes'] / 1e9:.2f} GB weights + "
+            f"{roof['kv_bytes_mean'] / 1e9:.2f} GB KV at the mean context over {roof['bandwidth_Bps'] / 1e12:.2f} TB/s "
+            f"(measured copy) = {1e3 * roof['floor_s_per_step']:.3f} ms"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -75,6 +75,7 @@ SIZES = {
         num_key_value_heads=2,
     ),
     "0.5b": ROLLOUT_SIZES["0.5b"],
+    "1.5b": ROLLOUT_SIZES["1.5b"],
 }
 STEP_KEYS = ("generate", "seam", "nc_after_rewards", "prepare_inputs", "compute_loss", "rest")
 
@@ -139,7 +140,16 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave torch's default)")
     p.add_argument("--out", default="runs/bench_train.json", help="JSON output path")
+    p.add_argument(
+        "--time-cap",
+        type=float,
+        default=0.0,
+        help="seconds for the runs (0: no cap): no run starts that the last run's length says would end past "
+        "it (the first round's vanilla run always starts); the summary prints the rounds that ran",
+    )
     args = p.parse_args(argv)
+    if args.time_cap < 0:
+        p.error("--time-cap must be >= 0")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if split_method(m)[0] not in ROLLOUT_METHODS or m.count(":") > 1]
     bad += [m for m in methods if ":" in m and m.partition(":")[2] not in ("noshare", "shareloss")]
@@ -411,7 +421,8 @@ def paired_ratio(runs: list[dict], method: str, key: str) -> float:
     ratios = []
     for r in sorted({run["round"] for run in runs}):
         med = {run["method"]: _median(s[key] for s in run["steps"][1:]) for run in runs if run["round"] == r}
-        ratios.append(med[method] / med["vanilla"])
+        if method in med and "vanilla" in med:  # a round the time cap cut short may lack either
+            ratios.append(med[method] / med["vanilla"])
     return _median(ratios)
 
 
@@ -435,24 +446,35 @@ def main(argv=None) -> dict:
 
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     runs: list[dict] = []
+    cut: list[str] = []
+    t_runs, last = time.perf_counter(), 0.0
     with trl_profiling(rec):
         for r in range(args.repeats):
             order = args.methods[r % len(args.methods) :] + args.methods[: r % len(args.methods)]
             for m in order:
+                if runs and args.time_cap and time.perf_counter() - t_runs + last > args.time_cap:
+                    cut.append(
+                        f"round {r}: stopped before {m} ({len(runs)} runs done; --time-cap {args.time_cap:g}s)"
+                    )
+                    break
                 t = time.perf_counter()
                 run = one_run(m, args.steps, base_model, proc, ds, args, device, rec)
                 run["round"] = r
                 runs.append(run)
                 walls = " ".join(f"{s['wall']:.2f}" for s in run["steps"])
+                last = time.perf_counter() - t
                 print(
-                    f"round {r}: {m:<24} step wall s [{walls}]  ({time.perf_counter() - t:.1f}s with set-up)",
+                    f"round {r}: {m:<24} step wall s [{walls}]  ({last:.1f}s with set-up)",
                     file=sys.stderr,
                     flush=True,
                 )
+            if cut:
+                break
+    ran = [m for m in args.methods if any(run["method"] == m for run in runs)]
 
     # aggregate: timed steps = all but the first of each run
     per: dict[str, dict] = {}
-    for m in args.methods:
+    for m in ran:
         timed = [s for run in runs if run["method"] == m for s in run["steps"][1:]]
         every = [s for run in runs if run["method"] == m for s in run["steps"]]
         per[m] = {
@@ -496,6 +518,10 @@ def main(argv=None) -> dict:
             "all_rows_at_cap": lengths_ok,
         },
         "timed_steps_per_method": len(base["wall_s"]),
+        "rounds_done": len({run["round"] for run in runs}),
+        "time_cap_s": args.time_cap or None,
+        "cut_by_time_cap": cut,
+        "methods_not_run": [m for m in args.methods if m not in ran],
         "methods": per,
         "runs": runs,
     }
@@ -514,6 +540,8 @@ def main(argv=None) -> dict:
         f"{'trained' if args.train_vision else 'frozen'}  gradient_checkpointing="
         f"{result['trainer_args']['gradient_checkpointing']} (TRL default)"
     )
+    for c in cut:
+        print(f"# cut by the time cap: {c}; methods not run: {result['methods_not_run'] or 'none'}")
 
     def ci(c):
         return f"[{c[0]:.3f}, {c[1]:.3f}]"
