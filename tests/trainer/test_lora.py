@@ -372,3 +372,27 @@ def test_cli_lora_run_resumes_from_its_adapter_checkpoint(base, suite, tmp_path,
     ]
     assert steps == [1, 2]
     assert json.loads((out / "run.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_cli_lora_config_keeps_a_frozen_vision_tower_out_of_the_adapter(base, freeze) -> None:
+    """``ncgrpo train``'s LoraConfig (trl.get_peft_config + ncgrpo's exclusion): all-linear adapts every
+    language-model projection and, with freeze_vision_tower, nothing in the vision tower."""
+    from peft import get_peft_model
+
+    from ncgrpo.commands.train import ModelArguments, peft_config_for
+
+    args = ModelArguments(
+        model_name_or_path=str(base), use_peft=True, lora_target_modules=["all-linear"], dtype="float32",
+        freeze_vision_tower=freeze,
+    )  # fmt: skip
+    model, _ = load_model_and_processor(base, dtype="float32", device=None, freeze_vision=freeze)
+    adapted = [
+        n
+        for n, _ in get_peft_model(model, peft_config_for(args, model)).named_modules()
+        if n.endswith("lora_A")
+    ]
+    text = [n for n in adapted if "language_model" in n]
+    assert len(text) == 3 * 7  # 3 layers x q, k, v, o, gate, up, down
+    assert any("visual" in n for n in adapted) != freeze
+    assert not any("lm_head" in n for n in adapted)
