@@ -351,3 +351,138 @@ def test_plot_cli_smooth_and_noise_panel(tmp_path, capsys):
     assert (tmp_path / "o" / "plain.png").exists() and (tmp_path / "o" / "dynamics.png").exists()
     assert cli.main([*base, "--smooth", "0"]) == 2
     assert "--smooth 0" in capsys.readouterr().err
+
+
+# --- plot works on any run it is given (issue 32, item 4) ------------------------------------
+
+
+def _panel_titles(fig) -> list[str]:
+    return [ax.get_title(loc="left") for ax in fig.axes if ax.get_visible() and ax.get_title(loc="left")]
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory) -> dict[str, Path]:
+    """Two real `ncgrpo train` runs of the tiny recipe (2 steps): one with TRL's own evaluation every step
+    (`--eval_strategy steps`: it logs eval_reward, eval_loss, ..., never val/accuracy), one without."""
+    from test_train_cli import TINY_RECIPE, write_geo3k_parquet
+    from tiny_models import save_tiny_vl
+
+    root = tmp_path_factory.mktemp("train-runs")
+    geo3k, model = write_geo3k_parquet(root / "geo3k"), save_tiny_vl(root / "tiny-vl")
+    small = [
+        "--num_generations",
+        "2",
+        "--per_device_train_batch_size",
+        "2",
+        "--gradient_accumulation_steps",
+        "1",
+    ]
+    evals = ["--eval_strategy", "steps", "--eval_steps", "1", "--eval_dataset_splits", "train"]
+    evals += ["--eval_dataset_limit", "2", "--per_device_eval_batch_size", "2"]
+    out = {}
+    for name, extra in (("with_eval", evals), ("no_eval", [])):
+        out[name] = root / name
+        argv = [
+            "train",
+            "--config",
+            str(TINY_RECIPE),
+            "--output_dir",
+            str(out[name]),
+            "--dataset_name",
+            "geo3k",
+        ]
+        argv += ["--dataset_path", str(geo3k), "--model_name_or_path", str(model), "--run_name", name, *small]
+        assert cli.main([*argv, *extra]) == 0
+    return out
+
+
+def test_plot_dynamics_of_a_real_train_run_finds_its_validation_key(train_runs, tmp_path, capsys) -> None:
+    run, plain = str(train_runs["with_eval"]), str(train_runs["no_eval"])
+    logged = {k for row in read_metrics(run) for k in row}
+    assert "eval_reward" in logged and "val/accuracy" not in logged  # what TRL's evaluation logs
+    out = tmp_path / "figs"
+    assert cli.main(["plot", "dynamics", "--train_dirs", run, "--output_dir", str(out)]) == 0
+    assert "validation: eval_reward" in capsys.readouterr().out
+    assert (out / "dynamics.png").stat().st_size > 10_000 and (out / "dynamics.pdf").is_file()
+    titles = _panel_titles(dynamics_figure([run]))
+    assert titles[0].startswith("reward") and titles[1] == "eval_reward" and titles[2].startswith("noise")
+    # a run trained without evaluation: the reward and noise panels, no validation panel, no error
+    assert (
+        cli.main(["plot", "dynamics", "--train_dirs", plain, run, "--output_dir", str(tmp_path / "b")]) == 0
+    )
+    assert "validation: eval_reward" in capsys.readouterr().out
+    assert cli.main(["plot", "dynamics", "--train_dirs", plain, "--output_dir", str(tmp_path / "c")]) == 0
+    assert "validation: none logged" in capsys.readouterr().out
+    titles = _panel_titles(dynamics_figure([plain]))
+    assert len(titles) == 2 and titles[0].startswith("reward") and titles[1].startswith("noise")
+
+
+def test_a_refused_plot_writes_nothing(train_runs, tmp_path, capsys) -> None:
+    run = str(train_runs["with_eval"])
+    out = tmp_path / "never"
+    # a key the run did not log: the error lists what it logged, and no folder is left behind
+    assert (
+        cli.main(
+            ["plot", "dynamics", "--train_dirs", run, "--output_dir", str(out), "--val_key", "val/accuracy"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "ncgrpo plot dynamics: error: no run logs ['val/accuracy']" in err and "eval_reward" in err
+    assert not out.exists()
+    # gains with a baseline no run has
+    ex = _examples()
+    evals = [str(d) for d in ex.write_eval_runs(tmp_path / "evals")]
+    assert cli.main(["plot", "gains", "--runs", *evals, "--baseline", "nope", "--output_dir", str(out)]) == 2
+    assert "baseline 'nope' is not among" in capsys.readouterr().err
+    assert not out.exists()
+    # an evaluation given to dynamics, a training run given to gains or compare: named, nothing written
+    assert cli.main(["plot", "dynamics", "--train_dirs", evals[0], "--output_dir", str(out)]) == 2
+    assert f"{evals[0]} is an evaluation" in capsys.readouterr().err
+    assert (
+        cli.main(
+            ["plot", "gains", "--runs", run, *evals, "--baseline", "Vanilla GRPO", "--output_dir", str(out)]
+        )
+        == 2
+    )
+    assert f"{run} is a training run, not an evaluation" in capsys.readouterr().err
+    assert cli.main(["compare", "--runs", run, *evals, "--baseline", "Vanilla GRPO"]) == 2
+    assert f"{run} is a training run, not an evaluation" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _demo_folder(root: Path) -> Path:
+    """A demo's output folder as ncgrpo demo lays it out: run.json kind demo, train/<run>/metrics.jsonl
+    (the demo logs val/accuracy and val/accuracy/<role>), eval/<run>/ (run.json + records.jsonl)."""
+    from ncgrpo.runs.folder import atomic_write_json
+
+    atomic_write_json(root / "run.json", {"kind": "demo"})
+    for k, name in enumerate(("Vanilla GRPO", "NC-GRPO σ0=0.2")):
+        rows = [{"step": s, "reward": 0.1 * s + k} for s in range(1, 4)]
+        rows += [{"step": s, "val/accuracy": 0.5, "val/accuracy/ood": 0.4} for s in range(0, 4)]
+        write_metrics(root / "train" / f"run{k}", rows, config={"kind": "train", "name": name})
+    _examples().write_eval_runs(root / "eval")
+    return root
+
+
+def test_plot_takes_a_demo_folder_for_its_runs(tmp_path, capsys) -> None:
+    demo = _demo_folder(tmp_path / "demo")
+    assert cli.main(["plot", "dynamics", "--train_dirs", str(demo), "--output_dir", str(tmp_path / "o")]) == 0
+    assert "validation: val/accuracy" in capsys.readouterr().out
+    fig = dynamics_figure([demo / "train" / "run0", demo / "train" / "run1"])
+    assert _panel_titles(fig)[1] == "val/accuracy"
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["NC-GRPO σ0=0.2", "Vanilla GRPO"]
+    argv = [
+        "plot",
+        "gains",
+        "--runs",
+        str(demo),
+        "--baseline",
+        "Vanilla GRPO",
+        "--output_dir",
+        str(tmp_path / "o"),
+    ]
+    assert cli.main(argv) == 0
+    assert (tmp_path / "o" / "gains.png").is_file() and (tmp_path / "o" / "dynamics.png").is_file()
+    assert cli.main(["compare", "--runs", str(demo), "--baseline", "Vanilla GRPO"]) == 0
+    assert "NC-GRPO" in capsys.readouterr().out

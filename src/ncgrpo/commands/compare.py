@@ -52,12 +52,51 @@ def run_dirs(values: list[str], flag: str = "--runs") -> list[str]:
     return list(values)
 
 
+def _kind(folder: str | Path) -> str | None:
+    from ncgrpo.runs.folder import folder_kind
+
+    try:
+        return folder_kind(folder)
+    except ValueError as e:  # an unreadable run.json: named by the reader
+        raise UsageError(str(e)) from None
+
+
+def _demo_runs(root: str | Path, sub: str, holds: str) -> list[str]:
+    """The run folders of a demo's output folder: ``ROOT/<sub>/*`` that hold ``holds``, sorted."""
+    found = sorted(str(d) for d in (Path(root) / sub).glob("*") if (d / holds).is_file())
+    if not found:
+        raise UsageError(f"{root} is a demo's folder but {Path(root) / sub} holds no run with {holds}")
+    return found
+
+
+def eval_dirs(values: list[str], flag: str = "--runs") -> list[str]:
+    """Evaluation folders (``ncgrpo eval``'s): a demo's output folder stands for its evaluations
+    (``DEMO/eval/*``); a training run is refused, naming what reads it."""
+    out: list[str] = []
+    for v in run_dirs(values, flag):
+        kind = _kind(v)
+        if kind == "demo":
+            out += _demo_runs(v, "eval", "records.jsonl")
+        elif kind == "train":
+            raise UsageError(
+                f"{flag}: {v} is a training run, not an evaluation: evaluate it first (ncgrpo eval "
+                f"--model_name_or_path {v} --benchmarks ...), or draw its training curves with ncgrpo plot "
+                "dynamics"
+            )
+        else:
+            out.append(v)
+    return run_dirs(out, flag)
+
+
 @dataclass
 class CompareArgs:
     """Options of ``ncgrpo compare`` (checked in ``__post_init__``)."""
 
     runs: list[str] = field(
-        metadata={"help": "evaluation run folders (run.json + records.jsonl), space-separated"}
+        metadata={
+            "help": "evaluation run folders (run.json + records.jsonl), space-separated; a demo's folder "
+            "stands for its evaluations"
+        }
     )
     baseline: str = field(metadata={"help": "configuration name (run.json `name`) to test against"})
     benchmarks: list[str] | None = field(
@@ -68,7 +107,7 @@ class CompareArgs:
     )
 
     def __post_init__(self) -> None:
-        self.runs = run_dirs(self.runs)
+        self.runs = eval_dirs(self.runs)
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")

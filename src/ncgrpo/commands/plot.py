@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncgrpo.commands._common import UsageError, add_dataclass_command, check_report_folder, report_folder
-from ncgrpo.commands.compare import names_list, run_dirs
+from ncgrpo.commands.compare import _demo_runs, _kind, eval_dirs, names_list, run_dirs
 
 GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"
-DYNAMICS_HELP = "training reward, validation accuracy and the noise (first-token TV, sigma_k) against step"
+DYNAMICS_HELP = "training reward, validation and the noise (first-token TV, sigma_k) against step"
 
 
 def _stem(name: str) -> str:
@@ -28,18 +28,48 @@ def _out_folder(out: str) -> str:
     return out
 
 
+def training_dirs(values: list[str], flag: str = "--train_dirs") -> list[str]:
+    """Training run folders (``metrics.jsonl``): a demo's output folder stands for its training runs
+    (``DEMO/train/*``); an evaluation, or a folder without metrics, is refused naming what it is."""
+    from ncgrpo.runs.folder import METRICS_FILE
+
+    out: list[str] = []
+    for v in run_dirs(values, flag):
+        kind = _kind(v)
+        if kind == "demo":
+            out += _demo_runs(v, "train", METRICS_FILE)
+        elif kind == "eval":
+            raise UsageError(
+                f"{flag}: {v} is an evaluation (ncgrpo eval's records), not a training run: ncgrpo plot "
+                "gains and ncgrpo compare read it; plot dynamics reads a training run's metrics.jsonl"
+            )
+        elif not (Path(v) / METRICS_FILE).is_file():
+            what = f" ({kind})" if kind else ""
+            raise UsageError(
+                f"{flag}: {v}{what} has no {METRICS_FILE}; give a folder written by ncgrpo train (or a demo's "
+                "folder)"
+            )
+        else:
+            out.append(v)
+    return run_dirs(out, flag)
+
+
 @dataclass
 class GainsArgs:
     """Options of ``ncgrpo plot gains``."""
 
-    runs: list[str] = field(metadata={"help": "evaluation run folders, space-separated"})
+    runs: list[str] = field(
+        metadata={
+            "help": "evaluation run folders, space-separated; a demo's folder stands for its evaluations"
+        }
+    )
     baseline: str = field(metadata={"help": "configuration name (run.json `name`) to compare against"})
     output_dir: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf (was --out)"})
     benchmarks: list[str] | None = field(default=None, metadata={"help": "benchmarks to show, in this order"})
     name: str = field(default="gains", metadata={"help": "file stem"})
 
     def __post_init__(self) -> None:
-        self.runs = run_dirs(self.runs)
+        self.runs = eval_dirs(self.runs)
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
@@ -52,15 +82,20 @@ class DynamicsArgs:
     """Options of ``ncgrpo plot dynamics``."""
 
     train_dirs: list[str] = field(
-        metadata={"help": "training run folders holding metrics.jsonl, space-separated"}
+        metadata={
+            "help": "training run folders holding metrics.jsonl (ncgrpo train's), space-separated; a demo's "
+            "folder stands for its training runs"
+        }
     )
     output_dir: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf (was --out)"})
     reward_key: str = field(default="reward", metadata={"help": "metric plotted on top"})
-    val_key: list[str] = field(
-        default_factory=lambda: ["val/accuracy"],
+    val_key: list[str] | None = field(
+        default=None,
         metadata={
             "help": "validation metric(s), one panel each, space-separated; a prefix such as val/accuracy "
-            "expands to val/accuracy/<benchmark> when only those are logged"
+            "expands to val/accuracy/<benchmark> when only those are logged. None: found from what the runs "
+            "logged: the demo's val/accuracy and TRL's eval_reward (ncgrpo train --eval_strategy; "
+            "eval_<set>_reward per eval set); a run trained without evaluation gets no validation panel"
         },
     )
     smooth: int = field(
@@ -80,12 +115,12 @@ class DynamicsArgs:
     name: str = field(default="dynamics", metadata={"help": "file stem"})
 
     def __post_init__(self) -> None:
-        self.train_dirs = run_dirs(self.train_dirs, "--train_dirs")
+        self.train_dirs = training_dirs(self.train_dirs, "--train_dirs")
         if not self.reward_key.strip():
             raise UsageError("--reward_key is empty")
         if self.smooth < 1:
             raise UsageError(f"--smooth {self.smooth}: give a window of at least 1 step (1: no smoothing)")
-        self.val_key = names_list(self.val_key, "--val_key")
+        self.val_key = names_list(self.val_key, "--val_key") if self.val_key is not None else None
         self.output_dir = _out_folder(self.output_dir)
         self.name = _stem(self.name)
 
@@ -109,8 +144,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         DynamicsArgs,
         run_dynamics,
         help=DYNAMICS_HELP,
-        description="Reads TRAIN_DIR/metrics.jsonl of each run; writes OUT/NAME.png and OUT/NAME.pdf. "
-        "Runs that logged noise/first_token_marginal_tv, noise/first_token_tv or noise/sigma_k get a "
+        description="Reads TRAIN_DIR/metrics.jsonl of each run (a demo's folder: each of its training runs); "
+        "writes OUT/NAME.png and OUT/NAME.pdf. The validation panels are what the runs logged (the demo's "
+        "val/accuracy, TRL's eval_reward) unless --val_key names them; nothing is written when the input is "
+        "refused. Runs that logged noise/first_token_marginal_tv, noise/first_token_tv or noise/sigma_k get a "
         "noise panel (runs without them, such as vanilla GRPO, are absent from it).",
         command_name="plot dynamics",
     )
@@ -118,27 +155,38 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run_gains(args: GainsArgs) -> int:
-    from ncgrpo.eval.plots import plot_gains
+    from ncgrpo.eval.plots import gains_figure, save_figure
     from ncgrpo.eval.report import load_runs
 
-    runs = load_runs(args.runs)
+    # the figure first: a refused input (an unknown baseline, runs that do not pair) writes nothing
+    fig = gains_figure(load_runs(args.runs), args.baseline, benchmarks=args.benchmarks)
     with report_folder(args.output_dir, "ncgrpo plot gains") as out:
-        paths = plot_gains(runs, args.baseline, out / args.name, benchmarks=args.benchmarks)
+        paths = save_figure(fig, out / args.name)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
 def run_dynamics(args: DynamicsArgs) -> int:
-    from ncgrpo.eval.plots import plot_dynamics
+    from ncgrpo.eval.plots import dynamics_figure, dynamics_keys, read_metrics, run_label, save_figure
 
-    with report_folder(args.output_dir, "ncgrpo plot dynamics") as out:
-        paths = plot_dynamics(
-            args.train_dirs,
-            out / args.name,
-            reward_key=args.reward_key,
-            val_key=args.val_key,
-            smooth=args.smooth,
-            noise_panel=args.noise_panel,
+    # the figure first: a refused input (a key no run logs, metrics without steps) writes nothing
+    fig = dynamics_figure(
+        args.train_dirs,
+        reward_key=args.reward_key,
+        val_key=args.val_key,
+        smooth=args.smooth,
+        noise_panel=args.noise_panel,
+    )
+    if args.val_key is None:
+        runs = [(run_label(d), read_metrics(d)) for d in args.train_dirs]
+        found = dynamics_keys(runs, args.reward_key)[1:]
+        print(
+            f"validation: {', '.join(found)}"
+            if found
+            else "validation: none logged (no val/accuracy or eval_reward; train with --eval_strategy steps "
+            "and --eval_dataset_splits for one): reward and noise only"
         )
+    with report_folder(args.output_dir, "ncgrpo plot dynamics") as out:
+        paths = save_figure(fig, out / args.name)
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -4,8 +4,8 @@
   of each configuration vs. the baseline as grouped bars, the baseline's absolute accuracy beneath
   each label, the OOD-average column shaded, ``*`` above bars with exact McNemar p < 0.05.
 - :func:`plot_dynamics`: training dynamics (Figure 1 / supplementary three-method plot): training
-  reward on top (per step, faint, and a rolling mean), validation accuracy below, against step, one
-  colour per training run; and, when a run logged them, a noise panel: the first-token TV between
+  reward on top (per step, faint, and a rolling mean), validation below (the demo's accuracy or TRL's
+  eval reward, whichever the runs logged), against step, one colour per training run; and, when a run logged them, a noise panel: the first-token TV between
   clean and noisy rollouts (noise-averaged and per draw) and the noise scale sigma_k.
 
 Both write ``<out_stem>.png`` and ``<out_stem>.pdf``. Figures are built with matplotlib's
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from bisect import bisect_left
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +43,8 @@ _NOISE_STYLES = {
 _COLORS = ["#3b6ea8", "#d9822b", "#4e9a4e", "#b04a4a", "#7d5ba6", "#8c6d46", "#c768a8", "#6b6b6b"]
 
 
-def _save(fig: Figure, out_stem: str | Path) -> list[Path]:
+def save_figure(fig: Figure, out_stem: str | Path) -> list[Path]:
+    """Write ``fig`` as ``<out_stem>.png`` (200 dpi) and ``<out_stem>.pdf``; returns the two paths."""
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
@@ -68,6 +70,18 @@ def plot_gains(
     ``table_or_runs`` is a :class:`ComparisonTable` (its baseline is used) or runs to compare.
     Returns the written paths (PNG, PDF).
     """
+    return save_figure(gains_figure(table_or_runs, baseline, benchmarks=benchmarks, title=title), out_stem)
+
+
+def gains_figure(
+    table_or_runs: ComparisonTable | Sequence[Run],
+    baseline: str | None,
+    *,
+    benchmarks: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """The figure :func:`plot_gains` saves (see there), returned unsaved: every check is made here, so
+    a caller that builds it first writes nothing when the input is refused."""
     if isinstance(table_or_runs, ComparisonTable):
         ct = table_or_runs
     else:
@@ -145,7 +159,7 @@ def plot_gains(
         title or f"Gains over {ct.baseline} (its accuracy beneath each label; * p<0.05)", fontsize=9.5
     )
     fig.tight_layout()
-    return _save(fig, out_stem)
+    return fig
 
 
 # --- dynamics --------------------------------------------------------------------------------
@@ -299,33 +313,67 @@ def _plot_noise(ax: Any, runs: list[tuple[str, list[dict[str, Any]]]], logged: l
     ax.set_title(f"noise: {what}", fontsize=9.5, loc="left")
 
 
+#: The demo's greedy validation accuracy (``val/accuracy``, and ``val/accuracy/<role or benchmark>``).
+DEMO_VAL_KEY = "val/accuracy"
+#: TRL's own evaluation (``--eval_strategy``) logs the mean reward on the eval set as ``eval_reward``, or
+#: ``eval_<set>_reward`` per set when there are several.
+_TRL_EVAL_REWARD = re.compile(r"eval_(?:.+_)?reward")
+
+
+def _expand(key: str, logged: set[str]) -> list[str]:
+    """``key`` itself when logged, else the logged keys it prefixes (``val/accuracy`` ->
+    ``val/accuracy/<benchmark>``), sorted; none: []."""
+    return [key] if key in logged else sorted(x for x in logged if x.startswith(key + "/"))
+
+
+def find_val_keys(logged: set[str]) -> list[str]:
+    """The validation metrics a run logged, one panel each, as :func:`plot_dynamics` picks them when
+    given none: the demo's ``val/accuracy`` (or, without it, its ``val/accuracy/<...>`` keys), and TRL's
+    eval reward (``eval_reward``, or ``eval_<set>_reward`` per eval set, as ``ncgrpo train
+    --eval_strategy`` logs it). [] when the runs logged neither (a run trained without evaluation)."""
+    return _expand(DEMO_VAL_KEY, logged) + sorted(k for k in logged if _TRL_EVAL_REWARD.fullmatch(k))
+
+
+def dynamics_keys(
+    runs: Sequence[tuple[str, list[dict[str, Any]]]],
+    reward_key: str = "reward",
+    val_key: str | Sequence[str] | None = None,
+) -> list[str]:
+    """``[reward_key, *validation keys]`` of the dynamics figure for these runs ``(label, rows)``.
+
+    ``val_key`` None: :func:`find_val_keys` (no validation panel when nothing was logged); else each
+    key given must be logged, or prefix logged keys (``val/accuracy`` -> one panel per
+    ``val/accuracy/<benchmark>``), or it is an error listing what the runs logged.
+    """
+    logged = {k for _, rows in runs for row in rows for k in row}
+    if reward_key not in logged:
+        raise ValueError(f"no run logs {[reward_key]}; logged keys: {sorted(logged)}")
+    if val_key is None:
+        return list(dict.fromkeys([reward_key, *find_val_keys(logged)]))
+    wanted = [val_key] if isinstance(val_key, str) else list(val_key)
+    missing = [k for k in wanted if not _expand(k, logged)]
+    if missing or not wanted:
+        raise ValueError(f"no run logs {missing or wanted}; logged keys: {sorted(logged)}")
+    return list(dict.fromkeys([reward_key, *(x for k in wanted for x in _expand(k, logged))]))
+
+
 def dynamics_figure(
     train_dirs: Sequence[str | Path],
     reward_key: str = "reward",
-    val_key: str | Sequence[str] = "val/accuracy",
+    val_key: str | Sequence[str] | None = None,
     *,
     title: str | None = None,
     smooth: int = 10,
     noise_panel: bool = True,
 ) -> Figure:
-    """The figure :func:`plot_dynamics` saves (see there), returned unsaved."""
+    """The figure :func:`plot_dynamics` saves (see there), returned unsaved: every check is made here,
+    so a caller that builds it first writes nothing when the input is refused."""
     if not train_dirs:
         raise ValueError("plot_dynamics needs at least one training directory")
     if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
         raise ValueError(f"smooth must be a whole number of steps >= 1 (1: no smoothing), got {smooth!r}")
     runs = [(run_label(d), read_metrics(d)) for d in train_dirs]
-    logged = {k for _, rows in runs for row in rows for k in row}
-    keys = [reward_key]
-    for k in [val_key] if isinstance(val_key, str) else list(val_key):
-        if k in logged:
-            keys.append(k)
-        else:
-            keys += sorted(x for x in logged if x.startswith(k + "/"))
-    keys = list(dict.fromkeys(keys))
-    missing = [k for k in keys if k not in logged]
-    if missing or len(keys) == 1:
-        want = missing or ([val_key] if isinstance(val_key, str) else list(val_key))
-        raise ValueError(f"no run logs {want}; logged keys: {sorted(logged)}")
+    keys = dynamics_keys(runs, reward_key, val_key)
     for d, (_, rows) in zip(train_dirs, runs, strict=True):
         if not any(_series(rows, k)[0] for k in keys):
             raise ValueError(
@@ -379,7 +427,7 @@ def plot_dynamics(
     train_dirs: Sequence[str | Path],
     out_stem: str | Path,
     reward_key: str = "reward",
-    val_key: str | Sequence[str] = "val/accuracy",
+    val_key: str | Sequence[str] | None = None,
     *,
     title: str | None = None,
     smooth: int = 10,
@@ -390,8 +438,10 @@ def plot_dynamics(
     The reward is drawn per step (faint) with its centred ``smooth``-step rolling mean
     (:func:`rolling_mean`; ``smooth=1`` draws the raw line only). ``val_key`` may be several keys
     (one panel each). A key no run logs but that prefixes logged keys (``val/accuracy`` with
-    ``val/accuracy/<benchmark>`` logged) expands to one panel per such key. Rows missing a key are
-    skipped for that key only.
+    ``val/accuracy/<benchmark>`` logged) expands to one panel per such key. ``val_key`` None (the
+    default) finds them in what the runs logged (:func:`find_val_keys`): the demo's ``val/accuracy``
+    and TRL's ``eval_reward`` (``ncgrpo train --eval_strategy``); a run trained without evaluation gets
+    the reward (and noise) panels only. Rows missing a key are skipped for that key only.
 
     The noise panel (last; only when ``noise_panel`` and some run logs one of its keys) shows per step
     ``noise/first_token_marginal_tv`` (solid: TV between the clean first-token distribution and the
@@ -402,4 +452,4 @@ def plot_dynamics(
     fig = dynamics_figure(
         train_dirs, reward_key, val_key, title=title, smooth=smooth, noise_panel=noise_panel
     )
-    return _save(fig, out_stem)
+    return save_figure(fig, out_stem)
