@@ -42,17 +42,24 @@ __all__ = [
     "INHERITED_IDENTITY",
     "MAY_CHANGE_ON_RESUME",
     "REWARD_NAMES",
+    "SMOKE_GENERATIONS",
+    "SMOKE_SETTINGS",
     "ModelArguments",
     "RunPlan",
     "ScriptArguments",
     "add_parser",
+    "apply_smoke",
     "build_datasets",
+    "check_model_source",
+    "command_line_keys",
     "execute_run",
     "load_model",
     "peft_config_for",
     "prepare_run",
+    "resolve_derived",
     "run",
     "run_identity_keys",
+    "smoke_settings",
     "train_dataclasses",
 ]
 
@@ -398,10 +405,6 @@ def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str
 
 
 # ------------------------------------------------------------------------ --smoke, derived settings
-#: Where a setting came from when :func:`--smoke <apply_smoke>` set it (the other origins: a config
-#: file's path, :data:`COMMAND_LINE`).
-SMOKE = "--smoke"
-COMMAND_LINE = "the command line"
 #: What ``--smoke`` sets (each unless given on the command line): the embedded base and the synthetic
 #: suite instead of the recipe's model and data, one prompt's group per micro-batch, two rollout
 #: batches, 48-token answers, float32 on the transformers engine, and ``branch_prefix '<think>'`` (on the
@@ -616,8 +619,6 @@ def check_model_source(name: str) -> None:
 def _model_config(name: str):
     """The model's config (no weights): the first thing ``from_pretrained`` reads."""
     from transformers import AutoConfig
-
-    import ncgrpo.processors  # noqa: F401 - registers the embedded base's classes where it has its own
 
     try:
         return AutoConfig.from_pretrained(name)
