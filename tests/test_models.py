@@ -222,6 +222,32 @@ def test_a_checkpoint_saved_with_a_video_processor_loads(kind, tmp_path):
     _check_text_and_images(processor)
 
 
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_hub_checkpoints_processor_saves_as_the_hub_class(kind, tmp_path):
+    """A checkpoint of a model trained here (TRL saves the processor beside the weights) names the upstream
+    class and keeps the source's video processor settings, so it loads with AutoProcessor wherever
+    torchvision is installed, and here with load_processor, processing as before."""
+    from transformers import AutoProcessor, utils
+
+    processor_class, image, video = HUB[kind]
+    source = hub_checkpoint(kind, tmp_path / "hub", weights=False)
+    processor = load_processor(source)
+    processor.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "processor_config.json").read_text())
+    assert saved["processor_class"] == processor_class and "video_processor" in saved
+    if not utils.is_torchvision_available():  # else the upstream class saved its own video processor
+        assert saved["video_processor"] == (video or image)  # what the upstream class reads from the source
+    tok = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
+    assert tok["processor_class"] == processor_class
+    (tmp_path / "saved" / "config.json").write_bytes((source / "config.json").read_bytes())
+    again = load_processor(tmp_path / "saved")
+    assert type(again) is type(processor) and again.chat_template == processor.chat_template
+    _check_text_and_images(again)
+    if utils.is_torchvision_available():
+        upstream = AutoProcessor.from_pretrained(tmp_path / "saved")
+        assert type(upstream).__name__ == processor_class and upstream.video_processor is not None
+
+
 def test_saved_processor_class_reads_the_files_autoprocessor_reads(tmp_path):
     from ncgrpo.processors import saved_processor_class
 

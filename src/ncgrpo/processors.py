@@ -28,6 +28,9 @@ The class names keep the ``Tiny`` prefix they were first saved under, so existin
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 __all__ = [
     "IMAGE_ONLY_PROCESSORS",
     "STANDARD_IMAGE_ONLY_PROCESSOR",
@@ -46,16 +49,50 @@ def _make_image_only(base):
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
+    def to_dict(self):
+        out = base.to_dict(self)
+        upstream = getattr(self, "_upstream", None)  # (class name, video processor dict): from_pretrained
+        if upstream is not None:
+            out["processor_class"] = upstream[0]
+            if upstream[1] is not None:
+                out["video_processor"] = upstream[1]
+        return out
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        files = base.save_pretrained(self, save_directory, *args, **kwargs)
+        upstream = getattr(self, "_upstream", None)
+        if upstream is not None:  # the tokenizer was saved naming this class
+            _set_json_key(Path(save_directory) / "tokenizer_config.json", "processor_class", upstream[0])
+        return files
+
     name = f"Tiny{base.__name__}"
     return type(
         name,
         (base,),
         {
             "__init__": __init__,
+            "to_dict": to_dict,
+            "save_pretrained": save_pretrained,
             "__module__": __name__,
-            "__doc__": (f"`{base.__name__}` without a video processor (works without torchvision)."),
+            "__doc__": (
+                f"`{base.__name__}` without a video processor (works without torchvision). Loaded from a "
+                f"checkpoint naming `{base.__name__}` (:func:`from_pretrained`), it saves as that checkpoint "
+                "did: the upstream class name and its video processor settings, so the saved folder loads "
+                "with `AutoProcessor` wherever torchvision is installed."
+            ),
         },
     )
+
+
+def _set_json_key(file: Path, key: str, value) -> None:
+    if not file.is_file():
+        return
+    data = json.loads(file.read_text(encoding="utf-8"))
+    if data.get(key) != value:
+        data[key] = value
+        file.write_text(
+            json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
 
 
 def _image_only_processors():
@@ -94,6 +131,7 @@ _UPSTREAM = {
     "Qwen2_5_VLProcessor": "qwen2_5_vl",
     "Qwen3VLProcessor": "qwen3_vl",
 }
+_UPSTREAM_NAMES = {kind: name for name, kind in _UPSTREAM.items()}
 #: Where ``AutoProcessor`` reads the processor class, in its order (the config's model type last).
 _CLASS_FILES = (
     "processor_config.json",
@@ -103,28 +141,45 @@ _CLASS_FILES = (
 )
 
 
+def _read_json(path, name: str) -> dict | None:
+    from transformers.utils import cached_file
+
+    file = cached_file(
+        path,
+        name,
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+        _raise_exceptions_for_gated_repo=False,
+    )
+    if file is None:
+        return None
+    with open(file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _video_processor_dict(path) -> dict | None:
+    """The video processor settings the upstream class reads from ``path`` (transformers' order: the
+    ``video_processor`` section of ``processor_config.json``, ``video_preprocessor_config.json``, then the
+    image processor's ``preprocessor_config.json``), without ``processor_class``; ``None`` if none."""
+    nested = _read_json(path, "processor_config.json") or {}
+    found = nested.get("video_processor")
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        if found is None:
+            found = _read_json(path, name)
+    if found is None:
+        return None
+    return {k: v for k, v in found.items() if k != "processor_class"}
+
+
 def saved_processor_class(path, config=None) -> str | None:
     """The processor class a checkpoint names, found as ``AutoProcessor`` finds it: ``processor_class``
     in the first of :data:`_CLASS_FILES` that has one, else the upstream processor of the model type
     (``config``, or the folder's ``config.json``); ``None`` if neither names one."""
-    import json
-
     from transformers import AutoConfig
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
-    from transformers.utils import cached_file
 
     for name in _CLASS_FILES:
-        file = cached_file(
-            path,
-            name,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-            _raise_exceptions_for_gated_repo=False,
-        )
-        if file is None:
-            continue
-        with open(file, encoding="utf-8") as f:
-            found = json.load(f).get("processor_class")
+        found = (_read_json(path, name) or {}).get("processor_class")
         if found:
             return found
     if config is None:
@@ -158,7 +213,9 @@ def from_pretrained(path, config=None, **kwargs):
 
     kind = image_only_kind(path, config)
     if kind is not None:
-        return IMAGE_ONLY_PROCESSORS[kind].from_pretrained(path, **kwargs)
+        processor = IMAGE_ONLY_PROCESSORS[kind].from_pretrained(path, **kwargs)
+        processor._upstream = (_UPSTREAM_NAMES[kind], _video_processor_dict(path))
+        return processor
     # PaddleOCRVLProcessor's image_processor_class attribute makes transformers 5.2x log a deprecation
     # warning that only transformers can act on; the loading itself is the standard one
     log = logging.getLogger("transformers.processing_utils")
@@ -195,9 +252,6 @@ def name_standard_processor(folder) -> None:
     image token (``"image_token": "<|image_pad|>"``, the token the Qwen processors use). Nothing else
     changes (weights, image processor, vocabulary, chat template). Idempotent. A folder saved by another
     processor (Qwen3-VL's, whose text settings differ) is refused."""
-    import json
-    from pathlib import Path
-
     folder = Path(folder)
     files = [folder / "processor_config.json", folder / "tokenizer_config.json"]
     data = {}
