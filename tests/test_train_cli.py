@@ -645,3 +645,31 @@ def test_steps_per_generation_not_a_multiple_is_refused_when_the_accumulation_ch
     err = capsys.readouterr().err
     assert "gradient_accumulation_steps 2" in err and "steps_per_generation 6" in err, err
     assert "--steps_per_generation" in err and not out.exists()
+
+
+def test_a_hub_id_that_is_no_folder_is_asked_once_not_retried(
+    tmp_path: Path, geo3k: Path, monkeypatch, capsys
+) -> None:
+    """ORG/NAME that is no local folder nor in the cache: one request to the hub; where it cannot be
+    reached (as here) the run is refused at once (transformers' lookup retried for ~30 s, after the
+    folder was written)."""
+    import huggingface_hub
+    import transformers
+
+    asked = []
+
+    def unreachable(name, **kwargs):
+        asked.append((name, kwargs.get("timeout")))
+        raise ConnectionError("Name or service not known")
+
+    def no_lookup(*a, **k):
+        raise AssertionError("transformers' retrying lookup was reached")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", no_lookup)
+    monkeypatch.chdir(tmp_path)  # no runs/ here: runs/tiny-qwen2.5-vl is shaped like a hub id
+    out = tmp_path / "out"
+    assert main(_args(out, geo3k, "runs/tiny-qwen2.5-vl", "--dry-run")) == 2
+    err = capsys.readouterr().err
+    assert "no local folder" in err and "the hub cannot be reached" in err, err
+    assert asked == [("runs/tiny-qwen2.5-vl", 10)] and not out.exists()

@@ -588,8 +588,9 @@ def _looks_like_a_path(name: str) -> bool:
 
 def check_model_source(name: str) -> None:
     """Refuse, with no hub lookup, a ``model_name_or_path`` that names a folder that is not there (or a
-    file, or a folder with no ``config.json``); a hub id ``ORG/NAME`` is looked up (cache first) by
-    :func:`_model_config`. With ``HF_HUB_OFFLINE`` set, a hub id missing from the cache is refused here."""
+    file, or a folder with no ``config.json``). A name shaped like a hub id ``ORG/NAME`` that is no local
+    folder must be in the hub cache or answer one request to the hub (refused at once where the hub
+    says no such model or cannot be reached, or ``HF_HUB_OFFLINE`` is set)."""
     p = Path(name)
     if p.exists():
         if not p.is_dir():
@@ -607,13 +608,31 @@ def check_model_source(name: str) -> None:
             f"model_name_or_path {name}: no such folder ({p.absolute()}); pass a folder written by "
             "save_pretrained, or a hub id ORG/NAME"
         )
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
         raise ValueError(
-            f"model_name_or_path {name}: not a local folder, and not in the hub cache ({constants.HF_HUB_CACHE}) "
-            "while HF_HUB_OFFLINE is set"
+            f"model_name_or_path {name}: no local folder {p.absolute()}, and not in the hub cache "
+            f"({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE is set"
         )
+    # one request, no retries: transformers' own lookup retries for ~30 s where the hub cannot be reached
+    try:
+        model_info(name, timeout=10)
+    except GatedRepoError:
+        return  # it exists; the config lookup says what access it needs
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"model_name_or_path {name}: no local folder {p.absolute()}, and no model {name} on the hub "
+            "(or a private one: log in with `hf auth login`)"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - the hub cannot be reached: the run could not load it either
+        raise ValueError(
+            f"model_name_or_path {name}: no local folder {p.absolute()}, and the hub cannot be reached to look "
+            f"it up as a hub id ({type(e).__name__}: {e}); pass a local folder"
+        ) from None
 
 
 def _model_config(name: str):
