@@ -75,9 +75,9 @@ def parse_args(argv=None):
         "--time-cap",
         type=float,
         default=0.0,
-        help="seconds for the timed part (repeats, breakdown, hook share; 0: no cap). The repeats stop when "
-        "the next round would pass 60%% of it, the breakdown runs up to 80%%, the hook share up to 100%%; the "
-        "summary prints whatever ran (at least one repeat of each arm)",
+        help="seconds from the process's start (imports and the model's build included; 0: no cap). The "
+        "repeats stop when the next round would pass 60%% of it, the breakdown runs up to 80%%, the hook "
+        "share up to 100%%; the summary prints whatever ran (at least one repeat of each arm)",
     )
     p.add_argument(
         "--save-model",
@@ -98,12 +98,27 @@ def parse_args(argv=None):
     return args
 
 
-class Deadline:
-    """A time cap measured from construction: ``left(frac)`` is the time before ``frac`` of the cap
-    (inf with no cap); ``fits(frac, need)`` says whether ``need`` more seconds fit before it."""
+def process_age() -> float:
+    """Seconds since this process started (Linux: /proc; elsewhere 0), so that a time cap covers the
+    interpreter's start, the imports and the model's build as a part's outer cap does."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        import os
 
-    def __init__(self, cap_s: float, clock=time.perf_counter):
-        self.cap, self.clock, self.t0 = cap_s, clock, clock()
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+class Deadline:
+    """A time cap: ``left(frac)`` is the time before ``frac`` of the cap (inf with no cap), counted from
+    ``start`` (a ``clock`` reading; default: now); ``fits(frac, need)`` says whether ``need`` more seconds
+    fit before it."""
+
+    def __init__(self, cap_s: float, clock=time.perf_counter, start: float | None = None):
+        self.cap, self.clock = cap_s, clock
+        self.t0 = clock() if start is None else start
         self.cut: list[str] = []  # what the cap cut short, for the summary
 
     def left(self, frac: float = 1.0) -> float:
@@ -216,6 +231,8 @@ def main(argv=None) -> dict:
     from ncgrpo.engines.rollout import generate_groups
     from ncgrpo.toy.model import count_parameters
 
+    # the time cap counts from the process's start when run as a script (from this call when called)
+    t_start = time.perf_counter() - (process_age() if argv is None else 0.0)
     args = parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
@@ -285,7 +302,7 @@ def main(argv=None) -> dict:
     times = {k: [] for k in arms}
     cpu_times = {k: [] for k in arms}
     names = list(arms)
-    cap = Deadline(args.time_cap)
+    cap = Deadline(args.time_cap, start=t_start)
     round_s = 0.0
     for i in range(args.repeats):
         if i and not cap.fits(0.6, round_s):

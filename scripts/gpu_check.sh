@@ -27,7 +27,7 @@
 #   --device D       cuda (default) or cpu (the rehearsal, scripts/gpu_rehearse.sh)
 #   --scale S        full (default) or tiny (tiny models and few tokens: the CPU rehearsal)
 #   --skip LIST      comma-separated parts to skip (tests,rollout,step,loss,train,lora)
-#   --budget S       seconds for the whole plan (default 400; full scale's caps add up to it): a part
+#   --budget S       seconds for the whole plan (default 360; full scale's caps add up to it): a part
 #                    gets min(its cap, what is left), a part with under 10 s left is skipped
 #   --cap PART=S     one part's cap in seconds (repeatable; e.g. --cap step=200)
 #   --work DIR       models, training runs, site-packages (default ${TMPDIR:-/tmp}/gpu_check_work)
@@ -47,7 +47,7 @@ die() { echo "$PROG: error: $*" >&2; exit 2; }
 quote() { local out="" a; for a in "$@"; do out+="$(printf '%q' "$a") "; done; echo "${out% }"; }
 
 OUT="" PY="python3" WHEELS="" SKIP="" WORK="${TMPDIR:-/tmp}/gpu_check_work" DEVICE=cuda SCALE=full
-BUDGET=400 DRY_RUN=0 KEEP_LOGS=0 CAP_ARGS=()
+BUDGET=360 DRY_RUN=0 KEEP_LOGS=0 CAP_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --python) [ $# -ge 2 ] || die "--python needs a path"; PY="$2"; shift 2 ;;
@@ -79,10 +79,10 @@ done
 skipped() { case ",$SKIP," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # each part's cap in seconds (planned times and the reasoning: docs/gpu.md, "Time plan")
-declare -A CAP=([setup]=25 [env]=25 [tests]=45 [rollout]=65 [step]=100 [loss]=50 [train]=55 [lora]=35)
+declare -A CAP=([setup]=25 [env]=15 [tests]=40 [rollout]=60 [step]=90 [loss]=45 [train]=50 [lora]=35)
 if [ "$SCALE" = tiny ]; then  # a 2-core CPU: tiny models, but every part really runs
     CAP=([setup]=60 [env]=30 [tests]=240 [rollout]=90 [step]=150 [loss]=90 [train]=240 [lora]=180)
-    [ "$BUDGET" != 400 ] || BUDGET=1200
+    [ "$BUDGET" != 360 ] || BUDGET=1200
 fi
 for c in ${CAP_ARGS[@]+"${CAP_ARGS[@]}"}; do
     name="${c%%=*}" val="${c#*=}"
@@ -98,16 +98,15 @@ SITE="$WORK/site"
 MODEL="$WORK/model"
 REPORT_PY="$(command -v python3 || echo "$PY")"  # the report needs only the standard library
 
-# the parts' commands. INNER: the benchmarks' own time caps, below their parts' caps by the time a
-# benchmark needs before it times (imports, building the model, warm-up)
+# the parts' commands. The benchmarks' own time caps count from their process's start and stop 12 s
+# before their parts' caps: the time left to write the summary and the JSON
 if [ "$SCALE" = full ]; then
     DTYPE=bfloat16 SIZE=1.5b
     ROLLOUT_ARGS=(--size 1.5b --images 1 --image-size 448 --prompts 8 --n 6 --max-new-tokens 64 --repeats 9)
-    STEP_ARGS=(--size 1.5b --G 12 --prompts-per-step 2 --max-completion-length 64 --image-size 448 --steps 3 --repeats 3)
+    STEP_ARGS=(--size 1.5b --G 12 --prompts-per-step 1 --max-completion-length 32 --image-size 448 --steps 3 --repeats 3)
     LOSS_ARGS=(--tower 1.5b --kinds vl --G 12 --proxy-P 800 --proxy-C 500 --repeats 15)
     TRAIN_SHAPE=(--max_completion_length 256)
     LORA_SHAPE=(--max_completion_length 128)
-    OVERHEAD_rollout=35 OVERHEAD_step=30 OVERHEAD_loss=30
 else
     DTYPE=float32 SIZE=tiny
     ROLLOUT_ARGS=(--size tiny --images 1 --image-size 56 --prompts 2 --n 2 --max-new-tokens 8 --repeats 3 --threads 1)
@@ -115,7 +114,6 @@ else
     LOSS_ARGS=(--tower proxy --kinds vl --G 4 --proxy-P 120 --proxy-C 20 --repeats 3 --threads 1)
     TRAIN_SHAPE=(--max_completion_length 16 --min_pixels 3136 --max_pixels 12544 --use_cpu --bf16 false)
     LORA_SHAPE=("${TRAIN_SHAPE[@]}")
-    OVERHEAD_rollout=30 OVERHEAD_step=40 OVERHEAD_loss=40
 fi
 BUILD_MODEL=("$PY" benchmarks/bench_rollout.py --device "$DEVICE" --dtype "$DTYPE" --size "$SIZE"
     --image-size 448 --build-only --save-model "$MODEL")
@@ -125,7 +123,7 @@ RECIPE=recipes/qwen2_5_vl_7b_latent_sigma0.2.yaml
 TRAIN_BASE=(-m ncgrpo.cli train --config "$RECIPE" --model_name_or_path "$MODEL" --dataset_name synthetic
     --use_vllm false --per_device_train_batch_size 4 --gradient_accumulation_steps 3 --steps_per_generation 12
     --save_strategy no --logging_steps 1 --report_to none --overwrite)
-inner() { local part="$1" cap="$2" o; eval "o=\$OVERHEAD_$part"; echo $(( cap - o > 5 ? cap - o : 5 )); }
+inner() { local cap="$2"; echo $(( cap - 12 > 5 ? cap - 12 : 5 )); }
 
 part_cmd() {  # part_cmd PART CAP: sets CMD (an array) for PART at this cap
     local part="$1" cap="$2"
