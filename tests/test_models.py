@@ -197,6 +197,9 @@ def test_a_hub_shaped_checkpoint_loads_model_and_processor(kind, tmp_path):
         assert type(processor) is IMAGE_ONLY_PROCESSORS[kind]
         with pytest.raises(ImportError, match="[Tt]orchvision"):  # what the upstream loading does here
             upstream.from_pretrained(path)
+        video = np.zeros((4, 56, 56, 3), dtype=np.uint8)  # refused, not dropped (upstream __call__ would)
+        with pytest.raises(ValueError, match="no video processor.*torchvision"):
+            processor(text=["<|vision_start|><|video_pad|><|vision_end|>hi"], videos=[video])
     assert processor.chat_template == QWEN_CHAT_TEMPLATE  # from chat_template.json
     ip = processor.image_processor
     want = HUB[kind][1]

@@ -14,7 +14,9 @@ A checkpoint from the hub names the upstream class (``preprocessor_config.json``
 without torchvision. :func:`from_pretrained` (what :func:`ncgrpo.models.load_processor` calls) builds it
 with ``AutoProcessor`` where torchvision is installed, and the image-only subclass of the same class
 from the same files where it is not: same image processor, tokenizer, chat template, text and image
-processing; videos are refused.
+processing; videos are refused with that reason. Saved again (a checkpoint of a model trained here), it
+names the upstream class and keeps the source's video processor settings, so the folder loads with
+``AutoProcessor`` wherever torchvision is installed.
 
 A folder saved by the Qwen2-VL or Qwen2.5-VL image-only processor names it (``TinyQwen2_5_VLProcessor``),
 which ``AutoProcessor`` finds only in a process that imported this module; elsewhere it falls back to a
@@ -49,6 +51,15 @@ def _make_image_only(base):
     def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
         base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
 
+    def __call__(self, images=None, text=None, videos=None, **kwargs):
+        if videos is not None:  # the upstream __call__ would drop them silently without a video processor
+            raise ValueError(
+                f"{type(self).__name__} has no video processor: it is {base.__name__} without one, for "
+                "machines without torchvision (transformers' video processors need it); load the checkpoint "
+                "with torchvision installed to process videos"
+            )
+        return base.__call__(self, images=images, text=text, **kwargs)
+
     def to_dict(self):
         out = base.to_dict(self)
         upstream = getattr(self, "_upstream", None)  # (class name, video processor dict): from_pretrained
@@ -71,6 +82,7 @@ def _make_image_only(base):
         (base,),
         {
             "__init__": __init__,
+            "__call__": __call__,
             "to_dict": to_dict,
             "save_pretrained": save_pretrained,
             "__module__": __name__,
