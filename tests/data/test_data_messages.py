@@ -39,3 +39,36 @@ def test_a_json_file_without_rows_names_the_file(tmp_path: Path, content, match)
     f.write_text(json.dumps(content))
     with pytest.raises(BenchmarkDataError, match=match):
         load_benchmark("mathvista", f, split="test")
+
+
+def test_image_hash_is_the_pixels_not_the_file() -> None:
+    """Issue 32, item 9: records hash the figures' decoded pixels, in order."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from ncgrpo.data.prompts import image_hash
+
+    pixels = np.random.default_rng(0).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    a = Image.fromarray(pixels)
+    stored = {}
+    for fmt, kw in (
+        ("PNG", {"compress_level": 0}),
+        ("PNG", {"compress_level": 9}),
+        ("BMP", {}),
+        ("TIFF", {}),
+    ):
+        buf = io.BytesIO()
+        a.save(buf, format=fmt, **kw)
+        stored[(fmt, str(kw))] = buf.getvalue()
+    assert len(set(stored.values())) == 4  # four files ...
+    hashes = {image_hash([Image.open(io.BytesIO(b))]) for b in stored.values()}
+    assert hashes == {image_hash([a])} and len(image_hash([a])) == 16  # ... one picture
+    changed = pixels.copy()
+    changed[4, 3, 0] ^= 1  # one channel of one pixel
+    assert image_hash([Image.fromarray(changed)]) != image_hash([a])
+    b = Image.fromarray(np.zeros((9, 7, 3), dtype=np.uint8))
+    assert image_hash([a, b]) != image_hash([b, a])  # order is part of the question
+    assert image_hash([a.transpose(Image.Transpose.TRANSPOSE)]) != image_hash([a])
+    assert image_hash([]) == ""

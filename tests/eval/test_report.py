@@ -537,3 +537,69 @@ def test_compare_out_is_a_report_folder_with_its_kind(tmp_path, table1_dirs, cap
     # a report folder is not a run: compare --runs on it is refused by what it lacks
     assert cli.main(["compare", "--runs", str(out), "--baseline", "x"]) == 2
     assert "no records.jsonl" in capsys.readouterr().err
+
+
+# --- pairing by the question's pixels (issue 32, item 9) ---------------------------------------------
+
+
+def _figure(seed: int, size: int = 28):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+
+
+def _reencoded(image, **png):
+    """``image`` written to PNG bytes with ``png`` options and opened again (same pixels, other bytes)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", **png)
+    return Image.open(io.BytesIO(buf.getvalue())), buf.getvalue()
+
+
+def test_compare_pairs_by_the_figure_not_only_the_text(tmp_path, capsys):
+    """Geometry3K reuses question texts and golds under different figures: two runs whose q1 showed
+    another figure (same text, same gold) are not paired; the same figure stored with other PNG bytes is."""
+    from ncgrpo.data.types import Question
+    from ncgrpo.eval.evaluate import DecodingSettings, evaluate
+    from ncgrpo.models import load_model_and_processor
+    from tiny_models import save_tiny_vl
+
+    model, proc = load_model_and_processor(save_tiny_vl(tmp_path / "vl"), device="cpu")
+    figures = [_figure(i) for i in range(3)]
+    compact, small_bytes = _reencoded(figures[1], compress_level=9)
+    loose, big_bytes = _reencoded(figures[1], compress_level=0)
+    assert small_bytes != big_bytes  # the same pixels stored as other bytes
+
+    def run(name: str, q1_figure) -> Path:
+        qs = [
+            Question("geo3k", f"q{i}", "<image>Find x.", "3", images=[im], role="in_domain")
+            for i, im in enumerate([figures[0], q1_figure, figures[2]])
+        ]
+        out = tmp_path / name
+        settings = DecodingSettings(max_new_tokens=2, batch_size=3)
+        evaluate(model, proc, qs, out, model_id="m", name=name, settings=settings, progress=False)
+        return out
+
+    base, same, other = run("base", compact), run("same", loose), run("other", _figure(7))
+    recs = {d.name: {r.question_id: r for r in load_runs([d])[0].records} for d in (base, same, other)}
+    assert recs["base"]["q1"].prompt_hash == recs["other"]["q1"].prompt_hash  # the text alone cannot tell
+    assert recs["base"]["q1"].image_hash == recs["same"]["q1"].image_hash != recs["other"]["q1"].image_hash
+    assert recs["base"]["q0"].image_hash == recs["other"]["q0"].image_hash
+    compare(load_runs([base, same]), "base")  # same pixels, other PNG bytes: paired
+    with pytest.raises(AlignmentError, match=r"question geo3k/q1 is not the same question .*image pixels"):
+        compare(load_runs([base, other]), "base")
+    assert cli.main(["compare", "--runs", str(base), str(other), "--baseline", "base"]) == 2
+    assert "geo3k/q1 is not the same question" in capsys.readouterr().err
+
+    # records written before image_hash existed load, and pair on the text and gold as they did
+    lines = (other / RECORDS_FILE).read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    for row in rows:
+        del row["image_hash"]
+    (other / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert {r.image_hash for r in load_runs([other])[0].records} == {""}
+    compare(load_runs([base, other]), "base")

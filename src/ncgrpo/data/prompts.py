@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ncgrpo.data.types import MATH_PROMPT, Question
 
-__all__ = ["IMAGE_PLACEHOLDER", "build_messages", "prompt_hash", "prompt_text", "render_prompt"]
+__all__ = ["IMAGE_PLACEHOLDER", "build_messages", "image_hash", "prompt_hash", "prompt_text", "render_prompt"]
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -89,6 +90,26 @@ def _canonical(obj: Any) -> Any:
 
 
 def prompt_hash(messages: list[dict[str, Any]], length: int = 16) -> str:
-    """Short sha256 hex of ``messages`` in canonical JSON (sorted keys, no whitespace), for records."""
+    """Short sha256 hex of ``messages`` in canonical JSON (sorted keys, no whitespace), for records.
+
+    The text only: image payloads hash as a marker (:func:`image_hash` is the pixels' hash)."""
     payload = json.dumps(_canonical(messages), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:length]
+
+
+def image_hash(images: Sequence[Any], length: int = 16) -> str:
+    """Short sha256 hex of the decoded pixels of ``images`` (PIL images), in order; ``""`` for none.
+
+    Each image counts as what the model is given, its RGB pixels (``convert("RGB")``), with its size,
+    so the same picture stored in another file format or compression hashes the same, and one changed
+    pixel does not. Records carry it beside :func:`prompt_hash` so that two runs are paired only on
+    questions that showed the same figures (many Geometry3K questions share a text and differ only there).
+    """
+    if not images:
+        return ""
+    h = hashlib.sha256(f"{len(images)} images".encode())
+    for im in images:
+        rgb = im.convert("RGB")
+        h.update(f";{rgb.width}x{rgb.height};".encode())
+        h.update(rgb.tobytes())
+    return h.hexdigest()[:length]

@@ -57,6 +57,10 @@ class EvalRecord:
     checkpoint: str | None = None
     seed: int | None = None
     decoding: dict[str, Any] = field(default_factory=dict)
+    #: sha256 of the question's decoded image pixels (``ncgrpo.data.prompts.image_hash``); ``""`` for a
+    #: question without images and in records written before the field existed (their pairing checks
+    #: the prompt text and gold only).
+    image_hash: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -76,6 +80,7 @@ class EvalRecord:
         known.setdefault("extracted", None)
         known.setdefault("gold", "")
         known.setdefault("model", "")
+        known.setdefault("image_hash", "")
         if not isinstance(known["correct"], bool):
             raise ValueError(f"{where}: field 'correct' must be true/false, got {known['correct']!r}")
         return cls(**known)

@@ -195,12 +195,16 @@ def _outcomes(records: Iterable[RecordLike], benchmark: str | None, side: str) -
     return out
 
 
-def _asked(records: Iterable[RecordLike], benchmark: str | None) -> dict[tuple[str, str], tuple[str, str]]:
-    """(benchmark, question_id) -> (prompt_hash, gold) as recorded ("" where a record has none)."""
+def _asked(
+    records: Iterable[RecordLike], benchmark: str | None
+) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """(benchmark, question_id) -> (prompt_hash, gold, image_hash) as recorded ("" where a record has
+    none: image_hash in records written before it existed, or for a question without images)."""
     return {
         (r.benchmark, str(r.question_id)): (
             str(getattr(r, "prompt_hash", "") or ""),
             str(getattr(r, "gold", "") or ""),
+            str(getattr(r, "image_hash", "") or ""),
         )
         for r in records
         if benchmark is None or r.benchmark == benchmark
@@ -212,17 +216,19 @@ def _check_same_questions(
 ) -> None:
     qa, qb = _asked(records_a, benchmark), _asked(records_b, benchmark)
     for key in sorted(qa.keys() & qb.keys()):
-        (ha, ga), (hb, gb) = qa[key], qb[key]
+        (ha, ga, ia), (hb, gb, ib) = qa[key], qb[key]
         what = []
         if ha and hb and ha != hb:
             what.append(f"prompt_hash {ha} vs {hb}")
         if ga and gb and ga != gb:
             what.append(f"gold {ga!r} vs {gb!r}")
+        if ia and ib and ia != ib:
+            what.append(f"image pixels (image_hash) {ia} vs {ib}")
         if what:
             raise AlignmentError(
                 f"question {key[0]}/{key[1]} is not the same question in the two runs ({'; '.join(what)}): "
                 "they were evaluated on different question sets that reuse ids (e.g. a suite built with "
-                "another seed); compare runs evaluated on the same data"
+                "another seed, or a figure changed under the same text); compare runs evaluated on the same data"
             )
 
 
@@ -241,8 +247,9 @@ def align(
     runs did not answer the same questions (e.g. an unfinished evaluation): a paired test on the
     intersection would silently compare different question sets across configurations. Also when a
     shared ``(benchmark, question_id)`` was not the same question in the two runs: records that carry
-    a ``prompt_hash`` or a ``gold`` answer (both non-empty) must agree on them, else the error names the
-    first such id (e.g. suites generated with two seeds reuse ids for other questions).
+    a ``prompt_hash``, a ``gold`` answer or an ``image_hash`` (the figures' pixels; both non-empty) must
+    agree on them, else the error names the first such id (e.g. suites generated with two seeds reuse
+    ids for other questions; a figure redrawn under the same text and gold).
     """
     records_a, records_b = list(records_a), list(records_b)
     oa = _outcomes(records_a, benchmark, "a")
