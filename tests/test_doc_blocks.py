@@ -289,6 +289,18 @@ def test_paths_in_docstrings_exist() -> None:
     assert not missing, "docstrings cite paths that do not exist:\n" + "\n".join(missing)
 
 
+# ------------------------------------------------------------------------------------------ drift
+def test_the_demo_time_is_one_figure() -> None:
+    """The README's demo time (seconds, as measured) is the one every other page and the demo's help give."""
+    m = re.search(r"`ncgrpo demo` runs .*?\((\d+(?:\.\d+)?) s, about", (ROOT / "README.md").read_text(), re.S)
+    assert m, "README.md's demo paragraph gives no measured time in seconds"
+    figure = f"{m.group(1)} s"
+    pages = ["docs/embedded-base.md", "docs/quickstart.md", "docs/benchmarks.md"]
+    pages += ["src/ncgrpo/toy/demo.py", "src/ncgrpo/commands/demo.py"]
+    missing = [p for p in pages if figure not in (ROOT / p).read_text()]
+    assert not missing, f"these do not give the README's demo time ({figure}): {missing}"
+
+
 # ----------------------------------------------------------------------------------- the checker
 def test_the_checker_catches_a_broken_block(tmp_path) -> None:
     """The parsing and the flag check fail on a wrong command and pass a right one."""
