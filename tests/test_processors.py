@@ -184,3 +184,26 @@ def test_name_standard_processor_on_a_freshly_saved_folder(tmp_path):
         name_standard_processor(tmp_path / "q3")
     with pytest.raises(FileNotFoundError, match="processor_config.json"):
         name_standard_processor(tmp_path / "missing")
+
+
+def test_the_upstream_class_loads_the_embedded_base_where_torchvision_is_installed():
+    """vLLM builds ``Qwen2_5_VLProcessor`` itself (never AutoProcessor) for a Qwen2.5-VL checkpoint: the
+    base's processor config has the video processor section that class needs, and its text and image
+    processing equal the standard class's. Here without torchvision only the section is checked (the
+    upstream load was run with PyPI's torchvision beside the CPU torch, scripts/_ncgrpo_torchvision_cpu.py)."""
+    from transformers import Qwen2_5_VLProcessor, utils
+
+    video = json.loads((ASSET_DIR / "processor_config.json").read_text())["video_processor"]
+    assert video["video_processor_type"] == "Qwen2VLVideoProcessor"
+    assert (video["patch_size"], video["merge_size"], video["size"]) == (
+        14,
+        2,
+        {"longest_edge": 7056, "shortest_edge": 784},
+    )
+    if not utils.is_torchvision_available():
+        pytest.skip("no torchvision here: the upstream class cannot be built")
+    upstream, standard = Qwen2_5_VLProcessor.from_pretrained(ASSET_DIR), load_processor(ASSET_DIR)
+    a, b = _outputs(upstream), _outputs(standard)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]) if torch.is_tensor(a[k]) else a[k] == b[k], k

@@ -261,9 +261,13 @@ def name_standard_processor(folder) -> None:
     """Make ``folder`` (saved by ``TinyQwen2_5_VLProcessor`` or ``TinyQwen2VLProcessor``) load with
     ``AutoProcessor`` and no ncgrpo import: ``processor_class`` in ``processor_config.json`` and
     ``tokenizer_config.json`` becomes :data:`STANDARD_IMAGE_ONLY_PROCESSOR`, and the tokenizer names its
-    image token (``"image_token": "<|image_pad|>"``, the token the Qwen processors use). Nothing else
-    changes (weights, image processor, vocabulary, chat template). Idempotent. A folder saved by another
-    processor (Qwen3-VL's, whose text settings differ) is refused."""
+    image token (``"image_token": "<|image_pad|>"``, the token the Qwen processors use). The processor
+    config also gets a ``video_processor`` section (the image processor's settings, for transformers'
+    ``Qwen2VLVideoProcessor``, which is what transformers derives from a hub checkpoint without one), which
+    the standard class ignores and the upstream class needs: vLLM, which builds ``Qwen2_5_VLProcessor``
+    itself where torchvision is installed, loads the folder too. Nothing else changes (weights, image
+    processor, vocabulary, chat template). Idempotent. A folder saved by another processor (Qwen3-VL's,
+    whose text settings differ) is refused."""
     folder = Path(folder)
     files = [folder / "processor_config.json", folder / "tokenizer_config.json"]
     data = {}
@@ -280,5 +284,9 @@ def name_standard_processor(folder) -> None:
     for d in data.values():
         d["processor_class"] = STANDARD_IMAGE_ONLY_PROCESSOR
     data[files[1]].setdefault("image_token", "<|image_pad|>")
+    image = data[files[0]].get("image_processor")
+    if isinstance(image, dict) and "video_processor" not in data[files[0]]:
+        video = {k: v for k, v in image.items() if k != "image_processor_type"}
+        data[files[0]]["video_processor"] = {**video, "video_processor_type": "Qwen2VLVideoProcessor"}
     for f, d in data.items():
         f.write_text(json.dumps(d, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
