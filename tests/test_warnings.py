@@ -39,11 +39,23 @@ def test_gradient_checkpointing_gives_no_future_warning(value) -> None:
     assert getattr(args, "activation_checkpointing", args.gradient_checkpointing) is expected
 
 
+def test_gradient_checkpointing_kwargs_give_no_future_warning() -> None:
+    """The paper recipes' `gradient_checkpointing_kwargs: {use_reentrant: false}` (the portable name)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        args = _config(gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert not [w for w in seen if issubclass(w.category, FutureWarning)], [str(w.message) for w in seen]
+    kwargs = getattr(args, "activation_checkpointing_kwargs", args.gradient_checkpointing_kwargs)
+    assert kwargs == {"use_reentrant": False}
+
+
 def test_no_pinned_memory_without_an_accelerator() -> None:
     """torch's DataLoader warns at every epoch when asked to pin memory with no accelerator (CPU runs)."""
     import torch
 
-    assert _config().dataloader_pin_memory is torch.accelerator.is_available()  # TRL's default where it can pin
+    assert (
+        _config().dataloader_pin_memory is torch.accelerator.is_available()
+    )  # TRL's default where it can pin
     assert _config(use_cpu=True).dataloader_pin_memory is False
 
 
@@ -77,6 +89,40 @@ def test_pixel_budget_sets_the_size_and_gives_no_future_warning() -> None:
     assert default["image_grid_thw"].tolist() != [[1, 8, 8]]  # the checkpoint's own budget differs
 
 
+@pytest.mark.parametrize("method", ["latent", "image"])
+def test_a_training_step_warns_nothing(tmp_path, method) -> None:
+    """One NCGRPOTrainer step through the library on the embedded base, every warning recorded (numpy's
+    DeprecationWarning about tensors turned into arrays on the image method's path included)."""
+    from datasets import Dataset
+    from PIL import Image
+
+    from ncgrpo import NCGRPOTrainer
+    from ncgrpo.models import load_model_and_processor
+    from ncgrpo.rewards import math_reward
+
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "2 + 3? \\boxed{}"}]}]
+    data = Dataset.from_list([{"prompt": chat, "images": [Image.new("RGB", (56, 56))], "answer": "5"}] * 2)
+    model, processor = load_model_and_processor(BASE, device=None)
+    args = _config(
+        output_dir=str(tmp_path),
+        rollout_method=method,
+        max_steps=1,
+        schedule_k_mid=1,
+        max_completion_length=4,
+        branch_prefix="<think>",
+        save_strategy="no",
+        report_to="none",
+    )
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = NCGRPOTrainer(
+            model=model, reward_funcs=math_reward, args=args, train_dataset=data, processing_class=processor
+        )
+        trainer.train()
+    mine = [w for w in seen if not issubclass(w.category, ResourceWarning)]
+    assert not mine, [f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}" for w in mine]
+
+
 _WARNING = re.compile(r"\b\w*Warning\b: |warnings\.warn|resource_tracker")
 
 
@@ -102,7 +148,8 @@ def _no_warnings(out: str) -> None:
 
 @pytest.mark.slow
 def test_commands_at_their_defaults_warn_nothing(tmp_path) -> None:
-    """train with the tiny recipe, a short demo, eval of its suite, probe: no warning of any kind."""
+    """train with the tiny recipe and two paper recipes' --smoke forms, a short demo, eval of its suite, probe:
+    no warning of any kind."""
     _no_warnings(
         _run(
             tmp_path,
@@ -135,6 +182,11 @@ def test_commands_at_their_defaults_warn_nothing(tmp_path) -> None:
             "--no_progress",
         )
     )
+    for recipe in ("qwen2_5_vl_7b_latent_sigma0.2", "qwen2_5_vl_7b_image"):  # a paper recipe's smoke form
+        config = str(ROOT / "recipes" / f"{recipe}.yaml")
+        _no_warnings(
+            _run(tmp_path, "train", "--config", config, "--smoke", "--output_dir", f"smoke-{recipe}")
+        )
     _no_warnings(
         _run(tmp_path, "probe", "--prompts", "4", "--rollouts", "2", "--sigma0", "0", "0.2", "--no_progress")
     )

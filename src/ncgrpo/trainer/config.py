@@ -256,13 +256,16 @@ class NCGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        if getattr(self, "activation_checkpointing", False) is None and isinstance(
-            self.gradient_checkpointing, bool
+        for old, new in (
+            ("gradient_checkpointing", "activation_checkpointing"),
+            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
         ):
-            # Under the name this transformers wants (>= 5.18: `gradient_checkpointing` is a deprecated alias
-            # that warns at every config). TRL's default is on; the recipes write `gradient_checkpointing`
-            # because vLLM's transformers (< 5.18) has no `activation_checkpointing`, so both values move.
-            self.activation_checkpointing, self.gradient_checkpointing = self.gradient_checkpointing, None
+            # Under the names this transformers wants (>= 5.18: `gradient_checkpointing*` are deprecated
+            # aliases that warn at every config). TRL's default is on; the recipes write the old names
+            # because vLLM's transformers (< 5.18) has no `activation_checkpointing*`, so values move.
+            if getattr(self, new, False) is None and getattr(self, old) is not None:
+                setattr(self, new, getattr(self, old))
+                setattr(self, old, None)
         super().__post_init__()
         if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
             # pinning needs an accelerator; torch's DataLoader warns at every epoch on a CPU-only machine

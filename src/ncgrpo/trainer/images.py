@@ -226,14 +226,14 @@ class ImageNoise:
                     proc = image_processor(
                         images=distort_images(row_imgs, t, seed, policy), do_resize=False, return_tensors="pt"
                     )
-                    new_grid = torch.as_tensor(np.array(proc["image_grid_thw"]))
+                    new_grid = torch.as_tensor(proc["image_grid_thw"])
                     if not torch.equal(new_grid.cpu(), grid[img_idx : img_idx + len(row_imgs)].cpu()):
                         raise RuntimeError(
                             f"distorted images have patch grid {new_grid.tolist()}, the clean ones "
                             f"{grid[img_idx : img_idx + len(row_imgs)].tolist()}: the image processor's "
                             f"size rule is not {policy}, so the noisy copy cannot match the clean image"
                         )
-                    done[p.prompt_id] = torch.as_tensor(np.array(proc["pixel_values"])).to(new_pv.dtype)
+                    done[p.prompt_id] = torch.as_tensor(proc["pixel_values"]).to(new_pv.dtype)
                 new_pv[lo:hi] = done[p.prompt_id]
             img_idx += len(row_imgs)
         out["pixel_values"] = new_pv
