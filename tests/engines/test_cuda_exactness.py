@@ -35,10 +35,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @pytest.fixture(scope="module")
-def device() -> torch.device:
+def device():
+    """The device, with TF32 off while these tests run: cuDNN's default TF32 convolutions (the vision
+    tower's patch embedding) would round differently for the shared and the repeated batch shapes."""
     if DEVICE.startswith("cuda") and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (NCGRPO_GPU_CHECK_DEVICE=cpu runs these on the CPU)")
-    return torch.device(DEVICE)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield torch.device(DEVICE)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.fixture(scope="module")
