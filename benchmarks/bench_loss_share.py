@@ -344,12 +344,7 @@ def measure(kind: str, args) -> dict:
     }
 
 
-def main(argv=None):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_rollout import process_age
-
-    # the time cap counts from the process's start when run as a script (from this call when called)
-    t_start = time.perf_counter() - (process_age() if argv is None else 0.0)
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--P", type=int, default=800, help="prompt tokens incl. the image's (FLOP count)")
     p.add_argument("--C", type=int, default=500, help="completion tokens (FLOP count)")
@@ -379,6 +374,19 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.repeats < 1 or args.time_cap < 0:
         p.error("--repeats must be >= 1 and --time-cap >= 0")
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or any(k not in ("text", "vl") for k in kinds):
+        p.error(f"--kinds: text and/or vl, got {args.kinds!r}")
+    return args
+
+
+def main(argv=None):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_rollout import process_age
+
+    # the time cap counts from the process's start when run as a script (from this call when called)
+    t_start = time.perf_counter() - (process_age() if argv is None else 0.0)
+    args = parse_args(argv)
     args.t_start = t_start
     torch.set_num_threads(args.threads)
     flops = flop_table(args.P, args.C, args.G, args.image_tokens)

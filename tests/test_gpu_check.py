@@ -99,6 +99,28 @@ def test_default_plan_fits_the_lent_machine(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
+@pytest.mark.parametrize("scale", ["full", "tiny"])
+def test_benchmark_commands_parse(tmp_path: Path, scale: str) -> None:
+    """Each benchmark part's flags through that benchmark's own parser, at both scales: a flag the
+    benchmark does not take fails here, not on the lent machine."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_loss_share
+    import bench_rollout
+    import bench_train
+
+    p = plan(tmp_path, "--scale", scale)
+    parsers = {"rollout": bench_rollout, "step": bench_train, "loss": bench_loss_share}
+    for part, mod in parsers.items():
+        argv = shlex.split(cap_and_command(p[part])[1])
+        args = mod.parse_args(argv[argv.index(f"benchmarks/{mod.__name__}.py") + 1 :])
+        assert args.time_cap > 0, part
+    build = shlex.split(
+        shlex.split(cap_and_command(p["train"])[1])[2]
+    )  # bash -c '[ -f ] || BUILD || exit; ...'
+    build = build[build.index("benchmarks/bench_rollout.py") + 1 : build.index("exit;") - 1]
+    assert bench_rollout.parse_args(build).build_only
+
+
 def test_plan_options(tmp_path: Path) -> None:
     p = plan(tmp_path, "--skip", "tests,lora", "--cap", "step=200", "--device", "cpu", "--scale", "tiny")
     assert p["tests"] == "skipped (--skip)" and p["lora"] == "skipped (--skip)"
