@@ -123,6 +123,15 @@ def test_a_training_step_warns_nothing(tmp_path, method) -> None:
     assert not mine, [f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}" for w in mine]
 
 
+def test_the_command_line_says_ncgrpos_warnings_in_its_own_voice(tmp_path) -> None:
+    """A warning of ncgrpo's reads `ncgrpo train: warning: ...`, not `/path/bin/ncgrpo:6: UserWarning: ...`."""
+    args = ["train", "--config", str(ROOT / "recipes" / "tiny_cpu_latent.yaml"), "--schedule_k_mid", "40"]
+    args += ["--model_name_or_path", str(BASE)]
+    out = _run(tmp_path, *args, "--output_dir", "k", "--dry-run")
+    assert "ncgrpo train: warning: schedule_k_mid=40.0 is after the last step" in out, out[-2000:]
+    assert "UserWarning" not in out, out[-2000:]
+
+
 _WARNING = re.compile(r"\b\w*Warning\b: |warnings\.warn|resource_tracker")
 
 

@@ -61,6 +61,27 @@ def _prog(name: str | None) -> str:
     return f"ncgrpo {name}" if name else "ncgrpo"
 
 
+def _warning_printer(name: str | None):
+    """``warnings.showwarning`` for a command: ncgrpo's own warnings (raised in its code, or pointed by
+    their ``stacklevel`` at the program that called it) read ``ncgrpo <command>: warning: ...`` like its
+    errors; other libraries' keep Python's format with their location."""
+    import warnings
+    from pathlib import Path
+
+    default = warnings.showwarning
+    package = str(Path(__file__).resolve().parent)
+    entry = (str(Path(sys.argv[0]).resolve()) if sys.argv and sys.argv[0] else "", "<frozen runpy>")
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        ours = category.__module__.startswith("ncgrpo") or str(filename).startswith(package)
+        if ours or str(filename) in entry:
+            print(f"{_prog(name)}: warning: {message}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -69,13 +90,22 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv[: argv.index(name) if name else len(argv)] or bool(
         os.environ.get("NCGRPO_DEBUG")
     )
+    import warnings
+
+    # not while a caller records warnings (catch_warnings(record=True), as pytest does): it gets them as they are
+    recording = getattr(getattr(warnings, "_showwarnmsg_impl", None), "__self__", None) is not None
     try:
-        args = parser.parse_args(argv)
-        if getattr(args, "func", None) is None:
-            parser.print_help()
-            return 2
-        name = getattr(args, "command_name", None) or args.command
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            if not recording:
+                warnings.showwarning = _warning_printer(name)
+            args = parser.parse_args(argv)
+            if getattr(args, "func", None) is None:
+                parser.print_help()
+                return 2
+            name = getattr(args, "command_name", None) or args.command
+            if not recording:
+                warnings.showwarning = _warning_printer(name)
+            return int(args.func(args) or 0)
     except BAD_INPUT as e:
         if debug:
             raise
