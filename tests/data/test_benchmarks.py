@@ -8,6 +8,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from own_benchmark import write_own_benchmark
 from PIL import Image
 from published import PUBLISHED_ROWS
 
@@ -384,3 +385,49 @@ def test_wemath_full_width_option_marks():
         "Unknown",
         "None of these",
     ]
+
+
+# --- a benchmark of one's own (issue 32, item 7) ----------------------------------------------------
+
+
+def test_a_benchmark_of_ones_own_any_name_with_or_without_images(tmp_path: Path) -> None:
+    path = write_own_benchmark(tmp_path / "mine")
+    qs = load_benchmark("shapes_v2", path, role="ood")
+    assert [(q.benchmark, q.question_id, q.role, len(q.images)) for q in qs] == [
+        ("shapes_v2", "f0", "ood", 1),
+        ("shapes_v2", "f1", "ood", 1),
+        ("shapes_v2", "t0", "ood", 0),
+        ("shapes_v2", "t1", "ood", 0),
+    ]
+    assert qs[1].problem == "What colour is it?" and qs[3].answer == "yes" and qs[3].answer_type == "yesno"
+    assert qs[2].answer_type == "number" and qs[0].images[0].size == (12, 12)
+    assert {q.role for q in load_benchmark("shapes_v2", path)} == {"in_domain"}  # the default role
+    # a folder laid out by split works too, and the role of a built-in benchmark can be set
+    (tmp_path / "by-split").mkdir()
+    write_own_benchmark(tmp_path / "by-split", "test.jsonl")
+    assert len(load_benchmark("shapes_v2", tmp_path / "by-split", limit=3)) == 3
+    assert B.parse_role("in-domain") == "in_domain" and B.parse_role("OOD") == "ood"
+    with pytest.raises(ValueError, match="not one of in-domain, ood, general"):
+        B.parse_role("training")
+
+
+def test_bad_own_benchmarks_name_the_problem(tmp_path: Path) -> None:
+    path = write_own_benchmark(tmp_path / "mine")
+    with pytest.raises(KeyError, match=r"unknown benchmark 'shapes'.*--data NAME=FILE.jsonl"):
+        load_benchmark("shapes", None)
+    with pytest.raises(ValueError, match="letters, digits"):
+        load_benchmark("my shapes/v2", path)
+    with pytest.raises(ValueError, match="built-in benchmark's name"):
+        B.custom_benchmark("mathvista")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"id": "x", "problem": "<image> and <image>?", "answer": "1", "image": "mine/fig0.png"})
+        + "\n"
+    )
+    with pytest.raises(
+        BenchmarkDataError, match=r"row 0: field 'problem' has 2 '<image>' placeholders but the row has 1"
+    ):
+        load_benchmark("shapes", bad)
+    bad.write_text(json.dumps({"id": "x", "problem": "What?"}) + "\n")
+    with pytest.raises(BenchmarkDataError, match=r"shapes .*bad.jsonl row 0: field 'answer' is missing"):
+        load_benchmark("shapes", bad)

@@ -18,6 +18,7 @@ file, the row index and the field (``"geo3k test.parquet row 17: field 'answer' 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -35,9 +36,12 @@ __all__ = [
     "YESNO_INSTRUCTION",
     "BenchmarkDataError",
     "BenchmarkSpec",
+    "ROLE_NAMES",
     "RowContext",
+    "custom_benchmark",
     "format_choice_problem",
     "load_benchmark",
+    "parse_role",
 ]
 
 #: Appended to every multiple-choice problem after its option list.
@@ -342,21 +346,41 @@ def _geo3k_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
 
     The synthetic suite's extra columns ``family``, ``role`` and ``answer_type`` are read when present.
     """
-    images = ctx.images(row, i, "images")
-    if not images:
-        raise ctx.error(i, "field 'images' is empty")
-    problem = ctx.text(row, i, "problem")
+    return _schema_row(i, row, ctx, custom=False)
+
+
+def _custom_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    """A row of a user's own benchmark (:func:`custom_benchmark`): the geo3k schema with the images
+    optional (``images``: a list, or ``image``: one; none: a text-only question) and ``question``
+    accepted for ``problem``; the benchmark's name and role are the user's, never a row's."""
+    return _schema_row(i, row, ctx, custom=True)
+
+
+def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -> Question:
+    if not custom:
+        images = ctx.images(row, i, "images")
+        if not images:
+            raise ctx.error(i, "field 'images' is empty")
+    elif not _is_empty(row.get("images")):
+        images = ctx.images(row, i, "images")
+    elif not _is_empty(row.get("image")):
+        images = [ctx.image(row, i, "image")]
+    else:
+        images = []
+    text_field = "question" if custom and "problem" not in row and "question" in row else "problem"
+    problem = ctx.text(row, i, text_field)
     answer = ctx.text(row, i, "answer")
     n_marks = problem.count(IMAGE_PLACEHOLDER)
     if n_marks and n_marks != len(images):
         raise ctx.error(
             i,
-            f"field 'problem' has {n_marks} '<image>' placeholders but field 'images' has {len(images)}",
+            f"field '{text_field}' has {n_marks} '<image>' placeholders but "
+            + (f"the row has {len(images)} image(s)" if custom else f"field 'images' has {len(images)}"),
         )
 
-    family = ctx.optional(row, "family")
+    family = None if custom else ctx.optional(row, "family")
     benchmark = f"synthetic/{family}" if family else ctx.benchmark
-    role = ctx.optional(row, "role", "in_domain")
+    role = ctx.optional(row, "role", "in_domain") if not custom else "in_domain"  # load_benchmark sets it
     if role not in _ROLES:
         raise ctx.error(i, f"field 'role' should be one of {sorted(_ROLES)}, got {role!r}")
     hub_choices = [str(c) for c in (ctx.optional(row, "choices") or [])]
@@ -704,6 +728,43 @@ _SPECS = [
 # fmt: on
 BENCHMARKS: dict[str, BenchmarkSpec] = {spec.name: spec for spec in _SPECS}
 
+#: How a role is written after ``NAME=FILE:`` (``ncgrpo eval --data``), to the records' role.
+ROLE_NAMES: dict[str, Role] = {
+    "in-domain": "in_domain",
+    "in_domain": "in_domain",
+    "ood": "ood",
+    "general": "general",
+}
+#: A user's own benchmark's name: it labels records, tables and figures.
+_CUSTOM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+def parse_role(text: str) -> Role:
+    """``in-domain`` (or ``in_domain``), ``ood`` or ``general`` to the records' role; else ValueError."""
+    role = ROLE_NAMES.get(str(text).strip().lower())
+    if role is None:
+        raise ValueError(f"role {text!r} is not one of in-domain, ood, general")
+    return role
+
+
+def custom_benchmark(name: str, role: Role = "in_domain") -> BenchmarkSpec:
+    """The spec of a user's own benchmark ``name`` (any name but the registered ones and ``synthetic``):
+    rows in the geo3k schema, images optional (:func:`_custom_row`), read from a file or folder only.
+
+    Its questions are labelled ``name`` in records, tables and figures, with ``role`` (in_domain, ood or
+    general: which table and which pooled test they join)."""
+    if not _CUSTOM_NAME.fullmatch(name or ""):
+        raise ValueError(
+            f"benchmark name {name!r}: use letters, digits and _ . + - (it names the records, tables and figures)"
+        )
+    if name in BENCHMARKS or name == "synthetic":
+        raise ValueError(f"{name!r} is a built-in benchmark's name; give your own benchmark another name")
+    if role not in _ROLES:
+        raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
+    return BenchmarkSpec(
+        name, role, "test", hub_id="", loader=_per_row(_custom_row), image_columns=("images", "image")
+    )
+
 
 # --------------------------------------------------------------------------------------------------
 # Sources
@@ -830,16 +891,30 @@ def load_benchmark(
     *,
     split: str | None = None,
     limit: int | None = None,
+    role: Role | None = None,
 ) -> list[Question]:
-    """Load benchmark ``name`` (a key of :data:`BENCHMARKS`) as a list of questions.
+    """Load benchmark ``name`` as a list of questions.
 
-    ``path``: a folder in the hub's layout or a single parquet/json/jsonl file; None reads the
-    ``datasets`` cache (offline only if cached). ``split`` defaults to the spec's; ``limit`` keeps the
-    first rows only.
+    ``name``: a key of :data:`BENCHMARKS`, or any other name for a benchmark of one's own read from
+    ``path`` (:func:`custom_benchmark`: the geo3k schema, images optional). ``path``: a folder in the
+    hub's layout or a single parquet/json/jsonl file; None reads the ``datasets`` cache (offline only if
+    cached; built-in benchmarks only). ``split`` defaults to the spec's (``test`` for one's own);
+    ``limit`` keeps the first rows only. ``role`` overrides the benchmark's role (in_domain, ood,
+    general; one's own: in_domain by default).
     """
-    if name not in BENCHMARKS:
-        raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    spec = BENCHMARKS[name]
+    if name in BENCHMARKS:
+        spec = BENCHMARKS[name]
+        if role is not None:
+            if role not in _ROLES:
+                raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
+            spec = dataclasses.replace(spec, role=role)
+    elif path is None:
+        raise KeyError(
+            f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}; a benchmark of your own needs its "
+            "file or folder (ncgrpo eval --data NAME=FILE.jsonl[:role])"
+        )
+    else:
+        spec = custom_benchmark(name, role or "in_domain")
     split = split or spec.default_split
     if limit is not None and limit < 0:
         raise ValueError("limit must be >= 0")
@@ -872,8 +947,9 @@ def _from_path(spec: BenchmarkSpec, path: Path, split: str):
             )
         base = path
     else:
+        holding = f"the {spec.hub_id} files" if spec.hub_id else "its rows"
         raise BenchmarkDataError(
-            f"{spec.name}: {path} does not exist; pass the folder holding the {spec.hub_id} files "
+            f"{spec.name}: {path} does not exist; pass the file or the folder holding {holding} "
             f"(expected: {_expected_layout(spec, split)})"
         )
     label = f"{spec.name} {files[0]}" if len(files) == 1 else f"{spec.name} {files[0].parent}/{split}-*"

@@ -19,6 +19,9 @@ from ncgrpo.data.types import MATH_PROMPT, Question
 __all__ = ["IMAGE_PLACEHOLDER", "build_messages", "image_hash", "prompt_hash", "prompt_text", "render_prompt"]
 
 IMAGE_PLACEHOLDER = "<image>"
+#: The help of the one prompt-template setting ``ncgrpo train`` (``ScriptArguments.math_prompt``) and
+#: ``ncgrpo eval`` (``--math_prompt``) share: same name, default and meaning.
+MATH_PROMPT_HELP = "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT)"
 
 
 def prompt_text(q: Question, math_prompt: str = MATH_PROMPT) -> str:

@@ -165,19 +165,38 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     return old
 
 
-def _check_run_file(out_dir: Path, run: dict[str, Any]) -> None:
+def _check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
     """A folder holds the records of one identity (:data:`IDENTITY_KEYS`): refuse to mix.
 
     Display fields (``name``, ``method``) given on a rerun are merged in; ``batch_size`` is the
-    last one used.
+    last one used. Returns the folder's run.json as written.
     """
     old = check_folder(out_dir, run)
     if old is None:
-        atomic_write_json(out_dir / RUN_FILE, {**run, "name": run["name"] or run["model"]})
-        return
+        new = {**run, "name": run["name"] or run["model"]}
+        atomic_write_json(out_dir / RUN_FILE, new)
+        return new
     merged = {**old, **{k: v for k, v in run.items() if v is not None}}
     if merged != old:
         atomic_write_json(out_dir / RUN_FILE, merged)
+    return merged
+
+
+def _check_roles(records_path: Path, questions: Sequence[Question]) -> None:
+    """Refuse questions whose role differs from the one the folder's records of their benchmark have
+    (``--data NAME=FILE:ROLE`` changed between reruns): one benchmark, one role, one table."""
+    if not records_path.exists():
+        return
+    recorded: dict[str, str] = {}
+    for r in iter_records(records_path):
+        recorded.setdefault(r.benchmark, r.role)
+    for q in questions:
+        was = recorded.get(q.benchmark)
+        if was is not None and was != q.role:
+            raise ValueError(
+                f"{records_path}: benchmark {q.benchmark!r} is recorded with role {was!r}, not {q.role!r}; "
+                "evaluate with the role it had, or into another --output_dir"
+            )
 
 
 @torch.no_grad()
@@ -451,10 +470,11 @@ def _evaluate_locked(
     settings: DecodingSettings,
     progress: bool,
 ) -> EvalSummary:
-    _check_run_file(out, run_info)
+    records_path = out / RECORDS_FILE
+    _check_roles(records_path, questions)
+    folder = _check_run_file(out, run_info)
     decoding = {**settings.to_dict(), "engine": run_info["engine"]}
     uids = [(q.benchmark, q.question_id) for q in questions]
-    records_path = out / RECORDS_FILE
     repair_torn_tail(records_path)
     done = {r.key for r in iter_records(records_path)} if records_path.exists() else set()
     todo = [q for q in questions if (q.benchmark, q.question_id) not in done]
@@ -508,6 +528,8 @@ def _evaluate_locked(
                         seed=run_info["seed"],
                         decoding=decoding,
                         image_hash=image_hash(q.images),
+                        name=folder.get("name"),
+                        method=folder.get("method"),
                     )
                 )
             writer.write(recs)

@@ -61,6 +61,10 @@ class EvalRecord:
     #: question without images and in records written before the field existed (their pairing checks
     #: the prompt text and gold only).
     image_hash: str = ""
+    #: The evaluated configuration's display name and training method (run.json ``name``, ``method``)
+    #: when the record was written: an eval of a training run carries the run's. None in older records.
+    name: str | None = None
+    method: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
