@@ -68,3 +68,15 @@ def test_hub_base_goes_to_the_metadata(tmp_path) -> None:
     assert "base_model: Qwen/Qwen2.5-VL-7B-Instruct" in card
     assert "[Qwen/Qwen2.5-VL-7B-Instruct](https://huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct)" in card
     assert "on the `hiyouga/geometry3k` dataset" in card
+
+
+def test_ncgrpo_train_leaves_the_card_in_the_run_folder(tmp_path) -> None:
+    """The run driver writes the card next to the final model (TRL writes it only at checkpoints)."""
+    from ncgrpo.cli import main
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny_cpu_latent.yaml"
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(recipe), "--model_name_or_path", str(BASE), "--output_dir", str(out)]
+    assert main(argv + ["--max_steps", "1", "--schedule_k_mid", "1"]) == 0
+    card = (out / "README.md").read_text()
+    assert "NC-GRPO (Noise-Contrastive GRPO" in card and f"`{BASE}`" in card and "jerge2027perturb" in card

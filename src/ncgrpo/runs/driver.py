@@ -146,6 +146,7 @@ def _train_locked(
         trainer.remove_callback(ProgressCallback)
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.save_model(str(out))
+    trainer.create_model_card()  # README.md: the method as run, the base model, the paper (main process only)
     if main_process:
         processor.save_pretrained(str(out))
         atomic_write_json(
