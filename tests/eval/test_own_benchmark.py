@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from ncgrpo import cli
-from ncgrpo.eval.plots import gains_figure
 from ncgrpo.eval.records import read_records
 from ncgrpo.eval.report import compare, load_runs, to_markdown
 
@@ -98,6 +97,8 @@ def test_own_benchmarks_are_first_class_through_eval_compare_and_plots(
     md = to_markdown(ct)
     assert "| Method | mine (ID) | shapes_v2 | OOD avg |" in md and "| Method | arith |" in md
     assert "Geo3K" not in md
+    from ncgrpo.eval.plots import gains_figure
+
     fig = gains_figure(runs, "base")
     ticks = [t.get_text().split("\n")[0] for t in fig.axes[0].get_xticklabels()]
     assert ticks == ["mine (ID)", "shapes_v2", "OOD avg"]
