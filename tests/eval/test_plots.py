@@ -486,3 +486,25 @@ def test_plot_takes_a_demo_folder_for_its_runs(tmp_path, capsys) -> None:
     assert (tmp_path / "o" / "gains.png").is_file() and (tmp_path / "o" / "dynamics.png").is_file()
     assert cli.main(["compare", "--runs", str(demo), "--baseline", "Vanilla GRPO"]) == 0
     assert "NC-GRPO" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_plot_and_compare_a_real_demo_folder(tmp_path, capsys) -> None:
+    """A real (tiny) ncgrpo demo on the embedded base: its output folder is all plot and compare need."""
+    from ncgrpo.toy.demo import DemoConfig, run_demo
+
+    demo = tmp_path / "demo"
+    run_demo(
+        DemoConfig(
+            output_dir=demo, max_steps=2, num_generations=4, prompts_per_step=1, max_completion_length=8,
+            max_new_tokens=8, eval_limit=2, val_limit=1, val_every=1, train_size=8, validation_size=2,
+            test_size=2, eval_batch_size=8, progress=False,
+        )
+    )  # fmt: skip
+    out = tmp_path / "figs"
+    assert cli.main(["plot", "dynamics", "--train_dirs", str(demo), "--output_dir", str(out)]) == 0
+    assert "validation: val/accuracy" in capsys.readouterr().out
+    base = "Vanilla GRPO"
+    assert cli.main(["plot", "gains", "--runs", str(demo), "--baseline", base, "--output_dir", str(out)]) == 0
+    assert cli.main(["compare", "--runs", str(demo), "--baseline", base]) == 0
+    assert (out / "dynamics.png").is_file() and (out / "gains.png").is_file()
