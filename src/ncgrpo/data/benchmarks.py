@@ -739,6 +739,11 @@ ROLE_NAMES: dict[str, Role] = {
 _CUSTOM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
+def _norm_name(name: str) -> str:
+    """A benchmark name as the tables match it to the paper's labels: lower-case letters and digits."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
 def parse_role(text: str) -> Role:
     """``in-domain`` (or ``in_domain``), ``ood`` or ``general`` to the records' role; else ValueError."""
     role = ROLE_NAMES.get(str(text).strip().lower())
@@ -757,7 +762,8 @@ def custom_benchmark(name: str, role: Role = "in_domain") -> BenchmarkSpec:
         raise ValueError(
             f"benchmark name {name!r}: use letters, digits and _ . + - (it names the records, tables and figures)"
         )
-    if name in BENCHMARKS or name == "synthetic":
+    builtin = {_norm_name(n) for spec in _SPECS for n in (spec.name, spec.hub_id.rsplit("/", 1)[-1])}
+    if _norm_name(name) in builtin | {"synthetic"}:  # tables label those by the paper's names
         raise ValueError(f"{name!r} is a built-in benchmark's name; give your own benchmark another name")
     if role not in _ROLES:
         raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
