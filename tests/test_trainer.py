@@ -242,7 +242,8 @@ def test_latent_sigma0_zero_is_vanilla(tmp_path) -> None:
 def test_no_gradient_checkpointing_deprecation_reaches_the_user(tmp_path) -> None:
     """transformers 5.2x renamed gradient checkpointing to activation checkpointing. TRL's default is set
     under the new name, and TRL's own calls of the old names around each generation are not shown (only
-    TRL can act on them); a user who sets the old field still gets transformers' warning."""
+    TRL can act on them); a value given under the old name (the recipes write it, for vLLM's older
+    transformers) moves to the new one, with no warning."""
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -254,8 +255,11 @@ def test_no_gradient_checkpointing_deprecation_reaches_the_user(tmp_path) -> Non
     ]
     assert not said, said
     assert tr.args.activation_checkpointing and tr.args.gradient_checkpointing  # still on, as TRL's default
-    with pytest.warns(FutureWarning, match="`gradient_checkpointing` is deprecated"):
-        tiny.config(tmp_path, gradient_checkpointing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        off = tiny.config(tmp_path, gradient_checkpointing=False, gradient_checkpointing_kwargs={"x": 1})
+    assert off.activation_checkpointing is False and not off.gradient_checkpointing
+    assert off.activation_checkpointing_kwargs == {"x": 1}
 
 
 def _check_run(trainer, expected: tuple[str, ...]) -> None:
