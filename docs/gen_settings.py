@@ -5,8 +5,10 @@ headers of ``NCGRPOConfig.help_groups`` (the headers ``ncgrpo train --help`` pri
 type, default and help string; then ``ncgrpo train``'s own run and model settings. Nothing here is
 written by hand, so a new field cannot be missing (tests/test_docs_site.py holds it).
 
-Used as an MkDocs hook (``hooks:`` in mkdocs.yml: the page is added to the build, not written to the
-checkout); ``python docs/gen_settings.py`` prints the page.
+The page is committed, so it reads on GitHub too and every link to it resolves in the checkout:
+``python docs/gen_settings.py --write`` rewrites it after a field changes; ``python docs/gen_settings.py``
+prints it. tests/test_docs_site.py holds the committed page equal to :func:`render`, and as an MkDocs
+hook (``hooks:`` in mkdocs.yml) this module fails the site build on a stale page, naming the command.
 """
 
 from __future__ import annotations
@@ -109,13 +111,36 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-# ------------------------------------------------------------------------------ MkDocs hook
-def on_files(files, config):  # noqa: ANN001 (MkDocs' hook signature)
-    from mkdocs.structure.files import File
+def page_path():
+    from pathlib import Path
 
-    files.append(File.generated(config, PAGE, content=render()))
-    return files
+    return Path(__file__).resolve().parent / PAGE
+
+
+def stale() -> str | None:
+    """Why the committed page differs from :func:`render` (None when it does not)."""
+    path = page_path()
+    if not path.is_file():
+        return f"{path} is missing"
+    if path.read_text(encoding="utf-8") != render():
+        return f"{path} is not what the code generates"
+    return None
+
+
+# ------------------------------------------------------------------------------ MkDocs hook
+def on_pre_build(config):  # noqa: ANN001 (MkDocs' hook signature)
+    from mkdocs.exceptions import PluginError
+
+    why = stale()
+    if why:
+        raise PluginError(f"{why}: run `.venv/bin/python docs/gen_settings.py --write` and commit it")
 
 
 if __name__ == "__main__":
-    print(render(), end="")
+    import sys
+
+    if sys.argv[1:] == ["--write"]:
+        page_path().write_text(render(), encoding="utf-8")
+        print(f"wrote {page_path()}")
+    else:
+        print(render(), end="")

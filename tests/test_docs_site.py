@@ -34,6 +34,16 @@ def _own_fields() -> list[str]:
     return [f.name for f in dataclasses.fields(NCGRPOConfig) if f.name not in inherited]
 
 
+def test_committed_settings_reference_is_what_the_code_generates() -> None:
+    """docs/reference/settings.md is committed (it reads on GitHub; links to it resolve in the checkout)
+    and must be regenerated when a field or its help changes: `python docs/gen_settings.py --write`."""
+    gen = _gen()
+    assert gen.stale() is None, gen.stale()
+    page = (ROOT / "docs" / "reference" / "settings.md").read_text(encoding="utf-8")
+    for name in _own_fields():
+        assert f"#### `{name}`" in page, name
+
+
 def test_generated_reference_lists_every_field_under_a_group() -> None:
     gen = _gen()
     assert gen.nc_grpo_fields() == _own_fields() and len(_own_fields()) >= 25
