@@ -310,6 +310,25 @@ def test_cli_lora_without_target_modules_on_a_qwen_vl_names_the_flag(base, suite
     assert "--lora_target_modules" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        ((), "--lora_target_modules"),
+        (("--lora_target_modules", "all-linear", "--use_vllm", "true"), "on vLLM with an adapter"),
+    ],
+    ids=["no-targets", "vllm"],
+)
+def test_dry_run_refuses_what_the_lora_run_refuses(base, suite, tmp_path, capsys, flags, match) -> None:
+    """--dry-run makes the LoRA run's refusals from the model's config alone (issue 32 item 6), and a
+    refused run writes nothing (the target check used to run after the run folder was written)."""
+    out = tmp_path / "run"
+    assert main(train_args(out, base, suite, "--use_peft", "true", *flags, "--dry-run")) == 2
+    assert match in capsys.readouterr().err
+    assert not out.exists()
+    assert main(train_args(out, base, suite, "--use_peft", "true", *flags)) == 2
+    assert not out.exists()
+
+
 def test_the_lora_example_runs(tmp_path, capsys) -> None:
     """examples/lora.py as a user runs it (CI runs it too), two steps."""
     import runpy

@@ -677,6 +677,16 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
             f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
             f"{a.num_generations}); use more data or a smaller batch"
         )
+    if model_args.use_peft:
+        from trl import get_peft_config
+
+        _check_lora_targets(get_peft_config(model_args), config.model_type)
+        if a.use_vllm and a.rollout_method != "vanilla":
+            raise ValueError(
+                f"use_peft with use_vllm and rollout_method={a.rollout_method!r}: NCGRPOTrainer refuses an "
+                "NC-GRPO method on vLLM with an adapter (TRL's merged-adapter sync is untested with the noise); "
+                "set --use_vllm false (the noise acts through the adapter there)"
+            )
     if a.use_vllm:
         from trl.import_utils import is_vllm_available
 
@@ -933,6 +943,18 @@ def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
     )
 
 
+def _check_lora_targets(config: Any, model_type: str | None) -> None:
+    """A model type peft has no default LoRA target modules for (the Qwen-VL family) needs
+    ``lora_target_modules``: said with the flag's name, from the model's config alone (``--dry-run`` too)."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
+
+    if config.target_modules is None and not config.target_parameters and model_type not in DEFAULT_TARGETS:
+        raise ValueError(
+            f"use_peft: peft has no default LoRA target modules for model type {model_type!r}; set "
+            "lora_target_modules (e.g. --lora_target_modules all-linear, or q_proj k_proj v_proj o_proj)"
+        )
+
+
 def peft_config_for(model_args: ModelArguments, model: Any) -> Any:
     """The ``peft.LoraConfig`` of ``use_peft`` (None without it), made by ``trl.get_peft_config`` as TRL's
     scripts make it. Two ncgrpo additions: with ``freeze_vision_tower`` the vision tower is excluded
@@ -944,18 +966,12 @@ def peft_config_for(model_args: ModelArguments, model: Any) -> Any:
         return None
     import re
 
-    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
     from trl import get_peft_config
 
     from ncgrpo.models import find_vision_tower
 
     config = get_peft_config(model_args)
-    model_type = getattr(model.config, "model_type", None)
-    if config.target_modules is None and not config.target_parameters and model_type not in DEFAULT_TARGETS:
-        raise ValueError(
-            f"use_peft: peft has no default LoRA target modules for model type {model_type!r}; set "
-            "lora_target_modules (e.g. --lora_target_modules all-linear, or q_proj k_proj v_proj o_proj)"
-        )
+    _check_lora_targets(config, getattr(model.config, "model_type", None))
     tower = find_vision_tower(model) if model_args.freeze_vision_tower else None
     if tower is not None:
         config.exclude_modules = rf"{re.escape(tower[0])}(\..*)?"
@@ -972,6 +988,7 @@ def execute_run(plan: RunPlan):
         raise ValueError("a dry-run plan is not trained; prepare it with dry_run=False")
     try:
         model, processor = load_model(plan.model_args)
+        peft_config = peft_config_for(plan.model_args, model)  # refusals before anything is written
         plan.write_folder()  # nothing is written before the model has loaded
         return train_run(
             plan.training_args,
@@ -982,7 +999,7 @@ def execute_run(plan: RunPlan):
             run_info=plan.run_info,
             eval_dataset=plan.eval_dataset,
             resume_from_checkpoint=plan.checkpoint,
-            peft_config=peft_config_for(plan.model_args, model),
+            peft_config=peft_config,
         )
     finally:
         plan.release()
