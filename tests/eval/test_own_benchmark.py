@@ -182,6 +182,23 @@ def test_a_rerun_with_another_role_is_refused(trained, tmp_path, capsys):
     assert (tmp_path / "o" / "records.jsonl").read_bytes() == before
 
 
+def test_a_rerun_with_another_role_is_refused_before_the_model_loads(trained, tmp_path, capsys, monkeypatch):
+    import ncgrpo.eval.evaluate as evaluate_module
+
+    out = str(tmp_path / "o")
+    assert (
+        _eval(trained["base"], "--data", f"mine={trained['data']}:ood", "--output_dir", out, "--limit", "1")
+        == 0
+    )
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the role check")
+
+    monkeypatch.setattr(evaluate_module, "load_for_eval", no_load)
+    assert _eval(trained["base"], "--data", f"mine={trained['data']}:general", "--output_dir", out) == 2
+    assert "benchmark 'mine' is recorded with role 'ood', not 'general'" in capsys.readouterr().err
+
+
 def test_own_benchmark_options_are_dataclass_fields() -> None:
     from ncgrpo.commands.eval import EvalArgs
 

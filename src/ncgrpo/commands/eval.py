@@ -376,6 +376,7 @@ def run(args: EvalArgs) -> int:
 
     from ncgrpo.eval.evaluate import (
         DecodingSettings,
+        _check_roles,
         check_folder,
         check_images,
         config_reads_images,
@@ -384,7 +385,7 @@ def run(args: EvalArgs) -> int:
         model_id_of,
         run_identity,
     )
-    from ncgrpo.eval.records import FolderLock
+    from ncgrpo.eval.records import RECORDS_FILE, FolderLock
 
     out = Path(args.output_dir)
     settings = DecodingSettings(
@@ -406,6 +407,7 @@ def run(args: EvalArgs) -> int:
         _say_training_run(args, settings, out)
     try:  # image questions for a text-only model: refused from its config, before anything is written
         check_images(questions, config_reads_images(args.model_name_or_path), args.model_name_or_path)
+        _check_roles(out / RECORDS_FILE, questions)  # another role than the folder's: before the model loads
     except ValueError as e:
         raise UsageError(str(e)) from None
     # An existing folder is locked before the model loads, so a second eval into it fails at once;
