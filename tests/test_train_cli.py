@@ -479,6 +479,28 @@ def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Pat
     assert any("checkpoint-3" in n for n in plan.notes)
 
 
+def test_a_folder_another_run_wrote_while_the_model_loaded_is_refused(tmp_path: Path, geo3k: Path) -> None:
+    """The folder's lock is taken only once the model has loaded (write_folder), so the checks of
+    prepare_run (checkpoints without --resume, a finished run) are made again under the lock: a second
+    start of the same recipe that trained and finished meanwhile is not overwritten."""
+    from ncgrpo.commands.train import prepare_run, train_dataclasses
+    from ncgrpo.config import ConfigParser
+
+    out = tmp_path / "run"
+    parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, MODEL)[1:]).parsed_config
+    plan = prepare_run(parsed)  # a new folder: every check passes
+    try:
+        # while this run loads its model, another run of the recipe trains into the folder and finishes
+        _fake_complete_checkpoint(out / "checkpoint-1")
+        (out / "run.json").write_text(json.dumps({"name": "x", "finished": True, "global_step": 1}))
+        with pytest.raises(ValueError, match="changed while"):
+            plan.write_folder()
+    finally:
+        plan.release()
+    assert json.loads((out / "run.json").read_text())["finished"] is True
+    assert not (out / "config.yaml").exists()
+
+
 def test_finished_run_is_not_overwritten_without_the_flag(tmp_path: Path, geo3k: Path, capsys) -> None:
     out = tmp_path / "run"
     out.mkdir()

@@ -351,16 +351,24 @@ class RunPlan:
     staging: Path | None = None  # a generated synthetic suite, moved into the folder by write_folder()
     dry_run: bool = False
     keep: bool = False  # a dry run into a folder that holds a run: its files are left as they are
+    seen: Any = None  # the folder's run.json and checkpoints as prepare_run checked them (_folder_state)
 
     def write_folder(self) -> None:
         """Take the folder's lock and write ``config.yaml``, ``run.json`` and the generated data (the
         main process; :func:`prepare_run` calls it at the end of a dry run, :func:`execute_run` once the
-        model has loaded). The lock stays held until :meth:`release`."""
+        model has loaded). The lock stays held until :meth:`release`. A folder whose ``run.json`` or
+        checkpoints changed since :func:`prepare_run` checked them (another run wrote it while this one
+        loaded its model) is refused, so its checks hold under the lock."""
         import shutil
 
         try:
             if self.main_process and not self.keep:
                 self.lock.acquire()
+                if self.seen is not None and _folder_state(self.output_dir) != self.seen:
+                    raise ValueError(
+                        f"{self.output_dir} changed while the model loaded (another process wrote its "
+                        f"{RUN_FILE} or checkpoints); check what is there, then rerun (or use another --output_dir)"
+                    )
                 if self.staging is not None:
                     target = self.output_dir / "synthetic-data"
                     if not target.exists():
@@ -392,6 +400,13 @@ class RunPlan:
         if ev is None:
             return 0
         return sum(map(len, ev.values())) if isinstance(ev, dict) else len(ev)
+
+
+def _folder_state(output_dir: Path) -> tuple[bytes | None, tuple[str, ...]]:
+    """What :func:`prepare_run`'s folder checks read: ``run.json``'s bytes and the checkpoint names."""
+    run_json = output_dir / RUN_FILE
+    data = run_json.read_bytes() if run_json.is_file() else None
+    return data, tuple(sorted(p.name for p in output_dir.glob("checkpoint-*")))
 
 
 def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str]:
@@ -820,6 +835,7 @@ def prepare_run(
 
     import yaml
 
+    seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
     if any_checkpoint and not resume and not dry_run:
         raise ValueError(
@@ -906,6 +922,7 @@ def prepare_run(
         staging=staging,
         dry_run=dry_run,
         keep=keep,
+        seen=seen,
     )
     if dry_run:
         try:
