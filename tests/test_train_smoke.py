@@ -115,6 +115,11 @@ def test_smoke_yields_to_flags_given_on_the_command_line(suite: Path, tmp_path: 
     assert smoke.get("max_completion_length") == 32
     # the recipe's 4 updates per rollout batch at the accumulation given: 4 x 2
     assert smoke.get("gradient_accumulation_steps") == 2 and smoke.get("steps_per_generation") == 8
+    # still two rollout batches of 4 updates each, and eq. (3)'s k_mid scaled with them (it was 192
+    # steps, 48 rollout batches, when max_steps took the ratio 192 / 2 before steps_per_generation followed)
+    full = _parse(LATENT)
+    assert smoke.get("max_steps") == 8
+    assert smoke.get("schedule_k_mid") == round(full.get("schedule_k_mid") * 8 / full.get("max_steps"), 4)
     assert yaml.safe_load((out / "config.yaml").read_text())["output_dir"] == str(out)
 
 

@@ -495,6 +495,11 @@ def smoke_settings(parsed) -> dict[str, Any]:
     g = int(parsed.get("num_generations") or 2)
     ga = int(parsed.get("gradient_accumulation_steps") or 1)
     spg = parsed.get("steps_per_generation")
+    file = _file_values(parsed)
+    file_spg, file_ga = file.get("steps_per_generation"), file.get("gradient_accumulation_steps")
+    if "steps_per_generation" not in command_line_keys(parsed) and file_spg and file_ga:
+        # the file's ratio: resolve_derived keeps it when gradient_accumulation_steps is overridden
+        spg, ga = int(file_spg), int(file_ga)
     updates = spg // ga if spg is not None and spg % ga == 0 and spg >= ga else 1
     out["per_device_train_batch_size"] = g
     out["max_steps"] = SMOKE_GENERATIONS * updates
