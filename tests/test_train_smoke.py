@@ -123,6 +123,27 @@ def test_smoke_yields_to_flags_given_on_the_command_line(suite: Path, tmp_path: 
     assert yaml.safe_load((out / "config.yaml").read_text())["output_dir"] == str(out)
 
 
+def test_smoke_scales_k_mid_to_the_max_steps_given(suite: Path, tmp_path: Path, capsys) -> None:
+    """--smoke --max_steps 4: eq. (3)'s k_mid follows the run's 4 steps, not the smoke default's 8 over
+    the 4 given (which set it to 80, after the last step: the schedule never annealed, with a warning)."""
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--config",
+        str(LATENT),
+        "--smoke",
+        "--output_dir",
+        str(out),
+        "--dataset_path",
+        str(suite),
+    ]
+    assert main([*argv, "--max_steps", "4", "--dry-run"]) == 0
+    assert "never anneals" not in capsys.readouterr().err
+    full, smoke = _parse(LATENT), _parse(out / "config.yaml")
+    assert smoke.get("max_steps") == 4
+    assert smoke.get("schedule_k_mid") == round(full.get("schedule_k_mid") * 4 / full.get("max_steps"), 4)
+
+
 def test_the_latent_recipe_smoke_run_learns_something_checkable(tmp_path: Path, capsys) -> None:
     """The paper's main recipe, as a user tries it: reward above 0, gradients, the noise not inert
     (the tiny recipe of 894aedc logged reward, loss and grad norm 0 and a marginal TV of ~4e-10)."""

@@ -495,17 +495,19 @@ def smoke_settings(parsed) -> dict[str, Any]:
     g = int(parsed.get("num_generations") or 2)
     ga = int(parsed.get("gradient_accumulation_steps") or 1)
     spg = parsed.get("steps_per_generation")
-    file = _file_values(parsed)
+    file, given = _file_values(parsed), command_line_keys(parsed)
     file_spg, file_ga = file.get("steps_per_generation"), file.get("gradient_accumulation_steps")
-    if "steps_per_generation" not in command_line_keys(parsed) and file_spg and file_ga:
+    if "steps_per_generation" not in given and file_spg and file_ga:
         # the file's ratio: resolve_derived keeps it when gradient_accumulation_steps is overridden
         spg, ga = int(file_spg), int(file_ga)
     updates = spg // ga if spg is not None and spg % ga == 0 and spg >= ga else 1
     out["per_device_train_batch_size"] = g
     out["max_steps"] = SMOKE_GENERATIONS * updates
-    max_steps = parsed.get("max_steps")
-    if max_steps and max_steps > 0 and parsed.get("schedule_k_mid") is not None:
-        out["schedule_k_mid"] = round(float(parsed.get("schedule_k_mid")) * out["max_steps"] / max_steps, 4)
+    # k_mid scaled from the recipe's length to the run's (--max_steps given here wins over the smoke's)
+    full_steps = file.get("max_steps") if "max_steps" in given else parsed.get("max_steps")
+    steps = parsed.get("max_steps") if "max_steps" in given else out["max_steps"]
+    if full_steps and full_steps > 0 and steps and steps > 0 and parsed.get("schedule_k_mid") is not None:
+        out["schedule_k_mid"] = round(float(parsed.get("schedule_k_mid")) * steps / full_steps, 4)
     site = parse_noise_site(str(parsed.get("noise_site")))
     layers = text_layers(base)
     if site != "final_norm" and layers is not None and max(site) >= layers:
