@@ -695,3 +695,35 @@ def test_a_hub_id_that_is_no_folder_is_asked_once_not_retried(
     err = capsys.readouterr().err
     assert "no local folder" in err and "the hub cannot be reached" in err, err
     assert asked == [("runs/tiny-qwen2.5-vl", 10)] and not out.exists()
+
+
+def test_a_copy_of_the_generated_suite_cut_short_leaves_no_suite(tmp_path: Path) -> None:
+    """The suite is generated in a temporary folder and moved into the run folder once the model has
+    loaded; the move is a copy where /tmp is another filesystem. A process killed mid-copy must leave no
+    ``synthetic-data`` for the next run to take as complete: the suite is moved beside its place and
+    renamed, and the next run clears the partial folder and writes the whole suite."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(TINY_RECIPE), "--output_dir", str(out), "--dry-run"]
+    killed = (
+        "import os, shutil, sys\n"
+        "from pathlib import Path\n"
+        "real = shutil.move\n"
+        "def cut(src, dst):\n"
+        "    if Path(src).name != 'synthetic-data':  # datasets moves its own cache files too\n"
+        "        return real(src, dst)\n"
+        "    Path(dst, 'data').mkdir(parents=True)\n"
+        "    (Path(dst) / 'data' / 'half.parquet').write_bytes(b'PAR1 torn')\n"
+        "    os._exit(9)  # killed mid-copy: no cleanup runs\n"
+        "shutil.move = cut\n"
+        "from ncgrpo.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", killed, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 9, done.stderr
+    assert not (out / "synthetic-data").exists()
+    assert main(argv) == 0
+    assert (out / "synthetic-data" / "data").is_dir() and not (out / ".synthetic-data.partial").exists()
+    assert not list((out / "synthetic-data").rglob("half.parquet"))

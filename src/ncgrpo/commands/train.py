@@ -372,7 +372,12 @@ class RunPlan:
                 if self.staging is not None:
                     target = self.output_dir / "synthetic-data"
                     if not target.exists():
-                        shutil.move(str(self.staging / "synthetic-data"), str(target))
+                        # moved beside its place first (a copy when /tmp is another filesystem), then
+                        # renamed: a kill mid-copy leaves only the partial folder, which the next run clears
+                        partial = self.output_dir / ".synthetic-data.partial"
+                        shutil.rmtree(partial, ignore_errors=True)
+                        shutil.move(str(self.staging / "synthetic-data"), str(partial))
+                        os.replace(partial, target)
                 atomic_write_text(self.output_dir / CONFIG_FILE, self.config_text)
                 atomic_write_json(self.output_dir / RUN_FILE, self.run_info)
         except BaseException:
