@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ncgrpo.runs.folder import atomic_write_json
+
 __all__ = [
     "IMAGE_ONLY_PROCESSORS",
     "STANDARD_IMAGE_ONLY_PROCESSOR",
@@ -102,9 +104,7 @@ def _set_json_key(file: Path, key: str, value) -> None:
     data = json.loads(file.read_text(encoding="utf-8"))
     if data.get(key) != value:
         data[key] = value
-        file.write_text(
-            json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
+        atomic_write_json(file, data)
 
 
 def _image_only_processors():
@@ -289,4 +289,4 @@ def name_standard_processor(folder) -> None:
         video = {k: v for k, v in image.items() if k != "image_processor_type"}
         data[files[0]]["video_processor"] = {**video, "video_processor_type": "Qwen2VLVideoProcessor"}
     for f, d in data.items():
-        f.write_text(json.dumps(d, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+        atomic_write_json(f, d)

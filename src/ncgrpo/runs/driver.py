@@ -146,10 +146,12 @@ def _train_locked(
         trainer.remove_callback(ProgressCallback)
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.save_model(str(out))
-    trainer.create_model_card()  # README.md: the method as run, the base model, the paper (main process only)
     if main_process:
         processor.save_pretrained(str(out))
         atomic_write_json(
             out / RUN_FILE, {**info, "global_step": int(trainer.state.global_step), "finished": True}
         )
+    # README.md: the method as run, the base model, the paper (main process only); after `finished`, which
+    # speaks of the model: a card that cannot be written must not make a complete run look cut short
+    trainer.create_model_card()
     return trainer

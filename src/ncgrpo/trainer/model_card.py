@@ -14,6 +14,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.runs.folder import atomic_write_text
+
 __all__ = ["PAPER", "PAPER_CITATION", "create_model_card", "model_card_text"]
 
 #: The paper ncgrpo implements (as README.md's Citation section and CITATION.cff give it).
@@ -128,4 +130,4 @@ def create_model_card(
         return
     out = Path(self.args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "README.md").write_text(model_card_text(self, model_name, dataset_name, tags))
+    atomic_write_text(out / "README.md", model_card_text(self, model_name, dataset_name, tags))
