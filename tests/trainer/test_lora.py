@@ -415,3 +415,27 @@ def test_cli_lora_config_keeps_a_frozen_vision_tower_out_of_the_adapter(base, fr
     assert len(text) == 3 * 7  # 3 layers x q, k, v, o, gate, up, down
     assert any("visual" in n for n in adapted) != freeze
     assert not any("lm_head" in n for n in adapted)
+
+
+@pytest.mark.parametrize(
+    ("targets", "expected"), [(["q_proj"], 3), ([r".*language_model.*\.q_proj"], 3), (["all-linear"], 21)]
+)
+def test_one_lora_target_module_name_adapts_those_modules(base, targets, expected) -> None:
+    """TRL's ModelConfig turns a one-item lora_target_modules into a string, which peft reads as a regex
+    over whole module names: `--lora_target_modules q_proj` adapted nothing ("No modules were targeted").
+    A plain name is kept as the one-name list; a pattern and all-linear are as given."""
+    from peft import get_peft_model
+
+    from ncgrpo.commands.train import ModelArguments, peft_config_for
+
+    args = ModelArguments(
+        model_name_or_path=str(base), use_peft=True, lora_target_modules=targets, dtype="float32"
+    )
+    model, _ = load_model_and_processor(base, dtype="float32", device=None, freeze_vision=True)
+    adapted = [
+        n
+        for n, _ in get_peft_model(model, peft_config_for(args, model)).named_modules()
+        if n.endswith("lora_A")
+    ]
+    assert len(adapted) == expected, adapted
+    assert not any("visual" in n for n in adapted)

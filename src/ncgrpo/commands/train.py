@@ -705,9 +705,7 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
             f"{a.num_generations}); use more data or a smaller batch"
         )
     if model_args.use_peft:
-        from trl import get_peft_config
-
-        _check_lora_targets(get_peft_config(model_args), config.model_type)
+        _check_lora_targets(_lora_config(model_args), config.model_type)
         if a.use_vllm and a.rollout_method != "vanilla":
             raise ValueError(
                 f"use_peft with use_vllm and rollout_method={a.rollout_method!r}: NCGRPOTrainer refuses an "
@@ -972,6 +970,23 @@ def load_model(model_args: ModelArguments) -> tuple[Any, Any]:
     )
 
 
+def _lora_config(model_args: ModelArguments) -> Any:
+    """``trl.get_peft_config(model_args)``, with one fix: TRL's ``ModelConfig`` turns a one-item
+    ``lora_target_modules`` into a string, which peft reads as a regex matched against whole module names,
+    so ``--lora_target_modules q_proj`` targeted nothing (peft: "No modules were targeted"). A single
+    plain module name (letters, digits, ``_``) is kept as the one-name list the user gave; ``all-linear``
+    and patterns (``.*\\.q_proj``) stay as they are."""
+    import re
+
+    from trl import get_peft_config
+
+    config = get_peft_config(model_args)
+    target = config.target_modules
+    if isinstance(target, str) and target != "all-linear" and re.fullmatch(r"[A-Za-z_]\w*", target):
+        config.target_modules = {target}
+    return config
+
+
 def _check_lora_targets(config: Any, model_type: str | None) -> None:
     """A model type peft has no default LoRA target modules for (the Qwen-VL family) needs
     ``lora_target_modules``: said with the flag's name, from the model's config alone (``--dry-run`` too)."""
@@ -995,11 +1010,9 @@ def peft_config_for(model_args: ModelArguments, model: Any) -> Any:
         return None
     import re
 
-    from trl import get_peft_config
-
     from ncgrpo.models import find_vision_tower
 
-    config = get_peft_config(model_args)
+    config = _lora_config(model_args)
     _check_lora_targets(config, getattr(model.config, "model_type", None))
     tower = find_vision_tower(model) if model_args.freeze_vision_tower else None
     if tower is not None:
