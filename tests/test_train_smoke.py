@@ -206,3 +206,30 @@ def test_every_paper_recipe_smoke_run_trains(recipe: Path, suite: Path, tmp_path
         key = "noise/first_token_marginal_tv" if final_norm else "noise/first_token_tv"
         tv = [r[key] for r in generations if key in r]
         assert tv and max(tv) > (INERT_MARGINAL_THRESHOLD if final_norm else INERT_THRESHOLD), (key, tv)
+
+
+def test_smoke_with_eval_during_training_passes_the_dry_run(suite: Path, tmp_path: Path, capsys) -> None:
+    """--smoke keeps G = 12; TRL's default eval batch (8) does not divide it, so turning eval on (what a
+    validation curve in `ncgrpo plot dynamics` needs) was refused: the smoke form sets the eval batch to G."""
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--config",
+        str(LATENT),
+        "--smoke",
+        "--output_dir",
+        str(out),
+        "--dataset_path",
+        str(suite),
+    ]
+    argv += [
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "4",
+        "--eval_dataset_splits",
+        "validation",
+        "--dry-run",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert _parse(out / "config.yaml").get("per_device_eval_batch_size") == 12

@@ -507,6 +507,8 @@ def smoke_settings(parsed) -> dict[str, Any]:
         spg, ga = int(file_spg), int(file_ga)
     updates = spg // ga if spg is not None and spg % ga == 0 and spg >= ga else 1
     out["per_device_train_batch_size"] = g
+    # TRL's eval batch must hold whole groups too (its default 8 refuses G = 12 once eval is turned on)
+    out["per_device_eval_batch_size"] = g
     out["max_steps"] = SMOKE_GENERATIONS * updates
     # k_mid scaled from the recipe's length to the run's (--max_steps given here wins over the smoke's)
     full_steps = file.get("max_steps") if "max_steps" in given else parsed.get("max_steps")
