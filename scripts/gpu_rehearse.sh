@@ -43,6 +43,11 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument $1 (see --help)" ;;
     esac
 done
+# --out is replaced: only an earlier report folder (its report.json) or an empty or missing one, never a
+# folder of something else (`--out .`, a results folder named by mistake)
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2> /dev/null)" ] && [ ! -f "$OUT/report.json" ]; then
+    die "--out $OUT holds files but no report.json of an earlier rehearsal; name an empty or new folder"
+fi
 if [ -z "$PY" ]; then
     for c in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
         if [ -n "$c" ] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then PY="$c"; break; fi

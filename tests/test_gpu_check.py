@@ -485,3 +485,34 @@ def test_rehearsal_on_the_cpu(tmp_path: Path) -> None:
     assert all(p["status"] == "passed" for p in data["parts"])
     assert data["environment"]["transformers_from"].startswith(str(tmp_path / "o.work" / "site"))
     assert data["train"]["steps_logged"] == 3 and data["lora"]["steps_logged"] == 2
+
+
+@pytest.mark.parametrize(("tests_status", "ok"), [("passed", True), ("empty", False), ("failed", False)])
+def test_a_tests_part_that_ran_no_test_is_not_ok(tmp_path: Path, tests_status: str, ok: bool) -> None:
+    """The report's overall verdict: a `pytest -m gpu` part that collected nothing (exit 5, status
+    `empty`) checked nothing, so the check is not ok (it counted as passed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_report", ROOT / "scripts" / "gpu_check_report.py"
+    )
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rc = {"passed": 0, "empty": 5, "failed": 1}[tests_status]
+    (logs / report.PARTS_FILE).write_text(
+        f"env\tpassed\t0\t1\t15\t\ntests\t{tests_status}\t{rc}\t3\t40\t\n", encoding="utf-8"
+    )
+    assert report.build(tmp_path, None, None, None)["ok"] is ok
+
+
+def test_rehearsal_refuses_to_replace_a_folder_of_something_else(tmp_path: Path) -> None:
+    """gpu_rehearse.sh replaces --out: a folder holding files but no earlier report.json (`--out .`, a
+    results folder named by mistake) is refused at once, before any venv or wheel work, and kept."""
+    keep = tmp_path / "results"
+    keep.mkdir()
+    (keep / "precious.txt").write_text("x")
+    done = run(ROOT / "scripts" / "gpu_rehearse.sh", "--out", str(keep), "--venv", str(tmp_path / "v"))
+    assert done.returncode == 2 and "no report.json" in done.stderr, done.stderr
+    assert (keep / "precious.txt").exists() and not (tmp_path / "v").exists()
