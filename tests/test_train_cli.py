@@ -727,3 +727,26 @@ def test_a_copy_of_the_generated_suite_cut_short_leaves_no_suite(tmp_path: Path)
     assert main(argv) == 0
     assert (out / "synthetic-data" / "data").is_dir() and not (out / ".synthetic-data.partial").exists()
     assert not list((out / "synthetic-data").rglob("half.parquet"))
+
+
+def test_a_hub_id_is_asked_of_the_hub_once_per_run(tmp_path: Path, geo3k: Path, monkeypatch) -> None:
+    """The model's source is checked once, before the data (it was checked again with the config: two
+    hub requests for one uncached ORG/NAME)."""
+    import huggingface_hub
+    import transformers
+
+    asked = []
+    real_config = transformers.AutoConfig.from_pretrained
+
+    def answers(name, **kwargs):
+        asked.append(name)
+
+    def local_config(name, *a, **k):  # the hub's config.json of the id: the tiny model's
+        return real_config(MODEL if name == "org/tiny-qwen2.5-vl" else name, *a, **k)
+
+    monkeypatch.setattr(huggingface_hub, "model_info", answers)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", local_config)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(_args(out, geo3k, "org/tiny-qwen2.5-vl", "--dry-run")) == 0
+    assert asked == ["org/tiny-qwen2.5-vl"]

@@ -259,15 +259,20 @@ def text_layers(model_name_or_path: str | Path) -> int | None:
     return int(n) if n is not None else None
 
 
-def check_noise_site(noise_site: str, model_name_or_path: str | Path) -> None:
+def check_noise_site(noise_site: str, model_name_or_path: str | Path, config: Any = None) -> None:
     """Refuse a layer noise site past the model's decoder layers, read from its config before any
-    weight is loaded (``final_norm`` fits every model)."""
+    weight is loaded (``final_norm`` fits every model). ``config``: the model's config where the caller
+    has read it already (else it is read from ``model_name_or_path``)."""
     from ncgrpo.core.noise import parse_noise_site
 
     site = parse_noise_site(noise_site)
     if site == "final_norm":
         return
-    n_layers = text_layers(model_name_or_path)
+    if config is None:
+        n_layers = text_layers(model_name_or_path)
+    else:
+        n = getattr(config.get_text_config(), "num_hidden_layers", None)
+        n_layers = int(n) if n is not None else None
     if n_layers is not None and max(site) >= n_layers:
         raise ValueError(
             f"noise_site={noise_site!r} names layer {max(site)} but {model_name_or_path} has "

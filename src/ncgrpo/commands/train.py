@@ -677,26 +677,20 @@ def _model_config(name: str):
 
 def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset, script_args=None) -> None:
     """Checks that need no weights, the ones the trainer would otherwise make after the model loads:
-    the model's source and config (:func:`check_model_source`), the noise site against its layers, the
+    the model's config (its source is checked first, by the caller: :func:`check_model_source`), the
+    noise site against its layers (:func:`ncgrpo.models.check_noise_site`), the
     dataset against one generation batch (TRL would otherwise train 0 steps and save the base weights),
     and what ``GRPOTrainer.__init__`` / ``NCGRPOTrainer.__init__`` refuse before they generate (vLLM
     installed for ``use_vllm``, one weight per reward, continuous batching with a processor,
     ``share_prompt_loss`` against the model and attention, several GPUs in one process)."""
-    from ncgrpo.core.noise import parse_noise_site
     from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
+    from ncgrpo.models import check_noise_site
 
     a = plan_args
     name = model_args.model_name_or_path
-    check_model_source(name)
-    config = _model_config(name)
+    config = _model_config(name)  # the caller checked the source (check_model_source) before the data
     if a.rollout_method in HIDDEN_NOISE_METHODS:
-        site = parse_noise_site(a.noise_site)
-        layers = getattr(config.get_text_config(), "num_hidden_layers", None)
-        if site != "final_norm" and layers is not None and max(site) >= layers:
-            raise ValueError(
-                f"noise_site={a.noise_site!r} names layer {max(site)} but {name} has "
-                f"{layers} decoder layers (0..{layers - 1})"
-            )
+        check_noise_site(a.noise_site, name, config)
     per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
     prompts_needed = per_generation // a.num_generations
     if len(train_dataset) < prompts_needed:
