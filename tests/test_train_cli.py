@@ -22,6 +22,18 @@ TINY_RECIPE = ROOT / "recipes" / "tiny_cpu_latent.yaml"
 #: a model folder every dry run can read the config of (the embedded base; no weights are loaded)
 MODEL = str(ROOT / "src" / "ncgrpo" / "toy" / "assets" / "base")
 
+# the paper recipe made runnable on this CPU (transformers engine, float32) with a batch of 4 prompts x 12
+CPU_PAPER = [
+    "--bf16",
+    "false",
+    "--use_cpu",
+    "true",
+    "--use_vllm",
+    "false",
+    "--per_device_train_batch_size",
+    "12",
+]
+
 
 # ------------------------------------------------------------------------------------ fixtures
 def write_geo3k_parquet(folder: Path, n: int = 4, size: int = 56) -> Path:
@@ -150,18 +162,9 @@ def test_dry_run_of_a_paper_recipe_checks_what_the_run_checks(tmp_path: Path, ge
         err = capsys.readouterr().err
         assert "bf16" in err and "--smoke" in err and not out.exists()
     out = tmp_path / "run"
-    cpu = [
-        "--bf16",
-        "false",
-        "--use_cpu",
-        "true",
-        "--use_vllm",
-        "false",
-        "--per_device_train_batch_size",
-        "12",
-    ]
     assert (
-        main([*argv, *cpu, "--gradient_accumulation_steps", "1", "--output_dir", str(out), "--dry-run"]) == 0
+        main([*argv, *CPU_PAPER, "--gradient_accumulation_steps", "1", "--output_dir", str(out), "--dry-run"])
+        == 0
     )
     assert "noisyrollout-image (image), 4 training prompts" in capsys.readouterr().out
     text = (out / "config.yaml").read_text()
@@ -548,17 +551,6 @@ def test_a_prompt_over_max_prompt_length_is_an_error(
 
 # ------------------------------------------------------ --dry-run checks what the run checks; writes nothing
 PAPER_RECIPE = ROOT / "recipes" / "qwen2_5_vl_7b_latent_sigma0.2.yaml"
-# the paper recipe made runnable on this CPU (transformers engine, float32) with a batch of 4 prompts x 12
-CPU_PAPER = [
-    "--bf16",
-    "false",
-    "--use_cpu",
-    "true",
-    "--use_vllm",
-    "false",
-    "--per_device_train_batch_size",
-    "12",
-]
 
 
 @pytest.mark.parametrize(

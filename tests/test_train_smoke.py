@@ -43,6 +43,20 @@ def _parse(path: Path):
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path)]).parsed_config
 
 
+def _smoke_argv(recipe: Path, out: Path, suite: Path) -> list[str]:
+    """``ncgrpo train --config RECIPE --smoke`` into ``out`` on the shared synthetic suite."""
+    return [
+        "train",
+        "--config",
+        str(recipe),
+        "--smoke",
+        "--output_dir",
+        str(out),
+        "--dataset_path",
+        str(suite),
+    ]
+
+
 def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -56,16 +70,7 @@ def test_every_recipe_smoke_form_passes_the_dry_run(
     from ncgrpo.toy.pretrain import ensure_base_model
 
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--config",
-        str(recipe),
-        "--smoke",
-        "--output_dir",
-        str(out),
-        "--dataset_path",
-        str(suite),
-    ]
+    argv = _smoke_argv(recipe, out, suite)
     assert main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
     assert "--smoke:" in capsys.readouterr().err
     full, smoke = _parse(recipe), _parse(out / "config.yaml")
@@ -98,16 +103,7 @@ def test_every_recipe_smoke_form_passes_the_dry_run(
 
 def test_smoke_yields_to_flags_given_on_the_command_line(suite: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--config",
-        str(LATENT),
-        "--smoke",
-        "--output_dir",
-        str(out),
-        "--dataset_path",
-        str(suite),
-    ]
+    argv = _smoke_argv(LATENT, out, suite)
     assert (
         main([*argv, "--max_completion_length", "32", "--gradient_accumulation_steps", "2", "--dry-run"]) == 0
     )
@@ -127,16 +123,7 @@ def test_smoke_scales_k_mid_to_the_max_steps_given(suite: Path, tmp_path: Path, 
     """--smoke --max_steps 4: eq. (3)'s k_mid follows the run's 4 steps, not the smoke default's 8 over
     the 4 given (which set it to 80, after the last step: the schedule never annealed, with a warning)."""
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--config",
-        str(LATENT),
-        "--smoke",
-        "--output_dir",
-        str(out),
-        "--dataset_path",
-        str(suite),
-    ]
+    argv = _smoke_argv(LATENT, out, suite)
     assert main([*argv, "--max_steps", "4", "--dry-run"]) == 0
     assert "never anneals" not in capsys.readouterr().err
     full, smoke = _parse(LATENT), _parse(out / "config.yaml")
@@ -172,16 +159,7 @@ def test_every_paper_recipe_smoke_run_trains(recipe: Path, suite: Path, tmp_path
     from ncgrpo.trainer.inert import INERT_MARGINAL_THRESHOLD, INERT_THRESHOLD
 
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--config",
-        str(recipe),
-        "--smoke",
-        "--output_dir",
-        str(out),
-        "--dataset_path",
-        str(suite),
-    ]
+    argv = _smoke_argv(recipe, out, suite)
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -212,16 +190,7 @@ def test_smoke_with_eval_during_training_passes_the_dry_run(suite: Path, tmp_pat
     """--smoke keeps G = 12; TRL's default eval batch (8) does not divide it, so turning eval on (what a
     validation curve in `ncgrpo plot dynamics` needs) was refused: the smoke form sets the eval batch to G."""
     out = tmp_path / "run"
-    argv = [
-        "train",
-        "--config",
-        str(LATENT),
-        "--smoke",
-        "--output_dir",
-        str(out),
-        "--dataset_path",
-        str(suite),
-    ]
+    argv = _smoke_argv(LATENT, out, suite)
     argv += [
         "--eval_strategy",
         "steps",
