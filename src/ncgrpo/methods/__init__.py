@@ -1,0 +1,26 @@
+"""Rollout methods, one module each, registered by name (:mod:`ncgrpo.methods.base`).
+
+``get_method(name)`` is how every other part of ncgrpo learns what a method is and does; a new method is
+one module that subclasses :class:`RolloutMethod` and registers itself (docs/extending.md). Importing
+this package registers the built-in methods, in the order the paper and ``--help`` list them.
+"""
+
+from ncgrpo.methods import (  # noqa: F401  (registers the built-ins, in this order)
+    vanilla,
+    latent,
+    image,
+    antithetic,
+    spsa,
+    first_token_temperature,
+    first_token_marginal,
+)
+from ncgrpo.methods.base import (
+    RolloutMethod,
+    get_method,
+    method_names,
+    methods,
+    register_method,
+    unregister_method,
+)
+
+__all__ = ["RolloutMethod", "get_method", "method_names", "methods", "register_method", "unregister_method"]

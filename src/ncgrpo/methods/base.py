@@ -1,0 +1,268 @@
+"""A rollout method is one object, registered by name, holding everything that differs by method.
+
+The trainer, the engines, the probe, the demo and the verl integration never compare a method's name;
+they ask the method (``get_method(args.rollout_method)``) what it is and what to do:
+
+- **what it is** (class attributes): ``two_pass`` (n clean + n noisy rows), ``paired`` (the noisy half
+  as ``(+eps, -eps)`` pairs), ``key_rule`` (which noise key each noisy row carries,
+  :func:`ncgrpo.core.plan.plan_rows`), ``noise_mode`` (eq. (2)'s draws on the hidden states, or
+  ``None``: the forward stays clean), ``uses_sigma`` (the noisy half is set by ``sigma0`` and
+  ``sigma_k``), ``marginal`` (how ``noise/first_token_marginal_tv`` is measured), ``anneals`` (what
+  eq. (3)'s schedule anneals, in words);
+- **where it runs**: ``vllm_refusal`` / ``vllm_server_refusal`` / ``verl_refusal`` / ``probe_refusal``:
+  ``None`` where it runs, else the reason it is refused there (raised before any engine starts);
+- **its settings' checks**: :meth:`check_args` (``NCGRPOConfig.__post_init__`` calls it);
+- **its rows**: :meth:`row_noise` (the hidden-state instruction of one row) and :meth:`steer` (a
+  steering vector added on every noisy row, SPSA's ``mu``);
+- **one generation** on the transformers engine: :meth:`begin_generation` (this step's annealed
+  values), :meth:`generation_inputs` (the inputs the noisy rows generate from), :meth:`generation_hooks`
+  (context managers around TRL's ``generate``); on vLLM: :meth:`vllm_images` and
+  :meth:`vllm_logit_scales` (with the rows' :meth:`row_noise`, the spec sent per request); on verl:
+  :meth:`verl_extra_args`;
+- **after rewards**: :meth:`after_rewards` (SPSA's update of ``mu``) and :meth:`metrics`;
+- **state**: :meth:`init_state`, :meth:`state_dict` / :meth:`load_state_dict` (``ncgrpo_state.pt`` in
+  checkpoints).
+
+The trainer-facing hooks get the trainer (``tr``) and the generation's scratch record (``gen``,
+:class:`ncgrpo.trainer.metrics.LocalGen`); each says what it reads and writes. A new method is one
+module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it with
+:func:`register_method`; docs/extending.md walks through one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
+
+from ncgrpo.core.noise import RowNoise, parse_noise_site
+from ncgrpo.core.plan import RowPlan
+
+__all__ = [
+    "RolloutMethod",
+    "get_method",
+    "method_names",
+    "methods",
+    "read_state",
+    "register_method",
+    "unregister_method",
+]
+
+_REGISTRY: dict[str, RolloutMethod] = {}
+
+
+class RolloutMethod:
+    """The base of every rollout method (see the module docstring). Subclasses set the class
+    attributes and override the hooks that differ; the defaults are a two-pass method whose noisy half
+    is identical to its clean half (no noise, no control), which no built-in method is."""
+
+    #: the ``rollout_method`` value (config field, CLI flag, recipe key, records)
+    name: ClassVar[str] = ""
+    #: one line for ``--help`` and docs
+    summary: ClassVar[str] = ""
+    #: groups are n clean + n noisy rows (False: vanilla GRPO)
+    two_pass: ClassVar[bool] = True
+    #: the noisy half is ``(+eps, -eps)`` pairs sharing one key (n must be even)
+    paired: ClassVar[bool] = False
+    #: the key each noisy row carries: ``row`` (draw ``j``), ``pair`` (draw ``j // 2``, sign by parity),
+    #: ``prompt`` (draw 0 for the whole noisy half) or ``none``
+    key_rule: ClassVar[str] = "row"
+    #: eq. (2)'s noise mode on the hidden states (:func:`ncgrpo.core.noise.draw_eps`), None: none
+    noise_mode: ClassVar[str | None] = None
+    #: the noisy half is set by ``sigma0`` and eq. (3)'s ``sigma_k`` (``noise/sigma_k`` is logged)
+    uses_sigma: ClassVar[bool] = False
+    #: how ``noise/first_token_marginal_tv`` is measured: ``draws`` (``marginal_tv_draws`` keyed draws
+    #: through the LM head, final-norm site), ``temperature`` (exact: ``softmax(z / T_k)``) or None
+    marginal: ClassVar[str | None] = None
+    #: what eq. (3)'s schedule anneals, for the warning when it never anneals
+    anneals: ClassVar[str] = "sigma stays near sigma0"
+    #: why the method works at the final-norm site only (None: any noise site)
+    final_norm_only: ClassVar[str | None] = None
+    #: the noisy half rescales the sampling temperature, so sampling must be at a temperature > 0
+    needs_sampling_temperature: ClassVar[bool] = False
+    #: why the method cannot generate on vLLM (None: it can)
+    vllm_refusal: ClassVar[str | None] = None
+    #: why it cannot generate on a vLLM server (``vllm_mode='server'``), None: it can
+    vllm_server_refusal: ClassVar[str | None] = None
+    #: why the verl integration refuses it (None: it runs there)
+    verl_refusal: ClassVar[str | None] = (
+        "the verl integration sends a noise spec per session and has no hook for this method"
+    )
+    #: why ``ncgrpo probe`` refuses it (None: the probe measures its hidden-state noise)
+    probe_refusal: ClassVar[str | None] = (
+        "the probe measures hidden-state noise (eq. 2) and this method puts none in the forward"
+    )
+
+    # -- what it is ---------------------------------------------------------------------------------
+    @property
+    def hidden_noise(self) -> bool:
+        """eq. (2) acts on the hidden states of the noisy rows."""
+        return self.noise_mode is not None
+
+    def __repr__(self) -> str:
+        return f"<rollout method {self.name!r}>"
+
+    # -- settings -----------------------------------------------------------------------------------
+    def check_group_size(self, G: int, *, field: str = "num_generations") -> None:
+        """The one check of the group size ``G`` (``field`` names the setting in the message)."""
+        G = int(G)
+        if G < 1:
+            raise ValueError(f"{field} must be >= 1, got {G}")
+        if self.two_pass and G % 2:
+            raise ValueError(
+                f"rollout_method={self.name!r} splits each group into n clean + n noisy rollouts, so {field} must "
+                f"be even; got {G}. Use {G + 1} (or {G - 1})."
+            )
+        if self.paired and G % 4:
+            raise ValueError(
+                f"rollout_method={self.name!r} puts the noisy half (n = {field} // 2 = {G // 2}) in (+eps, -eps) "
+                f"pairs, so n must be even, i.e. {field} a multiple of 4; got {G}."
+            )
+
+    def check_args(self, args: Any) -> None:
+        """Refuse settings this method cannot use (``args``: an ``NCGRPOConfig``); ``ValueError`` naming
+        the setting and what to write instead. Called by ``NCGRPOConfig.__post_init__``."""
+        self.check_group_size(args.num_generations)
+        if args.antithetic_grouping == "separate" and not self.paired:
+            raise ValueError(
+                "antithetic_grouping='separate' regroups (+eps, -eps) pairs and only applies to the paired methods "
+                f"({', '.join(m.name for m in methods() if m.paired)}), not {self.name!r}; leave it at 'joint'."
+            )
+        if self.final_norm_only and parse_noise_site(str(args.noise_site)) != "final_norm":
+            raise ValueError(
+                f"rollout_method={self.name!r} {self.final_norm_only}; noise_site={args.noise_site!r}. Use "
+                "noise_site='final_norm'."
+            )
+
+    def check_vllm(self, vllm_mode: str) -> None:
+        """``NotImplementedError`` with the reason where this method cannot generate on vLLM."""
+        if self.vllm_refusal:
+            raise NotImplementedError(f"rollout_method={self.name!r} on vLLM: {self.vllm_refusal}. Use use_vllm=False.")
+        if vllm_mode == "server" and self.vllm_server_refusal:
+            raise NotImplementedError(
+                f"rollout_method={self.name!r} with vllm_mode='server' is not supported: {self.vllm_server_refusal}"
+            )
+
+    def check_probe(self) -> None:
+        """``ValueError`` with the reason where ``ncgrpo probe`` cannot measure this method."""
+        if self.probe_refusal:
+            raise ValueError(
+                f"rollout_method={self.name!r} cannot be probed: {self.probe_refusal}; probe one of "
+                f"{', '.join(m.name for m in methods() if not m.probe_refusal)}"
+            )
+
+    # -- rows ---------------------------------------------------------------------------------------
+    def row_noise(self, plan: RowPlan, sigma: float) -> RowNoise:
+        """The hidden-state instruction for one row (clean unless the method injects hidden noise)."""
+        if self.noise_mode is None or not plan.noisy or plan.key is None:
+            return RowNoise()
+        return RowNoise(sigma=float(sigma), key=plan.key, sign=plan.sign, mode=self.noise_mode)
+
+    def steer(self, tr: Any) -> Any:
+        """A steering vector added to every noisy row's state (eq. 6's ``mu``), or None."""
+        return None
+
+    def initial_steer(self, hidden_size: int) -> Any:
+        """The steering vector before any training (the probe uses it), or None."""
+        return None
+
+    # -- one generation -----------------------------------------------------------------------------
+    def begin_generation(self, tr: Any, gen: Any, k: int, K: int) -> None:
+        """Set this generation's annealed values on ``gen`` (``sigma_k``; the image method's ``image_t``;
+        the control's ``first_token_temperature``) at schedule position ``k`` of ``K``.
+        Reads ``tr.args``, ``tr.schedule``; writes ``gen``."""
+        gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0) if self.uses_sigma else 0.0
+
+    def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
+        """The multimodal inputs TRL's ``generate`` gets (transformers engine; the loss keeps the
+        originals). Default: unchanged."""
+        return multimodal_fields
+
+    def generation_hooks(self, tr: Any, gen: Any, model: Any, prompt_ids: Any, multimodal_fields: dict) -> Iterator[AbstractContextManager]:
+        """Context managers entered around TRL's ``generate`` besides the prefill noise hook (which every
+        method gets with its :meth:`row_noise` rows). The one whose value is not None after entering is
+        the control whose rewritten first-token logits the metrics read. Default: none."""
+        return iter(())
+
+    def vllm_images(self, tr: Any, gen: Any, images: Any) -> Any:
+        """The per-row images vLLM gets (default: TRL's)."""
+        return images
+
+    def vllm_logit_scales(self, tr: Any, gen: Any) -> list[float | None] | None:
+        """Per row, a first-token logit scale the vLLM plugin applies (None: none)."""
+        return None
+
+    def verl_extra_args(self, cfg: Any, plan: RowPlan, step: int, temperature: float) -> tuple[float, dict]:
+        """``(sigma, SamplingParams.extra_args)`` of one noisy verl session (the vLLM plugin's spec)."""
+        raise NotImplementedError(f"rollout_method={self.name!r} on verl: {self.verl_refusal}")
+
+    # -- after rewards ------------------------------------------------------------------------------
+    def after_rewards(self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]) -> None:
+        """Anything the method does with the gathered rewards of a generation (SPSA's update), writing
+        what it logs into ``metrics``. Runs on every rank with the same inputs. Default: nothing."""
+
+    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+        """The method's own per-generation metrics (beside ``reward/*`` and ``noise/*``)."""
+        return {"noise/sigma_k": gen.sigma_k} if self.uses_sigma else {}
+
+    # -- state in checkpoints -----------------------------------------------------------------------
+    def init_state(self, tr: Any) -> None:
+        """Set up the method's state on the trainer at construction (SPSA: ``tr.spsa_mu``)."""
+
+    def state_dict(self, tr: Any) -> dict[str, Any]:
+        """What the method adds to ``ncgrpo_state.pt``."""
+        return {}
+
+    def load_state_dict(self, tr: Any, path: str) -> None:
+        """Restore the method's state from a checkpoint's ``ncgrpo_state.pt`` at ``path`` (read it with
+        :func:`read_state`, which gives None for a missing file). Default: nothing to restore, the file is
+        not read."""
+
+
+def read_state(path: str) -> dict[str, Any] | None:
+    """The dict in an ``ncgrpo_state.pt`` (None where the file is missing)."""
+    import os
+
+    import torch
+
+    if not os.path.exists(path):
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def register_method(cls: type[RolloutMethod]) -> type[RolloutMethod]:
+    """Class decorator: register one instance of ``cls`` under ``cls.name`` (refused if taken)."""
+    name = getattr(cls, "name", "")
+    if not name or not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a rollout method needs a name that is a Python identifier, got {name!r}")
+    if cls.key_rule not in ("row", "pair", "prompt", "none"):
+        raise ValueError(f"{name}: key_rule must be 'row', 'pair', 'prompt' or 'none', got {cls.key_rule!r}")
+    if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
+        raise ValueError(f"rollout method {name!r} is registered already ({type(_REGISTRY[name]).__qualname__})")
+    _REGISTRY[name] = cls()
+    return cls
+
+
+def unregister_method(name: str) -> None:
+    """Remove a registered method (tests that register a toy method clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_method(name: str | RolloutMethod) -> RolloutMethod:
+    """The registered method named ``name`` (a method object is returned as is); ``ValueError`` naming
+    the registered ones otherwise."""
+    if isinstance(name, RolloutMethod):
+        return name
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"rollout_method={name!r} is unknown; use one of {', '.join(method_names())}") from None
+
+
+def methods() -> list[RolloutMethod]:
+    """Every registered method, in registration order (the built-ins first)."""
+    return list(_REGISTRY.values())
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)

@@ -1,0 +1,42 @@
+"""``first_token_marginal``: a control. The noisy half's first token is sampled from the noise-averaged
+distribution ``q_bar`` of ``sigma_k`` (:func:`ncgrpo.engines.controls.first_token_marginal`) and no noise
+enters the forward. At the final-norm site this is NC-GRPO's own distribution of groups
+(:mod:`ncgrpo.core.marginal`); a training difference between the two is a bug or numerics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncgrpo.methods.base import RolloutMethod, register_method
+
+
+@register_method
+class FirstTokenMarginal(RolloutMethod):
+    name = "first_token_marginal"
+    summary = "control: the noisy half samples its first token from latent noise's q_bar, clean forward"
+    key_rule = "row"
+    uses_sigma = True
+    marginal = "draws"
+    final_norm_only = (
+        "samples the first token from the final-norm site's noise-averaged distribution q_bar; a layer site has "
+        "no such q_bar through the LM head alone"
+    )
+    vllm_refusal = (
+        "it runs on the transformers generate path only: the vLLM plugin has no hook that replaces a first-token "
+        "logit row by log q_bar"
+    )
+    verl_refusal = (
+        "the q_bar control samples the first token from a pool of noisy logit rows, which the vLLM plugin does "
+        "not implement. Use ncgrpo's TRL trainer (transformers engine)"
+    )
+
+    def generation_hooks(self, tr: Any, gen: Any, model: Any, prompt_ids: Any, multimodal_fields: dict):
+        from ncgrpo.engines.controls import first_token_marginal
+
+        yield first_token_marginal(
+            model,
+            [p.key if p.noisy else None for p in gen.plans],
+            sigma=gen.sigma_k,
+            temperature=tr.temperature,
+            draws=tr.args.first_token_marginal_draws,
+        )

@@ -1,0 +1,83 @@
+"""``first_token_temperature``: a control. The noisy half gets no hidden noise but samples its first token
+at ``T_k``, ``first_token_temperature`` annealed to the sampling temperature ``T`` on eq. (3)'s decay
+(:meth:`ncgrpo.core.schedule.Schedule.temperature`). Match ``first_token_temperature`` on the MARGINAL
+first-token TV (``ncgrpo probe``'s ``matched T0``), or let ``first_token_temperature_auto`` calibrate it at
+the first generation (kept in checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncgrpo.core.plan import RowPlan
+from ncgrpo.methods.base import RolloutMethod, read_state, register_method
+
+
+@register_method
+class FirstTokenTemperature(RolloutMethod):
+    name = "first_token_temperature"
+    summary = "control: the noisy half samples its first token at an annealed higher temperature"
+    key_rule = "none"
+    marginal = "temperature"
+    needs_sampling_temperature = True
+    anneals = "the first-token temperature stays near first_token_temperature"
+    verl_refusal = None
+
+    def t0(self, tr: Any) -> float:
+        """The starting temperature: the calibrated one with ``first_token_temperature_auto``."""
+        return float(tr.first_token_t0 if tr.first_token_t0 is not None else tr.args.first_token_temperature)
+
+    def begin_generation(self, tr: Any, gen: Any, k: int, K: int) -> None:
+        """Calibrates ``tr.first_token_t0`` once (``first_token_temperature_auto``) and sets
+        ``gen.first_token_temperature`` to ``T_k``."""
+        gen.sigma_k = 0.0
+        if tr.args.first_token_temperature_auto and tr.first_token_t0 is None:
+            tr.first_token_t0 = tr.calibrate_first_token_t0(gen.plans, gen.prompt_ids, gen.multimodal_fields)
+        gen.first_token_temperature = tr.schedule.temperature(k, K, tr.temperature, self.t0(tr))
+
+    def generation_hooks(self, tr: Any, gen: Any, model: Any, prompt_ids: Any, multimodal_fields: dict):
+        from ncgrpo.engines.controls import first_token_temperature
+
+        yield first_token_temperature(
+            model,
+            [p.noisy for p in gen.plans],
+            temperature=tr.temperature,
+            first_token_temperature=gen.first_token_temperature,
+        )
+
+    def vllm_logit_scales(self, tr: Any, gen: Any) -> list[float | None]:
+        scale = float(tr.temperature) / gen.first_token_temperature
+        return [scale if p.noisy else None for p in gen.plans]
+
+    def verl_extra_args(self, cfg: Any, plan: RowPlan, step: int, temperature: float) -> tuple[float, dict]:
+        """The noisy half's first-token logits times ``T / T_k``, no hidden noise."""
+        from ncgrpo.engines.vllm import control_extra_args
+
+        if not temperature > 0:
+            raise ValueError(
+                f"rollout_method={self.name!r} needs a sampling temperature > 0, got {temperature}"
+            )
+        t_k = cfg.first_token_temperature_at(step, temperature)
+        return 0.0, control_extra_args(float(temperature) / t_k)
+
+    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+        out = {"control/first_token_temperature": float(gen.first_token_temperature)}
+        if tr.first_token_t0 is not None:
+            out["control/first_token_temperature_t0"] = float(tr.first_token_t0)
+        return out
+
+    def state_dict(self, tr: Any) -> dict[str, Any]:
+        return {"first_token_temperature_t0": tr.first_token_t0}
+
+    def load_state_dict(self, tr: Any, path: str) -> None:
+        """With ``first_token_temperature_auto``, the calibrated T0 (a resumed run must not calibrate
+        again on another batch)."""
+        if not tr.args.first_token_temperature_auto:
+            return
+        t0 = (read_state(path) or {}).get("first_token_temperature_t0")
+        if t0 is None:
+            raise ValueError(
+                f"{path} holds no calibrated first_token_temperature_t0, so the resumed run would calibrate T0 "
+                "again on another batch; resume from a checkpoint of this run, or set first_token_temperature "
+                "by hand"
+            )
+        tr.first_token_t0 = float(t0)

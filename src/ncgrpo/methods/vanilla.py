@@ -1,0 +1,25 @@
+"""``vanilla``: GRPO unchanged. No noisy half; ``NCGRPOTrainer`` runs TRL's own path (bit-identical
+first step, tested) and every engine generates the group as TRL does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncgrpo.methods.base import RolloutMethod, register_method
+
+
+@register_method
+class Vanilla(RolloutMethod):
+    name = "vanilla"
+    summary = "GRPO unchanged (TRL's path): the baseline"
+    two_pass = False
+    key_rule = "none"
+    anneals = "nothing is annealed (no noise)"
+    verl_refusal = None
+    probe_refusal = "vanilla GRPO puts no noise anywhere, so there is nothing to measure"
+
+    def check_vllm(self, vllm_mode: str) -> None:
+        return None  # TRL's own path on every engine
+
+    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+        return {}

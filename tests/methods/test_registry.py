@@ -1,0 +1,88 @@
+"""The method registry: each built-in method states what it is; lookups and registration."""
+
+from __future__ import annotations
+
+import pytest
+
+from ncgrpo.core.plan import plan_rows
+from ncgrpo.methods import RolloutMethod, get_method, method_names, methods, register_method, unregister_method
+
+
+def test_the_built_ins_in_the_papers_order():
+    assert method_names()[:7] == (
+        "vanilla",
+        "latent",
+        "image",
+        "antithetic",
+        "spsa",
+        "first_token_temperature",
+        "first_token_marginal",
+    )
+
+
+def test_what_each_built_in_is():
+    facts = {
+        m.name: (m.two_pass, m.paired, m.key_rule, m.noise_mode, m.uses_sigma, m.marginal)
+        for m in methods()
+        if m.name in method_names()[:7]
+    }
+    assert facts == {
+        "vanilla": (False, False, "none", None, False, None),
+        "latent": (True, False, "row", "independent", True, "draws"),
+        "image": (True, False, "prompt", None, False, None),
+        "antithetic": (True, True, "pair", "antithetic", True, "draws"),
+        "spsa": (True, True, "pair", "rank_one", True, "draws"),
+        "first_token_temperature": (True, False, "none", None, False, "temperature"),
+        "first_token_marginal": (True, False, "row", None, True, "draws"),
+    }
+    refused_on_verl = {m.name for m in methods()[:7] if m.verl_refusal}
+    assert refused_on_verl == {"image", "spsa", "first_token_marginal"}
+    assert {m.name for m in methods()[:7] if m.probe_refusal is None} == {"latent", "antithetic", "spsa"}
+
+
+def test_unknown_names_list_the_registered_ones():
+    with pytest.raises(ValueError, match="rollout_method='gaussian' is unknown; use one of vanilla, latent"):
+        get_method("gaussian")
+    assert get_method(get_method("latent")) is get_method("latent")
+
+
+def test_group_size_is_checked_in_one_place():
+    get_method("vanilla").check_group_size(3)
+    with pytest.raises(ValueError, match="num_generations must be even; got 3"):
+        get_method("latent").check_group_size(3)
+    with pytest.raises(ValueError, match="a multiple of 4; got 6"):
+        get_method("spsa").check_group_size(6)
+    with pytest.raises(ValueError, match="rollout.n must be even"):
+        get_method("image").check_group_size(5, field="rollout.n")
+
+
+def test_registering_a_method_and_its_refusals():
+    @register_method
+    class Toy(RolloutMethod):
+        name = "toy_registry_test"
+        key_rule = "row"
+        noise_mode = "independent"
+        uses_sigma = True
+        probe_refusal = None
+
+    try:
+        toy = get_method("toy_registry_test")
+        assert isinstance(toy, Toy) and "toy_registry_test" in method_names()
+        plans = plan_rows(range(4), [7] * 4, num_generations=4, method=toy, seed=1, step=2)
+        assert [p.noisy for p in plans] == [False, False, True, True]
+        assert toy.row_noise(plans[3], 0.3).sigma == 0.3
+        with pytest.raises(NotImplementedError, match="on verl"):
+            toy.verl_extra_args(None, plans[3], 1, 1.0)
+        with pytest.raises(ValueError, match="registered already"):
+
+            @register_method
+            class Other(RolloutMethod):
+                name = "toy_registry_test"
+    finally:
+        unregister_method("toy_registry_test")
+    assert "toy_registry_test" not in method_names()
+    with pytest.raises(ValueError, match="Python identifier"):
+
+        @register_method
+        class Bad(RolloutMethod):
+            name = "not a name"
