@@ -265,13 +265,14 @@ def main(argv=None) -> dict:
     from vllm import LLM, SamplingParams
 
     from ncgrpo.core.plan import plan_group, prompt_noise_id
+    from ncgrpo.methods import get_method
     from ncgrpo.engines.rollout import generate_groups
     from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
     from ncgrpo.models import tokenizer_of
     from ncgrpo.toy.model import count_parameters
 
     def plan_batch(pids, n, sigma, seed, step):  # rows in request order: [p0 clean x n, p0 noisy x n, ...]
-        return [row for pid in pids for row in plan_group(n, sigma, seed, step, pid)]
+        return [row for pid in pids for row in plan_group(n, sigma, seed, step, pid, get_method("latent"))]
 
     tok = tokenizer_of(proc)
     texts = prompt_texts(tok, args.prompts, args.prompt_tokens)

@@ -104,20 +104,20 @@ def test_only_complete_checkpoints_are_resumed_from(tmp_path) -> None:
     tr = tiny.trainer(out, save_strategy="steps", save_steps=1, save_total_limit=1, **{**RUN, "max_steps": 2})
     tr.train()
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
-    assert checkpoint_problem(out / "checkpoint-2", "spsa") is None
-    assert last_complete_checkpoint(out, "spsa") == (str(out / "checkpoint-2"), [])
+    assert checkpoint_problem(out / "checkpoint-2", nc_state=True) is None
+    assert last_complete_checkpoint(out, nc_state=True) == (str(out / "checkpoint-2"), [])
 
     torn = out / "checkpoint-3"
     shutil.copytree(out / "checkpoint-2", torn)
     state = (torn / "trainer_state.json").read_bytes()
     (torn / "trainer_state.json").write_bytes(state[: len(state) // 2])  # a kill mid-write
-    best, skipped = last_complete_checkpoint(out, "spsa")
+    best, skipped = last_complete_checkpoint(out, nc_state=True)
     assert best == str(out / "checkpoint-2") and "checkpoint-3" in skipped[0] and "torn" in skipped[0]
 
     (torn / "trainer_state.json").write_bytes(state)
     (torn / STATE_FILE).unlink()
-    assert "ncgrpo_state.pt" in checkpoint_problem(torn, "spsa")
-    assert checkpoint_problem(torn, "vanilla") is None  # vanilla runs keep no NC-GRPO state
+    assert "ncgrpo_state.pt" in checkpoint_problem(torn, nc_state=True)
+    assert checkpoint_problem(torn, nc_state=False) is None  # vanilla runs keep no NC-GRPO state
     assert last_complete_checkpoint(tmp_path / "nothing") == (None, [])
 
 

@@ -68,7 +68,7 @@ def _resumed_step(out: Path) -> int:
     """The step a restart resumes from: the newest complete checkpoint (0: none)."""
     from ncgrpo.runs.folder import last_complete_checkpoint
 
-    ckpt, _ = last_complete_checkpoint(out, "spsa")
+    ckpt, _ = last_complete_checkpoint(out, nc_state=True)
     return 0 if ckpt is None else int(Path(ckpt).name.split("-")[1])
 
 

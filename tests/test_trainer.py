@@ -466,7 +466,7 @@ def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
     images = [[im] for im in imgs for _ in range(G)]  # one prompt per image, G rows each
     clean = ip(images=[row[0] for row in images], return_tensors="pt")
     pids = [pid for pid in (10, 11, 12) for _ in range(G)]
-    plans = plan_rows(range(len(images)), pids, num_generations=G, method="image", seed=0, step=1)
+    plans = plan_rows(range(len(images)), pids, num_generations=G, method=get_method("image"), seed=0, step=1)
     fields = {"pixel_values": clean["pixel_values"], "image_grid_thw": clean["image_grid_thw"]}
     out = tr._distort_images(images, fields, plans, 500)
     pv, grid = out["pixel_values"], clean["image_grid_thw"]
@@ -524,7 +524,7 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
         spsa_mu_max=10.0,
         spsa_max_step_ratio=None,  # eq. (6) as written
     )
-    plans = plan_rows(range(8), [4] * 8, num_generations=8, method="spsa", seed=0, step=3)
+    plans = plan_rows(range(8), [4] * 8, num_generations=8, method=get_method("spsa"), seed=0, step=3)
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])  # pairs (+,-): (1, 0), (0, 1)
     d = tr.spsa_mu.numel()
     tr._spsa_step(plans, rewards, 0.2, 3)
@@ -539,7 +539,7 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
 def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
     """Below spsa_min_sigma_ratio * sigma0 eq. (6)'s 1/sigma_k step would explode: mu stays put."""
     tr = tiny.trainer(tmp_path, rollout_method="spsa", num_generations=8, per_device_train_batch_size=8)
-    plans = plan_rows(range(8), [4] * 8, num_generations=8, method="spsa", seed=0, step=3)
+    plans = plan_rows(range(8), [4] * 8, num_generations=8, method=get_method("spsa"), seed=0, step=3)
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])
     sigma0 = tr.args.sigma0
     assert not tr._spsa_step(plans, rewards, 0.01 * sigma0, 3)
@@ -691,13 +691,13 @@ class _FakeLLM:
 def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from ncgrpo.core.plan import row_noise
+    from ncgrpo.methods import get_method
 
     tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
     llm = _FakeLLM()
     tr.vllm_generation = SimpleNamespace(llm=llm)
-    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=4, method="antithetic", seed=3, step=2)
-    rows = [row_noise(p, 0.5, "antithetic") for p in plans]
+    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=4, method=get_method("antithetic"), seed=3, step=2)
+    rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
     prompts = [[1, 2, i] for i in range(8)]
     with tr._nc_vllm_requests(rows):
         out = llm.generate(prompts, _FakeParams(extra_args={"other": 1}), use_tqdm=False)
@@ -735,7 +735,7 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
     import json
     from types import SimpleNamespace
 
-    from ncgrpo.core.plan import row_noise
+    from ncgrpo.methods import get_method
 
     tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
     tr.args.vllm_mode = "server"
@@ -754,8 +754,8 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
     client = Client()
     tr.vllm_generation = SimpleNamespace(vllm_client=client, mode="server")
     G = tr.num_generations
-    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method="antithetic", seed=3, step=2)
-    rows = [row_noise(p, 0.5, "antithetic") for p in plans]
+    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method=get_method("antithetic"), seed=3, step=2)
+    rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
     with tr._nc_vllm_requests(rows):
         out = client.generate(prompts=[[1, 2], [3]], n=G, temperature=1.0, generation_kwargs={})
     assert "generate" not in vars(client)
@@ -788,13 +788,13 @@ def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> Non
     """The first-token temperature control on vLLM: noisy rows carry logit_scale = T / T_k, clean none."""
     from types import SimpleNamespace
 
-    from ncgrpo.core.plan import row_noise
+    from ncgrpo.methods import get_method
 
     tr = tiny.trainer(tmp_path, rollout_method="first_token_temperature", max_steps=1)
     llm = _FakeLLM()
     tr.vllm_generation = SimpleNamespace(llm=llm)
-    plans = plan_rows(range(4), [5] * 4, num_generations=4, method="first_token_temperature", seed=3, step=1)
-    rows = [row_noise(p, 0.0, "first_token_temperature") for p in plans]
+    plans = plan_rows(range(4), [5] * 4, num_generations=4, method=get_method("first_token_temperature"), seed=3, step=1)
+    rows = [get_method("first_token_temperature").row_noise(p, 0.0) for p in plans]
     scales = [0.5 if p.noisy else None for p in plans]
     with tr._nc_vllm_requests(rows, logit_scales=scales):
         llm.generate([[1, 2, i] for i in range(4)], _FakeParams())
@@ -807,7 +807,7 @@ def _generation_inputs(tr):
     """Run one real (transformers-path) training step of ``tr`` and return what its NC-GRPO generation got
     and measured: ``(prompt_ids, images, multimodal_fields, gen)``, and, taken inside the generation (the
     weights and SPSA's mu as they were then), ``measured``: the vLLM path's measurement on the same rows."""
-    from ncgrpo.core.plan import row_noise
+    from ncgrpo.methods import get_method
     from ncgrpo.trainer import _LocalGen
 
     seen = []
@@ -824,7 +824,7 @@ def _generation_inputs(tr):
             image_t=a.image_t,
             first_token_temperature=a.first_token_temperature,
         )
-        rows = [row_noise(p, a.sigma_k, tr.method) for p in a.plans]
+        rows = [tr.nc_method.row_noise(p, a.sigma_k) for p in a.plans]
         mu = None if tr.spsa_mu is None else tr.spsa_mu.clone()
         tr._nc_measure_branch_point(b, rows, prompt_ids, images, fields)
         seen.append(

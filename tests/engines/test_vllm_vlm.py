@@ -347,7 +347,7 @@ def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_
     img = random_image(4, size=100).resize((100, 130))  # not on the 28-pixel grid: vLLM resizes it
     before = np.asarray(img).copy()
     G, t = 4, 400
-    plans = plan_rows(range(G), [5] * G, num_generations=G, method="image", seed=7, step=3)
+    plans = plan_rows(range(G), [5] * G, num_generations=G, method=get_method("image"), seed=7, step=3)
     row_images = trainer._distorted_row_images([[img]] * G, plans, t)
     assert [p.noisy for p in plans] == [False, False, True, True]
     assert row_images[0][0] is img and row_images[1][0] is img

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from ncgrpo.core.plan import plan_rows, row_noise
+from ncgrpo.core.plan import plan_rows
+from ncgrpo.methods import get_method
 from ncgrpo.trainer import _tp_group_rows
 
 
@@ -28,9 +29,9 @@ def main() -> None:
     tp_group, _ = dist.new_subgroups_by_enumeration([list(range(world))])  # as TRL builds it (TP = world)
     L = 4  # local rows: one prompt x G=4 per rank
     plans = plan_rows(
-        range(rank * L, (rank + 1) * L), [10 + rank] * L, num_generations=4, method="latent", seed=3, step=2
+        range(rank * L, (rank + 1) * L), [10 + rank] * L, num_generations=4, method=get_method("latent"), seed=3, step=2
     )
-    rows = [row_noise(p, 0.5, "latent") for p in plans]
+    rows = [get_method("latent").row_noise(p, 0.5) for p in plans]
     scales = [float(rank) + i / 10 for i in range(L)]
     gen = SimpleNamespace(tensor_parallel_size=world, tp_group=tp_group)
     all_rows, all_scales = _tp_group_rows(gen, rows, scales)

@@ -354,7 +354,7 @@ def test_cli_lora_run_resumes_from_its_adapter_checkpoint(base, suite, tmp_path,
     assert main(train_args(out, base, suite, *common)) == 0
     ckpt = out / "checkpoint-1"
     assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "ncgrpo_state.pt").is_file()
-    assert checkpoint_problem(ckpt, "latent") is None
+    assert checkpoint_problem(ckpt, nc_state=True) is None
     saved = safetensors.torch.load_file(str(ckpt / "adapter_model.safetensors"))
     assert any(v.abs().max() > 0 for k, v in saved.items() if "lora_B" in k)  # a trained adapter
     # as if killed before checkpoint-2 was complete: resume from checkpoint-1

@@ -3,7 +3,8 @@
 Algorithm 1, lines 2-4: a group of ``G = 2n`` rollouts of one prompt is ``n`` rows sampled from the
 clean prefill (branches ``0 .. n-1``) and ``n`` rows from a perturbed one (branches ``n .. 2n-1``).
 Every engine (transformers, vLLM), the TRL trainer, the rollout helper and the benchmarks build
-their rows here, so the layout cannot drift between them.
+their rows here, so the layout cannot drift between them. What differs by method (two-pass, paired,
+the key rule) is read from the method object (:mod:`ncgrpo.methods`); the plan compares no names.
 
 Names: ``branch`` is a row's index within its group (``0 .. G-1``); ``draw`` (``NoiseKey.draw``) is
 the index of a noise draw within the noisy half (antithetic partners share one draw).
@@ -23,43 +24,13 @@ from typing import Any
 from ncgrpo.core.noise import NoiseKey, RowNoise, noise_seed
 
 __all__ = [
-    "FIRST_TOKEN_CONTROLS",
-    "HIDDEN_NOISE_METHODS",
-    "PAIRED_METHODS",
-    "ROLLOUT_METHODS",
-    "SIGMA_METHODS",
-    "TWO_PASS_METHODS",
     "RowPlan",
     "plan_group",
     "plan_rows",
     "prompt_id_for",
     "prompt_noise_id",
-    "row_noise",
     "sampling_seed",
 ]
-
-ROLLOUT_METHODS = (
-    "vanilla",
-    "latent",
-    "image",
-    "antithetic",
-    "spsa",
-    "first_token_temperature",
-    "first_token_marginal",
-)
-#: Methods whose groups are n clean + n noisy rows.
-TWO_PASS_METHODS = frozenset(ROLLOUT_METHODS) - {"vanilla"}
-#: Methods that perturb the hidden states (eq. 2); the others leave them clean.
-HIDDEN_NOISE_METHODS = frozenset({"latent", "antithetic", "spsa"})
-#: Methods whose noisy half is set by ``sigma0`` and eq. (3)'s ``sigma_k``: the hidden-noise methods and
-#: the control that samples the first token from their noise-averaged distribution q_bar.
-SIGMA_METHODS = HIDDEN_NOISE_METHODS | {"first_token_marginal"}
-#: Controls that change only the noisy half's first-token distribution (no noise in the forward).
-FIRST_TOKEN_CONTROLS = frozenset({"first_token_temperature", "first_token_marginal"})
-#: Methods whose noisy half is (+eps, -eps) pairs (section 3.5).
-PAIRED_METHODS = frozenset({"antithetic", "spsa"})
-#: The noise mode of each hidden-noise method (:func:`ncgrpo.core.noise.draw_eps`).
-NOISE_MODE = {"latent": "independent", "antithetic": "antithetic", "spsa": "rank_one"}
 
 
 @dataclass(frozen=True)
@@ -98,24 +69,27 @@ def plan_rows(
     prompt_ids: Sequence[int],
     *,
     num_generations: int,
-    method: str,
+    method: Any,
     seed: int,
     step: int,
     antithetic_grouping: str = "joint",
 ) -> list[RowPlan]:
     """Plan the rows ``global_rows`` (indices into the global generation batch) for step ``step``.
 
-    ``branch = global_row % G``; the noisy half is ``branch >= n``, and its ``j = branch - n``-th row:
+    ``method``: a rollout method (:func:`ncgrpo.methods.get_method`); the plan reads what it is: two-pass
+    (``method.two_pass``), paired (``method.paired``) and which key a noisy row carries
+    (``method.key_rule``). ``branch = global_row % G``; the noisy half is ``branch >= n``, and its
+    ``j = branch - n``-th row:
 
     - clean rows: no key.
-    - ``latent``: ``key = NoiseKey(seed, step, prompt_id, draw=j)``; ``first_token_marginal`` too (the
-      key names the row's pool of draws, :func:`ncgrpo.core.marginal.pool_keys`; no hidden noise).
-    - ``antithetic`` / ``spsa``: pairs ``[+0, -0, +1, -1, ...]``: row ``j`` uses
+    - ``key_rule="row"`` (``latent``; ``first_token_marginal``, whose key names the row's pool of draws,
+      :func:`ncgrpo.core.marginal.pool_keys`): ``key = NoiseKey(seed, step, prompt_id, draw=j)``.
+    - ``key_rule="pair"`` (``antithetic`` / ``spsa``): pairs ``[+0, -0, +1, -1, ...]``: row ``j`` uses
       ``NoiseKey(seed, step, prompt_id, j // 2)`` with ``sign = +1`` for even ``j``, ``-1`` for odd.
-    - ``image``: every noisy row of a prompt carries ``NoiseKey(seed, step, prompt_id, 0)``: one
-      distorted image per prompt, shared by its noisy half (NoisyRollout;
-      :func:`ncgrpo.core.image_noise.prompt_image_seed`).
-    - ``first_token_temperature``: noisy rows carry no key.
+    - ``key_rule="prompt"`` (``image``): every noisy row of a prompt carries
+      ``NoiseKey(seed, step, prompt_id, 0)``: one distorted image per prompt, shared by its noisy half
+      (NoisyRollout; :func:`ncgrpo.core.image_noise.prompt_image_seed`).
+    - ``key_rule="none"`` (``first_token_temperature``): noisy rows carry no key.
 
     ``adv_group`` is ``group`` except for ``antithetic_grouping="separate"`` (paired methods), which
     splits each 2n group into two advantage groups of n rows: group ``2*group`` holds clean branches
@@ -125,55 +99,38 @@ def plan_rows(
     into its even part, the cancellation Lemma 1 describes for the joint group.
     """
     G = int(num_generations)
-    if method not in ROLLOUT_METHODS:
-        raise ValueError(f"unknown rollout method {method!r}; use one of {', '.join(ROLLOUT_METHODS)}")
-    if G < 1:
-        raise ValueError(f"num_generations must be >= 1, got {G}")
-    if method in TWO_PASS_METHODS and G % 2:
-        raise ValueError(f"rollout_method={method!r} needs an even group (n clean + n noisy), got G={G}")
-    if method in PAIRED_METHODS and G % 4:
-        raise ValueError(
-            f"rollout_method={method!r} pairs the noisy half into (+eps, -eps): n = G/2 must be even, got G={G}"
-        )
+    method.check_group_size(G)
     if antithetic_grouping not in ("joint", "separate"):
         raise ValueError(f"antithetic_grouping must be 'joint' or 'separate', got {antithetic_grouping!r}")
     if len(global_rows) != len(prompt_ids):
         raise ValueError(f"one prompt id per row: {len(global_rows)} rows, {len(prompt_ids)} prompt ids")
     n = G // 2
+    separate = method.paired and antithetic_grouping == "separate"
     out = []
     for row, pid in zip(global_rows, prompt_ids, strict=True):
         row, pid = int(row), int(pid)
         group, branch = divmod(row, G)
-        noisy = method in TWO_PASS_METHODS and branch >= n
+        noisy = method.two_pass and branch >= n
         key, sign, adv_group = None, 1.0, group
         if noisy:
             j = branch - n
-            if method in ("latent", "first_token_marginal"):
+            if method.key_rule == "row":
                 key = NoiseKey(seed, step, pid, j)
-            elif method in PAIRED_METHODS:
+            elif method.key_rule == "pair":
                 key = NoiseKey(seed, step, pid, j // 2)
                 sign = 1.0 if j % 2 == 0 else -1.0
-            elif method == "image":
+            elif method.key_rule == "prompt":
                 key = NoiseKey(seed, step, pid, 0)
-        if method in PAIRED_METHODS and antithetic_grouping == "separate":
+        if separate:
             first = (branch < n // 2) if not noisy else (sign > 0)
             adv_group = 2 * group + (0 if first else 1)
         out.append(RowPlan(row, group, branch, noisy, pid, key, sign, adv_group))
     return out
 
 
-def row_noise(plan: RowPlan, sigma: float, method: str) -> RowNoise:
-    """The hidden-state instruction for one row (clean unless the method injects hidden noise)."""
-    if method not in HIDDEN_NOISE_METHODS or not plan.noisy or plan.key is None:
-        return RowNoise()
-    return RowNoise(sigma=float(sigma), key=plan.key, sign=plan.sign, mode=NOISE_MODE[method])
-
-
-def plan_group(
-    n: int, sigma: float, seed: int, step: int, prompt_id: int, method: str = "latent"
-) -> list[RowNoise]:
+def plan_group(n: int, sigma: float, seed: int, step: int, prompt_id: int, method: Any) -> list[RowNoise]:
     """The :class:`RowNoise` of one group of ``2n`` rows (``n`` clean, then ``n`` noisy): :func:`plan_rows`
-    for rows ``0 .. 2n-1`` of one prompt, turned into hook instructions by :func:`row_noise`."""
+    for rows ``0 .. 2n-1`` of one prompt, turned into hook instructions by ``method.row_noise``."""
     if n < 1:
         raise ValueError(f"n must be >= 1 (G = 2n rows per group), got {n}")
     if sigma < 0:
@@ -181,7 +138,7 @@ def plan_group(
     plans = plan_rows(
         range(2 * n), [prompt_id] * (2 * n), num_generations=2 * n, method=method, seed=seed, step=step
     )
-    return [row_noise(p, sigma, method) for p in plans]
+    return [method.row_noise(p, sigma) for p in plans]
 
 
 def sampling_seed(seed: int, step: int) -> int:

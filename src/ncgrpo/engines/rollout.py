@@ -23,7 +23,8 @@ from typing import Any, Literal
 import torch
 
 from ncgrpo.core.noise import NoiseKey
-from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, plan_group, prompt_noise_id, sampling_seed
+from ncgrpo.core.plan import plan_group, prompt_noise_id, sampling_seed
+from ncgrpo.methods import RolloutMethod, get_method, methods
 from ncgrpo.engines.transformers import (
     PrefillRecord,
     Site,
@@ -118,7 +119,7 @@ def generate_groups(
     step: int,
     seed: int,
     prompt_ids: Sequence[int] | None = None,
-    method: str = "latent",
+    method: str | RolloutMethod = "latent",
     site: Site = "final_norm",
     layer_decay: float = 0.5,
     steer: torch.Tensor | None = None,
@@ -153,15 +154,14 @@ def generate_groups(
     """
     if n < 1:
         raise ValueError(f"n must be >= 1 (G = 2n completions per prompt), got {n}")
-    if method not in HIDDEN_NOISE_METHODS:
+    method = get_method(method)
+    if not method.hidden_noise:
         raise ValueError(
-            f"generate_groups injects hidden-state noise: method must be one of {sorted(HIDDEN_NOISE_METHODS)}, "
-            f"got {method!r} (the image and first-token-temperature methods run through NCGRPOTrainer)"
+            "generate_groups injects hidden-state noise: method must be one of "
+            f"{sorted(m.name for m in methods() if m.hidden_noise)}, got {method.name!r} (the other methods run "
+            "through NCGRPOTrainer)"
         )
-    if method != "latent" and n % 2:
-        raise ValueError(
-            f"method={method!r} pairs the noisy half into (+eps, -eps): n must be even, got n={n}"
-        )
+    method.check_group_size(2 * n, field="2n")
     P = len(prompts)
     if P == 0:
         raise ValueError("no prompts")

@@ -338,13 +338,14 @@ def checkpoint_weight_files(checkpoint: str) -> list[str]:
     return []
 
 
-def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None) -> str | None:
+def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) -> str | None:
     """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
 
     Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
     (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
     exist (a safetensors file or index; a PEFT run's adapter weights), ``optimizer.pt`` unless the state says nothing was saved
-    beyond the model, and, for every NC-GRPO method, ``ncgrpo_state.pt`` loads (it is written
+    beyond the model, and, with ``nc_state`` (a run of a two-pass method: every NC-GRPO method, not
+    vanilla), ``ncgrpo_state.pt`` loads (it is written
     first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
     by a kill is incomplete; so is one whose files were torn.
     """
@@ -365,7 +366,7 @@ def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None)
         os.path.join(ckpt, "scheduler.pt")
     ):
         return f"{ckpt} has a scheduler but no optimizer.pt"
-    if method is not None and method != "vanilla":
+    if nc_state:
         path = os.path.join(ckpt, STATE_FILE)
         try:
             import torch
@@ -377,7 +378,7 @@ def checkpoint_problem(checkpoint: str | os.PathLike, method: str | None = None)
 
 
 def last_complete_checkpoint(
-    output_dir: str | os.PathLike, method: str | None = None
+    output_dir: str | os.PathLike, nc_state: bool = False
 ) -> tuple[str | None, list[str]]:
     """``(newest complete checkpoint-N folder or None, [why each newer one was skipped])``."""
     import re
@@ -392,7 +393,7 @@ def last_complete_checkpoint(
             steps.append((int(m.group(1)), name))
     skipped = []
     for _, name in sorted(steps, reverse=True):
-        problem = checkpoint_problem(os.path.join(out, name), method)
+        problem = checkpoint_problem(os.path.join(out, name), nc_state)
         if problem is None:
             return os.path.join(out, name), skipped
         skipped.append(f"{name}: {problem}")

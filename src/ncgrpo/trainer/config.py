@@ -11,11 +11,8 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from ncgrpo.core.noise import parse_noise_site
-from ncgrpo.core.plan import (
-    PAIRED_METHODS,
-    ROLLOUT_METHODS,
-    TWO_PASS_METHODS,
-)
+from ncgrpo.core.schedule import Schedule
+from ncgrpo.methods import get_method
 
 
 def _has_accelerator() -> bool:
@@ -270,28 +267,12 @@ class NCGRPOConfig(GRPOConfig):
         if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
             # pinning needs an accelerator; torch's DataLoader warns at every epoch on a CPU-only machine
             self.dataloader_pin_memory = False
-        m = self.rollout_method
-        if m not in ROLLOUT_METHODS:
-            raise ValueError(f"rollout_method={m!r} is unknown; use one of {', '.join(ROLLOUT_METHODS)}")
-        if m in TWO_PASS_METHODS and self.num_generations % 2 != 0:
-            raise ValueError(
-                f"rollout_method={m!r} splits each group into n clean + n noisy rollouts, so num_generations must be "
-                f"even; got {self.num_generations}. Use {self.num_generations + 1} (or {self.num_generations - 1})."
-            )
-        if m in PAIRED_METHODS and self.num_generations % 4 != 0:
-            n = self.num_generations // 2
-            raise ValueError(
-                f"rollout_method={m!r} puts the noisy half (n = num_generations // 2 = {n}) in (+eps, -eps) pairs, "
-                f"so n must be even, i.e. num_generations a multiple of 4; got {self.num_generations}."
-            )
+        method = get_method(self.rollout_method)  # an unknown name: ValueError naming the registered ones
         if not (isinstance(self.sigma0, int | float) and math.isfinite(self.sigma0) and self.sigma0 >= 0):
             raise ValueError(
                 f"sigma0 must be a finite number >= 0 (0 disables the noise), got {self.sigma0!r}"
             )
-        if self.sigma_schedule not in ("sigmoid", "constant", "linear"):
-            raise ValueError(
-                f"sigma_schedule={self.sigma_schedule!r}: use 'sigmoid' (eq. 3), 'constant' or 'linear'"
-            )
+        schedule = self.schedule  # eq. (3)'s settings: ValueError naming the one to fix
         self.noise_site = str(self.noise_site)
         parse_noise_site(self.noise_site)  # raises with a message saying what to write
         if not 0 < self.noise_layer_decay <= 1:
@@ -306,24 +287,15 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"antithetic_grouping must be 'joint' or 'separate', got {self.antithetic_grouping!r}"
             )
-        if self.antithetic_grouping == "separate":
-            if m not in PAIRED_METHODS:
-                raise ValueError(
-                    f"antithetic_grouping='separate' regroups (+eps, -eps) pairs and only applies to "
-                    f"rollout_method 'antithetic' or 'spsa', not {m!r}; leave it at 'joint'."
-                )
-            if self.multi_objective_aggregation != "sum_then_normalize":
-                raise ValueError(
-                    "antithetic_grouping='separate' recomputes TRL's 'sum_then_normalize' advantages over the new "
-                    "groups; set multi_objective_aggregation='sum_then_normalize'."
-                )
+        if self.antithetic_grouping == "separate" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                "antithetic_grouping='separate' recomputes TRL's 'sum_then_normalize' advantages over the new "
+                "groups; set multi_objective_aggregation='sum_then_normalize'."
+            )
+        method.check_args(self)  # the group size, pairs, sites: what this method needs
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ValueError(
                 f"max_prompt_length must be >= 1 (or None for no limit), got {self.max_prompt_length}"
-            )
-        if self.schedule_unit not in ("optimizer_step", "generation"):
-            raise ValueError(
-                f"schedule_unit must be 'optimizer_step' or 'generation', got {self.schedule_unit!r}"
             )
         for name in ("spsa_lr", "spsa_mu_max"):  # `< 0` alone lets NaN through (it compares False)
             v = getattr(self, name)
@@ -335,12 +307,6 @@ class NCGRPOConfig(GRPOConfig):
             )
         if not 0 <= self.spsa_min_sigma_ratio <= 1:
             raise ValueError(f"spsa_min_sigma_ratio must be in [0, 1], got {self.spsa_min_sigma_ratio}")
-        if m == "spsa" and parse_noise_site(self.noise_site) != "final_norm":
-            raise ValueError(
-                "rollout_method='spsa' steers along the rank-one direction u_k of the final-norm state (eq. 6); "
-                f"noise_site={self.noise_site!r} would perturb decoder-layer inputs with per-layer draws, so the "
-                "perturbation and the mu update would use different directions. Use noise_site='final_norm'."
-            )
         if not (math.isfinite(self.first_token_temperature) and self.first_token_temperature > 0):
             raise ValueError(
                 f"first_token_temperature must be a finite number > 0, got {self.first_token_temperature}"
@@ -359,12 +325,6 @@ class NCGRPOConfig(GRPOConfig):
                 f"distribution; noise_site={self.noise_site!r} has none through the LM head alone. Use "
                 "noise_site='final_norm' or set first_token_temperature by hand."
             )
-        if m == "first_token_marginal" and parse_noise_site(self.noise_site) != "final_norm":
-            raise ValueError(
-                "rollout_method='first_token_marginal' samples the first token from the final-norm site's "
-                f"noise-averaged distribution q_bar; noise_site={self.noise_site!r} has no such q_bar through the LM "
-                "head alone. Use noise_site='final_norm'."
-            )
         if not 0 <= int(self.image_noise_step) < 1000 or int(self.image_noise_step) != self.image_noise_step:
             raise ValueError(
                 f"image_noise_step must be an integer diffusion step in [0, 999] (NoisyRollout uses 400-500), "
@@ -375,27 +335,15 @@ class NCGRPOConfig(GRPOConfig):
                 f"noisy_importance_sampling must be 'exclude' (no density correction, the paper) or 'apply', got "
                 f"{self.noisy_importance_sampling!r}"
             )
-        self._check_schedule()
-        if self.use_vllm and m != "vanilla":
-            self._check_vllm()
+        self._warn_schedule(schedule, method)
+        if self.use_vllm and method.two_pass:
+            self._check_vllm(method)
 
-    def _check_vllm(self) -> None:
+    def _check_vllm(self, method) -> None:
         """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""
-        m = self.rollout_method
         if self.vllm_mode not in ("colocate", "server"):
             raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
-        if m == "first_token_marginal":
-            raise NotImplementedError(
-                "rollout_method='first_token_marginal' runs on the transformers generate path only: the vLLM plugin "
-                "has no hook that replaces a first-token logit row by log q_bar. Use use_vllm=False."
-            )
-        if self.vllm_mode == "server" and m == "image":
-            raise NotImplementedError(
-                "rollout_method='image' with vllm_mode='server' is not supported: TRL's server path sends the image "
-                "features of each group's first row (all_images[::num_generations]) for the whole group, so the "
-                "noisy rows' distorted images would never reach the server and they would silently generate from "
-                "the clean image. Use vllm_mode='colocate' or use_vllm=False for the image method."
-            )
+        method.check_vllm(self.vllm_mode)
         if parse_noise_site(self.noise_site) != "final_norm":
             raise NotImplementedError(
                 f"noise_site={self.noise_site!r} (a propagating layer site) is not available with use_vllm: it would "
@@ -403,36 +351,22 @@ class NCGRPOConfig(GRPOConfig):
                 "requests and chunked prefill splits. Use noise_site='final_norm' or use_vllm=False."
             )
 
-    # ---- eq. (3) schedule parameters (issue 10: refuse nonsense before any model is loaded) -------
-    def _check_schedule(self) -> None:
-        for name in ("schedule_gamma", "schedule_k_mid"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-        if self.schedule_gamma < 0:
-            raise ValueError(
-                f"schedule_gamma must be >= 0 (a negative gamma anneals backwards: the noise grows during "
-                f"training), got {self.schedule_gamma}"
-            )
-        if self.schedule_k_mid < 0:
-            raise ValueError(
-                f"schedule_k_mid is the step where eq. (3) halves sigma and must be >= 0, got {self.schedule_k_mid}"
-            )
+    def _warn_schedule(self, schedule: Schedule, method) -> None:
+        """Not refused: short smoke runs (max_steps=1..2) with the paper's k_mid=40 are common and then keep
+        the noise near its start for the whole run. Said once, loudly."""
         K = self.max_steps
-        if self.sigma_schedule == "sigmoid" and K is not None and K > 0 and self.schedule_k_mid > K:
-            # Not refused: short smoke runs (max_steps=1..2) with the paper's k_mid=40 are common and
-            # then keep sigma near sigma0 for the whole run. Said once, loudly.
-            what = (
-                "the image distortion step stays near image_noise_step"
-                if self.rollout_method == "image"
-                else "sigma stays near sigma0"
-            )
+        if method.two_pass and not schedule.anneals_before(K):
             warnings.warn(
                 f"schedule_k_mid={self.schedule_k_mid} is after the last step (max_steps={K}): the sigmoid "
-                f"schedule never anneals, {what} (the paper uses k_mid = 40/60 K)",
+                f"schedule never anneals, {method.anneals} (the paper uses k_mid = 40/60 K)",
                 UserWarning,
                 stacklevel=_caller_stacklevel(),
             )
+
+    @property
+    def schedule(self) -> Schedule:
+        """eq. (3)'s schedule (:class:`ncgrpo.core.schedule.Schedule`) of these settings."""
+        return Schedule.from_args(self)
 
     @property
     def noise_site_parsed(self) -> str | list[int]:

@@ -23,20 +23,21 @@ from typing import Any
 import torch
 
 from ncgrpo.core.advantages import contrast_statistic
-from ncgrpo.core.noise import noise_seed, sigma_schedule
-from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, PAIRED_METHODS, plan_rows, prompt_id_for, row_noise
-from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, control_extra_args, noise_extra_args
+from ncgrpo.core.noise import noise_seed
+from ncgrpo.core.plan import plan_rows, prompt_id_for
+from ncgrpo.core.schedule import Schedule
+from ncgrpo.engines.vllm import EXTRA_ARGS_KEY
+from ncgrpo.methods import RolloutMethod, get_method, methods
 
 __all__ = [
     "CONFIG_KEY",
-    "REFUSED_METHODS",
     "VERL_EPS",
-    "VERL_METHODS",
     "NCGRPOVerlConfig",
     "SessionNoise",
     "check_verl_config",
     "half_metrics",
     "plan_session",
+    "verl_methods",
     "verl_prompt_id",
     "with_noise",
 ]
@@ -45,19 +46,12 @@ __all__ = [
 CONFIG_KEY = "ncgrpo"
 #: verl's GRPO denominator guard, ``(r - mean) / (std + 1e-6)`` (``core_algos.compute_grpo_outcome_advantage``).
 VERL_EPS = 1e-6
-#: Rollout methods the verl integration runs.
-VERL_METHODS = ("vanilla", "latent", "antithetic", "first_token_temperature")
-#: The others, with the reason (raised before any worker starts).
-REFUSED_METHODS = {
-    "image": "NoisyRollout's image noise distorts the noisy half's pixels before vLLM's processor; on verl that "
-    "is NoisyRollout's own EasyR1 fork (a data-pipeline change, not a rollout spec). Use ncgrpo's TRL trainer "
-    "for the image baseline",
-    "spsa": "eq. (6) updates the steering vector mu from each step's pair rewards on the trainer and must send it "
-    "to every agent-loop worker before the next step's rollouts; that round trip is not built for verl. Use "
-    "ncgrpo's TRL trainer for the SPSA probe",
-    "first_token_marginal": "the q_bar control samples the first token from a pool of noisy logit rows, which "
-    "the vLLM plugin does not implement. Use ncgrpo's TRL trainer (transformers engine)",
-}
+
+
+def verl_methods() -> tuple[str, ...]:
+    """The registered rollout methods the verl integration runs (``verl_refusal`` None): each noisy session
+    sends the vLLM plugin the spec of :meth:`~ncgrpo.methods.RolloutMethod.verl_extra_args`."""
+    return tuple(m.name for m in methods() if m.verl_refusal is None)
 
 
 def _get(config: Any, path: str, default: Any = None) -> Any:
@@ -85,7 +79,7 @@ class NCGRPOVerlConfig:
 
     rollout_method: str = "latent"
     """'latent' (NC-GRPO, eq. 2), 'antithetic' (+eps/-eps pairs in the joint group), 'first_token_temperature'
-    (control: the noisy half's first token at T_k) or 'vanilla' (plain GRPO)."""
+    (control: the noisy half's first token at T_k) or 'vanilla' (plain GRPO): :func:`verl_methods`."""
     sigma0: float = 0.2
     """sigma_0 of eq. (2)/(3)."""
     sigma_schedule: str = "sigmoid"
@@ -105,11 +99,16 @@ class NCGRPOVerlConfig:
     bypass_mode), the paper's no-density-correction; 'apply': allow them."""
 
     def __post_init__(self) -> None:
-        m = self.rollout_method
-        if m in REFUSED_METHODS:
-            raise ValueError(f"ncgrpo.rollout_method={m!r} is not supported on verl: {REFUSED_METHODS[m]}")
-        if m not in VERL_METHODS:
-            raise ValueError(f"ncgrpo.rollout_method={m!r}: use one of {', '.join(VERL_METHODS)}")
+        try:
+            method = get_method(self.rollout_method)
+        except ValueError:
+            raise ValueError(
+                f"ncgrpo.rollout_method={self.rollout_method!r}: use one of {', '.join(verl_methods())}"
+            ) from None
+        if method.verl_refusal:
+            raise ValueError(
+                f"ncgrpo.rollout_method={self.rollout_method!r} is not supported on verl: {method.verl_refusal}"
+            )
         if not math.isfinite(self.sigma0) or self.sigma0 < 0:
             raise ValueError(f"ncgrpo.sigma0 must be a finite number >= 0, got {self.sigma0}")
         if self.schedule_total_steps is not None and int(self.schedule_total_steps) < 1:
@@ -122,7 +121,7 @@ class NCGRPOVerlConfig:
             raise ValueError(
                 f"ncgrpo.first_token_temperature must be > 0, got {self.first_token_temperature}"
             )
-        sigma_schedule(1, 1, self.sigma0, kind=self.sigma_schedule)  # unknown kinds fail here
+        self.schedule  # noqa: B018 - eq. (3)'s settings: ValueError naming the one to fix
 
     @classmethod
     def from_mapping(cls, block: Mapping[str, Any] | None) -> NCGRPOVerlConfig:
@@ -143,7 +142,7 @@ class NCGRPOVerlConfig:
         """From verl's whole config: the ``ncgrpo:`` block, with ``K`` resolved from the trainer section."""
         cfg = cls.from_mapping(_get(config, CONFIG_KEY, {}))
         K = cfg.schedule_total_steps or _get(config, "trainer.total_training_steps")
-        if cfg.rollout_method != "vanilla" and cfg.sigma_schedule != "constant" and not K:
+        if cfg.method.two_pass and cfg.sigma_schedule != "constant" and not K:
             raise ValueError(
                 "eq. (3) needs K: set trainer.total_training_steps (the paper's Geometry3K run: 60) or "
                 "ncgrpo.schedule_total_steps; verl derives its own total from the dataloader in the trainer "
@@ -151,29 +150,25 @@ class NCGRPOVerlConfig:
             )
         return dataclasses.replace(cfg, schedule_total_steps=int(K) if K else None)
 
+    @property
+    def method(self) -> RolloutMethod:
+        """The rollout method (:mod:`ncgrpo.methods`)."""
+        return get_method(self.rollout_method)
+
+    @property
+    def schedule(self) -> Schedule:
+        """eq. (3)'s schedule; ``k`` counts verl's steps (rollout batches)."""
+        return Schedule.from_args(self, unit="generation")
+
     def sigma_at(self, step: int) -> float:
         """sigma_k of eq. (3) at verl step ``k = step``."""
-        return sigma_schedule(
-            int(step),
-            int(self.schedule_total_steps or 1),
-            self.sigma0,
-            kind=self.sigma_schedule,
-            gamma=self.schedule_gamma,
-            k_mid=self.schedule_k_mid,
-        )
+        return self.schedule.sigma(int(step), int(self.schedule_total_steps or 1), self.sigma0)
 
     def first_token_temperature_at(self, step: int, temperature: float) -> float:
         """The control's first-token temperature ``T + (T0 - T) * decay_k`` (eq. 3's decay)."""
-        decay = sigma_schedule(
-            int(step),
-            int(self.schedule_total_steps or 1),
-            1.0,
-            kind=self.sigma_schedule,
-            gamma=self.schedule_gamma,
-            k_mid=self.schedule_k_mid,
+        return self.schedule.temperature(
+            int(step), int(self.schedule_total_steps or 1), temperature, self.first_token_temperature
         )
-        t = float(temperature)
-        return t + (float(self.first_token_temperature) - t) * decay
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,7 +222,8 @@ def plan_session(
     clean (the paper's evaluation is noise-free).
     """
     step = int(step)
-    if validate or cfg.rollout_method == "vanilla":
+    method = cfg.method
+    if validate or not method.two_pass:
         return SessionNoise(step, int(session_id))
     G = int(group_size)
     if not 0 <= int(session_id) < G:
@@ -236,25 +232,14 @@ def plan_session(
         [int(session_id)],
         [int(prompt_id)],
         num_generations=G,
-        method=cfg.rollout_method,
+        method=method,
         seed=cfg.noise_seed,
         step=step,
     )
     if not p.noisy:
         return SessionNoise(step, p.branch)
-    if cfg.rollout_method in HIDDEN_NOISE_METHODS:
-        sigma = cfg.sigma_at(step)
-        return SessionNoise(
-            step, p.branch, True, sigma, noise_extra_args(row_noise(p, sigma, cfg.rollout_method))
-        )
-    # first_token_temperature: the noisy half's first-token logits times T / T_k, no hidden noise
-    if not temperature > 0:
-        raise ValueError(
-            "rollout_method='first_token_temperature' needs a sampling temperature > 0, got "
-            + str(temperature)
-        )
-    t_k = cfg.first_token_temperature_at(step, temperature)
-    return SessionNoise(step, p.branch, True, 0.0, control_extra_args(float(temperature) / t_k))
+    sigma, extra_args = method.verl_extra_args(cfg, p, step, temperature)
+    return SessionNoise(step, p.branch, True, sigma, extra_args)
 
 
 def with_noise(sampling_params: Mapping[str, Any], extra_args: Mapping[str, Any]) -> dict[str, Any]:
@@ -399,7 +384,8 @@ def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
       ``ncgrpo.noisy_importance_sampling=apply``.
     """
     cfg = cfg or NCGRPOVerlConfig.from_verl_config(config)
-    if cfg.rollout_method == "vanilla":
+    method = cfg.method
+    if not method.two_pass:
         return
     problems = []
     if not _get(config, "trainer.use_v1", False):
@@ -418,9 +404,10 @@ def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
             f"actor_rollout_ref.rollout.name={name!r}: the NC-GRPO noise is a vLLM plugin; use vllm"
         )
     n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
-    if n % 2 or (cfg.rollout_method in PAIRED_METHODS and n % 4):
-        need = "a multiple of 4 (pairs in the noisy half)" if cfg.rollout_method in PAIRED_METHODS else "even"
-        problems.append(f"actor_rollout_ref.rollout.n={n} must be {need}: G = n clean + n noisy rollouts")
+    try:
+        method.check_group_size(n, field="actor_rollout_ref.rollout.n")
+    except ValueError as e:
+        problems.append(f"{e} (G = n clean + n noisy rollouts)")
     est = str(_get(config, "algorithm.adv_estimator", "grpo"))
     if est not in ("grpo", "grpo_vectorized"):
         problems.append(
@@ -445,12 +432,9 @@ def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
             problems.append(
                 "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: same as bypass_mode above"
             )
-    if (
-        cfg.rollout_method == "first_token_temperature"
-        and not float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0)) > 0
-    ):
+    if method.needs_sampling_temperature and not float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0)) > 0:
         problems.append(
-            "rollout_method='first_token_temperature' needs actor_rollout_ref.rollout.temperature > 0"
+            f"rollout_method={method.name!r} needs actor_rollout_ref.rollout.temperature > 0"
         )
     if problems:
         raise ValueError("NC-GRPO cannot run with this verl config:\n- " + "\n- ".join(problems))

@@ -124,7 +124,7 @@ class NCGRPOAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     ) -> None:
         validate = bool(trajectory["validate"])
         uid = prompt["uid"]
-        if not validate and self.ncgrpo.rollout_method != "vanilla":
+        if not validate and self.ncgrpo.method.two_pass:
             rollout = self.config.actor_rollout_ref.rollout
             G = int(prompt.get("__rollout_n__", rollout.n))  # as verl's _run_prompt picks it
             self._nc_groups[uid] = (verl_prompt_id(prompt), G)
