@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: one command for a lent GPU machine with no network, sized to finish inside one call
-# (docs/gpu.md; its caps are set from the first two runs on a lent H200, docs/gpu-runs/). Transformers engine only (no vLLM there). Every part runs under its own time cap, so
-# one that hangs cannot eat the rest, and the whole plan under --budget; each benchmark is also given an
-# inner time cap below its part's, so it prints its summary even when the cap cuts its repeats short.
+# (docs/gpu.md; the caps are set from the first two runs on a lent H200, docs/gpu-runs/). Transformers
+# engine only (no vLLM there). Every part runs under its own time cap, so one that hangs cannot eat the
+# rest, and the whole plan under --budget; each benchmark is also given an inner time cap below its
+# part's, so it prints its summary even when the cap cuts its repeats short.
 #
 #   scripts/gpu_check.sh OUT_DIR [options]
 #
