@@ -1,11 +1,12 @@
 """One prefill per group: the rows of a prompt share its prefill up to the branch point.
 
 Every row of a group writes the same clean KV cache up to the last prompt token (paper section 3.1:
-the perturbation acts only there), so :func:`shared_prefill_generate` prefills each prompt once, minus
-its last token, expands the cache to the rows, and lets ``generate`` run the branch point (the last
-prompt token, where :func:`~ncgrpo.engines.transformers.prefill_noise` and the controls act) per row.
-:func:`share_prompt_prefill` routes ``model.generate`` through it for callers that do not call
-``generate`` themselves (TRL's ``_generate_single_turn``).
+at the final-norm site the perturbation acts only there), so :func:`shared_prefill_generate` prefills
+each prompt once, minus its last token, expands the cache to the rows, and lets ``generate`` run the
+branch point (the last prompt token, where :func:`~ncgrpo.engines.transformers.prefill_noise` and the
+controls act) per row; where that would not be exact (a layer noise site, ``positions="all"``) it
+falls back to one prefill per row. :func:`share_prompt_prefill` routes ``model.generate`` through it
+for callers that do not call ``generate`` themselves (TRL's ``_generate_single_turn``).
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ every later step decodes from a clean cache. The noise is :func:`ncgrpo.core.noi
 engine's :func:`~ncgrpo.core.noise.perturb_rows` calls -- so a request gets bit-for-bit the same ``eps``
 in both engines.
 
-The plugin itself, the code that runs inside vLLM's workers and model runners, is
-:mod:`ncgrpo.engines.vllm_worker`. Installing ncgrpo registers it (entry point
-``vllm.general_plugins``); vLLM loads it in every process it starts, workers included (TRL colocate,
-``vllm serve``, verl workers). Requests opt in through ``SamplingParams.extra_args``; a batch with no
-such request runs vLLM's code untouched.
+The plugin itself (the patches of vLLM's model runners, and of ``SamplingParams`` and the input
+processor where a request is admitted) is :mod:`ncgrpo.engines.vllm_worker`. Installing ncgrpo
+registers it (entry point ``vllm.general_plugins``); vLLM loads it in every process it starts, workers
+included (TRL colocate, ``vllm serve``, verl workers). Requests opt in through
+``SamplingParams.extra_args``; a batch with no such request runs vLLM's code untouched.
 
 Request schema, ``extra_args["ncgrpo"]`` (build it with :func:`noise_extra_args`)::
 

@@ -1,10 +1,11 @@
 """The vLLM engine hook, worker side: the patches NC-GRPO's vLLM general plugin installs.
 
 :func:`register` is the plugin (the ``vllm.general_plugins`` entry point ``ncgrpo_noise``): vLLM
-calls it in every process it starts, workers included, and it wraps the model runners so that a
-request's first-token logit row gets eq. (2). The request schema it reads and everything checked in
-the caller's process (the spec, the engine's features, the start-up check) are
-:mod:`ncgrpo.engines.vllm`.
+calls it in every process it starts, workers included. It wraps the model runners, so that a
+request's first-token logit row gets eq. (2), and ``SamplingParams._verify_args`` and
+``InputProcessor._validate_params``, so that a spec the workers could not apply is refused where the
+request is admitted. The request schema it reads and everything checked in the caller's process (the
+spec, the engine's features, the start-up check) are :mod:`ncgrpo.engines.vllm`.
 
 Where it acts (read from vLLM 0.31's sources; both model runners)::
 
