@@ -14,7 +14,7 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    reward and evaluation code are TRL's, so the policy update sees clean states (line 11). With
    ``share_prompt_prefill`` (default) that ``generate`` call computes each prompt's vision tower and
    prompt minus its last token once and decodes the prompt's rows from the expanded cache
-   (:func:`ncgrpo.engines.transformers.shared_prefill_generate`); the hook acts at the last prompt
+   (:func:`ncgrpo.engines.shared_prefill.shared_prefill_generate`); the hook acts at the last prompt
    token as before.
 2. Groups come from the GLOBAL row index. TRL's ``RepeatSampler`` puts a prompt's ``G`` rows next to
    each other in the global batch and process ``p`` holds global rows ``[p*L, (p+1)*L)``, so a group
@@ -145,7 +145,7 @@ _PEFT_CONFIG_POSITION = 7  # train_dataset, eval_dataset, processing_class, rewa
 
 def _check_peft(model, args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
     """PEFT (``peft_config=`` or a ``PeftModel``): the noise hooks find the language-model stack through
-    the adapter wrapper (:func:`ncgrpo.engines.transformers.unwrap_model`; LoRA layers are injected into
+    the adapter wrapper (:func:`ncgrpo.engines.branch_point.unwrap_model`; LoRA layers are injected into
     the base model's own modules, so every forward of it, generate's and the shared paths', runs the
     adapter), and TRL's reference pass (adapter disabled) runs outside the generation hooks. Refused:
     an NC-GRPO method on vLLM with an adapter. TRL merges the adapter into the weights it sends to vLLM
@@ -256,7 +256,7 @@ class NCGRPOTrainer(
                 f"rollout_method={self.method!r} runs on TRL's transformers generate path or its colocated vLLM "
                 f"(use_vllm=True, vllm_mode='colocate'); unset {bad}."
             )
-        from ncgrpo.engines.transformers import find_text_stack
+        from ncgrpo.engines.branch_point import find_text_stack
 
         _, stack, _ = find_text_stack(self.accelerator.unwrap_model(self.model))
         site = args.noise_site_parsed
@@ -328,7 +328,7 @@ class NCGRPOTrainer(
         """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
         generation) inside them; records what the branch point did in ``self._nc_gen``."""
         from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
-        from ncgrpo.engines.transformers import share_prompt_prefill
+        from ncgrpo.engines.shared_prefill import share_prompt_prefill
 
         a = self.args
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
@@ -378,7 +378,7 @@ class NCGRPOTrainer(
                 self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen))
             )
             # one prefill per prompt (per half for the image method): TRL's generate goes through
-            # ncgrpo.engines.transformers.shared_prefill_generate; the hooks above act at its branch forward
+            # ncgrpo.engines.shared_prefill.shared_prefill_generate; the hooks above act at its branch forward
             self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
             if self.method == "first_token_temperature":
                 stack.enter_context(

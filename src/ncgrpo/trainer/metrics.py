@@ -139,8 +139,9 @@ class BranchPointMetrics:
         Yields ``(hook, point)``: after the prefill ``point.logits`` holds ``[L, V]`` float32 logits and
         ``point.states`` the LM head's input at that position ``[L, d]`` (model dtype; the clean
         final-norm state on clean rows), and ``point.extra`` what ``on_branch(head, logits, states)`` returned
-        inside the head's forward; see :func:`ncgrpo.engines.transformers.branch_point_capture`."""
-        from ncgrpo.engines.transformers import branch_point_capture, prefill_noise
+        inside the head's forward; see :func:`ncgrpo.engines.branch_point.branch_point_capture`."""
+        from ncgrpo.engines.branch_point import branch_point_capture
+        from ncgrpo.engines.transformers import prefill_noise
 
         a = self.args
         with ExitStack() as stack:

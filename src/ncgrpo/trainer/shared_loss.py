@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ncgrpo.engines.transformers import unwrap_model
+from ncgrpo.engines.branch_point import unwrap_model
 
 #: model_type -> whether it is a Qwen-VL model with M-RoPE positions (``compute_3d_position_ids``)
 SUPPORTED_MODEL_TYPES = {
