@@ -42,7 +42,8 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    Image method (colocate only): vLLM gets the distorted PIL images on the noisy rows. First-token
    temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
    one logit row). Colocated TP > 1: the TP group's row specs are all-gathered exactly as TRL gathers
-   its prompts (:func:`ncgrpo.trainer.vllm._tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any engine starts):
+   its prompts (:func:`ncgrpo.trainer.vllm._tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any
+   engine starts):
    the image method in server mode (TRL sends one image per group) and layer noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
    generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
    rows under the same noise (:func:`ncgrpo.trainer.vllm.measure_branch_point`), which logs the same
@@ -393,25 +394,25 @@ class NCGRPOTrainer(GRPOTrainer):
             adv_global = gather(self.accelerator, output["advantages"].detach().float())
 
         # importance sampling policy (TRL's vLLM path only)
-        step_metrics: dict[str, float] = {}
+        metrics: dict[str, float] = {}
         if "importance_sampling_ratio" in output:
             seq = self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
-            step_metrics.update(
+            metrics.update(
                 importance_sampling_metrics(
                     output, noisy[process_slice], a.noisy_importance_sampling, seq, self.accelerator
                 )
             )
-        rel = noise_metrics(self, gen, plans, rewards, step_metrics)
+        rel = noise_metrics(self, gen, plans, rewards, metrics)
         mu_norm = None
         if self.method == "spsa":
             mu_norm = float(torch.linalg.vector_norm(self.spsa_mu))
-            step_metrics["spsa/mu_norm"] = mu_norm
-            step_metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
+            metrics["spsa/mu_norm"] = mu_norm
+            metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
 
-        inert = self._inert.update_from(gen.step, gen.sigma_k, step_metrics)
+        inert = self._inert.update_from(gen.step, gen.sigma_k, metrics)
         if inert is not None and self.accelerator.is_main_process:
             warnings.warn(inert, InertNoiseWarning, stacklevel=2)
-        self._log_metrics(step_metrics)
+        self._log_metrics(metrics)
         self.nc_history.append(
             StepRecord(
                 step=gen.step,
@@ -424,7 +425,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 local_rows=[p.as_tuple() for p in gen.plans],
                 rel=rel.tolist(),
                 mu_norm=mu_norm,
-                metrics=step_metrics,
+                metrics=metrics,
             )
         )
 
@@ -452,8 +453,8 @@ class NCGRPOTrainer(GRPOTrainer):
         self.spsa_mu = mu
         return True
 
-    def _log_metrics(self, step_metrics: dict[str, float]) -> None:
-        for name, v in step_metrics.items():
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        for name, v in metrics.items():
             self._metrics["train"][name].append(v)
 
     def _replace_logged_advantages(self, adv: torch.Tensor) -> None:
@@ -471,7 +472,8 @@ class NCGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         """``GRPOTrainer._generate_and_score_completions``: NC-GRPO's generation (training, non-vanilla)
         records its inputs and, after TRL's scoring, regroups, applies the IS policy and logs
-        (``_nc_after_rewards``); TRL's checkpointing calls are checked (``trl_checkpointing_calls``)."""
+        (``_nc_after_rewards``); TRL's deprecated gradient-checkpointing calls stay quiet
+        (``trl_checkpointing_calls``)."""
         with trl_checkpointing_calls():
             if not self.model.training or self.method == "vanilla":
                 return super()._generate_and_score_completions(inputs)
@@ -539,8 +541,8 @@ class NCGRPOTrainer(GRPOTrainer):
         )  # fmt: skip
 
     def _save_checkpoint(self, model, trial):
-        """``Trainer._save_checkpoint``: NC-GRPO's state (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`)
-        goes in FIRST: transformers writes trainer_state.json after the model and optimizer and only then
+        """``GRPOTrainer._save_checkpoint``: NC-GRPO's state
+        (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`) goes in FIRST: transformers writes trainer_state.json after the model and optimizer and only then
         deletes older checkpoints (save_total_limit), so a checkpoint whose trainer state is valid is
         complete, and the last complete one is never deleted early."""
         if self.method != "vanilla" and self.args.should_save:
@@ -560,7 +562,7 @@ class NCGRPOTrainer(GRPOTrainer):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
-        """``Trainer._load_optimizer_and_scheduler``: on resume, also NC-GRPO's state (SPSA's ``mu``, the
+        """``GRPOTrainer._load_optimizer_and_scheduler``: on resume, also NC-GRPO's state (SPSA's ``mu``, the
         calibrated T0; :func:`~ncgrpo.trainer.checkpoints.load_nc_state`)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:

@@ -11,10 +11,10 @@ the loss on those tokens; but it hands vLLM the ORIGINAL PIL images (colocate:
 ``preprocessor_config.json`` (Qwen2.5-VL: 3136..12845056 pixels), so a Geometry3K image below 262144
 pixels gets fewer image tokens in generation than in the loss: the completion is sampled from another
 prompt than the one it is scored on. ``NCGRPOTrainer._generate_single_turn`` resizes every image bound
-for vLLM (:func:`engine_row_images`) to exactly the trainer processor's target (:func:`engine_images`). vLLM's processor applies the
-same ``smart_resize`` rule; on an image whose sides are already multiples of ``patch_size * merge_size``
-and whose area lies within its limits that rule is the identity, so both sides see the same size and
-the same number of image tokens (tests/test_vllm_images.py). That holds when the trainer's target lies
+for vLLM (:func:`engine_row_images`) to exactly the trainer processor's target (:func:`engine_images`).
+vLLM's processor applies the same ``smart_resize`` rule; on an image whose sides are already multiples
+of ``patch_size * merge_size`` and whose area lies within its limits that rule is the identity, so both
+sides see the same size and the same number of image tokens (tests/test_vllm_images.py). That holds when the trainer's target lies
 within the engine's limits: any budget inside the checkpoint's own ``[min_pixels, max_pixels]``
 (every recipe's: 262144..1e6 within Qwen2.5-VL's 3136..12845056; the Qwen3-VL recipes keep the
 checkpoint's own limits).
@@ -130,7 +130,8 @@ def engine_row_images(trainer, images):
 
 def resize_policy(trainer, *, required: bool = False):
     """:func:`engine_policy` of ``trainer.processing_class``, built once per processor (not at every
-    generation; cached in ``trainer._nc_policy_of``). ``required`` (the image method): a processor without the rule is an error, raised by
+    generation; cached in ``trainer._nc_policy_of``). ``required`` (the image method): a processor without
+    the rule is an error, raised by
     :meth:`ResizePolicy.from_image_processor <ncgrpo.core.image_noise.ResizePolicy.from_image_processor>`
     with what it lacks."""
     processor = trainer.processing_class

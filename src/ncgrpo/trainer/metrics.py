@@ -60,7 +60,7 @@ def apply_noisy_importance_sampling(
 
 def importance_sampling_metrics(
     output: dict, noisy: torch.Tensor, mode: str, sequence_level: bool, accelerator
-):
+) -> dict[str, float]:
     """TRL's vLLM path: NC-GRPO's policy for the noisy rows (:func:`apply_noisy_importance_sampling`,
     ``mode``) applied to ``output["importance_sampling_ratio"]`` in place (``noisy`` ``# [B]``: this rank's
     rows), and the ratios the loss then uses, as metrics. TRL logged
@@ -72,11 +72,9 @@ def importance_sampling_metrics(
     mask = output["completion_mask"]
     if output.get("tool_mask") is not None:
         mask = mask * output["tool_mask"]
+    stats = importance_ratio_stats(output["importance_sampling_ratio"], mask, sequence_level=sequence_level)
     used = gather(
-        accelerator,
-        importance_ratio_stats(output["importance_sampling_ratio"], mask, sequence_level=sequence_level)[
-            None
-        ],
+        accelerator, stats[None]
     )  # [P, 3]: each rank's min, mean, max, reduced as TRL reduces its own
     return {
         f"{IS_RATIO_USED}/min": float(used[:, 0].min()),
@@ -193,8 +191,8 @@ def gather(accelerator, t: torch.Tensor) -> torch.Tensor:
 
 def unwrapped_model(trainer):
     """``accelerator.unwrap_model(trainer.model)``, looked up again only when ``trainer.model`` is another
-    object (cached in ``trainer._nc_unwrap_cache``): accelerate walks every submodule (and asks importlib about DeepSpeed) on each call, ~0.1 ms
-    of every generation at the tiny sizes."""
+    object (cached in ``trainer._nc_unwrap_cache``): accelerate walks every submodule (and asks importlib
+    about DeepSpeed) on each call, ~0.1 ms of every generation at the tiny sizes."""
     cached = getattr(trainer, "_nc_unwrap_cache", None)
     if cached is None or cached[0] is not trainer.model:
         cached = trainer._nc_unwrap_cache = (trainer.model, trainer.accelerator.unwrap_model(trainer.model))
@@ -276,8 +274,8 @@ def branch_point_hooks(model, rows: list, args, steer: torch.Tensor | None, on_b
 def record_branch_point(gen: _LocalGen, hook, point, *, temperature: float, control=None) -> None:
     """Fill ``gen.rel`` / ``branch_argmax`` / ``branch_tv`` / ``branch_agreement`` /
     ``branch_marginal`` from one prefill under :func:`branch_point_hooks` (both engines' paths go
-    through here); ``temperature``: the sampling temperature. ``control``: the ``first_token_marginal`` hook, whose rewritten rows are what its
-    noisy rows sampled from."""
+    through here); ``temperature``: the sampling temperature. ``control``: the ``first_token_marginal``
+    hook, whose rewritten rows are what its noisy rows sampled from."""
     if hook.records:
         gen.rel = hook.records[0].rel.float()  # the prefill
     if point.logits is not None:
