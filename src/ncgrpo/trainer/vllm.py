@@ -44,13 +44,13 @@ def measure_branch_point(trainer, gen: _LocalGen, rows: list, prompt_ids, images
     branch point is measured with the trainer's own model: one no-grad prompt-only forward of the
     local rows (``generate`` with ``max_new_tokens=1``, greedy: the same left padding, position ids
     and multimodal inputs as TRL's transformers path, and no RNG drawn) under the same ``rows``
-    (keys, sigma, ``mu``), then :func:`~ncgrpo.trainer.metrics.record_branch_point`, as on the transformers path. So
-    ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement`` and
-    ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
+    (keys, sigma, ``mu``), then :func:`~ncgrpo.trainer.metrics.record_branch_point`, as on the
+    transformers path. So ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement``
+    and ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
     engine's copy holds the same weights, in its own dtype). Image method: the noisy rows' pixels
-    are the distorted ones (:func:`~ncgrpo.trainer.images.distort_multimodal_fields`, the copy vLLM got as PIL
-    images); the control: its first-token temperature, as on the transformers path. Reads ``trainer.method``,
-    ``.args``, ``.spsa_mu``, ``.temperature``, the model."""
+    are the distorted ones (:func:`~ncgrpo.trainer.images.distort_multimodal_fields`, the copy vLLM got
+    as PIL images); the control: its first-token temperature, as on the transformers path. Reads
+    ``trainer.method``, ``.args``, ``.spsa_mu``, ``.temperature``, the model."""
     fields = multimodal_fields
     if trainer.method == "image":
         fields = distort_multimodal_fields(trainer, images, multimodal_fields, gen.plans, gen.image_t)
@@ -62,8 +62,8 @@ def measure_branch_point(trainer, gen: _LocalGen, rows: list, prompt_ids, images
 
 
 def generate_vllm(trainer, generate, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields):
-    """The vLLM leg of ``NCGRPOTrainer._nc_generate``: one request per row (TRL's colocate mode already sends
-    one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
+    """The vLLM leg of ``NCGRPOTrainer._nc_generate``: one request per row (TRL's colocate mode already
+    sends one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
     :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies
     eq. (2) in the engine. Image method: the noisy rows' images are replaced by their distorted copies
     (one per prompt, as on the transformers path); TRL builds the loss inputs from the clean ones.
