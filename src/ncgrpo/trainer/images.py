@@ -14,10 +14,10 @@ prompt than the one it is scored on. ``NCGRPOTrainer._generate_single_turn`` res
 for vLLM (:func:`engine_row_images`) to exactly the trainer processor's target (:func:`engine_images`).
 vLLM's processor applies the same ``smart_resize`` rule; on an image whose sides are already multiples
 of ``patch_size * merge_size`` and whose area lies within its limits that rule is the identity, so both
-sides see the same size and the same number of image tokens (tests/test_vllm_images.py). That holds when the trainer's target lies
-within the engine's limits: any budget inside the checkpoint's own ``[min_pixels, max_pixels]``
-(every recipe's: 262144..1e6 within Qwen2.5-VL's 3136..12845056; the Qwen3-VL recipes keep the
-checkpoint's own limits).
+sides see the same size and the same number of image tokens (tests/test_vllm_images.py). That holds
+when the trainer's target lies within the engine's limits: any budget inside the checkpoint's own
+``[min_pixels, max_pixels]`` (every recipe's: 262144..1e6 within Qwen2.5-VL's 3136..12845056; the
+Qwen3-VL recipes keep the checkpoint's own limits).
 
 Not ``mm_processor_kwargs={"min_pixels": .., "max_pixels": ..}`` (vLLM honours it per engine or per
 request): TRL 1.16 builds the colocated ``LLM(...)`` with a fixed argument list, so it could only ride on
