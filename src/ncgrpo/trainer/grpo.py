@@ -143,8 +143,6 @@ class NCGRPOTrainer(GRPOTrainer):
     :mod:`~ncgrpo.trainer.shared_loss`.
     """
 
-    create_model_card = _model_card  # names NC-GRPO, the base model and the paper (TRL's: "GRPO", "[None]")
-
     def __init__(self, model, reward_funcs, args: NCGRPOConfig | None = None, *rest, **kwargs):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
@@ -469,6 +467,9 @@ class NCGRPOTrainer(GRPOTrainer):
     # Each override names the method it replaces and why, in a few lines delegating to the methods
     # above or to the trainer package's functions; upgrading TRL means reading this.
     # ==============================================================================================
+    #: ``GRPOTrainer.create_model_card``: names NC-GRPO, the base model and the paper (TRL's: "GRPO", "[None]")
+    create_model_card = _model_card
+
     def _generate_and_score_completions(self, inputs):
         """``GRPOTrainer._generate_and_score_completions``: NC-GRPO's generation (training, non-vanilla)
         records its inputs and, after TRL's scoring, regroups, applies the IS policy and logs
