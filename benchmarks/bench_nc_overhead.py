@@ -12,7 +12,7 @@ every run is warm-up and not counted):
 - ``seam``: ``NCGRPOTrainer._generate_single_turn`` minus ``generate`` (TRL's own bookkeeping plus
   NC-GRPO's row plans, prompt ids, hook set-up and branch-point statistics);
 - ``after_rewards``: ``_nc_after_rewards`` (regrouping, logged metrics);
-- ``marginal``: ``_branch_point_marginal`` (the first-token marginal metric; inside ``generate``);
+- ``marginal``: ``ncgrpo.trainer.metrics.branch_point_marginal`` (the first-token marginal metric; inside ``generate``);
 - ``step``: the whole optimizer step (bench_train's ``on_step_begin`` -> ``on_step_end``).
 
 Each is reported as the median over rounds of the mean per timed step, in milliseconds, and the
@@ -50,13 +50,13 @@ SECTIONS = ("step", "prepare_inputs", "generate", "seam", "after_rewards", "marg
 
 
 def _timers(detail: bool):
-    """Install the CPU-time wrappers (class attributes); returns (totals, on, restore)."""
+    """Install the CPU-time wrappers (class or module attributes); returns (totals, on, restore)."""
     from transformers.generation.utils import GenerationMixin
     from trl import GRPOTrainer
 
     from ncgrpo.engines.transformers import NoiseHook
+    from ncgrpo.trainer import grpo
     from ncgrpo.trainer.grpo import NCGRPOTrainer
-    from ncgrpo.trainer.metrics import BranchPointMetrics
 
     totals: dict[str, float] = collections.defaultdict(float)
     on = [False]
@@ -65,7 +65,7 @@ def _timers(detail: bool):
         (GenerationMixin, "generate", "generate"),
         (NCGRPOTrainer, "_generate_single_turn", "single_turn"),
         (NCGRPOTrainer, "_nc_after_rewards", "after_rewards"),
-        (BranchPointMetrics, "_branch_point_marginal", "marginal"),
+        (grpo, "branch_point_marginal", "marginal"),  # the name NCGRPOTrainer._nc_generate calls
     ]
     if detail:
         targets += [(NoiseHook, n, f"hook.{n}") for n in ("top_pre", "stack_pre", "stack_post")]

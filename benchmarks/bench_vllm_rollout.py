@@ -358,8 +358,9 @@ def main(argv=None) -> dict:
 
     # the plugin's own work, measured in-process on the same shapes (robust to load on a shared CPU):
     # the first-token step perturbs P*n rows of the [P*G, d] rows compute_logits receives
-    from ncgrpo.engines.vllm import _perturb_logit_rows, parse_noise_spec
     from ncgrpo.engines.vllm import noise_extra_args as _nea
+    from ncgrpo.engines.vllm import parse_noise_spec
+    from ncgrpo.engines.vllm_worker import _perturb_logit_rows
 
     specs = [parse_noise_spec(_nea(r)) for r in plan_batch(pids, args.n, args.sigma, args.seed, 1)]
     noisy_rows = [(i, s) for i, s in enumerate(specs) if s is not None]

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: one command for a lent GPU machine with no network, sized to finish inside one call
-# (docs/gpu.md). Transformers engine only (no vLLM there). Every part runs under its own time cap, so
-# one that hangs cannot eat the rest, and the whole plan under --budget; each benchmark is also given an
-# inner time cap below its part's, so it prints its summary even when the cap cuts its repeats short.
+# (docs/gpu.md; the caps are set from the first two runs on a lent H200, docs/gpu-runs/). Transformers
+# engine only (no vLLM there). Every part runs under its own time cap, so one that hangs cannot eat the
+# rest, and the whole plan under --budget; each benchmark is also given an inner time cap below its
+# part's, so it prints its summary even when the cap cuts its repeats short.
 #
 #   scripts/gpu_check.sh OUT_DIR [options]
 #
@@ -27,8 +28,9 @@
 #   --device D       cuda (default) or cpu (the rehearsal, scripts/gpu_rehearse.sh)
 #   --scale S        full (default) or tiny (tiny models and few tokens: the CPU rehearsal)
 #   --skip LIST      comma-separated parts to skip (tests,rollout,step,loss,train,lora)
-#   --budget S       seconds for the whole plan (default 360; full scale's caps add up to it): a part
-#                    gets min(its cap, what is left), a part with under 10 s left is skipped
+#   --budget S       seconds for the whole plan (default 480 at full scale, its caps' sum, inside one
+#                    10-minute command; 1200 at tiny scale): a part gets min(its cap, what is left), a part
+#                    with under 10 s left is skipped
 #   --cap PART=S     one part's cap in seconds (repeatable; e.g. --cap step=200)
 #   --work DIR       models, training runs, site-packages (default ${TMPDIR:-/tmp}/gpu_check_work)
 #   --keep-logs      leave OUT_DIR/logs/ as a folder (default: packed into OUT_DIR/logs.tar.gz, so that
@@ -47,7 +49,7 @@ die() { echo "$PROG: error: $*" >&2; exit 2; }
 quote() { local out="" a; for a in "$@"; do out+="$(printf '%q' "$a") "; done; echo "${out% }"; }
 
 OUT="" PY="python3" WHEELS="" SKIP="" WORK="${TMPDIR:-/tmp}/gpu_check_work" DEVICE=cuda SCALE=full
-BUDGET=360 DRY_RUN=0 KEEP_LOGS=0 CAP_ARGS=()
+BUDGET="" DRY_RUN=0 KEEP_LOGS=0 CAP_ARGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --python) [ $# -ge 2 ] || die "--python needs a path"; PY="$2"; shift 2 ;;
@@ -69,6 +71,7 @@ done
 case "$DEVICE" in cuda|cuda:[0-9]*|cpu) ;; *) die "--device must be cuda or cpu, got '$DEVICE'" ;; esac
 case "$SCALE" in full|tiny) ;; *) die "--scale must be full or tiny, got '$SCALE'" ;; esac
 is_int() { case "$1" in ''|*[!0-9]*) return 1 ;; *) return 0 ;; esac; }
+[ -n "$BUDGET" ] || { [ "$SCALE" = tiny ] && BUDGET=1200 || BUDGET=480; }
 is_int "$BUDGET" && [ "$BUDGET" -gt 0 ] || die "--budget must be a whole number of seconds > 0, got '$BUDGET'"
 [ -z "$WHEELS" ] || [ -d "$WHEELS" ] || die "--wheels: no folder '$WHEELS'"
 if [ -n "$WHEELS" ] && ! ls "$WHEELS"/*.whl > /dev/null 2>&1; then die "--wheels: no .whl file in '$WHEELS'"; fi
@@ -78,11 +81,13 @@ for s in "${SKIPPED[@]}"; do
 done
 skipped() { case ",$SKIP," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-# each part's cap in seconds (planned times and the reasoning: docs/gpu.md, "Time plan")
-declare -A CAP=([setup]=25 [env]=15 [tests]=40 [rollout]=60 [step]=90 [loss]=45 [train]=50 [lora]=35)
+# each part's cap in seconds, from the first runs on a lent H200 (docs/gpu.md, "The parts and their
+# time plan"): 480 s in all. The benchmarks fill their inner caps (cap - 12 s) with repeats; the others
+# end when done (measured there: setup 1-2 s, env 5-6, tests 35, lora 58 with 128 tokens; train logged
+# its 3 steps of 256 tokens at ~48 s, then its final save ran into the 50 s cap)
+declare -A CAP=([setup]=20 [env]=10 [tests]=50 [rollout]=100 [step]=110 [loss]=55 [train]=70 [lora]=65)
 if [ "$SCALE" = tiny ]; then  # a 2-core CPU: tiny models, but every part really runs
     CAP=([setup]=60 [env]=30 [tests]=240 [rollout]=90 [step]=150 [loss]=90 [train]=240 [lora]=180)
-    [ "$BUDGET" != 360 ] || BUDGET=1200
 fi
 for c in ${CAP_ARGS[@]+"${CAP_ARGS[@]}"}; do
     name="${c%%=*}" val="${c#*=}"
@@ -102,11 +107,15 @@ REPORT_PY="$(command -v python3 || echo "$PY")"  # the report needs only the sta
 # before their parts' caps: the time left to write the summary and the JSON
 if [ "$SCALE" = full ]; then
     DTYPE=bfloat16 SIZE=1.5b
-    ROLLOUT_ARGS=(--size 1.5b --images 1 --image-size 448 --prompts 8 --n 6 --max-new-tokens 64 --repeats 9)
+    # 32 new tokens: decode ran ~60 ms a step there, so a 64-token round of 3 arms was 12 s and the 1.5B's
+    # build on the CPU (19-27 s), its save and the warm-up left room for one round in 108 s
+    ROLLOUT_ARGS=(--size 1.5b --images 1 --image-size 448 --prompts 8 --n 6 --max-new-tokens 32 --repeats 5)
     STEP_ARGS=(--size 1.5b --G 12 --prompts-per-step 1 --max-completion-length 32 --image-size 448 --steps 3 --repeats 3)
     LOSS_ARGS=(--tower 1.5b --kinds vl --G 12 --proxy-P 800 --proxy-C 500 --repeats 15)
-    TRAIN_SHAPE=(--max_completion_length 256)
-    LORA_SHAPE=(--max_completion_length 128)
+    # ncgrpo train always saves the final model (3 GB in bf16; no flag turns that off) and run 1's save
+    # ran into the 50 s cap after 3 steps of 256 tokens in 29.5 s: shorter responses, a cap that covers it
+    TRAIN_SHAPE=(--max_completion_length 128)
+    LORA_SHAPE=(--max_completion_length 64)
 else
     DTYPE=float32 SIZE=tiny
     ROLLOUT_ARGS=(--size tiny --images 1 --image-size 56 --prompts 2 --n 2 --max-new-tokens 8 --repeats 3 --threads 1)

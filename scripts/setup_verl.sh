@@ -81,12 +81,14 @@ if [ "$gpu" = 0 ]; then
   fi
 fi
 
-# ncgrpo (editable: its entry point registers the vLLM plugin in vLLM's processes)
+# ncgrpo (editable: its entry point registers the vLLM plugin in vLLM's processes); installed again
+# when the entry points differ from pyproject.toml's (an older install would name a function that moved)
 if ! "$VPY" -c "
-import ncgrpo, pathlib, sys
+import ncgrpo, pathlib, sys, tomllib
 from importlib.metadata import entry_points
+want = tomllib.loads(pathlib.Path('pyproject.toml').read_text())['project']['entry-points']['vllm.general_plugins']
 sys.exit(0 if pathlib.Path(ncgrpo.__file__).resolve().is_relative_to(pathlib.Path('src').resolve())
-         and any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')) else 1)" 2>/dev/null; then
+         and want.items() <= {(e.name, e.value) for e in entry_points(group='vllm.general_plugins')} else 1)" 2>/dev/null; then
   "$VPY" -m pip install -q --no-deps -e . 2>&1 | grep -E "^(ERROR|error)" || true
 fi
 
@@ -99,7 +101,9 @@ from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 from ncgrpo.integrations.verl import NCGRPOAgentLoopManager
 assert version('verl') == '0.9.1' and vllm.__version__ == '0.24.0' and transformers.__version__ == '5.10.4', (
     version('verl'), vllm.__version__, transformers.__version__)
-assert any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')), 'plugin entry point missing'
+plugin = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'ncgrpo_noise']
+assert plugin, 'plugin entry point missing'
+plugin[0].load()  # the function it names exists
 print(f'setup_verl: verl {version(\"verl\")}, vllm {vllm.__version__}, torch {torch.__version__}, '
       f'transformers {transformers.__version__}, ray {ray.__version__}, plugin ncgrpo_noise registered')
 " 2>&1 | grep -v "Warning\|warn(\|INFO\|^W1\|^WARNING\|No CUDA runtime"

@@ -84,13 +84,16 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 " || { echo "setup_vllm: torchvision $tv_want does not import beside torch $("$VPY" -c 'import torch; print(torch.__version__)')" >&2; exit 1; }
 fi
 
-# ncgrpo (editable: its entry point registers the plugin) and its dependencies, vLLM's transformers kept
+# ncgrpo (editable: its entry point registers the plugin) and its dependencies, vLLM's transformers kept;
+# installed again when the entry points differ from pyproject.toml's (an older install would name a
+# function that moved, and vLLM only logs a plugin that fails to load)
 tf=$("$VPY" -c "import transformers; print(transformers.__version__)")
 if ! "$VPY" -c "
-import ncgrpo, pathlib, sys
+import ncgrpo, pathlib, sys, tomllib
 from importlib.metadata import entry_points
+want = tomllib.loads(pathlib.Path('pyproject.toml').read_text())['project']['entry-points']['vllm.general_plugins']
 sys.exit(0 if pathlib.Path(ncgrpo.__file__).resolve().is_relative_to(pathlib.Path('src').resolve())
-         and any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')) else 1)" 2>/dev/null; then
+         and want.items() <= {(e.name, e.value) for e in entry_points(group='vllm.general_plugins')} else 1)" 2>/dev/null; then
   "$VPY" -m pip install -q --no-deps -e . 2>&1 | grep -E "^(ERROR|error)" || true
 fi
 if ! "$VPY" -c "import trl, accelerate, datasets, scipy, matplotlib, rich, math_verify, mathruler, pylatexenc, pytest, hypothesis" 2>/dev/null; then
@@ -102,7 +105,9 @@ fi
 "$VPY" -c "
 from importlib.metadata import entry_points
 import ncgrpo, torch, transformers, trl, vllm
-assert any(e.name == 'ncgrpo_noise' for e in entry_points(group='vllm.general_plugins')), 'plugin entry point missing'
+plugin = [e for e in entry_points(group='vllm.general_plugins') if e.name == 'ncgrpo_noise']
+assert plugin, 'plugin entry point missing'
+plugin[0].load()  # the function it names exists
 import importlib.util
 tv = importlib.util.find_spec('torchvision') and __import__('torchvision').__version__
 print(f'setup_vllm: vllm {vllm.__version__}, torch {torch.__version__}, torchvision {tv}, transformers {transformers.__version__}, trl {trl.__version__}, plugin ncgrpo_noise registered')

@@ -65,16 +65,25 @@ def test_syntax(script: Path) -> None:
 
 
 def test_default_plan_fits_the_lent_machine(tmp_path: Path) -> None:
-    """Full scale on CUDA: every part with a cap, the caps (setup included) within the 360 s budget (under
-    7 minutes, inside one 10-minute command), each benchmark's own time cap below its part's, the
-    transformers engine only (no vLLM anywhere), bf16 at the 1.5B size, G = 12."""
+    """Full scale on CUDA: every part with a cap, the caps (setup included) within the 480 s budget (8
+    minutes, inside one 10-minute command), each cap above what that part took on the lent H200
+    (docs/gpu-runs/), each benchmark's own time cap below its part's and long enough for the build, the
+    warm-up and one round there, the transformers engine only (no vLLM anywhere), bf16 at the 1.5B size,
+    G = 12."""
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "trl-1.16.0-py3-none-any.whl").write_bytes(b"")
     p = plan(tmp_path, "--wheels", str(tmp_path / "w"))
     caps = {part: cap_and_command(p[part]) for part in ("setup", *PARTS)}
     total = sum(c for c, _ in caps.values()) + int(p["env"].split()[1].rstrip("s"))
-    assert total <= 360 and p["caps"].endswith("budget: 360s"), p["caps"]
-    for part, inner_min in (("rollout", 20), ("step", 60), ("loss", 15)):
+    assert total <= 480 and p["caps"].endswith("budget: 480s"), p["caps"]
+    # seconds the parts took on the H200 (2026-11-28): setup 2, env 6, tests 35, lora 58 (128 tokens);
+    # train ran into its 50 s cap while saving the model after its steps
+    for part, took in (("setup", 2), ("env", 6), ("tests", 35), ("train", 50), ("lora", 58)):
+        cap = caps[part][0] if part in caps else int(p["env"].split()[1].rstrip("s"))
+        assert cap >= took * 1.1, (part, cap, took)
+    # the benchmarks' inner caps count from their process's start: imports ~14 s and the 1.5B's build on
+    # the CPU 19-27 s come first there, then (step) a first run of 13-22 s and three more of ~10 s
+    for part, inner_min in (("rollout", 80), ("step", 95), ("loss", 40)):
         cap, cmd = caps[part]
         inner = float(shlex.split(cmd)[shlex.split(cmd).index("--time-cap") + 1])
         assert inner_min <= inner < cap, (part, inner, cap)
@@ -233,7 +242,7 @@ def test_caps_stop_a_hanging_part_and_the_rest_runs(tmp_path: Path) -> None:
 
 
 def test_budget_skips_the_parts_it_has_no_time_for(tmp_path: Path) -> None:
-    """An 11 s budget: the rollout part's 60 s cap shrinks to what the budget leaves; after its 2 s, under
+    """An 11 s budget: the rollout part's 100 s cap shrinks to what the budget leaves; after its 2 s, under
     10 s are left, so every later part is skipped and says why."""
     stub = tmp_path / "py"
     stub.write_text(STUB)
@@ -246,7 +255,7 @@ def test_budget_skips_the_parts_it_has_no_time_for(tmp_path: Path) -> None:
     assert r.returncode == 1  # env failed (the stub exits 3)
     data = json.loads((out / "report.json").read_text())
     status = {p["name"]: (p["status"], p["note"], p["cap_s"]) for p in data["parts"]}
-    assert status["rollout"][0] == "passed" and 9 <= status["rollout"][2] <= 11  # min(60, what is left)
+    assert status["rollout"][0] == "passed" and 9 <= status["rollout"][2] <= 11  # min(100, what is left)
     for part in ("step", "loss", "train", "lora"):
         assert status[part][:2] == ("skipped", "the 11s budget was spent"), part
     assert (out / "logs" / "parts.tsv").exists() and not (out / "logs.tar.gz").exists()

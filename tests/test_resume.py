@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from ncgrpo.trainer import STATE_FILE
+from ncgrpo.runs.folder import STATE_FILE
 
 _spec = importlib.util.spec_from_file_location(
     "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
@@ -81,7 +81,9 @@ def test_resume_restores_renamed_vl_weights(tmp_path) -> None:
             p.add_(1.0)
     tr.model.save_pretrained(tmp_path / "ckpt")
     fresh = tiny.trainer(tmp_path / "b", rollout_method="latent")
-    assert fresh._renamed_checkpoint_keys(fresh.model)  # the case the override exists for
+    from ncgrpo.trainer.checkpoints import renamed_checkpoint_keys
+
+    assert renamed_checkpoint_keys(fresh.model)  # the case the override exists for
     fresh._load_from_checkpoint(str(tmp_path / "ckpt"))
     want = dict(tr.model.named_parameters())
     assert all(torch.equal(p, want[k]) for k, p in fresh.model.named_parameters())
@@ -98,7 +100,7 @@ def test_only_complete_checkpoints_are_resumed_from(tmp_path) -> None:
     complete one; with save_total_limit=1 the complete one survives until its successor is complete."""
     import shutil
 
-    from ncgrpo.trainer import checkpoint_problem, last_complete_checkpoint
+    from ncgrpo.runs.folder import checkpoint_problem, last_complete_checkpoint
 
     out = tmp_path / "run"
     tr = tiny.trainer(out, save_strategy="steps", save_steps=1, save_total_limit=1, **{**RUN, "max_steps": 2})

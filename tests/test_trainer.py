@@ -20,13 +20,13 @@ from trl import GRPOConfig, GRPOTrainer
 
 from ncgrpo.core import noise as nz
 from ncgrpo.core.advantages import decompose_advantages, group_advantages
+from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.plan import plan_rows
-from ncgrpo.trainer import (
-    NCGRPOConfig,
-    NCGRPOTrainer,
-    apply_noisy_importance_sampling,
-    parse_noise_site,
-)
+from ncgrpo.methods import get_method
+from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer, apply_noisy_importance_sampling
+from ncgrpo.trainer.checkpoints import load_nc_state, save_nc_state
+from ncgrpo.trainer.images import distort_multimodal_fields, distorted_row_images
+from ncgrpo.trainer.vllm import measure_branch_point, vllm_requests
 
 _spec = importlib.util.spec_from_file_location(
     "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
@@ -374,14 +374,14 @@ def test_first_token_temperature_auto_matches_the_noise_marginal(tmp_path) -> No
     ml = _last_metrics(lat)[0]
     assert m["noise/first_token_marginal_tv"] == pytest.approx(ml["noise/first_token_marginal_tv"], rel=0.35)
     # the calibrated T0 is part of the checkpoint state; a checkpoint without it cannot be resumed
-    tr.save_nc_state(str(tmp_path / "ckpt"))
+    save_nc_state(tr, str(tmp_path / "ckpt"))
     again = tiny.trainer(
         tmp_path / "c2", rollout_method="first_token_temperature", first_token_temperature_auto=True, **kw
     )
-    again.load_nc_state(str(tmp_path / "ckpt"))
+    load_nc_state(again, str(tmp_path / "ckpt"))
     assert again.first_token_t0 == tr.first_token_t0
     with pytest.raises(ValueError, match="no calibrated first_token_temperature_t0"):
-        again.load_nc_state(str(tmp_path / "nowhere"))
+        load_nc_state(again, str(tmp_path / "nowhere"))
 
 
 def test_proposition_2_on_real_rollouts(tmp_path) -> None:
@@ -468,7 +468,7 @@ def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
     pids = [pid for pid in (10, 11, 12) for _ in range(G)]
     plans = plan_rows(range(len(images)), pids, num_generations=G, method=get_method("image"), seed=0, step=1)
     fields = {"pixel_values": clean["pixel_values"], "image_grid_thw": clean["image_grid_thw"]}
-    out = tr._distort_images(images, fields, plans, 500)
+    out = distort_multimodal_fields(tr, images, fields, plans, 500)
     pv, grid = out["pixel_values"], clean["image_grid_thw"]
     offsets = [0, *torch.cumsum(grid.prod(-1), 0).tolist()]
     for i, p in enumerate(plans):
@@ -485,11 +485,13 @@ def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
         ch = np.corrcoef(d[0].flatten(), d[1].flatten())[0, 1]
         assert abs(nb) < 0.1 and abs(ch) < 0.1, (i, nb, ch)
         assert 0.3 < float(d.std()) < 0.42, (i, float(d.std()))  # clamped 0.505-std noise on mid-grey
-    assert torch.equal(tr._distort_images(images, fields, plans, 0)["pixel_values"], clean["pixel_values"])
+    assert torch.equal(
+        distort_multimodal_fields(tr, images, fields, plans, 0)["pixel_values"], clean["pixel_values"]
+    )
     # clean pixels from another size rule (a 1x2x2 grid each) cannot be matched: an error, not a mix
     wrong = dict(fields, image_grid_thw=torch.tensor([[1, 2, 2]] * len(images)))
     with pytest.raises(RuntimeError, match="patch grid"):
-        tr._distort_images(images, wrong, plans, 500)
+        distort_multimodal_fields(tr, images, wrong, plans, 500)
 
 
 def test_separate_grouping_advantages(tmp_path) -> None:
@@ -691,7 +693,6 @@ class _FakeLLM:
 def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from ncgrpo.methods import get_method
 
     tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
     llm = _FakeLLM()
@@ -699,7 +700,7 @@ def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
     plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=4, method=get_method("antithetic"), seed=3, step=2)
     rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
     prompts = [[1, 2, i] for i in range(8)]
-    with tr._nc_vllm_requests(rows):
+    with vllm_requests(tr, rows):
         out = llm.generate(prompts, _FakeParams(extra_args={"other": 1}), use_tqdm=False)
     assert out == [f"out{i}" for i in range(8)] and "generate" not in vars(llm)
     ((sent_prompts, params),) = llm.calls
@@ -719,11 +720,11 @@ def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
         )
         assert (spec["sigma"], spec["sign"], spec["mode"]) == (0.5, int(p.sign), "antithetic")
     # a generation that does not call the engine exactly once with one request per row is an error
-    with pytest.raises(RuntimeError, match="did not call"), tr._nc_vllm_requests(rows):
+    with pytest.raises(RuntimeError, match="did not call"), vllm_requests(tr, rows):
         pass
-    with pytest.raises(RuntimeError, match="one request per row"), tr._nc_vllm_requests(rows):
+    with pytest.raises(RuntimeError, match="one request per row"), vllm_requests(tr, rows):
         llm.generate(prompts[:4], _FakeParams())
-    with pytest.raises(RuntimeError, match="twice"), tr._nc_vllm_requests(rows):
+    with pytest.raises(RuntimeError, match="twice"), vllm_requests(tr, rows):
         llm.generate(prompts, _FakeParams())
         llm.generate(prompts, _FakeParams())
     assert "generate" not in vars(llm)
@@ -735,7 +736,6 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
     import json
     from types import SimpleNamespace
 
-    from ncgrpo.methods import get_method
 
     tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
     tr.args.vllm_mode = "server"
@@ -756,7 +756,7 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
     G = tr.num_generations
     plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method=get_method("antithetic"), seed=3, step=2)
     rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
-    with tr._nc_vllm_requests(rows):
+    with vllm_requests(tr, rows):
         out = client.generate(prompts=[[1, 2], [3]], n=G, temperature=1.0, generation_kwargs={})
     assert "generate" not in vars(client)
     assert [(p, n) for p, n, _ in calls] == [
@@ -778,9 +778,9 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
                 int(p.sign),
             )
     assert out["completion_ids"] == [[1, 0], [1, 1], [2, 0], [3, 0], [4, 0], [4, 1], [5, 0], [6, 0]]
-    with pytest.raises(RuntimeError, match="n=num_generations"), tr._nc_vllm_requests(rows):
+    with pytest.raises(RuntimeError, match="n=num_generations"), vllm_requests(tr, rows):
         client.generate(prompts=[[1, 2], [3]], n=1)
-    with pytest.raises(RuntimeError, match="did not call"), tr._nc_vllm_requests(rows):
+    with pytest.raises(RuntimeError, match="did not call"), vllm_requests(tr, rows):
         pass
 
 
@@ -788,7 +788,6 @@ def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> Non
     """The first-token temperature control on vLLM: noisy rows carry logit_scale = T / T_k, clean none."""
     from types import SimpleNamespace
 
-    from ncgrpo.methods import get_method
 
     tr = tiny.trainer(tmp_path, rollout_method="first_token_temperature", max_steps=1)
     llm = _FakeLLM()
@@ -796,7 +795,7 @@ def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> Non
     plans = plan_rows(range(4), [5] * 4, num_generations=4, method=get_method("first_token_temperature"), seed=3, step=1)
     rows = [get_method("first_token_temperature").row_noise(p, 0.0) for p in plans]
     scales = [0.5 if p.noisy else None for p in plans]
-    with tr._nc_vllm_requests(rows, logit_scales=scales):
+    with vllm_requests(tr, rows, logit_scales=scales):
         llm.generate([[1, 2, i] for i in range(4)], _FakeParams())
     ((_, params),) = llm.calls
     got = [(sp.extra_args or {}).get("ncgrpo") for sp in params]
@@ -807,8 +806,7 @@ def _generation_inputs(tr):
     """Run one real (transformers-path) training step of ``tr`` and return what its NC-GRPO generation got
     and measured: ``(prompt_ids, images, multimodal_fields, gen)``, and, taken inside the generation (the
     weights and SPSA's mu as they were then), ``measured``: the vLLM path's measurement on the same rows."""
-    from ncgrpo.methods import get_method
-    from ncgrpo.trainer import _LocalGen
+    from ncgrpo.trainer.metrics import _LocalGen
 
     seen = []
     orig = tr._nc_generate
@@ -826,7 +824,7 @@ def _generation_inputs(tr):
         )
         rows = [tr.nc_method.row_noise(p, a.sigma_k) for p in a.plans]
         mu = None if tr.spsa_mu is None else tr.spsa_mu.clone()
-        tr._nc_measure_branch_point(b, rows, prompt_ids, images, fields)
+        measure_branch_point(tr, b, rows, prompt_ids, images, fields)
         seen.append(
             dict(
                 inputs=tr._nc_inputs,
@@ -919,7 +917,7 @@ def test_vllm_leg_measures_the_branch_point_and_sends_distorted_images(tmp_path)
         assert not np.array_equal(np.asarray(got[0].resize(images[i][0].size)), np.asarray(images[i][0]))
     ((_, params),) = llm.calls
     assert all(sp.extra_args is None for sp in params)  # image method: no hidden noise
-    assert tr._distorted_row_images(images, gen.plans, 0) is images
+    assert distorted_row_images(tr, images, gen.plans, 0) is images
     # the branch point, measured by the trainer on the distorted pixels: the transformers path's numbers
     assert torch.equal(gen.branch_argmax, ref["gen"].branch_argmax)
     torch.testing.assert_close(gen.branch_tv, ref["gen"].branch_tv, rtol=0, atol=1e-6, equal_nan=True)

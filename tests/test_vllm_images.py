@@ -134,54 +134,49 @@ def test_engine_images_refuse_what_they_cannot_resize() -> None:
 
 
 def test_rows_share_one_resized_copy_and_a_bad_image_names_its_row() -> None:
-    from ncgrpo.trainer.images import ImageNoise
+    from ncgrpo.trainer.images import engine_row_images
 
-    class Host(ImageNoise):
-        processing_class = SimpleNamespace(image_processor=_image_processor(28, RECIPE))
-
-    host = Host()
+    host = SimpleNamespace(processing_class=SimpleNamespace(image_processor=_image_processor(28, RECIPE)))
     small, exact = Image.new("L", (300, 220), 7), Image.new("RGB", (560, 560))
     rows = [[small], [small, exact], None]
-    out = host._nc_engine_images(rows)
+    out = engine_row_images(host, rows)
     assert out[0][0].size[::-1] == smart_resize(220, 300, 28, *RECIPE) and out[0][0].mode == "RGB"
     assert out[1][0] is out[0][0] and out[1][1] is exact and out[2] is None  # one copy per shared image
     assert rows[0][0] is small  # the caller's rows are not modified
     at_target = [[exact], [exact]]
-    assert host._nc_engine_images(at_target) is at_target
+    assert engine_row_images(host, at_target) is at_target
     with pytest.raises(TypeError, match="row 1, image 0: a ndarray, not a PIL image"):
-        host._nc_engine_images([[small], [np.zeros((4, 4, 3), np.uint8)]])
+        engine_row_images(host, [[small], [np.zeros((4, 4, 3), np.uint8)]])
     host.processing_class = SimpleNamespace(
         image_processor=SimpleNamespace(size={"height": 224, "width": 224})
     )
-    assert host._nc_engine_images(rows) is rows  # a fixed-size processor: vLLM resizes alike, nothing to do
+    assert engine_row_images(host, rows) is rows  # a fixed-size processor: vLLM resizes alike, nothing to do
 
 
 def test_the_resize_policy_is_built_once_per_processor(monkeypatch) -> None:
     import ncgrpo.trainer.images as images_module
     from ncgrpo.core.plan import RowPlan
-    from ncgrpo.trainer.images import ImageNoise
+    from ncgrpo.trainer.images import distorted_row_images, engine_row_images
 
     built = []
     real = images_module.engine_policy
     monkeypatch.setattr(images_module, "engine_policy", lambda pc: built.append(pc) or real(pc))
 
-    class Host(ImageNoise):
-        processing_class = SimpleNamespace(image_processor=_image_processor(28, RECIPE))
-
-    host, small = Host(), Image.new("L", (300, 220), 7)
+    processor = SimpleNamespace(image_processor=_image_processor(28, RECIPE))
+    host, small = SimpleNamespace(processing_class=processor), Image.new("L", (300, 220), 7)
     clean = [RowPlan(global_row=0, group=0, branch=0, noisy=False, prompt_id=0)]
     for _ in range(3):  # three generations
-        host._nc_engine_images([[small]])
-        host._distorted_row_images([[small]], clean, t=5)
-    assert built == [Host.processing_class]
+        engine_row_images(host, [[small]])
+        distorted_row_images(host, [[small]], clean, t=5)
+    assert built == [processor]
     host.processing_class = SimpleNamespace(
         image_processor=SimpleNamespace(size={"height": 224, "width": 224})
     )
     assert (
-        host._nc_engine_images([[small]]) == [[small]] and len(built) == 2
+        engine_row_images(host, [[small]]) == [[small]] and len(built) == 2
     )  # another processor: its own rule
     with pytest.raises(ValueError, match="does not expose min/max pixels"):  # the image method needs the rule
-        host._distorted_row_images([[small]], clean, t=5)
+        distorted_row_images(host, [[small]], clean, t=5)
 
 
 # --------------------------------------------------------------------------------------------------

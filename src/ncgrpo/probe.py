@@ -70,18 +70,17 @@ from ncgrpo.core.noise import RowNoise, noise_seed
 from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, NOISE_MODE, plan_group, prompt_noise_id
 from ncgrpo.data.prompts import build_messages
 from ncgrpo.data.types import Question
-from ncgrpo.engines.transformers import (
-    Site,
+from ncgrpo.engines.branch_point import (
     branch_point_capture,
     cut_after_eos,
     eos_token_ids,
     find_text_stack,
-    prefill_noise,
     unwrap_model,
 )
-from ncgrpo.engines.transformers import (
+from ncgrpo.engines.shared_prefill import (
     share_prompt_prefill as sharing,  # the parameter of that name says whether to share
 )
+from ncgrpo.engines.transformers import Site, prefill_noise
 from ncgrpo.models import tokenizer_of
 from ncgrpo.prefix import prefix_completions, with_branch_prefix
 from ncgrpo.rewards import math_reward
@@ -288,7 +287,7 @@ def probe(
     ``prompts x marginal_draws x d`` floats). ``target_marginal_tv``: also find the sigma whose marginal
     TV reaches this value (final-norm site only). ``share_prompt_prefill``: each prompt's vision tower
     and prompt minus its last token run once for its rows
-    (:func:`ncgrpo.engines.transformers.shared_prefill_generate`; not at layer sites).
+    (:func:`ncgrpo.engines.shared_prefill.shared_prefill_generate`; not at layer sites).
     """
     if not questions:
         raise ValueError("probe: no questions")

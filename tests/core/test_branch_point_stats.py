@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ncgrpo.core.agreement import branch_point_agreement, first_token_tv
-from ncgrpo.trainer.metrics import BranchPointMetrics
+from ncgrpo.trainer.metrics import branch_point_stats
 
 
 @pytest.mark.parametrize("path", ["sampled", "control", "rewritten"])
@@ -22,9 +22,7 @@ def test_branch_point_stats_match_the_logit_functions(path):
     logits = torch.randn(len(plans), V) * 4
     noisy_t = 1.9 if path == "control" else None
     rewritten = torch.randn(len(plans), V) * 3 if path == "rewritten" else None
-    tv, agree = BranchPointMetrics._branch_point_stats(
-        SimpleNamespace(temperature=T), plans, logits, noisy_t, noisy_logits=rewritten
-    )
+    tv, agree = branch_point_stats(plans, logits, noisy_t, temperature=T, noisy_logits=rewritten)
     for i, p in enumerate(plans):
         if not p.noisy or p.group == 2:
             assert torch.isnan(tv[i]) and torch.isnan(agree[i])

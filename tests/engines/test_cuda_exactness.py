@@ -17,7 +17,9 @@ import torch
 from transformers import DynamicCache
 
 from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps, draw_eps_keys, perturb, perturb_selected
-from ncgrpo.engines.transformers import branch_point_capture, prefill_noise, shared_prefill_generate
+from ncgrpo.engines.branch_point import branch_point_capture
+from ncgrpo.engines.shared_prefill import shared_prefill_generate
+from ncgrpo.engines.transformers import prefill_noise
 from tiny_models import (
     MIXED_TEXTS,
     build_tokenizer,

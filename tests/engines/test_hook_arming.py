@@ -9,7 +9,9 @@ import torch
 from transformers import DynamicCache
 
 from ncgrpo.core.noise import NoiseKey, RowNoise
-from ncgrpo.engines.transformers import find_text_stack, prefill_noise, shared_prefill_generate
+from ncgrpo.engines.branch_point import find_text_stack
+from ncgrpo.engines.shared_prefill import shared_prefill_generate
+from ncgrpo.engines.transformers import prefill_noise
 from tiny_models import build_tokenizer, tiny_text_model
 
 PROMPTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20.", "A circle has radius r = 5"]

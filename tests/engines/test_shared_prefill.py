@@ -13,15 +13,11 @@ import pytest
 import torch
 
 from ncgrpo.core.noise import NoiseKey, RowNoise
+from ncgrpo.engines.branch_point import at_branch_point, branch_point_capture
 from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
 from ncgrpo.engines.rollout import generate_groups
-from ncgrpo.engines.transformers import (
-    at_branch_point,
-    branch_point_capture,
-    prefill_noise,
-    share_prompt_prefill,
-    shared_prefill_generate,
-)
+from ncgrpo.engines.shared_prefill import share_prompt_prefill, shared_prefill_generate
+from ncgrpo.engines.transformers import prefill_noise
 from tiny_models import MIXED_TEXTS, image_prompts, mixed_images, tiny_bundle
 
 G = 4  # rows per prompt: 2 clean + 2 noisy
@@ -165,7 +161,7 @@ def test_first_token_controls_act_at_the_shared_branch_point(control):
 def test_layer_sites_fall_back_to_one_prefill_per_row(monkeypatch):
     """A layer site writes the noise into the cache: no sharing, said once, same output as generate."""
     # the reason is said once per process: forget an earlier test's (e.g. the probe's) saying of it
-    monkeypatch.setattr("ncgrpo.engines.transformers._WARNED", set())
+    monkeypatch.setattr("ncgrpo.engines.shared_prefill._WARNED", set())
     model, tok = tiny_bundle("qwen2")
     model.eval()
     inputs = repeated_inputs("qwen2", tok)

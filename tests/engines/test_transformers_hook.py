@@ -12,7 +12,8 @@ from PIL import Image
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from ncgrpo.core.noise import NoiseKey, RowNoise
-from ncgrpo.engines.transformers import find_text_stack, prefill_noise
+from ncgrpo.engines.branch_point import find_text_stack
+from ncgrpo.engines.transformers import prefill_noise
 from tiny_models import build_tokenizer, tiny_qwen2_5_vl, tiny_qwen2_vl, tiny_qwen3_vl, tiny_text_model
 
 PROMPTS = ["The quick brown fox", "Solve for x: 3x + 5 = 20.", "A circle has radius r = 5"]

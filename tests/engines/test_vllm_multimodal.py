@@ -69,7 +69,7 @@ def test_install_collapses_every_generate_call_of_that_engine_only():
     assert llm.seen[-1][0]["prompt_token_ids"] == [1, PAD, 4]
     llm.generate(row)  # one prompt, not a list
     assert llm.seen[-1]["prompt_token_ids"] == [1, PAD, 4]
-    # a temporary instance-level wrapper, set and deleted (NCGRPOTrainer._nc_vllm_requests), keeps it
+    # a temporary instance-level wrapper, set and deleted (ncgrpo.trainer.vllm.vllm_requests), keeps it
     orig = llm.generate
     llm.generate = lambda prompts, *a, **k: orig(prompts, *a, **k)
     llm.generate([row])

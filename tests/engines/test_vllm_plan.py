@@ -16,14 +16,11 @@ import torch
 from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 from ncgrpo.engines.vllm import (
     EXTRA_ARGS_KEY,
-    _ArmedLogits,
-    _perturb_logit_rows,
-    _v1_plan,
-    _v2_plan,
     control_extra_args,
     noise_extra_args,
     parse_noise_spec,
 )
+from ncgrpo.engines.vllm_worker import _ArmedLogits, _perturb_logit_rows, _v1_plan, _v2_plan
 
 
 def row(sigma=0.5, branch=0, sign=1.0, mode="independent", prompt_id=11):
@@ -234,7 +231,7 @@ class _V2Runner:
 
 
 def _v2_class():
-    from ncgrpo.engines.vllm import _wrap_v2_add_requests, _wrap_v2_remove_request, _wrap_v2_sample
+    from ncgrpo.engines.vllm_worker import _wrap_v2_add_requests, _wrap_v2_remove_request, _wrap_v2_sample
 
     cls = type("PatchedV2Runner", (_V2Runner,), {})
     cls.add_requests = _wrap_v2_add_requests(_V2Runner.add_requests)
@@ -343,7 +340,8 @@ def test_a_spec_the_workers_could_not_apply_is_refused_where_the_request_is_admi
 def test_engines_the_plugin_cannot_follow_are_refused_at_start_up():
     """Batch-sharded sampling and multi-token-per-step models: the start-up check raises (before, the
     first noisy step raised NotImplementedError inside the worker and killed the engine)."""
-    from ncgrpo.engines.vllm import _status, check_plugin_active
+    from ncgrpo.engines.vllm import check_plugin_active
+    from ncgrpo.engines.vllm_worker import _status
 
     cls = _v2_class()
     cls.__module__ = "vllm.v1.worker.gpu.model_runner"  # _status tells V2 runners by their module

@@ -493,7 +493,8 @@ def test_the_plugin_chains_with_verls_compute_logits_patch(order):
     from verl.workers.rollout.vllm_rollout.utils import monkey_patch_compute_logits
 
     from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
-    from ncgrpo.engines.vllm import _ArmedLogits, parse_noise_spec
+    from ncgrpo.engines.vllm import parse_noise_spec
+    from ncgrpo.engines.vllm_worker import _ArmedLogits
 
     vocab, banned = 8, [3]  # verl masks the OOV tail (ids >= 8) and the vision placeholders
     spec = parse_noise_spec({EXTRA_ARGS_KEY: {"seed": 1, "step": 2, "prompt_id": 3, "draw": 0, "sigma": 1.0}})

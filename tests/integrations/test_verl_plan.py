@@ -20,7 +20,8 @@ from PIL import Image
 
 from ncgrpo.core.advantages import decompose_advantages
 from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows, sigma_schedule
-from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, _ArmedLogits, parse_noise_spec
+from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, parse_noise_spec
+from ncgrpo.engines.vllm_worker import _ArmedLogits
 from ncgrpo.integrations.verl.config import (
     VERL_EPS,
     NCGRPOVerlConfig,
@@ -346,7 +347,7 @@ def test_a_patch_installed_on_top_of_the_armed_wrapper_survives_the_step():
 
 
 def test_v2_add_requests_reads_vllm_024_requests_without_prompt_len():
-    from ncgrpo.engines.vllm import _wrap_v2_add_requests
+    from ncgrpo.engines.vllm_worker import _wrap_v2_add_requests
 
     class Runner:
         def add_requests(self, scheduler_output):

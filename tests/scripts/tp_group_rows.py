@@ -1,6 +1,6 @@
 """torchrun --nproc_per_node 2 tp_group_rows.py OUT_DIR: each rank plans its own rows (global row
 indices, as NCGRPOTrainer does), then gathers the TP group's rows the way TRL gathers its prompts
-(trainer._tp_group_rows over a group built like TRL's tp_group). Writes OUT_DIR/rank{r}.json."""
+(ncgrpo.trainer.vllm._tp_group_rows over a group built like TRL's tp_group). Writes OUT_DIR/rank{r}.json."""
 
 import dataclasses
 import json
@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ncgrpo.core.plan import plan_rows
 from ncgrpo.methods import get_method
-from ncgrpo.trainer import _tp_group_rows
+from ncgrpo.trainer.vllm import _tp_group_rows
 
 
 def _row(r) -> list | None:

@@ -28,7 +28,8 @@ from peft import LoraConfig, PeftModel  # noqa: E402
 from ncgrpo.cli import main  # noqa: E402
 from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps  # noqa: E402
 from ncgrpo.engines import transformers as engine  # noqa: E402
-from ncgrpo.engines.transformers import find_text_stack, prefill_noise  # noqa: E402
+from ncgrpo.engines.branch_point import find_text_stack  # noqa: E402
+from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.models import load_model_and_processor, tokenizer_of  # noqa: E402
 from ncgrpo.toy.pretrain import ensure_base_model  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402

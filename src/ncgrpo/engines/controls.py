@@ -34,7 +34,7 @@ from torch import nn
 
 from ncgrpo.core.marginal import mixture_log_probs, pool_keys
 from ncgrpo.core.noise import NoiseKey
-from ncgrpo.engines.transformers import at_branch_point, find_text_stack, head_function
+from ncgrpo.engines.branch_point import at_branch_point, find_text_stack, head_function
 
 __all__ = [
     "FirstTokenMarginalHook",
@@ -47,7 +47,7 @@ __all__ = [
 class _PrefillHeadHook:
     """Rewrites the LM head's output once per prefill forward (a forward of the top model whose KV
     cache is empty, or the branch forward of a shared prefill: the first token's logits,
-    :func:`~ncgrpo.engines.transformers.at_branch_point`); decode steps pass through. ``calls`` counts rewrites."""
+    :func:`~ncgrpo.engines.branch_point.at_branch_point`); decode steps pass through. ``calls`` counts rewrites."""
 
     name = ""  # the control, in messages
     given = ""  # what the caller gives per row, in messages

@@ -6,7 +6,7 @@ rows. That is what makes NC-GRPO cost the same as vanilla GRPO at the same G: th
 the hook body at prefill (eq. 2 on the rows that need it). With ``share_prompt_prefill`` (default) it
 costs less: the clean cache is the same for every branch (section 3.1), so each prompt's vision tower
 and prompt minus its last token run once and the 2n rows branch at the last prompt token
-(:func:`ncgrpo.engines.transformers.shared_prefill_generate`).
+(:func:`ncgrpo.engines.shared_prefill.shared_prefill_generate`).
 
 Rows are ordered prompt-major: ``[p0 clean x n, p0 noisy x n, p1 clean x n, p1 noisy x n, ...]``.
 
@@ -25,17 +25,11 @@ import torch
 from ncgrpo.core.noise import NoiseKey
 from ncgrpo.core.plan import plan_group, prompt_noise_id, sampling_seed
 from ncgrpo.methods import RolloutMethod, get_method, methods
-from ncgrpo.engines.transformers import (
-    PrefillRecord,
-    Site,
-    cut_after_eos,
-    eos_token_ids,
-    prefill_noise,
-    unwrap_model,
-)
-from ncgrpo.engines.transformers import (
+from ncgrpo.engines.branch_point import cut_after_eos, eos_token_ids, unwrap_model
+from ncgrpo.engines.shared_prefill import (
     share_prompt_prefill as sharing,  # the parameter of that name says whether to share
 )
+from ncgrpo.engines.transformers import PrefillRecord, Site, prefill_noise
 from ncgrpo.models import tokenizer_of
 
 __all__ = ["GroupRollout", "RowMeta", "generate_groups"]
@@ -148,7 +142,7 @@ def generate_groups(
     batch with no hook (the vanilla-GRPO baseline at the same G, for benchmarks).
     ``share_prompt_prefill``: the vision tower and the prompt minus its last token run once per prompt
     and the ``2n`` rows decode from the expanded cache
-    (:func:`~ncgrpo.engines.transformers.shared_prefill_generate`; not at layer sites or with
+    (:func:`~ncgrpo.engines.shared_prefill.shared_prefill_generate`; not at layer sites or with
     ``positions="all"``, which need every row's own prefill); ``False``: one prefill per row, as TRL.
     ``GroupRollout.extra["shared_prefill"]`` holds what the call did.
     """

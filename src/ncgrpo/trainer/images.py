@@ -10,14 +10,14 @@ the loss on those tokens; but it hands vLLM the ORIGINAL PIL images (colocate:
 ``/v1/chat/completions/render``). vLLM's processor resizes them by the checkpoint's own
 ``preprocessor_config.json`` (Qwen2.5-VL: 3136..12845056 pixels), so a Geometry3K image below 262144
 pixels gets fewer image tokens in generation than in the loss: the completion is sampled from another
-prompt than the one it is scored on. :meth:`ImageNoise._generate_single_turn` resizes every image bound
-for vLLM to exactly the trainer processor's target (:func:`engine_images`). vLLM's processor applies the
-same ``smart_resize`` rule; on an image whose sides are already multiples of ``patch_size * merge_size``
-and whose area lies within its limits that rule is the identity, so both sides see the same size and
-the same number of image tokens (tests/test_vllm_images.py). That holds when the trainer's target lies
-within the engine's limits: any budget inside the checkpoint's own ``[min_pixels, max_pixels]``
-(every recipe's: 262144..1e6 within Qwen2.5-VL's 3136..12845056; the Qwen3-VL recipes keep the
-checkpoint's own limits).
+prompt than the one it is scored on. ``NCGRPOTrainer._generate_single_turn`` resizes every image bound
+for vLLM (:func:`engine_row_images`) to exactly the trainer processor's target (:func:`engine_images`).
+vLLM's processor applies the same ``smart_resize`` rule; on an image whose sides are already multiples
+of ``patch_size * merge_size`` and whose area lies within its limits that rule is the identity, so both
+sides see the same size and the same number of image tokens (tests/test_vllm_images.py). That holds
+when the trainer's target lies within the engine's limits: any budget inside the checkpoint's own
+``[min_pixels, max_pixels]`` (every recipe's: 262144..1e6 within Qwen2.5-VL's 3136..12845056; the
+Qwen3-VL recipes keep the checkpoint's own limits).
 
 Not ``mm_processor_kwargs={"min_pixels": .., "max_pixels": ..}`` (vLLM honours it per engine or per
 request): TRL 1.16 builds the colocated ``LLM(...)`` with a fixed argument list, so it could only ride on
@@ -99,142 +99,129 @@ def engine_policy(processing_class):
     return ResizePolicy.from_image_processor(ip)
 
 
-class ImageNoise:
-    """The image method of :class:`~ncgrpo.trainer.NCGRPOTrainer` (a mixin), and the resize of the
-    images vLLM gets (every method)."""
+def engine_row_images(trainer, images):
+    """Per row (a list of PIL images, or ``None``), :func:`engine_images` under the trainer processor's
+    policy (:func:`resize_policy`), an image shared by rows resized once; ``images`` itself when
+    every image is at its target already (or the processor has no ``smart_resize`` rule).
 
-    def _generate_single_turn(
-        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
-    ):
-        """TRL's ``_generate_single_turn``, with vLLM's images at the trainer processor's size.
+    ``NCGRPOTrainer._generate_single_turn`` sends every generation's images through here when
+    ``use_vllm``: every method (vanilla included), training and evaluation, tool turns, colocate and
+    server mode; TRL uses ``images`` for vLLM only (the loss inputs were built from the originals
+    before). The image method's distorted copies are at the target already and pass unchanged.
+    Reads ``trainer.processing_class`` (through :func:`resize_policy`)."""
+    policy = resize_policy(trainer)
+    if policy is None:
+        return images
+    out, changed = [], False
+    done: dict[int, Any] = {}
+    for i, row in enumerate(images):
+        if not row:
+            out.append(row)
+            continue
+        try:
+            new = engine_images(row, policy, done)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"row {i}, {e}") from e
+        row_changed = any(a is not b for a, b in zip(new, row, strict=True))
+        changed = changed or row_changed
+        out.append(new if row_changed else row)
+    return out if changed else images
 
-        Every generation reaches TRL through here (``NCGRPOTrainer._generate_single_turn`` calls
-        ``super()``, and this mixin comes before ``GRPOTrainer`` in the MRO): every method (vanilla
-        included), training and evaluation, tool turns, colocate and server mode; TRL uses ``images``
-        for vLLM only (the loss inputs were built from the originals before). With ``use_vllm`` each
-        row's images go through :func:`engine_images`; the image method's distorted copies are at the
-        target already and pass unchanged. The transformers path is untouched."""
-        if getattr(self, "use_vllm", False) and images is not None:
-            images = self._nc_engine_images(images)
-        return super()._generate_single_turn(
-            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+
+def resize_policy(trainer, *, required: bool = False):
+    """:func:`engine_policy` of ``trainer.processing_class``, built once per processor (not at every
+    generation; cached in ``trainer._nc_policy_of``). ``required`` (the image method): a processor without
+    the rule is an error, raised by
+    :meth:`ResizePolicy.from_image_processor <ncgrpo.core.image_noise.ResizePolicy.from_image_processor>`
+    with what it lacks."""
+    processor = trainer.processing_class
+    cached = getattr(trainer, "_nc_policy_of", None)
+    if cached is None or cached[0] is not processor:
+        cached = trainer._nc_policy_of = (processor, engine_policy(processor))
+    if cached[1] is None and required:
+        from ncgrpo.core.image_noise import ResizePolicy
+
+        ResizePolicy.from_image_processor(processor.image_processor)  # raises, naming what is missing
+    return cached[1]
+
+
+def distorted_row_images(trainer, images, plans: list[RowPlan], t: int):
+    """Per row, the PIL images vLLM gets: the clean ones on clean rows, NoisyRollout-distorted copies
+    (:func:`ncgrpo.core.image_noise.distort_images`: RGB, resized to the processor's patch grid, then
+    noised at step ``t``; one copy per prompt, shared by its noisy rows) on noisy rows. The sides are
+    already the processor's target, so vLLM's processor resizes them to themselves. Reads
+    ``trainer.processing_class`` (through :func:`resize_policy`)."""
+    from ncgrpo.core.image_noise import distort_images, prompt_image_seed
+
+    if images is None or not any(images):
+        raise ValueError("rollout_method='image' needs image prompts; this batch has none")
+    if int(t) == 0:
+        return images
+    policy = resize_policy(trainer, required=True)
+    done: dict[int, list] = {}
+    out = []
+    for i, p in enumerate(plans):
+        row_imgs = [im for im in (images[i] or []) if im is not None]
+        if p.noisy and row_imgs:
+            if p.prompt_id not in done:
+                seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
+                done[p.prompt_id] = distort_images(row_imgs, t, seed, policy)
+            out.append(list(done[p.prompt_id]))
+        else:
+            out.append(images[i])
+    return out
+
+
+def distort_multimodal_fields(trainer, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
+    """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies.
+
+    NoisyRollout's order (:func:`ncgrpo.core.image_noise.distort_images`): each clean image is
+    converted to RGB and resized exactly as the image processor resizes it, the noise is added to
+    those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
+    interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
+    Reads ``trainer.processing_class``.
+    """
+    from ncgrpo.core.image_noise import distort_images, prompt_image_seed
+
+    if images is None or "pixel_values" not in multimodal_fields or "image_grid_thw" not in multimodal_fields:
+        raise ValueError(
+            "rollout_method='image' needs image prompts processed into pixel_values/image_grid_thw "
+            "(a Qwen-VL style processor); this batch has none"
         )
-
-    def _nc_engine_images(self, images):
-        """Per row (a list of PIL images, or ``None``), :func:`engine_images` under the trainer processor's
-        policy (:meth:`_nc_resize_policy`), an image shared by rows resized once; ``images`` itself when
-        every image is at its target already (or the processor has no ``smart_resize`` rule)."""
-        policy = self._nc_resize_policy()
-        if policy is None:
-            return images
-        out, changed = [], False
-        done: dict[int, Any] = {}
-        for i, row in enumerate(images):
-            if not row:
-                out.append(row)
-                continue
-            try:
-                new = engine_images(row, policy, done)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"row {i}, {e}") from e
-            row_changed = any(a is not b for a, b in zip(new, row, strict=True))
-            changed = changed or row_changed
-            out.append(new if row_changed else row)
-        return out if changed else images
-
-    def _nc_resize_policy(self, *, required: bool = False):
-        """:func:`engine_policy` of ``self.processing_class``, built once per processor (not at every
-        generation). ``required`` (the image method): a processor without the rule is an error, raised by
-        :meth:`ResizePolicy.from_image_processor <ncgrpo.core.image_noise.ResizePolicy.from_image_processor>`
-        with what it lacks."""
-        processor = self.processing_class
-        cached = getattr(self, "_nc_policy_of", None)
-        if cached is None or cached[0] is not processor:
-            cached = self._nc_policy_of = (processor, engine_policy(processor))
-        if cached[1] is None and required:
-            from ncgrpo.core.image_noise import ResizePolicy
-
-            ResizePolicy.from_image_processor(processor.image_processor)  # raises, naming what is missing
-        return cached[1]
-
-    def _distorted_row_images(self, images, plans: list[RowPlan], t: int):
-        """Per row, the PIL images vLLM gets: the clean ones on clean rows, NoisyRollout-distorted copies
-        (:func:`ncgrpo.core.image_noise.distort_images`: RGB, resized to the processor's patch grid, then
-        noised at step ``t``; one copy per prompt, shared by its noisy rows) on noisy rows. The sides are
-        already the processor's target, so vLLM's processor resizes them to themselves."""
-        from ncgrpo.core.image_noise import distort_images, prompt_image_seed
-
-        if images is None or not any(images):
-            raise ValueError("rollout_method='image' needs image prompts; this batch has none")
-        if int(t) == 0:
-            return images
-        policy = self._nc_resize_policy(required=True)
-        done: dict[int, list] = {}
-        out = []
-        for i, p in enumerate(plans):
-            row_imgs = [im for im in (images[i] or []) if im is not None]
-            if p.noisy and row_imgs:
-                if p.prompt_id not in done:
-                    seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
-                    done[p.prompt_id] = distort_images(row_imgs, t, seed, policy)
-                out.append(list(done[p.prompt_id]))
-            else:
-                out.append(images[i])
+    # apply_chat_template may hand these back as arrays/lists; TRL tensorises them the same way
+    pv = multimodal_fields["pixel_values"]
+    pv = pv if isinstance(pv, torch.Tensor) else torch.tensor(np.array(pv))
+    grid = multimodal_fields["image_grid_thw"]
+    grid = grid if isinstance(grid, torch.Tensor) else torch.tensor(np.array(grid))
+    out = dict(multimodal_fields)
+    out["pixel_values"] = pv
+    if int(t) == 0:  # fully annealed: the noisy half generates from the clean images
         return out
-
-    def _distort_images(self, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
-        """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies.
-
-        NoisyRollout's order (:func:`ncgrpo.core.image_noise.distort_images`): each clean image is
-        converted to RGB and resized exactly as the image processor resizes it, the noise is added to
-        those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
-        interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
-        """
-        from ncgrpo.core.image_noise import distort_images, prompt_image_seed
-
-        if (
-            images is None
-            or "pixel_values" not in multimodal_fields
-            or "image_grid_thw" not in multimodal_fields
-        ):
-            raise ValueError(
-                "rollout_method='image' needs image prompts processed into pixel_values/image_grid_thw "
-                "(a Qwen-VL style processor); this batch has none"
-            )
-        # apply_chat_template may hand these back as arrays/lists; TRL tensorises them the same way
-        pv = multimodal_fields["pixel_values"]
-        pv = pv if isinstance(pv, torch.Tensor) else torch.tensor(np.array(pv))
-        grid = multimodal_fields["image_grid_thw"]
-        grid = grid if isinstance(grid, torch.Tensor) else torch.tensor(np.array(grid))
-        out = dict(multimodal_fields)
-        out["pixel_values"] = pv
-        if int(t) == 0:  # fully annealed: the noisy half generates from the clean images
-            return out
-        image_processor = self.processing_class.image_processor
-        policy = self._nc_resize_policy(required=True)
-        sizes = grid.prod(-1).tolist()  # patches per image
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-        new_pv = pv.clone()
-        img_idx = 0
-        done: dict[int, torch.Tensor] = {}  # one distorted copy per prompt, shared by its noisy rows
-        for i, p in enumerate(plans):
-            row_imgs = [im for im in (images[i] or []) if im is not None]
-            if p.noisy and row_imgs:
-                lo, hi = offsets[img_idx], offsets[img_idx + len(row_imgs)]
-                if p.prompt_id not in done:
-                    seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
-                    proc = image_processor(
-                        images=distort_images(row_imgs, t, seed, policy), do_resize=False, return_tensors="pt"
+    image_processor = trainer.processing_class.image_processor
+    policy = resize_policy(trainer, required=True)
+    sizes = grid.prod(-1).tolist()  # patches per image
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    new_pv = pv.clone()
+    img_idx = 0
+    done: dict[int, torch.Tensor] = {}  # one distorted copy per prompt, shared by its noisy rows
+    for i, p in enumerate(plans):
+        row_imgs = [im for im in (images[i] or []) if im is not None]
+        if p.noisy and row_imgs:
+            lo, hi = offsets[img_idx], offsets[img_idx + len(row_imgs)]
+            if p.prompt_id not in done:
+                seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
+                proc = image_processor(
+                    images=distort_images(row_imgs, t, seed, policy), do_resize=False, return_tensors="pt"
+                )
+                new_grid = torch.as_tensor(proc["image_grid_thw"])
+                if not torch.equal(new_grid.cpu(), grid[img_idx : img_idx + len(row_imgs)].cpu()):
+                    raise RuntimeError(
+                        f"distorted images have patch grid {new_grid.tolist()}, the clean ones "
+                        f"{grid[img_idx : img_idx + len(row_imgs)].tolist()}: the image processor's "
+                        f"size rule is not {policy}, so the noisy copy cannot match the clean image"
                     )
-                    new_grid = torch.as_tensor(proc["image_grid_thw"])
-                    if not torch.equal(new_grid.cpu(), grid[img_idx : img_idx + len(row_imgs)].cpu()):
-                        raise RuntimeError(
-                            f"distorted images have patch grid {new_grid.tolist()}, the clean ones "
-                            f"{grid[img_idx : img_idx + len(row_imgs)].tolist()}: the image processor's "
-                            f"size rule is not {policy}, so the noisy copy cannot match the clean image"
-                        )
-                    done[p.prompt_id] = torch.as_tensor(proc["pixel_values"]).to(new_pv.dtype)
-                new_pv[lo:hi] = done[p.prompt_id]
-            img_idx += len(row_imgs)
-        out["pixel_values"] = new_pv
-        return out
+                done[p.prompt_id] = torch.as_tensor(proc["pixel_values"]).to(new_pv.dtype)
+            new_pv[lo:hi] = done[p.prompt_id]
+        img_idx += len(row_imgs)
+    out["pixel_values"] = new_pv
+    return out

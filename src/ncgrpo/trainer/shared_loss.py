@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ncgrpo.engines.transformers import unwrap_model
+from ncgrpo.engines.branch_point import unwrap_model
 
 #: model_type -> whether it is a Qwen-VL model with M-RoPE positions (``compute_3d_position_ids``)
 SUPPORTED_MODEL_TYPES = {
@@ -399,38 +399,35 @@ def per_token_logps_and_entropies(
     return logps, (torch.cat(all_ent) if compute_entropy else None)
 
 
-class SharedPromptLoss:
-    """``NCGRPOTrainer``'s loss-side seam: TRL's ``_get_per_token_logps_and_entropies`` (old-log-prob,
-    reference and loss passes) through :func:`per_token_logps_and_entropies` when
-    ``args.share_prompt_loss``; TRL's own method otherwise."""
+def check_share_prompt_loss(trainer) -> None:
+    """``share_prompt_loss``: refused (``ValueError``) where the packed forward is not exact for the trainer's
+    model or reference model (:func:`check_supported`), or with tools. Reads ``trainer.args``, ``.tools``,
+    ``.model``, ``.ref_model``, ``.aux_loss_enabled``."""
+    if getattr(trainer.args, "share_prompt_loss", False):
+        if getattr(trainer, "tools", None):
+            raise ValueError(
+                "share_prompt_loss=True: with tools a completion can carry its own images and tokens TRL "
+                "masks per row; set share_prompt_loss=False."
+            )
+        check_supported(trainer.model, aux_loss=trainer.aux_loss_enabled)
+        if trainer.ref_model is not None:
+            check_supported(trainer.ref_model, what="reference model")
 
-    def _check_share_prompt_loss(self) -> None:
-        if getattr(self.args, "share_prompt_loss", False):
-            if getattr(self, "tools", None):
-                raise ValueError(
-                    "share_prompt_loss=True: with tools a completion can carry its own images and tokens TRL "
-                    "masks per row; set share_prompt_loss=False."
-                )
-            check_supported(self.model, aux_loss=self.aux_loss_enabled)
-            if self.ref_model is not None:
-                check_supported(self.ref_model, what="reference model")
 
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-        compute_aux_loss=False, **multimodal,
-    ):  # fmt: skip
-        if not getattr(self.args, "share_prompt_loss", False):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **multimodal,
-            )  # fmt: skip
-        trl = super()._get_per_token_logps_and_entropies
+def shared_logps_and_entropies(
+    trl: Callable, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+    *, autocast: Callable = nullcontext, **multimodal,
+):  # fmt: skip
+    """``NCGRPOTrainer``'s loss-side seam with ``args.share_prompt_loss``: what TRL's
+    ``_get_per_token_logps_and_entropies`` (``trl``, the bound method; old-log-prob, reference and loss
+    passes) returns, through :func:`per_token_logps_and_entropies`, with TRL's method for the rows left
+    alone in a pack. ``(logps, entropies, None)``: no MoE aux loss (refused by :func:`check_supported`)."""
 
-        def repeated(m, ids, am, c, ent, **mm):
-            return trl(m, ids, am, c, None, ent, False, **mm)[:2]
+    def repeated(m, ids, am, c, ent, **mm):
+        return trl(m, ids, am, c, None, ent, False, **mm)[:2]
 
-        logps, entropies = per_token_logps_and_entropies(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-            autocast=self.accelerator.autocast, repeated=repeated, **multimodal,
-        )  # fmt: skip
-        return logps, entropies, None
+    logps, entropies = per_token_logps_and_entropies(
+        model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+        autocast=autocast, repeated=repeated, **multimodal,
+    )  # fmt: skip
+    return logps, entropies, None
