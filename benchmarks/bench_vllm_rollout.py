@@ -265,9 +265,9 @@ def main(argv=None) -> dict:
     from vllm import LLM, SamplingParams
 
     from ncgrpo.core.plan import plan_group, prompt_noise_id
-    from ncgrpo.methods import get_method
     from ncgrpo.engines.rollout import generate_groups
     from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
+    from ncgrpo.methods import get_method
     from ncgrpo.models import tokenizer_of
     from ncgrpo.toy.model import count_parameters
 

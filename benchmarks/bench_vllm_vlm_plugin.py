@@ -78,9 +78,9 @@ def main(argv=None) -> dict:
 
     from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
     from ncgrpo.core.plan import plan_group
-    from ncgrpo.methods import get_method
     from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
     from ncgrpo.engines.vllm_multimodal import collapse_vllm_image_prompts, image_token_id_of
+    from ncgrpo.methods import get_method
     from vlm_fixtures import image_chat, random_image, save_vllm_qwen2_5_vl
 
     tmp = tempfile.mkdtemp(prefix="bench_vllm_vlm_")
@@ -130,7 +130,9 @@ def main(argv=None) -> dict:
         if arm != "ncgrpo":
             return [base] * (G * args.prompts)
         rows = [
-            r for pid in range(args.prompts) for r in plan_group(args.n, args.sigma, args.seed, step, pid, get_method("latent"))
+            r
+            for pid in range(args.prompts)
+            for r in plan_group(args.n, args.sigma, args.seed, step, pid, get_method("latent"))
         ]
         return sampling_params_for_rows(base, rows)
 

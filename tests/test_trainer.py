@@ -23,9 +23,9 @@ from ncgrpo.core.advantages import decompose_advantages, group_advantages
 from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.plan import plan_rows
 from ncgrpo.methods import get_method
+from ncgrpo.methods.image import distort_multimodal_fields, distorted_row_images
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer, apply_noisy_importance_sampling
 from ncgrpo.trainer.checkpoints import load_nc_state, save_nc_state
-from ncgrpo.trainer.images import distort_multimodal_fields, distorted_row_images
 from ncgrpo.trainer.vllm import measure_branch_point, vllm_requests
 
 _spec = importlib.util.spec_from_file_location(
@@ -468,7 +468,7 @@ def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
     pids = [pid for pid in (10, 11, 12) for _ in range(G)]
     plans = plan_rows(range(len(images)), pids, num_generations=G, method=get_method("image"), seed=0, step=1)
     fields = {"pixel_values": clean["pixel_values"], "image_grid_thw": clean["image_grid_thw"]}
-    out = distort_multimodal_fields(tr, images, fields, plans, 500)
+    out = distort_multimodal_fields(tr.processing_class, images, fields, plans, 500)
     pv, grid = out["pixel_values"], clean["image_grid_thw"]
     offsets = [0, *torch.cumsum(grid.prod(-1), 0).tolist()]
     for i, p in enumerate(plans):
@@ -486,12 +486,13 @@ def test_image_distortion_follows_noisyrollout_order(tmp_path) -> None:
         assert abs(nb) < 0.1 and abs(ch) < 0.1, (i, nb, ch)
         assert 0.3 < float(d.std()) < 0.42, (i, float(d.std()))  # clamped 0.505-std noise on mid-grey
     assert torch.equal(
-        distort_multimodal_fields(tr, images, fields, plans, 0)["pixel_values"], clean["pixel_values"]
+        distort_multimodal_fields(tr.processing_class, images, fields, plans, 0)["pixel_values"],
+        clean["pixel_values"],
     )
     # clean pixels from another size rule (a 1x2x2 grid each) cannot be matched: an error, not a mix
     wrong = dict(fields, image_grid_thw=torch.tensor([[1, 2, 2]] * len(images)))
     with pytest.raises(RuntimeError, match="patch grid"):
-        distort_multimodal_fields(tr, images, wrong, plans, 500)
+        distort_multimodal_fields(tr.processing_class, images, wrong, plans, 500)
 
 
 def test_separate_grouping_advantages(tmp_path) -> None:
@@ -529,7 +530,7 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
     plans = plan_rows(range(8), [4] * 8, num_generations=8, method=get_method("spsa"), seed=0, step=3)
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])  # pairs (+,-): (1, 0), (0, 1)
     d = tr.spsa_mu.numel()
-    tr._spsa_step(plans, rewards, 0.2, 3)
+    get_method("spsa").update(tr, plans, rewards, 0.2, 3)
     u = nz.draw_direction(0, 3, d)
     r = [
         float(nz.draw_eps(nz.NoiseKey(0, 3, 4, j), [0], d, mode="rank_one")[0] @ u / (u @ u)) for j in (0, 1)
@@ -544,13 +545,13 @@ def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
     plans = plan_rows(range(8), [4] * 8, num_generations=8, method=get_method("spsa"), seed=0, step=3)
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])
     sigma0 = tr.args.sigma0
-    assert not tr._spsa_step(plans, rewards, 0.01 * sigma0, 3)
+    assert not get_method("spsa").update(tr, plans, rewards, 0.01 * sigma0, 3)
     assert torch.count_nonzero(tr.spsa_mu) == 0
-    assert tr._spsa_step(plans, rewards, 0.5 * sigma0, 3)
+    assert get_method("spsa").update(tr, plans, rewards, 0.5 * sigma0, 3)
     assert torch.count_nonzero(tr.spsa_mu) > 0
     # just above the threshold eq. (6)'s step is large (1 / sigma_k); it is bounded to 10% of mu_max
     tr.spsa_mu.zero_()
-    assert tr._spsa_step(plans, rewards, 0.06 * sigma0, 3)
+    assert get_method("spsa").update(tr, plans, rewards, 0.06 * sigma0, 3)
     bound = tr.args.spsa_max_step_ratio * tr.args.spsa_mu_max
     assert float(tr.spsa_mu.norm()) == pytest.approx(bound, rel=1e-5)
 
@@ -693,11 +694,12 @@ class _FakeLLM:
 def test_vllm_seam_sends_one_request_per_row_with_its_spec(tmp_path) -> None:
     from types import SimpleNamespace
 
-
     tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
     llm = _FakeLLM()
     tr.vllm_generation = SimpleNamespace(llm=llm)
-    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=4, method=get_method("antithetic"), seed=3, step=2)
+    plans = plan_rows(
+        range(8), [5] * 4 + [6] * 4, num_generations=4, method=get_method("antithetic"), seed=3, step=2
+    )
     rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
     prompts = [[1, 2, i] for i in range(8)]
     with vllm_requests(tr, rows):
@@ -736,7 +738,6 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
     import json
     from types import SimpleNamespace
 
-
     tr = tiny.trainer(tmp_path, rollout_method="antithetic", max_steps=1)
     tr.args.vllm_mode = "server"
     calls = []
@@ -754,7 +755,9 @@ def test_vllm_server_seam_splits_trls_n_g_call_into_per_spec_requests(tmp_path) 
     client = Client()
     tr.vllm_generation = SimpleNamespace(vllm_client=client, mode="server")
     G = tr.num_generations
-    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method=get_method("antithetic"), seed=3, step=2)
+    plans = plan_rows(
+        range(8), [5] * 4 + [6] * 4, num_generations=G, method=get_method("antithetic"), seed=3, step=2
+    )
     rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
     with vllm_requests(tr, rows):
         out = client.generate(prompts=[[1, 2], [3]], n=G, temperature=1.0, generation_kwargs={})
@@ -788,11 +791,12 @@ def test_vllm_seam_sends_the_controls_logit_scale_on_noisy_rows(tmp_path) -> Non
     """The first-token temperature control on vLLM: noisy rows carry logit_scale = T / T_k, clean none."""
     from types import SimpleNamespace
 
-
     tr = tiny.trainer(tmp_path, rollout_method="first_token_temperature", max_steps=1)
     llm = _FakeLLM()
     tr.vllm_generation = SimpleNamespace(llm=llm)
-    plans = plan_rows(range(4), [5] * 4, num_generations=4, method=get_method("first_token_temperature"), seed=3, step=1)
+    plans = plan_rows(
+        range(4), [5] * 4, num_generations=4, method=get_method("first_token_temperature"), seed=3, step=1
+    )
     rows = [get_method("first_token_temperature").row_noise(p, 0.0) for p in plans]
     scales = [0.5 if p.noisy else None for p in plans]
     with vllm_requests(tr, rows, logit_scales=scales):
@@ -917,7 +921,7 @@ def test_vllm_leg_measures_the_branch_point_and_sends_distorted_images(tmp_path)
         assert not np.array_equal(np.asarray(got[0].resize(images[i][0].size)), np.asarray(images[i][0]))
     ((_, params),) = llm.calls
     assert all(sp.extra_args is None for sp in params)  # image method: no hidden noise
-    assert distorted_row_images(tr, images, gen.plans, 0) is images
+    assert distorted_row_images(tr.processing_class, images, gen.plans, 0) is images
     # the branch point, measured by the trainer on the distorted pixels: the transformers path's numbers
     assert torch.equal(gen.branch_argmax, ref["gen"].branch_argmax)
     torch.testing.assert_close(gen.branch_tv, ref["gen"].branch_tv, rtol=0, atol=1e-6, equal_nan=True)

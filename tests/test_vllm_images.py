@@ -156,7 +156,8 @@ def test_rows_share_one_resized_copy_and_a_bad_image_names_its_row() -> None:
 def test_the_resize_policy_is_built_once_per_processor(monkeypatch) -> None:
     import ncgrpo.trainer.images as images_module
     from ncgrpo.core.plan import RowPlan
-    from ncgrpo.trainer.images import distorted_row_images, engine_row_images
+    from ncgrpo.methods.image import distorted_row_images
+    from ncgrpo.trainer.images import engine_row_images
 
     built = []
     real = images_module.engine_policy
@@ -167,7 +168,7 @@ def test_the_resize_policy_is_built_once_per_processor(monkeypatch) -> None:
     clean = [RowPlan(global_row=0, group=0, branch=0, noisy=False, prompt_id=0)]
     for _ in range(3):  # three generations
         engine_row_images(host, [[small]])
-        distorted_row_images(host, [[small]], clean, t=5)
+        distorted_row_images(host.processing_class, [[small]], clean, t=5)
     assert built == [processor]
     host.processing_class = SimpleNamespace(
         image_processor=SimpleNamespace(size={"height": 224, "width": 224})
@@ -176,7 +177,7 @@ def test_the_resize_policy_is_built_once_per_processor(monkeypatch) -> None:
         engine_row_images(host, [[small]]) == [[small]] and len(built) == 2
     )  # another processor: its own rule
     with pytest.raises(ValueError, match="does not expose min/max pixels"):  # the image method needs the rule
-        distorted_row_images(host, [[small]], clean, t=5)
+        distorted_row_images(host.processing_class, [[small]], clean, t=5)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,12 +33,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 from ncgrpo.core.plan import plan_rows  # noqa: E402
-from ncgrpo.methods import get_method  # noqa: E402
 from ncgrpo.engines.vllm import (  # noqa: E402
     check_server_plugin_active,
     generate_rows_on_server,
     sampling_params_for_rows,
 )
+from ncgrpo.methods import get_method  # noqa: E402
 from ncgrpo.trainer import NCGRPOTrainer  # noqa: E402
 from tiny_models import (  # noqa: E402
     free_port,
@@ -125,7 +125,9 @@ def test_per_spec_server_requests_equal_the_offline_engine(model_dir, server):
 
     path, _ = model_dir
     prompts = [list(range(40, 52)), list(range(100, 130))]
-    plans = plan_rows(range(2 * G), [5] * G + [6] * G, num_generations=G, method=get_method("antithetic"), seed=3, step=2)
+    plans = plan_rows(
+        range(2 * G), [5] * G + [6] * G, num_generations=G, method=get_method("antithetic"), seed=3, step=2
+    )
     rows = [get_method("antithetic").row_noise(p, 2.0) for p in plans]
     from transformers import AutoConfig
 

@@ -49,7 +49,9 @@ def test_plan_rows_layout_per_method():
     G, pids = 8, [11, 22]
     glob = [p for p in pids for _ in range(G)]
     for method in method_names():
-        plans = plan_rows(range(len(glob)), glob, num_generations=G, method=get_method(method), seed=5, step=3)
+        plans = plan_rows(
+            range(len(glob)), glob, num_generations=G, method=get_method(method), seed=5, step=3
+        )
         noisy = [b >= G // 2 and method != "vanilla" for _ in pids for b in range(G)]
         assert [p.noisy for p in plans] == noisy
         assert [p.branch for p in plans] == list(range(G)) * 2
@@ -60,7 +62,9 @@ def test_plan_rows_layout_per_method():
             assert keys == [None] * G
     # the transformers rollout's group plan is this plan, turned into hook instructions
     plans = plan_rows(range(G), [11] * G, num_generations=G, method=get_method("latent"), seed=5, step=3)
-    assert [get_method("latent").row_noise(p, 0.3) for p in plans] == plan_group(G // 2, 0.3, 5, 3, 11, LATENT)
+    assert [get_method("latent").row_noise(p, 0.3) for p in plans] == plan_group(
+        G // 2, 0.3, 5, 3, 11, LATENT
+    )
 
 
 def test_plan_rows_independent_of_process_split() -> None:

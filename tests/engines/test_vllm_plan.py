@@ -472,11 +472,13 @@ def test_generate_rows_on_server_sends_one_request_per_spec_and_keeps_row_order(
     import json
 
     from ncgrpo.core.plan import plan_rows
-    from ncgrpo.methods import get_method
     from ncgrpo.engines.vllm import generate_rows_on_server
+    from ncgrpo.methods import get_method
 
     G = 4
-    plans = plan_rows(range(8), [5] * 4 + [6] * 4, num_generations=G, method=get_method("antithetic"), seed=3, step=2)
+    plans = plan_rows(
+        range(8), [5] * 4 + [6] * 4, num_generations=G, method=get_method("antithetic"), seed=3, step=2
+    )
     rows = [get_method("antithetic").row_noise(p, 0.5) for p in plans]
     client = _FakeClient()
     prompts = [[1, 2, 3], [4, 5]]

@@ -16,9 +16,9 @@ processor, with ``ncgrpo.engines.transformers.prefill_noise`` for the noisy rows
   later tokens are clean;
 - clean rows of an image batched with noisy rows of the same image are unchanged, and they hit the
   prefix cache (the image's KV blocks) without running the vision encoder again;
-- the image method: the noisy rows' distorted images (the trainer's own ``distorted_row_images``) reach
+- the image method: the noisy rows' distorted images (the image method's ``distorted_row_images``) reach
   the engine, i.e. their first-token logprobs are the transformers model's on the distorted pixels the
-  trainer's ``distort_multimodal_fields`` makes, and the clean rows' images are not touched.
+  image method's ``distort_multimodal_fields`` makes, and the clean rows' images are not touched.
 
 Run: ``OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -m vllm -p no:cacheprovider tests/engines/test_vllm_vlm.py``.
 """
@@ -38,7 +38,6 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
 from ncgrpo.core.plan import plan_rows  # noqa: E402
-from ncgrpo.methods import get_method  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.engines.vllm import check_plugin_active, noise_extra_args  # noqa: E402
 from ncgrpo.engines.vllm_multimodal import (  # noqa: E402
@@ -46,7 +45,8 @@ from ncgrpo.engines.vllm_multimodal import (  # noqa: E402
     image_token_id_of,
     install_image_prompt_collapse,
 )
-from ncgrpo.trainer.images import distort_multimodal_fields, distorted_row_images  # noqa: E402
+from ncgrpo.methods import get_method  # noqa: E402
+from ncgrpo.methods.image import distort_multimodal_fields, distorted_row_images  # noqa: E402
 from tiny_models import image_chat  # noqa: E402
 from vlm_fixtures import N_IMAGE_TOKENS, random_image, save_vllm_qwen2_5_vl  # noqa: E402
 
@@ -334,10 +334,10 @@ def test_clean_rows_of_the_same_image_are_unchanged_and_hit_the_prefix_cache(llm
 
 def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_change(llm, hf, processor):
     """The image method's rollout of one group (G = 4: two clean rows, two noisy) as the trainer sends
-    it to vLLM: per row, the images of ``ncgrpo.trainer.images.distorted_row_images`` (the noisy rows share one
+    it to vLLM: per row, the images of ``ncgrpo.methods.image.distorted_row_images`` (the noisy rows share one
     distorted copy at the processor's target size; the clean rows keep the caller's image). The noisy
     rows' first-token logprobs are the transformers model's on the pixels of
-    ``ncgrpo.trainer.images.distort_multimodal_fields`` (the trainer's transformers path), the clean rows' on the clean image;
+    ``ncgrpo.methods.image.distort_multimodal_fields`` (the trainer's transformers path), the clean rows' on the clean image;
     the clean image is not modified, and the clean rows' requests carry it."""
     from types import SimpleNamespace
 
@@ -348,7 +348,7 @@ def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_
     before = np.asarray(img).copy()
     G, t = 4, 400
     plans = plan_rows(range(G), [5] * G, num_generations=G, method=get_method("image"), seed=7, step=3)
-    row_images = distorted_row_images(trainer, [[img]] * G, plans, t)
+    row_images = distorted_row_images(trainer.processing_class, [[img]] * G, plans, t)
     assert [p.noisy for p in plans] == [False, False, True, True]
     assert row_images[0][0] is img and row_images[1][0] is img
     noisy_img = row_images[2][0]
@@ -367,7 +367,11 @@ def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_
     fields = {k: inputs[k] for k in ("pixel_values", "image_grid_thw")}
     rows_inputs = [
         {"pixel_values": inputs["pixel_values"]},  # clean
-        {"pixel_values": distort_multimodal_fields(trainer, [[img]], fields, plans[2:3], t)["pixel_values"]},
+        {
+            "pixel_values": distort_multimodal_fields(
+                trainer.processing_class, [[img]], fields, plans[2:3], t
+            )["pixel_values"]
+        },
     ]
     assert not torch.equal(rows_inputs[0]["pixel_values"], rows_inputs[1]["pixel_values"])
     clean_ref = reference_logprobs(hf, dict(inputs, **rows_inputs[0]), None)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from ncgrpo.core.plan import plan_rows
-from ncgrpo.methods import RolloutMethod, get_method, method_names, methods, register_method, unregister_method
+from ncgrpo.methods import (
+    RolloutMethod,
+    get_method,
+    method_names,
+    methods,
+    register_method,
+    unregister_method,
+)
 
 
 def test_the_built_ins_in_the_papers_order():

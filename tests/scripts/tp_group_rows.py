@@ -29,7 +29,12 @@ def main() -> None:
     tp_group, _ = dist.new_subgroups_by_enumeration([list(range(world))])  # as TRL builds it (TP = world)
     L = 4  # local rows: one prompt x G=4 per rank
     plans = plan_rows(
-        range(rank * L, (rank + 1) * L), [10 + rank] * L, num_generations=4, method=get_method("latent"), seed=3, step=2
+        range(rank * L, (rank + 1) * L),
+        [10 + rank] * L,
+        num_generations=4,
+        method=get_method("latent"),
+        seed=3,
+        step=2,
     )
     rows = [get_method("latent").row_noise(p, 0.5) for p in plans]
     scales = [float(rank) + i / 10 for i in range(L)]

@@ -95,7 +95,12 @@ class Schedule:
 
     # -- what k counts ------------------------------------------------------------------------------
     def position(
-        self, global_step: int, max_steps: int, *, steps_per_generation: int = 1, gradient_accumulation_steps: int = 1
+        self,
+        global_step: int,
+        max_steps: int,
+        *,
+        steps_per_generation: int = 1,
+        gradient_accumulation_steps: int = 1,
     ) -> tuple[int, int]:
         """``(k, K)`` of eq. (3) for the generation that feeds optimizer step ``global_step + 1``.
 

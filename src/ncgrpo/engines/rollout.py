@@ -24,12 +24,12 @@ import torch
 
 from ncgrpo.core.noise import NoiseKey
 from ncgrpo.core.plan import plan_group, prompt_noise_id, sampling_seed
-from ncgrpo.methods import RolloutMethod, get_method, methods
 from ncgrpo.engines.branch_point import cut_after_eos, eos_token_ids, unwrap_model
 from ncgrpo.engines.shared_prefill import (
     share_prompt_prefill as sharing,  # the parameter of that name says whether to share
 )
 from ncgrpo.engines.transformers import PrefillRecord, Site, prefill_noise
+from ncgrpo.methods import RolloutMethod, get_method, methods
 from ncgrpo.models import tokenizer_of
 
 __all__ = ["GroupRollout", "RowMeta", "generate_groups"]

@@ -5,6 +5,7 @@ one module that subclasses :class:`RolloutMethod` and registers itself (docs/ext
 this package registers the built-in methods, in the order the paper and ``--help`` list them.
 """
 
+# isort: off
 from ncgrpo.methods import (  # noqa: F401  (registers the built-ins, in this order)
     vanilla,
     latent,
@@ -14,6 +15,8 @@ from ncgrpo.methods import (  # noqa: F401  (registers the built-ins, in this or
     first_token_temperature,
     first_token_marginal,
 )
+
+# isort: on
 from ncgrpo.methods.base import (
     RolloutMethod,
     get_method,

@@ -31,8 +31,7 @@ module that subclasses :class:`RolloutMethod` (or a built-in method) and decorat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import ExitStack
 from typing import Any, ClassVar
 
 from ncgrpo.core.noise import RowNoise, parse_noise_site
@@ -137,7 +136,9 @@ class RolloutMethod:
     def check_vllm(self, vllm_mode: str) -> None:
         """``NotImplementedError`` with the reason where this method cannot generate on vLLM."""
         if self.vllm_refusal:
-            raise NotImplementedError(f"rollout_method={self.name!r} on vLLM: {self.vllm_refusal}. Use use_vllm=False.")
+            raise NotImplementedError(
+                f"rollout_method={self.name!r} on vLLM: {self.vllm_refusal}. Use use_vllm=False."
+            )
         if vllm_mode == "server" and self.vllm_server_refusal:
             raise NotImplementedError(
                 f"rollout_method={self.name!r} with vllm_mode='server' is not supported: {self.vllm_server_refusal}"
@@ -167,10 +168,13 @@ class RolloutMethod:
         return None
 
     # -- one generation -----------------------------------------------------------------------------
-    def begin_generation(self, tr: Any, gen: Any, k: int, K: int) -> None:
+    def begin_generation(
+        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+    ) -> None:
         """Set this generation's annealed values on ``gen`` (``sigma_k``; the image method's ``image_t``;
-        the control's ``first_token_temperature``) at schedule position ``k`` of ``K``.
-        Reads ``tr.args``, ``tr.schedule``; writes ``gen``."""
+        the control's ``first_token_temperature``) at schedule position ``k`` of ``K``, before any row is
+        generated, on every engine. ``prompt_ids`` / ``multimodal_fields``: this rank's rows (the control
+        calibrates its T0 on them). Reads ``tr.args``, ``tr.schedule``; writes ``gen``."""
         gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0) if self.uses_sigma else 0.0
 
     def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
@@ -178,11 +182,12 @@ class RolloutMethod:
         originals). Default: unchanged."""
         return multimodal_fields
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, prompt_ids: Any, multimodal_fields: dict) -> Iterator[AbstractContextManager]:
-        """Context managers entered around TRL's ``generate`` besides the prefill noise hook (which every
-        method gets with its :meth:`row_noise` rows). The one whose value is not None after entering is
-        the control whose rewritten first-token logits the metrics read. Default: none."""
-        return iter(())
+    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> Any:
+        """Enter into ``stack`` what runs around TRL's ``generate`` on the transformers engine besides the
+        prefill noise hook (which every method gets with its :meth:`row_noise` rows). Returns the control
+        hook whose rewritten first-token logits (``last_logits``) the branch-point metrics read, or None.
+        Default: nothing."""
+        return None
 
     def vllm_images(self, tr: Any, gen: Any, images: Any) -> Any:
         """The per-row images vLLM gets (default: TRL's)."""
@@ -197,7 +202,9 @@ class RolloutMethod:
         raise NotImplementedError(f"rollout_method={self.name!r} on verl: {self.verl_refusal}")
 
     # -- after rewards ------------------------------------------------------------------------------
-    def after_rewards(self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]) -> None:
+    def after_rewards(
+        self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
+    ) -> None:
         """Anything the method does with the gathered rewards of a generation (SPSA's update), writing
         what it logs into ``metrics``. Runs on every rank with the same inputs. Default: nothing."""
 
@@ -238,7 +245,9 @@ def register_method(cls: type[RolloutMethod]) -> type[RolloutMethod]:
     if cls.key_rule not in ("row", "pair", "prompt", "none"):
         raise ValueError(f"{name}: key_rule must be 'row', 'pair', 'prompt' or 'none', got {cls.key_rule!r}")
     if name in _REGISTRY and type(_REGISTRY[name]) is not cls:
-        raise ValueError(f"rollout method {name!r} is registered already ({type(_REGISTRY[name]).__qualname__})")
+        raise ValueError(
+            f"rollout method {name!r} is registered already ({type(_REGISTRY[name]).__qualname__})"
+        )
     _REGISTRY[name] = cls()
     return cls
 
@@ -256,7 +265,9 @@ def get_method(name: str | RolloutMethod) -> RolloutMethod:
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
-        raise ValueError(f"rollout_method={name!r} is unknown; use one of {', '.join(method_names())}") from None
+        raise ValueError(
+            f"rollout_method={name!r} is unknown; use one of {', '.join(method_names())}"
+        ) from None
 
 
 def methods() -> list[RolloutMethod]:

@@ -5,6 +5,7 @@ enters the forward. At the final-norm site this is NC-GRPO's own distribution of
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 from ncgrpo.methods.base import RolloutMethod, register_method
@@ -30,13 +31,17 @@ class FirstTokenMarginal(RolloutMethod):
         "not implement. Use ncgrpo's TRL trainer (transformers engine)"
     )
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, prompt_ids: Any, multimodal_fields: dict):
+    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> Any:
+        """The noisy rows' first-token logits replaced by ``T * log q_hat`` of a fresh pool of draws
+        (:func:`ncgrpo.engines.controls.first_token_marginal`); returned: the metrics read its rows."""
         from ncgrpo.engines.controls import first_token_marginal
 
-        yield first_token_marginal(
-            model,
-            [p.key if p.noisy else None for p in gen.plans],
-            sigma=gen.sigma_k,
-            temperature=tr.temperature,
-            draws=tr.args.first_token_marginal_draws,
+        return stack.enter_context(
+            first_token_marginal(
+                model,
+                [p.key if p.noisy else None for p in gen.plans],
+                sigma=gen.sigma_k,
+                temperature=tr.temperature,
+                draws=tr.args.first_token_marginal_draws,
+            )
         )

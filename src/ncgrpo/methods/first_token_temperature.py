@@ -6,6 +6,7 @@ the first generation (kept in checkpoints)."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 from ncgrpo.core.plan import RowPlan
@@ -26,22 +27,28 @@ class FirstTokenTemperature(RolloutMethod):
         """The starting temperature: the calibrated one with ``first_token_temperature_auto``."""
         return float(tr.first_token_t0 if tr.first_token_t0 is not None else tr.args.first_token_temperature)
 
-    def begin_generation(self, tr: Any, gen: Any, k: int, K: int) -> None:
-        """Calibrates ``tr.first_token_t0`` once (``first_token_temperature_auto``) and sets
-        ``gen.first_token_temperature`` to ``T_k``."""
+    def begin_generation(
+        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+    ) -> None:
+        """Calibrates ``tr.first_token_t0`` once (``first_token_temperature_auto``, on this generation's
+        prompts) and sets ``gen.first_token_temperature`` to ``T_k``."""
         gen.sigma_k = 0.0
         if tr.args.first_token_temperature_auto and tr.first_token_t0 is None:
-            tr.first_token_t0 = tr.calibrate_first_token_t0(gen.plans, gen.prompt_ids, gen.multimodal_fields)
+            tr.first_token_t0 = tr.calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
         gen.first_token_temperature = tr.schedule.temperature(k, K, tr.temperature, self.t0(tr))
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, prompt_ids: Any, multimodal_fields: dict):
+    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> None:
+        """The noisy rows' first-token logits times ``T / T_k`` (:func:`ncgrpo.engines.controls.first_token_temperature`);
+        the metrics read its effect from ``gen.first_token_temperature``."""
         from ncgrpo.engines.controls import first_token_temperature
 
-        yield first_token_temperature(
-            model,
-            [p.noisy for p in gen.plans],
-            temperature=tr.temperature,
-            first_token_temperature=gen.first_token_temperature,
+        stack.enter_context(
+            first_token_temperature(
+                model,
+                [p.noisy for p in gen.plans],
+                temperature=tr.temperature,
+                first_token_temperature=gen.first_token_temperature,
+            )
         )
 
     def vllm_logit_scales(self, tr: Any, gen: Any) -> list[float | None]:

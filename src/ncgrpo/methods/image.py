@@ -32,14 +32,16 @@ class Image(RolloutMethod):
         "for the image baseline"
     )
 
-    def begin_generation(self, tr: Any, gen: Any, k: int, K: int) -> None:
+    def begin_generation(
+        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+    ) -> None:
         gen.sigma_k = 0.0
         gen.image_t = tr.schedule.image_t(k, K, tr.args.image_noise_step)
 
     def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
-        fields = distort_images_in_fields(tr.processing_class, images, multimodal_fields, gen.plans, gen.image_t)
-        gen.gen_pixel_values = fields.get("pixel_values")
-        return fields
+        return distort_multimodal_fields(
+            tr.processing_class, images, multimodal_fields, gen.plans, gen.image_t
+        )
 
     def vllm_images(self, tr: Any, gen: Any, images: Any) -> Any:
         return distorted_row_images(tr.processing_class, images, gen.plans, gen.image_t)
@@ -81,7 +83,9 @@ def distorted_row_images(processing_class, images, plans: list[RowPlan], t: int)
     return out
 
 
-def distort_images_in_fields(processing_class, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
+def distort_multimodal_fields(
+    processing_class, images, multimodal_fields, plans: list[RowPlan], t: int
+) -> dict:
     """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies.
 
     NoisyRollout's order (:func:`ncgrpo.core.image_noise.distort_images`): each clean image is

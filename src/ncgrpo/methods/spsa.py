@@ -38,7 +38,9 @@ class Spsa(Antithetic):
         """``tr.spsa_mu``: zeros of the hidden size."""
         tr.spsa_mu = torch.zeros(tr.hidden_size(), dtype=torch.float32)
 
-    def after_rewards(self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]) -> None:
+    def after_rewards(
+        self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
+    ) -> None:
         """Logs ``spsa/mu_norm`` (before this step's update) and ``spsa/updated``; updates ``tr.spsa_mu``."""
         metrics["spsa/mu_norm"] = float(torch.linalg.vector_norm(tr.spsa_mu))
         metrics["spsa/updated"] = float(self.update(tr, plans, rewards, gen.sigma_k, gen.step))
@@ -80,5 +82,7 @@ class Spsa(Antithetic):
                 "mu cannot be restored"
             )
         if state.get("spsa_mu") is None:
-            raise ValueError(f"{path} holds no spsa_mu (written by rollout_method={state.get('rollout_method')!r})")
+            raise ValueError(
+                f"{path} holds no spsa_mu (written by rollout_method={state.get('rollout_method')!r})"
+            )
         tr.spsa_mu = state["spsa_mu"].float()

@@ -1,4 +1,4 @@
-"""NC-GRPO's state in Trainer checkpoints (``ncgrpo_state.pt``: method, step, SPSA's ``mu``)
+"""NC-GRPO's state in Trainer checkpoints (``ncgrpo_state.pt``: method, step, the method's own state)
 and the renamed-weights workaround for resuming Qwen VL models (completeness of a
 checkpoint is :mod:`ncgrpo.runs.folder`'s). Plain functions of the trainer, called from
 ``NCGRPOTrainer``'s TRL seam (``_save_checkpoint``, ``_load_optimizer_and_scheduler``,
@@ -14,17 +14,17 @@ from ncgrpo.runs.folder import STATE_FILE, checkpoint_weight_files
 
 
 def save_nc_state(trainer, checkpoint_dir: str) -> None:
-    """Write ``ncgrpo_state.pt`` (method, step, SPSA's ``mu``) into a checkpoint folder, atomically
-    (a temporary file renamed into place), so it is either whole or absent. Reads ``trainer.method``,
-    ``.state.global_step``, ``.spsa_mu``, ``.first_token_t0``."""
+    """Write ``ncgrpo_state.pt`` (method, step and the method's own state,
+    :meth:`~ncgrpo.methods.RolloutMethod.state_dict`: SPSA's ``mu``, the calibrated T0) into a checkpoint
+    folder, atomically (a temporary file renamed into place), so it is either whole or absent. Reads
+    ``trainer.method``, ``.nc_method``, ``.state.global_step``."""
     os.makedirs(checkpoint_dir, exist_ok=True)
     path = os.path.join(checkpoint_dir, STATE_FILE)
     tmp = f"{path}.tmp-{os.getpid()}"
     state = {
         "rollout_method": trainer.method,
         "global_step": trainer.state.global_step,
-        "spsa_mu": trainer.spsa_mu,
-        "first_token_temperature_t0": trainer.first_token_t0,
+        **trainer.nc_method.state_dict(trainer),
     }
     with open(tmp, "wb") as f:
         torch.save(state, f)
@@ -34,35 +34,10 @@ def save_nc_state(trainer, checkpoint_dir: str) -> None:
 
 
 def load_nc_state(trainer, checkpoint: str) -> None:
-    """Restore SPSA's ``mu`` / the calibrated first-token ``T0`` from a checkpoint folder (other methods
-    keep no state). Reads ``trainer.method``, ``.args``; writes ``trainer.spsa_mu`` or
-    ``trainer.first_token_t0``."""
-    auto = trainer.method == "first_token_temperature" and trainer.args.first_token_temperature_auto
-    if trainer.method != "spsa" and not auto:
-        return
-    path = os.path.join(checkpoint, STATE_FILE)
-    if auto:
-        state = torch.load(path, map_location="cpu", weights_only=True) if os.path.exists(path) else {}
-        t0 = state.get("first_token_temperature_t0")
-        if t0 is None:
-            raise ValueError(
-                f"{path} holds no calibrated first_token_temperature_t0, so the resumed run would calibrate T0 "
-                "again on another batch; resume from a checkpoint of this run, or set first_token_temperature "
-                "by hand"
-            )
-        trainer.first_token_t0 = float(t0)
-        return
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"{path} is missing: this checkpoint was not written by an NC-GRPO spsa run, so the steering vector "
-            "mu cannot be restored"
-        )
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("spsa_mu") is None:
-        raise ValueError(
-            f"{path} holds no spsa_mu (written by rollout_method={state.get('rollout_method')!r})"
-        )
-    trainer.spsa_mu = state["spsa_mu"].float()
+    """Restore the method's state from a checkpoint folder
+    (:meth:`~ncgrpo.methods.RolloutMethod.load_state_dict`: SPSA's ``mu``, the calibrated T0; the other
+    methods keep none and do not read the file)."""
+    trainer.nc_method.load_state_dict(trainer, os.path.join(checkpoint, STATE_FILE))
 
 
 def renamed_checkpoint_keys(model) -> dict[str, str]:

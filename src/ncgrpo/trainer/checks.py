@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from ncgrpo.methods import get_method
 from ncgrpo.trainer.config import NCGRPOConfig
 
 #: GRPOTrainer's positional parameters after ``args``, up to ``peft_config`` (TRL 1.16's order).
@@ -30,7 +31,7 @@ def check_peft(model, args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
 
     if peft_config is None and (isinstance(model, str) or not is_peft_model(model)):  # a path: TRL loads it
         return
-    if args.use_vllm and args.rollout_method != "vanilla":
+    if args.use_vllm and get_method(args.rollout_method).two_pass:  # vanilla: TRL's own path
         raise NotImplementedError(
             f"rollout_method={args.rollout_method!r} with a PEFT adapter on vLLM (use_vllm=True) is not supported: "
             "TRL syncs the merged adapter into vLLM, a path ncgrpo's vLLM tests do not cover. Generate with "

@@ -287,7 +287,10 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"antithetic_grouping must be 'joint' or 'separate', got {self.antithetic_grouping!r}"
             )
-        if self.antithetic_grouping == "separate" and self.multi_objective_aggregation != "sum_then_normalize":
+        if (
+            self.antithetic_grouping == "separate"
+            and self.multi_objective_aggregation != "sum_then_normalize"
+        ):
             raise ValueError(
                 "antithetic_grouping='separate' recomputes TRL's 'sum_then_normalize' advantages over the new "
                 "groups; set multi_objective_aggregation='sum_then_normalize'."

@@ -84,7 +84,6 @@ clean half: its baseline under temperature sampling), ``noise/agreement``, ``sps
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from contextlib import ExitStack
@@ -93,21 +92,14 @@ from functools import partial
 import torch
 from trl import GRPOTrainer
 
-from ncgrpo.core import noise as nz
 from ncgrpo.core.advantages import group_advantages
-from ncgrpo.core.plan import (
-    SIGMA_METHODS,
-    RowPlan,
-    plan_rows,
-    prompt_id_for,
-    row_noise,
-)
-from ncgrpo.core.spsa import spsa_step
+from ncgrpo.core.plan import plan_rows, prompt_id_for
+from ncgrpo.methods import get_method
 from ncgrpo.processors import image_only_processor
 from ncgrpo.trainer.checkpoints import load_nc_state, load_renamed_checkpoint, save_nc_state
 from ncgrpo.trainer.checks import check_peft, check_prompt_lengths, warn_lora_dropout
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
-from ncgrpo.trainer.images import distort_multimodal_fields, engine_row_images
+from ncgrpo.trainer.images import engine_row_images
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.metrics import (
     StepRecord,
@@ -175,6 +167,10 @@ class NCGRPOTrainer(GRPOTrainer):
 
             install_image_prompt_collapse(self.vllm_generation.llm, self.processing_class)
         self.method = args.rollout_method
+        #: the rollout method (:mod:`ncgrpo.methods`): everything that differs by method is asked of it
+        self.nc_method = get_method(args.rollout_method)
+        #: eq. (3)'s schedule (sigma_k, the image method's t, the control's T_k)
+        self.schedule = args.schedule
         self.nc_history: list[StepRecord] = []
         self.spsa_mu: torch.Tensor | None = None
         #: first_token_temperature_auto: the calibrated T0 (None until the first generation)
@@ -188,7 +184,7 @@ class NCGRPOTrainer(GRPOTrainer):
         self.nc_shared_prefill: list = []
         # branch_prefix / inert-noise warning (ncgrpo.prefix, ncgrpo.inert)
         self._inert = InertNoiseMonitor(site=str(args.noise_site), branch_prefix=args.branch_prefix)
-        if self.method == "vanilla":
+        if not self.nc_method.two_pass:  # vanilla: TRL's path unchanged
             return
         unsupported = {
             "use_transformers_continuous_batching": self.use_transformers_continuous_batching,
@@ -211,8 +207,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 f"decoder layers (0..{len(stack.layers) - 1})"
             )
         warn_lora_dropout(self.model)
-        if self.method == "spsa":
-            self.spsa_mu = torch.zeros(self._hidden_size(), dtype=torch.float32)
+        self.nc_method.init_state(self)  # SPSA: spsa_mu
         # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
         # noisy row would silently be clean, so its presence is checked once, now.
         if self.use_vllm:
@@ -223,59 +218,45 @@ class NCGRPOTrainer(GRPOTrainer):
     def noise_base_seed(self) -> int:
         return int(self.args.noise_seed if self.args.noise_seed is not None else self.args.seed)
 
-    def _hidden_size(self) -> int:
+    def hidden_size(self) -> int:
+        """The language model's hidden size ``d`` (SPSA's ``mu`` has this many entries)."""
         cfg = self.accelerator.unwrap_model(self.model).config
         return int(cfg.get_text_config().hidden_size)
 
     def schedule_position(self, global_step: int | None = None) -> tuple[int, int]:
-        """``(k, K)`` of eq. (3) for the generation that feeds optimizer step ``global_step + 1``.
-
-        ``schedule_unit="optimizer_step"``: ``k = global_step + 1``, ``K = max_steps``.
-        ``"generation"``: one rollout batch feeds ``m = steps_per_generation / gradient_accumulation_steps``
-        optimizer steps (TRL generates once per ``steps_per_generation`` micro-batches), so
-        ``k = global_step // m + 1`` and ``K = ceil(max_steps / m)``: NoisyRollout's count, where a step is
-        one rollout batch (512 prompts) updated in several mini-batches (4 x 128).
-        """
+        """``(k, K)`` of eq. (3) for the generation that feeds optimizer step ``global_step + 1``, in the
+        unit ``schedule_unit`` counts (:meth:`ncgrpo.core.schedule.Schedule.position`)."""
         step = int(self.state.global_step if global_step is None else global_step)
-        K = max(int(self.state.max_steps), 1)
-        if self.args.schedule_unit == "optimizer_step":
-            return step + 1, K
-        m = max(1, int(self.args.steps_per_generation) // max(1, int(self.args.gradient_accumulation_steps)))
-        return step // m + 1, max(1, math.ceil(K / m))
-
-    def _schedule(self, k: int, K: int, scale: float) -> float:
-        a = self.args
-        return nz.sigma_schedule(
-            k, K, scale, kind=a.sigma_schedule, gamma=a.schedule_gamma, k_mid=a.schedule_k_mid
-        )
-
-    def image_noise_t(self, k: int, K: int) -> int:
-        """NoisyRollout's diffusion step at schedule position ``k``: ``int(image_noise_step * decay_k)``."""
-        from ncgrpo.core.image_noise import image_noise_t
-
-        a = self.args
-        return image_noise_t(
-            k, K, a.image_noise_step, kind=a.sigma_schedule, gamma=a.schedule_gamma, k_mid=a.schedule_k_mid
+        return self.schedule.position(
+            step,
+            self.state.max_steps,
+            steps_per_generation=self.args.steps_per_generation,
+            gradient_accumulation_steps=self.args.gradient_accumulation_steps,
         )
 
     def first_token_temperature_at(self, k: int, K: int) -> float:
         """The control's first-token temperature at ``k``: ``T + (T0 - T) * decay_k`` (eq. 3's decay), so
         it anneals to the sampling temperature exactly as ``sigma_k`` anneals to 0. ``T0`` is the calibrated
         one with ``first_token_temperature_auto``."""
-        t = float(self.temperature)
-        t0 = float(
-            self.first_token_t0 if self.first_token_t0 is not None else self.args.first_token_temperature
-        )
-        return t + (t0 - t) * self._schedule(k, K, 1.0)
+        t0 = self.first_token_t0 if self.first_token_t0 is not None else self.args.first_token_temperature
+        return self.schedule.temperature(k, K, self.temperature, t0)
+
+    def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
+        """``first_token_temperature_auto``'s T0 on this generation's prompts
+        (:func:`ncgrpo.trainer.metrics.calibrate_first_token_t0`)."""
+        return calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields)
 
     # -- generation (algorithm lines 1-7) --------------------------------------------------------
     def _nc_generate(self, generate, prompt_ids, images, multimodal_fields, num_generations):
         """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
-        generation) inside them; records what the branch point did in ``self._nc_gen``."""
-        from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
+        generation) inside them; records what the branch point did in ``self._nc_gen``. What differs by
+        method is the method's (:class:`ncgrpo.methods.RolloutMethod`): this generation's annealed values
+        (``begin_generation``), each row's noise (``row_noise``, ``steer``), the inputs the noisy rows
+        generate from (``generation_inputs``) and its own hooks (``generation_hooks``)."""
         from ncgrpo.engines.shared_prefill import share_prompt_prefill
 
         a = self.args
+        method = self.nc_method
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
         k, K = self.schedule_position()
         L = len(prompt_ids)
@@ -299,52 +280,28 @@ class NCGRPOTrainer(GRPOTrainer):
             range(first_row, first_row + L),
             pids,
             num_generations=num_generations,
-            method=self.method,
+            method=method,
             seed=self.noise_base_seed,
             step=k_opt,
             antithetic_grouping=a.antithetic_grouping,
         )
-        sigma_k = self._schedule(k, K, a.sigma0) if self.method in SIGMA_METHODS else 0.0
-        gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=sigma_k, plans=plans, schedule_k=k)
-        rows = [row_noise(p, sigma_k, self.method) for p in plans]
+        gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=0.0, plans=plans, schedule_k=k)
+        method.begin_generation(self, gen, k, K, prompt_ids, multimodal_fields)
+        rows = [method.row_noise(p, gen.sigma_k) for p in plans]
         if self.use_vllm:
             return generate_vllm(self, generate, gen, rows, prompt_ids, images, multimodal_fields)
-        if self.method == "image":
-            gen.image_t = self.image_noise_t(k, K)
-            multimodal_fields = distort_multimodal_fields(self, images, multimodal_fields, plans, gen.image_t)
-            gen.gen_pixel_values = multimodal_fields.get("pixel_values")
-        if self.method == "first_token_temperature":
-            if a.first_token_temperature_auto and self.first_token_t0 is None:
-                self.first_token_t0 = calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields)
-            gen.first_token_temperature = self.first_token_temperature_at(k, K)
+        fields = method.generation_inputs(self, gen, images, multimodal_fields)
+        if fields is not multimodal_fields:
+            gen.gen_pixel_values = fields.get("pixel_values")
         model = unwrapped_model(self)
         with ExitStack() as stack:
             marginal = partial(branch_point_marginal, self, gen)
-            branch = stack.enter_context(branch_point_hooks(model, rows, a, self.spsa_mu, marginal))
+            branch = stack.enter_context(branch_point_hooks(model, rows, a, method.steer(self), marginal))
             # one prefill per prompt (per half for the image method): TRL's generate goes through
             # ncgrpo.engines.shared_prefill.shared_prefill_generate; the hooks above act at its branch forward
             self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
-            if self.method == "first_token_temperature":
-                stack.enter_context(
-                    first_token_temperature(
-                        model,
-                        [p.noisy for p in plans],
-                        temperature=self.temperature,
-                        first_token_temperature=gen.first_token_temperature,
-                    )
-                )
-            control = None
-            if self.method == "first_token_marginal":
-                control = stack.enter_context(
-                    first_token_marginal(
-                        model,
-                        [p.key if p.noisy else None for p in plans],
-                        sigma=sigma_k,
-                        temperature=self.temperature,
-                        draws=a.first_token_marginal_draws,
-                    )
-                )
-            completion_ids, logprobs = generate(multimodal_fields)
+            control = method.generation_hooks(self, gen, model, stack)
+            completion_ids, logprobs = generate(fields)
         record_branch_point(gen, *branch, temperature=self.temperature, control=control)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen
@@ -369,7 +326,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 range(len(pids)),
                 pids.tolist(),
                 num_generations=G,
-                method=self.method,
+                method=self.nc_method,
                 seed=self.noise_base_seed,
                 step=gen.step,
                 antithetic_grouping=a.antithetic_grouping,
@@ -401,11 +358,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 )
             )
         rel = noise_metrics(self, gen, plans, rewards, metrics)
-        mu_norm = None
-        if self.method == "spsa":
-            mu_norm = float(torch.linalg.vector_norm(self.spsa_mu))
-            metrics["spsa/mu_norm"] = mu_norm
-            metrics["spsa/updated"] = float(self._spsa_step(plans, rewards, gen.sigma_k, gen.step))
+        self.nc_method.after_rewards(self, gen, plans, rewards, metrics)  # SPSA: mu's update
 
         inert = self._inert.update_from(gen.step, gen.sigma_k, metrics)
         if inert is not None and self.accelerator.is_main_process:
@@ -422,34 +375,10 @@ class NCGRPOTrainer(GRPOTrainer):
                 advantages=adv_global.tolist(),
                 local_rows=[p.as_tuple() for p in gen.plans],
                 rel=rel.tolist(),
-                mu_norm=mu_norm,
+                mu_norm=metrics.get("spsa/mu_norm"),
                 metrics=metrics,
             )
         )
-
-    def _spsa_step(self, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
-        """eq. (6): ``mu <- Pi(mu + eta * g)`` from the antithetic reward gaps of this step
-        (:func:`ncgrpo.core.spsa.spsa_step`); returns whether ``mu`` was updated.
-
-        No update once ``sigma_k < spsa_min_sigma_ratio * sigma0``: the two-point estimate divides the
-        reward gap by ``2 sigma_k``, and the gap between two long stochastic decodes does not shrink with
-        the perturbation, so as the schedule anneals ``sigma_k`` to ~1e-5 the step ``eta * g`` grows
-        like ``1 / sigma_k`` (19, 535 and 2.3e4 at k = 45, 50, 60 of the paper's schedule against
-        ``mu_max = 1``) and throws ``mu`` to the ball's edge along that step's random direction. Every
-        rank runs this on the same gathered rewards, so ``mu`` stays identical across processes.
-        """
-        a = self.args
-        if not sigma_k > 0 or sigma_k < a.spsa_min_sigma_ratio * a.sigma0:
-            return False
-        max_step = None if a.spsa_max_step_ratio is None else a.spsa_max_step_ratio * a.spsa_mu_max
-        mu = spsa_step(
-            self.spsa_mu, plans, rewards, sigma_k, seed=self.noise_base_seed, step=k, lr=a.spsa_lr,
-            mu_max=a.spsa_mu_max, max_step=max_step,
-        )  # fmt: skip
-        if mu is None:
-            return False
-        self.spsa_mu = mu
-        return True
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         for name, v in metrics.items():
@@ -476,7 +405,7 @@ class NCGRPOTrainer(GRPOTrainer):
         (``_nc_after_rewards``); TRL's deprecated gradient-checkpointing calls stay quiet
         (``trl_checkpointing_calls``)."""
         with trl_checkpointing_calls():
-            if not self.model.training or self.method == "vanilla":
+            if not self.model.training or not self.nc_method.two_pass:  # vanilla: TRL's own
                 return super()._generate_and_score_completions(inputs)
             self._nc_inputs = inputs
             self._nc_gen = None
@@ -546,7 +475,7 @@ class NCGRPOTrainer(GRPOTrainer):
         (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`) goes in FIRST: transformers writes trainer_state.json after the model and optimizer and only then
         deletes older checkpoints (save_total_limit), so a checkpoint whose trainer state is valid is
         complete, and the last complete one is never deleted early."""
-        if self.method != "vanilla" and self.args.should_save:
+        if self.nc_method.two_pass and self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             run_dir = self._get_output_dir(trial=trial)

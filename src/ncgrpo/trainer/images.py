@@ -1,6 +1,5 @@
-"""Images in the trainer: the ones vLLM gets resized to the trainer processor's size (every method), and
-NoisyRollout's image method, the noisy half's images through the diffusion forward process at the
-model's resolution (``ncgrpo.core.image_noise`` is the math).
+"""Images in the trainer: the ones vLLM gets, resized to the trainer processor's size (every method;
+NoisyRollout's image distortion is the image method's, :mod:`ncgrpo.methods.image`).
 
 Why vLLM's images are resized here. TRL 1.16 tokenises each prompt with the trainer's processor
 (``min_pixels`` / ``max_pixels`` of the recipe, e.g. NoisyRollout's 262144 / 1000000), which expands an
@@ -34,13 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
-import torch
-
-from ncgrpo.core.plan import (
-    RowPlan,
-)
 
 
 def engine_images(images: Sequence[Any], policy, done: dict[int, Any] | None = None) -> list:
@@ -128,100 +120,11 @@ def engine_row_images(trainer, images):
     return out if changed else images
 
 
-def resize_policy(trainer, *, required: bool = False):
+def resize_policy(trainer):
     """:func:`engine_policy` of ``trainer.processing_class``, built once per processor (not at every
-    generation; cached in ``trainer._nc_policy_of``). ``required`` (the image method): a processor without
-    the rule is an error, raised by
-    :meth:`ResizePolicy.from_image_processor <ncgrpo.core.image_noise.ResizePolicy.from_image_processor>`
-    with what it lacks."""
+    generation; cached in ``trainer._nc_policy_of``)."""
     processor = trainer.processing_class
     cached = getattr(trainer, "_nc_policy_of", None)
     if cached is None or cached[0] is not processor:
         cached = trainer._nc_policy_of = (processor, engine_policy(processor))
-    if cached[1] is None and required:
-        from ncgrpo.core.image_noise import ResizePolicy
-
-        ResizePolicy.from_image_processor(processor.image_processor)  # raises, naming what is missing
     return cached[1]
-
-
-def distorted_row_images(trainer, images, plans: list[RowPlan], t: int):
-    """Per row, the PIL images vLLM gets: the clean ones on clean rows, NoisyRollout-distorted copies
-    (:func:`ncgrpo.core.image_noise.distort_images`: RGB, resized to the processor's patch grid, then
-    noised at step ``t``; one copy per prompt, shared by its noisy rows) on noisy rows. The sides are
-    already the processor's target, so vLLM's processor resizes them to themselves. Reads
-    ``trainer.processing_class`` (through :func:`resize_policy`)."""
-    from ncgrpo.core.image_noise import distort_images, prompt_image_seed
-
-    if images is None or not any(images):
-        raise ValueError("rollout_method='image' needs image prompts; this batch has none")
-    if int(t) == 0:
-        return images
-    policy = resize_policy(trainer, required=True)
-    done: dict[int, list] = {}
-    out = []
-    for i, p in enumerate(plans):
-        row_imgs = [im for im in (images[i] or []) if im is not None]
-        if p.noisy and row_imgs:
-            if p.prompt_id not in done:
-                seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
-                done[p.prompt_id] = distort_images(row_imgs, t, seed, policy)
-            out.append(list(done[p.prompt_id]))
-        else:
-            out.append(images[i])
-    return out
-
-
-def distort_multimodal_fields(trainer, images, multimodal_fields, plans: list[RowPlan], t: int) -> dict:
-    """Replace the noisy rows' ``pixel_values`` (generation only) by NoisyRollout-distorted copies.
-
-    NoisyRollout's order (:func:`ncgrpo.core.image_noise.distort_images`): each clean image is
-    converted to RGB and resized exactly as the image processor resizes it, the noise is added to
-    those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
-    interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
-    Reads ``trainer.processing_class``.
-    """
-    from ncgrpo.core.image_noise import distort_images, prompt_image_seed
-
-    if images is None or "pixel_values" not in multimodal_fields or "image_grid_thw" not in multimodal_fields:
-        raise ValueError(
-            "rollout_method='image' needs image prompts processed into pixel_values/image_grid_thw "
-            "(a Qwen-VL style processor); this batch has none"
-        )
-    # apply_chat_template may hand these back as arrays/lists; TRL tensorises them the same way
-    pv = multimodal_fields["pixel_values"]
-    pv = pv if isinstance(pv, torch.Tensor) else torch.tensor(np.array(pv))
-    grid = multimodal_fields["image_grid_thw"]
-    grid = grid if isinstance(grid, torch.Tensor) else torch.tensor(np.array(grid))
-    out = dict(multimodal_fields)
-    out["pixel_values"] = pv
-    if int(t) == 0:  # fully annealed: the noisy half generates from the clean images
-        return out
-    image_processor = trainer.processing_class.image_processor
-    policy = resize_policy(trainer, required=True)
-    sizes = grid.prod(-1).tolist()  # patches per image
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
-    new_pv = pv.clone()
-    img_idx = 0
-    done: dict[int, torch.Tensor] = {}  # one distorted copy per prompt, shared by its noisy rows
-    for i, p in enumerate(plans):
-        row_imgs = [im for im in (images[i] or []) if im is not None]
-        if p.noisy and row_imgs:
-            lo, hi = offsets[img_idx], offsets[img_idx + len(row_imgs)]
-            if p.prompt_id not in done:
-                seed = prompt_image_seed(p.key.seed, p.key.step, p.prompt_id)
-                proc = image_processor(
-                    images=distort_images(row_imgs, t, seed, policy), do_resize=False, return_tensors="pt"
-                )
-                new_grid = torch.as_tensor(proc["image_grid_thw"])
-                if not torch.equal(new_grid.cpu(), grid[img_idx : img_idx + len(row_imgs)].cpu()):
-                    raise RuntimeError(
-                        f"distorted images have patch grid {new_grid.tolist()}, the clean ones "
-                        f"{grid[img_idx : img_idx + len(row_imgs)].tolist()}: the image processor's "
-                        f"size rule is not {policy}, so the noisy copy cannot match the clean image"
-                    )
-                done[p.prompt_id] = torch.as_tensor(proc["pixel_values"]).to(new_pv.dtype)
-            new_pv[lo:hi] = done[p.prompt_id]
-        img_idx += len(row_imgs)
-    out["pixel_values"] = new_pv
-    return out

@@ -14,11 +14,7 @@ import numpy as np
 import torch
 
 from ncgrpo.core import noise as nz
-from ncgrpo.core.plan import (
-    NOISE_MODE,
-    SIGMA_METHODS,
-    RowPlan,
-)
+from ncgrpo.core.plan import RowPlan
 
 IS_RATIO_USED = "sampling/importance_sampling_ratio_used"
 
@@ -89,7 +85,7 @@ def noise_metrics(
     """After rewards: the clean/noisy reward metrics and what the branch point did (``reward/*``,
     ``noise/*``, ``image_noise/t``, ``control/*``), gathered over processes, added to ``metrics``; returns
     the measured relative perturbation per global row (zeros where none was measured). ``plans``: the
-    global plan; ``rewards`` ``# [N_global]`` the weighted rewards. Reads ``trainer.method``,
+    global plan; ``rewards`` ``# [N_global]`` the weighted rewards. Reads ``trainer.nc_method``,
     ``.num_generations``, ``.scale_rewards``, ``.first_token_t0``, ``._nc_answers``, ``.accelerator``."""
     from ncgrpo.core.advantages import contrast_statistic
 
@@ -103,16 +99,11 @@ def noise_metrics(
     contrast = contrast_statistic(rg, noisy_mask_g, scale=trainer.scale_rewards)
     metrics["reward/contrast"] = float(torch.nanmean(contrast)) if torch.isfinite(contrast).any() else 0.0
     rel = gather(trainer.accelerator, gen.rel) if gen.rel is not None else torch.zeros(len(plans))
-    if trainer.method in SIGMA_METHODS:
-        metrics["noise/sigma_k"] = gen.sigma_k
-        if gen.rel is not None:  # measured by the prefill hook (on vLLM: the trainer's measurement pass)
-            metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
-    if trainer.method == "image":
-        metrics["image_noise/t"] = float(gen.image_t)
-    if trainer.method == "first_token_temperature":
-        metrics["control/first_token_temperature"] = float(gen.first_token_temperature)
-        if trainer.first_token_t0 is not None:
-            metrics["control/first_token_temperature_t0"] = float(trainer.first_token_t0)
+    method = trainer.nc_method
+    metrics.update(method.metrics(trainer, gen))  # noise/sigma_k, image_noise/t, control/*: the method's own
+    if method.uses_sigma and gen.rel is not None:
+        # measured by the prefill hook (on vLLM: the trainer's measurement pass)
+        metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
     if gen.branch_argmax is not None:
         argmax = gather(trainer.accelerator, gen.branch_argmax)
         first = gather(trainer.accelerator, gen.first_token)
@@ -303,7 +294,7 @@ def branch_point_marginal(
     None where it is not defined this way (image method, layer sites) or ``marginal_tv_draws=0``.
     Runs inside the LM head's forward (``on_branch`` of :func:`branch_point_hooks`; ``head`` its
     weights as a function), where ZeRO-3 has them gathered. Reads ``trainer.args``, ``.temperature``,
-    ``.method``, ``.spsa_mu``."""
+    ``.nc_method`` (its ``marginal``, ``noise_mode`` and steering vector)."""
     from ncgrpo.core.agreement import first_token_tv
     from ncgrpo.core.marginal import branch_eps, marginal_keys, marginal_tv, noisy_probs
 
@@ -317,19 +308,20 @@ def branch_point_marginal(
     pairs = [(i, clean_of[g]) for g, i in first_noisy.items() if g in clean_of]
     if not pairs:
         return None
-    if trainer.method == "first_token_temperature":
+    method = trainer.nc_method
+    if method.marginal == "temperature":  # the control's q_bar is softmax(z / T_k): exact
         idx, cidx = [i for i, _ in pairs], [c for _, c in pairs]
         z = logits[cidx]
         out[idx] = first_token_tv(z, z, t_a=gen.first_token_temperature, t_b=T).cpu()
         return out
     final_norm = a.noise_site_parsed == "final_norm"
-    if trainer.method not in SIGMA_METHODS or not final_norm or a.marginal_tv_draws < 1:
+    if method.marginal != "draws" or not final_norm or a.marginal_tv_draws < 1:
         return None
     if gen.sigma_k <= 0:
         out[[i for i, _ in pairs]] = 0.0
         return out
-    mode = NOISE_MODE.get(trainer.method, "independent")
-    steer = trainer.spsa_mu if trainer.method == "spsa" else None
+    mode = method.noise_mode or "independent"  # first_token_marginal: latent noise's independent draws
+    steer = method.steer(trainer)
     M = a.marginal_tv_draws
     noisy = [gen.plans[i] for i, _ in pairs]
     # every pair's draws in one call: P * M keyed eps, through the head on the clean partners' states

@@ -10,12 +10,10 @@ from functools import partial
 
 import torch
 
-from ncgrpo.trainer.images import distort_multimodal_fields, distorted_row_images
 from ncgrpo.trainer.metrics import (
     _LocalGen,
     branch_point_hooks,
     branch_point_marginal,
-    calibrate_first_token_t0,
     prefill_only,
     record_branch_point,
 )
@@ -48,15 +46,15 @@ def measure_branch_point(trainer, gen: _LocalGen, rows: list, prompt_ids, images
     transformers path. So ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement``
     and ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
     engine's copy holds the same weights, in its own dtype). Image method: the noisy rows' pixels
-    are the distorted ones (:func:`~ncgrpo.trainer.images.distort_multimodal_fields`, the copy vLLM got
-    as PIL images); the control: its first-token temperature, as on the transformers path. Reads
-    ``trainer.method``, ``.args``, ``.spsa_mu``, ``.temperature``, the model."""
-    fields = multimodal_fields
-    if trainer.method == "image":
-        fields = distort_multimodal_fields(trainer, images, multimodal_fields, gen.plans, gen.image_t)
+    are the distorted ones (:func:`~ncgrpo.methods.image.distort_multimodal_fields`, the copy vLLM got
+    as PIL images; the method's :meth:`~ncgrpo.methods.RolloutMethod.generation_inputs`); the control: its
+    first-token temperature, as on the transformers path. Reads ``trainer.nc_method``, ``.args``,
+    ``.temperature``, the model."""
+    method = trainer.nc_method
+    fields = method.generation_inputs(trainer, gen, images, multimodal_fields)
     model = trainer.accelerator.unwrap_model(trainer.model)
     marginal = partial(branch_point_marginal, trainer, gen)
-    with branch_point_hooks(model, rows, trainer.args, trainer.spsa_mu, marginal) as branch:
+    with branch_point_hooks(model, rows, trainer.args, method.steer(trainer), marginal) as branch:
         prefill_only(trainer, prompt_ids, fields)
     record_branch_point(gen, *branch, temperature=trainer.temperature)
 
@@ -65,27 +63,17 @@ def generate_vllm(trainer, generate, gen: _LocalGen, rows: list, prompt_ids, ima
     """The vLLM leg of ``NCGRPOTrainer._nc_generate``: one request per row (TRL's colocate mode already
     sends one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
     :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies
-    eq. (2) in the engine. Image method: the noisy rows' images are replaced by their distorted copies
-    (one per prompt, as on the transformers path); TRL builds the loss inputs from the clean ones.
-    Then the branch point is measured with the trainer's model (:func:`measure_branch_point`). Reads the
-    trainer's schedule, ``.args``, ``.spsa_mu``, ``.temperature``; writes ``trainer.first_token_t0`` (when
-    calibrated) and ``trainer._nc_gen``."""
-    gen_images = images
-    if trainer.method == "image":
-        k, K = trainer.schedule_position()
-        gen.image_t = trainer.image_noise_t(k, K)
-        gen_images = distorted_row_images(trainer, images, gen.plans, gen.image_t)
-    scales = None
-    if trainer.method == "first_token_temperature":
-        k, K = trainer.schedule_position()
-        if trainer.args.first_token_temperature_auto and trainer.first_token_t0 is None:
-            trainer.first_token_t0 = calibrate_first_token_t0(
-                trainer, gen.plans, prompt_ids, multimodal_fields
-            )
-        gen.first_token_temperature = trainer.first_token_temperature_at(k, K)
-        scale = float(trainer.temperature) / gen.first_token_temperature
-        scales = [scale if p.noisy else None for p in gen.plans]
-    with vllm_requests(trainer, rows, steer=trainer.spsa_mu, logit_scales=scales):
+    eq. (2) in the engine. What else a request carries is the method's: its images
+    (:meth:`~ncgrpo.methods.RolloutMethod.vllm_images`: the image method's distorted copies, one per prompt,
+    as on the transformers path; TRL builds the loss inputs from the clean ones) and its first-token logit
+    scales (:meth:`~ncgrpo.methods.RolloutMethod.vllm_logit_scales`: the temperature control's ``T / T_k``).
+    Then the branch point is measured with the trainer's model (:func:`measure_branch_point`). ``gen`` holds
+    this generation's annealed values already (``RolloutMethod.begin_generation``). Reads
+    ``trainer.nc_method``; writes ``trainer._nc_gen``."""
+    method = trainer.nc_method
+    gen_images = method.vllm_images(trainer, gen, images)
+    scales = method.vllm_logit_scales(trainer, gen)
+    with vllm_requests(trainer, rows, steer=method.steer(trainer), logit_scales=scales):
         completion_ids, logprobs = generate(multimodal_fields, gen_images)
     measure_branch_point(trainer, gen, rows, prompt_ids, images, multimodal_fields)
     gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)

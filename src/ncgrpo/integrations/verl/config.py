@@ -432,9 +432,10 @@ def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
             problems.append(
                 "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: same as bypass_mode above"
             )
-    if method.needs_sampling_temperature and not float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0)) > 0:
-        problems.append(
-            f"rollout_method={method.name!r} needs actor_rollout_ref.rollout.temperature > 0"
-        )
+    if (
+        method.needs_sampling_temperature
+        and not float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0)) > 0
+    ):
+        problems.append(f"rollout_method={method.name!r} needs actor_rollout_ref.rollout.temperature > 0")
     if problems:
         raise ValueError("NC-GRPO cannot run with this verl config:\n- " + "\n- ".join(problems))
