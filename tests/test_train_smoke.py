@@ -38,7 +38,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _parse(path: Path):
     from ncgrpo.commands.train import train_dataclasses
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
 
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path)]).parsed_config
 

@@ -83,7 +83,7 @@ from ncgrpo.engines.transformers import (
     share_prompt_prefill as sharing,  # the parameter of that name says whether to share
 )
 from ncgrpo.models import tokenizer_of
-from ncgrpo.prefix import prefix_completions, with_branch_prefix
+from ncgrpo.trainer.prefix import prefix_completions, with_branch_prefix
 from ncgrpo.rewards import math_reward
 
 __all__ = ["INERT_BELOW", "LIVE_FROM", "ProbeResult", "SigmaProbe", "format_probe", "probe", "verdict"]

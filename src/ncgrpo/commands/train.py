@@ -1,7 +1,7 @@
 """``ncgrpo train --config RECIPE.yaml [--FIELD VALUE ...] [--resume] [--dry-run]``: one GRPO/NC-GRPO run.
 
 As TRL's ``scripts/grpo.py``: the settings are three dataclasses parsed together by
-:class:`ncgrpo.config.ConfigParser` (``--config recipe.yaml`` plus one ``--flag`` per field; flags
+:class:`ncgrpo.commands.parser.ConfigParser` (``--config recipe.yaml`` plus one ``--flag`` per field; flags
 override the file): :class:`ScriptArguments` (data and rewards), ``NCGRPOConfig`` (the trainer) and
 :class:`ModelArguments` (``trl.ModelConfig`` plus the vision settings); ``ncgrpo train --help`` lists
 them. The pipeline is :func:`prepare_run` (resolve the run folder, refuse one holding checkpoints
@@ -478,7 +478,7 @@ def _file_values(parsed) -> dict[str, Any]:
     """The config file's values (its ``base:`` chain merged), as written."""
     if not parsed.config:
         return {}
-    from ncgrpo.config import load_config_file
+    from ncgrpo.commands.config_file import load_config_file
 
     return dict(load_config_file(parsed.config).values)
 
@@ -783,7 +783,7 @@ def prepare_run(
     smoke: bool = False,
     synthetic: Callable[[Path, int], Any] | None = None,
 ) -> RunPlan:
-    """Everything before the model: from a :class:`ncgrpo.config.ParsedConfig` of
+    """Everything before the model: from a :class:`ncgrpo.commands.config_file.ParsedConfig` of
     :func:`train_dataclasses` to a :class:`RunPlan`. Nothing is written into the run folder here but by
     a dry run once every check has passed; a real run writes it in :func:`execute_run`, once the model
     has loaded (:meth:`RunPlan.write_folder`).
