@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ncgrpo.commands.train import ModelArguments, ScriptArguments, train_dataclasses
 from ncgrpo.commands.config_file import ConfigError, ParsedConfig, load_config_file
 from ncgrpo.commands.parser import ConfigParser
+from ncgrpo.commands.train import ModelArguments, ScriptArguments, train_dataclasses
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

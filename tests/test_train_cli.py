@@ -98,8 +98,8 @@ def _args(out: Path, geo3k: Path, model: str | Path, *extra: str) -> list[str]:
 
 
 def _parse(path: Path, *flags: str):
-    from ncgrpo.commands.train import train_dataclasses
     from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train import train_dataclasses
 
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path), *flags]).parsed_config
 
@@ -470,8 +470,8 @@ def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> 
 
 
 def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Path) -> None:
-    from ncgrpo.commands.train import prepare_run, train_dataclasses
     from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train import prepare_run, train_dataclasses
 
     out = tmp_path / "run"
     _fake_complete_checkpoint(out / "checkpoint-2")
@@ -486,8 +486,8 @@ def test_a_folder_another_run_wrote_while_the_model_loaded_is_refused(tmp_path: 
     """The folder's lock is taken only once the model has loaded (write_folder), so the checks of
     prepare_run (checkpoints without --resume, a finished run) are made again under the lock: a second
     start of the same recipe that trained and finished meanwhile is not overwritten."""
-    from ncgrpo.commands.train import prepare_run, train_dataclasses
     from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train import prepare_run, train_dataclasses
 
     out = tmp_path / "run"
     parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, MODEL)[1:]).parsed_config

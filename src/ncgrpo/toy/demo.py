@@ -880,9 +880,9 @@ def _train(
     import yaml
 
     from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.driver import train_run
     from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
     from ncgrpo.rewards import math_reward
-    from ncgrpo.driver import train_run
     from ncgrpo.runs.folder import FolderLock, atomic_write_text
 
     cfg, spec, seed, out = run.cfg, run.spec, run.seed, run.train_dir
