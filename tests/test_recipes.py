@@ -11,7 +11,7 @@ import yaml
 
 from ncgrpo.commands.config_file import ConfigError, ParsedConfig, load_config_file
 from ncgrpo.commands.parser import ConfigParser
-from ncgrpo.commands.train import ModelArguments, ScriptArguments, train_dataclasses
+from ncgrpo.commands.train_settings import ModelArguments, ScriptArguments, train_dataclasses
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

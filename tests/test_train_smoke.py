@@ -38,7 +38,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _parse(path: Path):
     from ncgrpo.commands.parser import ConfigParser
-    from ncgrpo.commands.train import train_dataclasses
+    from ncgrpo.commands.train_settings import train_dataclasses
 
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path)]).parsed_config
 

@@ -18,8 +18,9 @@ Where things are (each folder is one layer; a layer imports only the ones above 
   the trainer.
 - ``ncgrpo.toy``: the embedded default (synthetic suite, tiny base model, demo); the library never
   imports it.
-- ``ncgrpo.commands`` / ``ncgrpo.cli``: the command line (``commands.train`` holds ``ncgrpo train``'s
-  argument dataclasses and pipeline, as TRL's ``scripts/grpo.py``); nothing imports them.
+- ``ncgrpo.commands`` / ``ncgrpo.cli``: the command line, its config parser (``commands.parser``) and
+  ``ncgrpo train``'s argument dataclasses and preparation, as TRL's ``scripts/grpo.py``
+  (``commands.train_settings``, ``commands.train_prepare``); nothing imports them.
 
 ``from ncgrpo import NCGRPOConfig, NCGRPOTrainer`` works (imported on first use: TRL is heavy).
 """
