@@ -99,7 +99,8 @@ def build_datasets(
 
 @dataclass
 class RunPlan:
-    """A resolved run, ready to train: what :func:`prepare_run` returns."""
+    """A resolved run, ready to train: what ``ncgrpo train``'s
+    :func:`ncgrpo.commands.train_prepare.prepare_run` returns."""
 
     name: str
     method: str
@@ -123,9 +124,9 @@ class RunPlan:
 
     def write_folder(self) -> None:
         """Take the folder's lock and write ``config.yaml``, ``run.json`` and the generated data (the
-        main process; :func:`prepare_run` calls it at the end of a dry run, :func:`execute_run` once the
+        main process; ``prepare_run`` calls it at the end of a dry run, :func:`execute_run` once the
         model has loaded). The lock stays held until :meth:`release`. A folder whose ``run.json`` or
-        checkpoints changed since :func:`prepare_run` checked them (another run wrote it while this one
+        checkpoints changed since ``prepare_run`` checked them (another run wrote it while this one
         loaded its model) is refused, so its checks hold under the lock."""
         import shutil
 
@@ -176,7 +177,8 @@ class RunPlan:
 
 
 def _folder_state(output_dir: Path) -> tuple[bytes | None, tuple[str, ...]]:
-    """What :func:`prepare_run`'s folder checks read: ``run.json``'s bytes and the checkpoint names."""
+    """What ``ncgrpo train``'s ``prepare_run`` folder checks read: ``run.json``'s bytes and the
+    checkpoint names."""
     run_json = output_dir / RUN_FILE
     data = run_json.read_bytes() if run_json.is_file() else None
     return data, tuple(sorted(p.name for p in output_dir.glob("checkpoint-*")))
@@ -324,8 +326,8 @@ def reward_functions(names: Sequence[str]) -> list:
 
 
 def load_model(model_args: ModelConfig) -> tuple[Any, Any]:
-    """(model, processor or tokenizer) as :class:`ModelArguments` say, left where ``from_pretrained``
-    put it (the Trainer places it). With ``use_peft`` a local folder is loaded by its absolute path, so
+    """(model, processor or tokenizer) as ``model_args`` (``ModelArguments``) say, left where
+    ``from_pretrained`` put it (the Trainer places it). With ``use_peft`` a local folder is loaded by its absolute path, so
     the adapter saved at the end names a base model (``adapter_config.json``'s ``base_model_name_or_path``)
     that loads from any working directory."""
     from ncgrpo.models import load_model_and_processor

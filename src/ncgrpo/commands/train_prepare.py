@@ -219,12 +219,14 @@ def prepare_run(
     synthetic: Callable[[Path, int], Any] | None = None,
 ) -> RunPlan:
     """Everything before the model: from a :class:`ncgrpo.commands.config_file.ParsedConfig` of
-    :func:`train_dataclasses` to a :class:`RunPlan`. Nothing is written into the run folder here but by
-    a dry run once every check has passed; a real run writes it in :func:`ncgrpo.driver.execute_run`, once the model
-    has loaded (:meth:`ncgrpo.driver.RunPlan.write_folder`).
+    :func:`ncgrpo.commands.train_settings.train_dataclasses` to a :class:`ncgrpo.driver.RunPlan`.
+    Nothing is written into the run folder here but by a dry run once every check has passed; a real
+    run writes it in :func:`ncgrpo.driver.execute_run`, once the model has loaded
+    (:meth:`ncgrpo.driver.RunPlan.write_folder`).
 
-    ``smoke``: the recipe shrunk to a CPU minute (:func:`apply_smoke`). Then settings derived from
-    others follow their overrides (:func:`resolve_derived`). ``run_name`` defaults to the config file's
+    ``smoke``: the recipe shrunk to a CPU minute (:func:`ncgrpo.commands.train_settings.apply_smoke`).
+    Then settings derived from others follow their overrides
+    (:func:`~ncgrpo.commands.train_settings.resolve_derived`). ``run_name`` defaults to the config file's
     stem and ``output_dir`` to ``runs/<run_name>``; both are recorded in the resolved config. Refused,
     each in a dry run too:
 
@@ -233,7 +235,8 @@ def prepare_run(
       :func:`ncgrpo.runs.folder.folder_kind`);
     - a folder holding ``checkpoint-*`` without ``resume`` (not in a dry run, which writes no run);
     - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem);
-    - ``resume`` with settings that change the run (:func:`run_identity_keys`) unless ``force``;
+    - ``resume`` with settings that change the run
+      (:func:`~ncgrpo.commands.train_settings.run_identity_keys`) unless ``force``;
     - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
     - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
       lookup), a config that does not load, a noise site past the model's layers, a training set

@@ -157,9 +157,9 @@ class ModelArguments(ModelConfig):
 
     ncgrpo trains the whole language model, or with ``use_peft`` a LoRA adapter on it (TRL's fields:
     ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``, ... made into a ``LoraConfig``
-    by ``trl.get_peft_config``, as TRL's scripts do; :func:`peft_config_for`). ``load_in_8bit`` /
-    ``load_in_4bit`` and a ``model_revision`` other than ``main`` are refused (the bitsandbytes settings
-    only matter with them).
+    by ``trl.get_peft_config``, as TRL's scripts do; :func:`ncgrpo.driver.peft_config_for`).
+    ``load_in_8bit`` / ``load_in_4bit`` and a ``model_revision`` other than ``main`` are refused (the
+    bitsandbytes settings only matter with them).
     """
 
     dtype: str | None = field(
@@ -245,7 +245,8 @@ def train_dataclasses() -> tuple[type, type, type]:
 def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str]:
     """The settings that make a run what it is: resuming with any of them changed is refused unless
     forced (:func:`ncgrpo.runs.identity.run_identity_keys`: every field ncgrpo's dataclasses declare
-    but :data:`MAY_CHANGE_ON_RESUME`, plus :data:`INHERITED_IDENTITY`). ``dataclass_types``: default
+    but :data:`~ncgrpo.runs.identity.MAY_CHANGE_ON_RESUME`, plus
+    :data:`~ncgrpo.runs.identity.INHERITED_IDENTITY`). ``dataclass_types``: default
     :func:`train_dataclasses`."""
     from ncgrpo.runs.identity import run_identity_keys as keys_of
 

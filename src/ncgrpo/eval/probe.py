@@ -466,8 +466,8 @@ def probe(
         share_prompt_prefill=share_prompt_prefill,
     )
     run = _Pass(
-        model=gen_model, processor=processor, proc=with_branch_prefix(processor, branch_prefix), sigmas=sigmas,
-        R=rollouts, seed=seed, method=method, branch_prefix=branch_prefix, temperature=temperature,
+        model=gen_model, processor=processor, proc=with_branch_prefix(processor, branch_prefix),
+        sigmas=sigmas, R=rollouts, seed=seed, method=method, branch_prefix=branch_prefix, temperature=temperature,
         marginal_draws=marginal_draws, final_norm=site == "final_norm", sample=sample,
     )  # fmt: skip
     chunks = [list(questions[i : i + batch_size]) for i in range(0, len(questions), batch_size)]
