@@ -65,7 +65,7 @@ def nc_grpo_fields() -> list[str]:
 
 
 def render() -> str:
-    from ncgrpo.commands.train import train_dataclasses
+    from ncgrpo.commands.train_settings import train_dataclasses
     from ncgrpo.trainer import NCGRPOConfig
 
     script_cls, _, model_cls = train_dataclasses()

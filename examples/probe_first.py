@@ -10,7 +10,7 @@ vanilla GRPO's rollouts. ``branch_prefix`` appends text to the generation prompt
 where reasoning begins. This script probes the same prompts with and without a prefix and writes both
 results (``probe-*.json``) and the settings to train with (``suggested.json``).
 
-``ncgrpo.probe.probe`` takes any model, processor and ``Question`` list (``ncgrpo.data.types``); here
+``ncgrpo.eval.probe.probe`` takes any model, processor and ``Question`` list (``ncgrpo.data.types``); here
 the embedded tiny base on its synthetic geometry questions. Read ``marginal_tv`` (what the rollouts
 are sampled from: inert < 0.002 <= weak < 0.02 <= live) and ``equivalent_temperature``, not the
 per-draw figures.
@@ -25,8 +25,9 @@ from pathlib import Path
 from rich.console import Console
 
 from ncgrpo.data.types import Question
+from ncgrpo.eval.probe import probe
+from ncgrpo.eval.probe_result import format_probe
 from ncgrpo.models import load_model_and_processor
-from ncgrpo.probe import format_probe, probe
 
 
 def my_questions(n: int) -> list[Question]:

@@ -18,9 +18,9 @@ SKIP_RC = 77
 def probe() -> str | None:
     """None when LoRA training is available, else the reason it is not."""
     try:
-        from ncgrpo.commands.train import ModelArguments
+        from ncgrpo.commands.train_settings import ModelArguments
     except Exception as e:  # noqa: BLE001 - any import failure is the reason
-        return f"ncgrpo.commands.train does not import: {type(e).__name__}: {e}"
+        return f"ncgrpo.commands.train_settings does not import: {type(e).__name__}: {e}"
     try:
         ModelArguments(model_name_or_path="gpu-check-probe", use_peft=True)
     except (ValueError, TypeError) as e:

@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from ncgrpo.cli import build_parser, main
-from ncgrpo.config import NEGATED, RENAMED
+from ncgrpo.commands.config_file import NEGATED, RENAMED
 
 COMMANDS = ("train", "eval", "probe", "demo", "pretrain", "compare", "plot gains", "plot dynamics")
 

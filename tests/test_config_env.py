@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ncgrpo.cli import main
-from ncgrpo.config import ConfigError, load_config_file
+from ncgrpo.commands.config_file import ConfigError, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny_cpu_latent.yaml"

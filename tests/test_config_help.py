@@ -1,5 +1,5 @@
 """``ncgrpo train --help`` lists NC-GRPO's settings first, under their topic headers
-(``NCGRPOConfig.help_groups`` read by :class:`ncgrpo.config.ConfigParser`), with a usage line that
+(``NCGRPOConfig.help_groups`` read by :class:`ncgrpo.commands.parser.ConfigParser`), with a usage line that
 names the command's own flags instead of every field."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from trl import GRPOConfig
 
 from ncgrpo.cli import main
-from ncgrpo.config import ConfigParser
+from ncgrpo.commands.parser import ConfigParser
 from ncgrpo.trainer import NCGRPOConfig
 
 

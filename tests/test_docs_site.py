@@ -101,7 +101,7 @@ API = {
         "ncgrpo.data.types.Question",
         "ncgrpo.eval.stats.mcnemar_exact",
     ],
-    "reference/api/probe": ["ncgrpo.probe.probe", "ncgrpo.probe.ProbeResult"],
+    "reference/api/probe": ["ncgrpo.eval.probe.probe", "ncgrpo.eval.probe_result.ProbeResult"],
     "reference/api/rewards": ["ncgrpo.rewards.make_math_reward", "ncgrpo.rewards.grade"],
     "reference/api/core": [
         "ncgrpo.core.noise.perturb",

@@ -142,7 +142,7 @@ def test_plan_options(tmp_path: Path) -> None:
 
 def _train_config(argv: list[str]):
     from ncgrpo.cli import build_parser
-    from ncgrpo.commands.train import train_dataclasses
+    from ncgrpo.commands.train_settings import train_dataclasses
 
     argv = argv[argv.index("ncgrpo.cli") + 1 :] + ["--bf16", "false", "--use_cpu"]  # builds without a GPU
     parsed = build_parser().parse_args(argv).parsed_config
@@ -403,7 +403,7 @@ def test_lora_probe_sees_the_support_and_its_absence(monkeypatch, capsys) -> Non
     """Detected at run time: here `ncgrpo train --use_peft true` is supported (the part runs); an ncgrpo
     whose ModelArguments refuse use_peft gives the part's skip line and exit 77."""
     assert lora_probe.probe() is None
-    import ncgrpo.commands.train as train_mod
+    import ncgrpo.commands.train_settings as train_mod
 
     class Refusing:
         def __init__(self, **kw):

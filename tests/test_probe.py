@@ -12,10 +12,11 @@ from rich.console import Console
 
 from ncgrpo.core.noise import RowNoise
 from ncgrpo.data.types import Question
-from ncgrpo.inert import InertNoiseMonitor, InertNoiseWarning
-from ncgrpo.prefix import prefix_completions, prefixed_chat_template, with_branch_prefix
-from ncgrpo.probe import _inputs, _sample, format_probe, probe
+from ncgrpo.eval.probe import _inputs, _sample, probe
+from ncgrpo.eval.probe_result import format_probe
 from ncgrpo.rewards import format_ok, math_reward
+from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
+from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, with_branch_prefix
 from tiny_models import build_tokenizer, tiny_text_model
 
 QUESTIONS = [

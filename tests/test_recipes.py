@@ -1,4 +1,4 @@
-"""Recipes (recipes/**/*.yaml) and their parser (ncgrpo.config.ConfigParser over the training dataclasses):
+"""Recipes (recipes/**/*.yaml) and their parser (ncgrpo.commands.parser.ConfigParser over the training dataclasses):
 flat TRL-style keys, base: includes, command-line flags, validation that names the file and the key."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ncgrpo.commands.train import ModelArguments, ScriptArguments, train_dataclasses
-from ncgrpo.config import ConfigError, ConfigParser, ParsedConfig, load_config_file
+from ncgrpo.commands.config_file import ConfigError, ParsedConfig, load_config_file
+from ncgrpo.commands.parser import ConfigParser
+from ncgrpo.commands.train_settings import ModelArguments, ScriptArguments, train_dataclasses
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

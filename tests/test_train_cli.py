@@ -98,8 +98,8 @@ def _args(out: Path, geo3k: Path, model: str | Path, *extra: str) -> list[str]:
 
 
 def _parse(path: Path, *flags: str):
-    from ncgrpo.commands.train import train_dataclasses
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train_settings import train_dataclasses
 
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path), *flags]).parsed_config
 
@@ -196,7 +196,8 @@ def test_run_name_is_a_name_not_a_path(tmp_path: Path, geo3k: Path, monkeypatch,
 
 
 def test_build_datasets_in_trl_form(tmp_path: Path, geo3k: Path) -> None:
-    from ncgrpo.commands.train import ScriptArguments, build_datasets
+    from ncgrpo.commands.train_settings import ScriptArguments
+    from ncgrpo.driver import build_datasets
 
     script = ScriptArguments(
         dataset_name="geo3k",
@@ -232,7 +233,8 @@ def test_synthetic_without_path_generates_the_suite(tmp_path: Path, capsys) -> N
     assert "4 training prompts" in capsys.readouterr().out
     assert sorted(p.name for p in (out / "synthetic-data" / "data").iterdir())[0].startswith("test-")
 
-    from ncgrpo.commands.train import ScriptArguments, build_datasets
+    from ncgrpo.commands.train_settings import ScriptArguments
+    from ncgrpo.driver import build_datasets
 
     train, ev = build_datasets(ScriptArguments(dataset_name="synthetic", dataset_train_limit=4), out, seed=0)
     assert len(train) == 4 and ev is None  # the generated folder is reused
@@ -287,7 +289,7 @@ def test_help_lists_every_field(capsys) -> None:
 
 
 def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
-    from ncgrpo.runs.driver import MetricsCallback
+    from ncgrpo.driver import MetricsCallback
 
     path = tmp_path / "metrics.jsonl"
     cb = MetricsCallback(path)
@@ -313,7 +315,8 @@ def test_metrics_callback_appends_and_repairs_on_resume(tmp_path: Path) -> None:
 
 
 def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
-    from ncgrpo.commands.train import ModelArguments, load_model
+    from ncgrpo.commands.train_settings import ModelArguments
+    from ncgrpo.driver import load_model
 
     model, processor = load_model(
         ModelArguments(model_name_or_path=str(tiny_vl), dtype="float32", max_pixels=3136)
@@ -330,7 +333,8 @@ def test_load_model_freezes_only_the_vision_tower(tiny_vl: Path) -> None:
 
 
 def test_text_model_loads_with_tokenizer(tmp_path: Path) -> None:
-    from ncgrpo.commands.train import ModelArguments, load_model
+    from ncgrpo.commands.train_settings import ModelArguments
+    from ncgrpo.driver import load_model
     from tiny_models import build_tokenizer, save_tiny, tiny_text_model
 
     tok = build_tokenizer()
@@ -445,14 +449,9 @@ def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> 
     a field added to NCGRPOConfig (here by a subclass, as an edit of the class would) is covered."""
     import dataclasses
 
-    from ncgrpo.commands.train import (
-        INHERITED_IDENTITY,
-        MAY_CHANGE_ON_RESUME,
-        ModelArguments,
-        ScriptArguments,
-        run_identity_keys,
-    )
+    from ncgrpo.commands.train_settings import ModelArguments, ScriptArguments, run_identity_keys
     from ncgrpo.runs.folder import changed_identity
+    from ncgrpo.runs.identity import INHERITED_IDENTITY, MAY_CHANGE_ON_RESUME
     from ncgrpo.trainer import NCGRPOConfig
 
     @dataclasses.dataclass
@@ -470,8 +469,9 @@ def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> 
 
 
 def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Path) -> None:
-    from ncgrpo.commands.train import prepare_run, train_dataclasses
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train_prepare import prepare_run
+    from ncgrpo.commands.train_settings import train_dataclasses
 
     out = tmp_path / "run"
     _fake_complete_checkpoint(out / "checkpoint-2")
@@ -486,8 +486,9 @@ def test_a_folder_another_run_wrote_while_the_model_loaded_is_refused(tmp_path: 
     """The folder's lock is taken only once the model has loaded (write_folder), so the checks of
     prepare_run (checkpoints without --resume, a finished run) are made again under the lock: a second
     start of the same recipe that trained and finished meanwhile is not overwritten."""
-    from ncgrpo.commands.train import prepare_run, train_dataclasses
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train_prepare import prepare_run
+    from ncgrpo.commands.train_settings import train_dataclasses
 
     out = tmp_path / "run"
     parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, MODEL)[1:]).parsed_config
@@ -615,7 +616,7 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path: Path, geo3k: Path, ca
 def test_nothing_is_written_before_the_model_loads(tmp_path: Path, geo3k: Path, monkeypatch, capsys) -> None:
     """A model that fails to load leaves no folder: config.yaml, run.json, the generated suite and the
     lock are written only once it has loaded."""
-    import ncgrpo.commands.train as train
+    import ncgrpo.driver as train
 
     def fail(model_args):
         raise ValueError("the weights are torn")

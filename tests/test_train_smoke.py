@@ -37,8 +37,8 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _parse(path: Path):
-    from ncgrpo.commands.train import train_dataclasses
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
+    from ncgrpo.commands.train_settings import train_dataclasses
 
     return ConfigParser(train_dataclasses).parse_args(["--config", str(path)]).parsed_config
 

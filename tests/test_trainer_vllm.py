@@ -18,8 +18,8 @@ vllm = pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
-from ncgrpo.inert import InertNoiseWarning  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
+from ncgrpo.trainer.inert import InertNoiseWarning  # noqa: E402
 from ncgrpo.trainer.metrics import IS_RATIO_USED  # noqa: E402
 from tiny_models import (  # noqa: E402
     perturbed_rows,

@@ -7,18 +7,20 @@ Where things are (each folder is one layer; a layer imports only the ones above 
 - ``ncgrpo.engines``: thin adapters that apply the core inside an inference engine (transformers).
 - ``ncgrpo.trainer``: ``NCGRPOConfig`` / ``NCGRPOTrainer``, the TRL seam.
 - ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
-- ``ncgrpo.config``: ``ConfigParser``, TRL's ``--config file.yaml`` + one ``--flag`` per dataclass field,
-  with ``base:`` includes.
 - ``ncgrpo.models``: model and processor loading, vision-tower freezing, ``tokenizer_of``
   (``ncgrpo.processors``: the torchvision-free Qwen VL processors it loads).
 - ``ncgrpo.runs``: the run folder's one home: ``runs.folder`` (file names, atomic writers, the
-  ``run.json`` reader, run identity, checkpoint completeness, the folder lock) and ``runs.driver``
-  (the metrics callback and the run driver shared by ``ncgrpo train`` and the demo).
-- ``ncgrpo.eval``: greedy evaluation, records, statistics, tables, plots.
+  ``run.json`` reader, run identity, checkpoint completeness, the folder lock).
+- ``ncgrpo.eval``: greedy evaluation, records, statistics, tables, plots, and the probe
+  (``eval.probe``: a model's noise response measured before training).
+- ``ncgrpo.driver``: preparing and executing one training run (the datasets, the model, the LoRA
+  adapter, the metrics callback, the trainer), shared by ``ncgrpo train`` and the demo; it sits above
+  the trainer.
 - ``ncgrpo.toy``: the embedded default (synthetic suite, tiny base model, demo); the library never
   imports it.
-- ``ncgrpo.commands`` / ``ncgrpo.cli``: the command line (``commands.train`` holds ``ncgrpo train``'s
-  argument dataclasses and pipeline, as TRL's ``scripts/grpo.py``); nothing imports them.
+- ``ncgrpo.commands`` / ``ncgrpo.cli``: the command line, its config parser (``commands.parser``) and
+  ``ncgrpo train``'s argument dataclasses and preparation, as TRL's ``scripts/grpo.py``
+  (``commands.train_settings``, ``commands.train_prepare``); nothing imports them.
 
 ``from ncgrpo import NCGRPOConfig, NCGRPOTrainer`` works (imported on first use: TRL is heavy).
 """

@@ -6,7 +6,7 @@ One error style for every command: bad input (a :class:`UsageError`, or a ``Valu
 unless ``--debug`` is given. Anything else is a bug: ``ncgrpo <command>: internal error: ...``, exit
 code 1, and ``--debug`` shows where.
 
-Commands whose settings are dataclasses parse them the TRL way (:class:`ncgrpo.config.ConfigParser`):
+Commands whose settings are dataclasses parse them the TRL way (:class:`ncgrpo.commands.parser.ConfigParser`):
 ``--config FILE.yaml`` plus one ``--flag`` per field, lists as space-separated values, flags with
 underscores and dash aliases; the parsed values arrive as ``args.parsed_config``.
 """
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the Python traceback of an error (also NCGRPO_DEBUG=1)"
     )
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
 
     # a subcommand gets dataclass-backed parsing by add_parser(..., dataclass_types=...); without them
     # ConfigParser is a plain ArgumentParser

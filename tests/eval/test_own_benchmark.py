@@ -126,7 +126,7 @@ def test_eval_of_a_checkpoint_and_defaults_for_any_other_model(trained, tmp_path
 
 def test_train_and_eval_share_one_prompt_template_setting(trained, tmp_path, monkeypatch, capsys):
     from ncgrpo.commands.eval import EvalArgs
-    from ncgrpo.commands.train import ScriptArguments
+    from ncgrpo.commands.train_settings import ScriptArguments
 
     for name in ("math_prompt", "system_prompt"):  # one name, default and meaning in both commands
         t, e = ScriptArguments.__dataclass_fields__[name], EvalArgs.__dataclass_fields__[name]

@@ -439,7 +439,7 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     # the same settings from a config file, a flag overriding it
     conf = tmp_path / "pretrain.yaml"
     conf.write_text(f"out: {tmp_path / 'new'}\npool: [geometry=3]\nsteps: 5\nfocus_steps: 0\n")
-    from ncgrpo.config import ConfigParser
+    from ncgrpo.commands.parser import ConfigParser
 
     (cfg,) = ConfigParser([pt.PretrainConfig]).parse_args_and_config(["--config", str(conf), "--steps", "7"])
     assert (cfg.output_dir, cfg.pool_counts(), cfg.max_steps) == (tmp_path / "new", {"geometry": 3}, 7)
@@ -514,8 +514,8 @@ def test_committed_checkpoint_reads_the_image():
     image-blind shortcut, ncgrpo.toy.synthetic.shortcut_trace) must be right more often with the real
     figures (measured on the shipped checkpoint: loss 0.364 vs 0.373, +2.6%; 14 vs 9 of 64 right)."""
     from ncgrpo.models import load_model_and_processor
-    from ncgrpo.prefix import with_branch_prefix
     from ncgrpo.toy.synthetic import reasoning_trace
+    from ncgrpo.trainer.prefix import with_branch_prefix
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
     model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")

@@ -400,7 +400,8 @@ def test_cli_lora_config_keeps_a_frozen_vision_tower_out_of_the_adapter(base, fr
     language-model projection and, with freeze_vision_tower, nothing in the vision tower."""
     from peft import get_peft_model
 
-    from ncgrpo.commands.train import ModelArguments, peft_config_for
+    from ncgrpo.commands.train_settings import ModelArguments
+    from ncgrpo.driver import peft_config_for
 
     args = ModelArguments(
         model_name_or_path=str(base), use_peft=True, lora_target_modules=["all-linear"], dtype="float32",
@@ -427,7 +428,8 @@ def test_one_lora_target_module_name_adapts_those_modules(base, targets, expecte
     A plain name is kept as the one-name list; a pattern and all-linear are as given."""
     from peft import get_peft_model
 
-    from ncgrpo.commands.train import ModelArguments, peft_config_for
+    from ncgrpo.commands.train_settings import ModelArguments
+    from ncgrpo.driver import peft_config_for
 
     args = ModelArguments(
         model_name_or_path=str(base), use_peft=True, lora_target_modules=targets, dtype="float32"

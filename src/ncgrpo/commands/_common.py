@@ -9,7 +9,7 @@ A command registered with :func:`add_dataclass_command` takes ``--config FILE.ya
 names, ``base:`` includes) plus one ``--flag`` per field (``--batch_size`` and the ``--batch-size``
 alias; list fields as space-separated values; flags override the file), with each field's
 ``metadata["help"]`` as its help text and its ``__post_init__`` as the validation: the same
-:class:`ncgrpo.config.ConfigParser` as ``ncgrpo train``, ``demo`` and ``pretrain``.
+:class:`ncgrpo.commands.parser.ConfigParser` as ``ncgrpo train``, ``demo`` and ``pretrain``.
 """
 
 from __future__ import annotations

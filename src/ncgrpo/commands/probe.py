@@ -1,4 +1,4 @@
-"""``ncgrpo probe``: does the prefill noise change first tokens and rollouts? (:mod:`ncgrpo.probe`)"""
+"""``ncgrpo probe``: does the prefill noise change first tokens and rollouts? (:mod:`ncgrpo.eval.probe`)"""
 
 from __future__ import annotations
 
@@ -309,8 +309,9 @@ def run(args: ProbeArgs) -> int:
     from rich.console import Console
 
     from ncgrpo.core.noise import parse_noise_site
+    from ncgrpo.eval.probe import probe
+    from ncgrpo.eval.probe_result import format_probe
     from ncgrpo.models import load_model_and_processor
-    from ncgrpo.probe import format_probe, probe
 
     if args.num_threads:
         torch.set_num_threads(args.num_threads)

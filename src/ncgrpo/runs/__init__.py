@@ -5,6 +5,7 @@
   files; used by every command).
 - :mod:`ncgrpo.runs.identity`: a training run's identity (every setting ncgrpo declares but a short list
   of what may change on resume), shared by ``ncgrpo train --resume`` and the demo's reruns.
-- :mod:`ncgrpo.runs.driver`: the metrics callback and the run driver (:func:`~ncgrpo.runs.driver.train_run`),
-  shared by ``ncgrpo train`` and the demo.
+
+The run driver, which builds and trains an ``NCGRPOTrainer`` into a run folder, sits above the trainer:
+:mod:`ncgrpo.driver`.
 """

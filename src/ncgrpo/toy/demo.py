@@ -26,7 +26,7 @@ exactly that pipeline at toy scale, with the same code the full-scale runs use:
 Reruns are cheap, and one run is one set of settings, checked as ``ncgrpo train`` and ``ncgrpo eval``
 check theirs. Each training run is :class:`DemoConfig` composed into an ``NCGRPOConfig``
 (:meth:`DemoConfig.trainer_settings`: the demo's fields that are ``NCGRPOConfig`` fields, by name) and
-trained by :func:`ncgrpo.runs.driver.train_run`; its ``config.yaml`` holds its identity (the
+trained by :func:`ncgrpo.driver.train_run`; its ``config.yaml`` holds its identity (the
 ``NCGRPOConfig``'s, :mod:`ncgrpo.runs.identity`, plus the demo's suite, batch and validation settings).
 Each evaluation is :func:`ncgrpo.eval.evaluate.evaluate` into a folder whose ``run.json`` holds eval's
 identity. A rerun skips a finished run whose identity is unchanged and an evaluation that holds a
@@ -37,8 +37,8 @@ Noise site: the default is the paper's (``final_norm``), where the noise reaches
 logits (section 3.1). The embedded base model starts every answer with ``<think>`` (p >= 0.9999), so
 without a prefix that site changes no rollout (measured: NC-GRPO's logged steps equalled vanilla's and
 the test records were identical). The demo therefore trains with ``branch_prefix="<think>"``
-(:mod:`ncgrpo.prefix`; evaluation keeps the plain prompt): the branch point is then the first reasoning
-token, where the base chooses among five openings, four derivations and an image-blind shortcut
+(:mod:`ncgrpo.trainer.prefix`; evaluation keeps the plain prompt): the branch point is then the first
+reasoning token, where the base chooses among five openings, four derivations and an image-blind shortcut
 (:func:`ncgrpo.toy.synthetic.shortcut_trace`; ``ncgrpo probe``: first-token entropy 1.7 nats, 6.1% of
 noisy rollouts differ from their common-random-number clean partner at sigma 0.2). What GRPO learns
 here is that choice: the base's greedy answer is the shortcut, and the derivations earn more reward. The demo
@@ -574,7 +574,7 @@ def _callbacks(
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
 
-    from ncgrpo.runs.driver import MetricsCallback
+    from ncgrpo.driver import MetricsCallback
 
     # A second writer of the file train_run's own MetricsCallback writes, for the validation lines only:
     # it is not a trainer callback itself (that would write every training log line twice).
@@ -873,16 +873,16 @@ def _recorded_accuracy(
 def _train(
     run: DemoRun, settings: dict[str, Any], train_questions: list[Any], val_questions: list[Any]
 ) -> tuple[Any, Any]:
-    """One run through :func:`ncgrpo.runs.driver.train_run` (``ncgrpo train``'s driver), its
+    """One run through :func:`ncgrpo.driver.train_run` (``ncgrpo train``'s driver), its
     ``settings`` written to ``config.yaml`` first; returns the trained (model, processor), saved to
     the run's folder with ``run.json`` marked finished."""
     import torch
     import yaml
 
     from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.driver import train_run
     from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
     from ncgrpo.rewards import math_reward
-    from ncgrpo.runs.driver import train_run
     from ncgrpo.runs.folder import FolderLock, atomic_write_text
 
     cfg, spec, seed, out = run.cfg, run.spec, run.seed, run.train_dir

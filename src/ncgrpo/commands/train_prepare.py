@@ -1,0 +1,378 @@
+"""``ncgrpo train``'s preparation: everything before the model (:func:`prepare_run`), with the checks
+that need no weights (:func:`check_model_source`, the model's config, the data against one generation
+batch, what the trainer's constructor would refuse)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ncgrpo.commands.train_settings import (
+    ModelArguments,
+    ScriptArguments,
+    _file_values,
+    apply_smoke,
+    command_line_keys,
+    resolve_derived,
+    run_identity_keys,
+)
+from ncgrpo.runs.folder import (
+    CONFIG_FILE,
+    RUN_FILE,
+    FolderLock,
+    changed_identity,
+    last_complete_checkpoint,
+    read_run_json,
+)
+
+if TYPE_CHECKING:  # the driver imports transformers: ncgrpo --help imports every command module
+    from ncgrpo.driver import RunPlan
+
+__all__ = ["check_model_source", "prepare_run"]
+
+
+# --------------------------------------------------------------------- checks before the model
+def _looks_like_a_path(name: str) -> bool:
+    """Whether a missing ``model_name_or_path`` is meant as a local folder (not a hub id ORG/NAME)."""
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.endswith("/") or name.count("/") > 1:
+        return True
+    if "/" in name and Path(name.split("/", 1)[0]).is_dir():
+        return True  # runs/my-model with a local runs/: a folder, not the hub namespace "runs"
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def check_model_source(name: str) -> None:
+    """Refuse, with no hub lookup, a ``model_name_or_path`` that names a folder that is not there (or a
+    file, or a folder with no ``config.json``). A name shaped like a hub id ``ORG/NAME`` that is no local
+    folder must be in the hub cache or answer one request to the hub (refused at once where the hub
+    says no such model or cannot be reached, or ``HF_HUB_OFFLINE`` is set)."""
+    p = Path(name)
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(
+                f"model_name_or_path {name}: is a file; pass the folder save_pretrained wrote (or a hub id)"
+            )
+        if not (p / "config.json").is_file():
+            raise ValueError(
+                f"model_name_or_path {name}: the folder holds no config.json, so it is not a model saved with "
+                "save_pretrained"
+            )
+        return
+    if _looks_like_a_path(name):
+        raise ValueError(
+            f"model_name_or_path {name}: no such folder ({p.absolute()}); pass a folder written by "
+            "save_pretrained, or a hub id ORG/NAME"
+        )
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"model_name_or_path {name}: no local folder {p.absolute()}, and not in the hub cache "
+            f"({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE is set"
+        )
+    # one request, no retries: transformers' own lookup retries for ~30 s where the hub cannot be reached
+    try:
+        model_info(name, timeout=10)
+    except GatedRepoError:
+        return  # it exists; the config lookup says what access it needs
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"model_name_or_path {name}: no local folder {p.absolute()}, and no model {name} on the hub "
+            "(or a private one: log in with `hf auth login`)"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - the hub cannot be reached: the run could not load it either
+        raise ValueError(
+            f"model_name_or_path {name}: no local folder {p.absolute()}, and the hub cannot be reached to look "
+            f"it up as a hub id ({type(e).__name__}: {e}); pass a local folder"
+        ) from None
+
+
+def _model_config(name: str):
+    """The model's config (no weights): the first thing ``from_pretrained`` reads."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name)
+    except Exception as e:  # noqa: BLE001 - any reason it does not load is the user's to see, named
+        where = "folder" if Path(name).is_dir() else "hub id (not a local folder)"
+        raise ValueError(f"model_name_or_path {name}: its config does not load as a {where}: {e}") from None
+
+
+def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset, script_args=None) -> None:
+    """Checks that need no weights, the ones the trainer would otherwise make after the model loads:
+    the model's config (its source is checked first, by the caller: :func:`check_model_source`), the
+    noise site against its layers (:func:`ncgrpo.models.check_noise_site`), the
+    dataset against one generation batch (TRL would otherwise train 0 steps and save the base weights),
+    and what ``GRPOTrainer.__init__`` / ``NCGRPOTrainer.__init__`` refuse before they generate (vLLM
+    installed for ``use_vllm``, one weight per reward, continuous batching with a processor,
+    ``share_prompt_loss`` against the model and attention, several GPUs in one process)."""
+    from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
+    from ncgrpo.driver import _check_lora_targets, _lora_config
+    from ncgrpo.models import check_noise_site
+
+    a = plan_args
+    name = model_args.model_name_or_path
+    config = _model_config(name)  # the caller checked the source (check_model_source) before the data
+    if a.rollout_method in HIDDEN_NOISE_METHODS:
+        check_noise_site(a.noise_site, name, config)
+    per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
+    prompts_needed = per_generation // a.num_generations
+    if len(train_dataset) < prompts_needed:
+        raise ValueError(
+            f"the training set has {len(train_dataset)} prompts but one generation batch takes "
+            f"{prompts_needed} (per_device_train_batch_size {a.per_device_train_batch_size} x "
+            f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
+            f"{a.num_generations}); use more data or a smaller batch"
+        )
+    if model_args.use_peft:
+        _check_lora_targets(_lora_config(model_args), config.model_type)
+        if a.use_vllm and a.rollout_method != "vanilla":
+            raise ValueError(
+                f"use_peft with use_vllm and rollout_method={a.rollout_method!r}: NCGRPOTrainer refuses an "
+                "NC-GRPO method on vLLM with an adapter (TRL's merged-adapter sync is untested with the noise); "
+                "set --use_vllm false (the noise acts through the adapter there)"
+            )
+    if a.use_vllm:
+        from trl.import_utils import is_vllm_available
+
+        if not is_vllm_available():
+            raise ValueError(
+                "use_vllm=true, but vLLM is not installed here: pip install -e '.[vllm]' (a GPU wheel), "
+                "or --use_vllm false for the transformers engine"
+            )
+    if script_args is not None and a.reward_weights is not None:
+        if len(a.reward_weights) != len(script_args.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(a.reward_weights)} weights but reward_funcs names "
+                f"{len(script_args.reward_funcs)} functions ({', '.join(script_args.reward_funcs)})"
+            )
+    from ncgrpo.models import is_vision_language
+
+    if a.use_transformers_continuous_batching and is_vision_language(config):
+        raise ValueError(
+            "use_transformers_continuous_batching does not support vision-language models (TRL); set it false"
+        )
+    if a.share_prompt_loss:
+        from ncgrpo.trainer.shared_loss import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES
+
+        attn = model_args.attn_implementation or "sdpa"
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"share_prompt_loss=True: {name}'s model_type {config.model_type!r} is not one it is tested on "
+                f"({', '.join(SUPPORTED_MODEL_TYPES)}); set share_prompt_loss=False."
+            )
+        if attn not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"share_prompt_loss=True needs a 4-D attention mask, which attn_implementation={attn!r} does "
+                "not take; use sdpa (or eager), or set share_prompt_loss=False."
+            )
+    if a.n_gpu > 1:
+        raise ValueError(
+            f"{a.n_gpu} GPUs are visible to one process, which the trainer refuses (nn.DataParallel); launch "
+            "with accelerate launch (recipes/accelerate/) or make one GPU visible with CUDA_VISIBLE_DEVICES"
+        )
+
+
+def _trainer_config(parsed):
+    """``NCGRPOConfig`` from the parsed settings, as the real run builds it (in a dry run too)."""
+    from ncgrpo.trainer import NCGRPOConfig
+
+    where = parsed.config or "the command line"
+    try:
+        return parsed.build(NCGRPOConfig)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        hint = ""
+        if "bf16" in str(e) or "fp16" in str(e):
+            hint = (
+                " (a recipe for GPUs on a machine without one: --smoke tries it small on the CPU; "
+                "--bf16 false --use_cpu true runs it as is)"
+            )
+        raise ValueError(f"{where}: trainer settings rejected by NCGRPOConfig: {e}{hint}") from None
+
+
+def _needs_generated_suite(script_args: ScriptArguments) -> bool:
+    s = script_args
+    return (s.dataset_name == "synthetic" and s.dataset_path is None) or (
+        bool(s.eval_dataset_splits) and s.eval_name == "synthetic" and s.eval_path is None
+    )
+
+
+def prepare_run(
+    parsed,
+    *,
+    resume: bool = False,
+    dry_run: bool = False,
+    force: bool = False,
+    overwrite: bool = False,
+    smoke: bool = False,
+    synthetic: Callable[[Path, int], Any] | None = None,
+) -> RunPlan:
+    """Everything before the model: from a :class:`ncgrpo.commands.config_file.ParsedConfig` of
+    :func:`ncgrpo.commands.train_settings.train_dataclasses` to a :class:`ncgrpo.driver.RunPlan`.
+    Nothing is written into the run folder here but by a dry run once every check has passed; a real
+    run writes it in :func:`ncgrpo.driver.execute_run`, once the model has loaded
+    (:meth:`ncgrpo.driver.RunPlan.write_folder`).
+
+    ``smoke``: the recipe shrunk to a CPU minute (:func:`ncgrpo.commands.train_settings.apply_smoke`).
+    Then settings derived from others follow their overrides
+    (:func:`~ncgrpo.commands.train_settings.resolve_derived`). ``run_name`` defaults to the config file's
+    stem and ``output_dir`` to ``runs/<run_name>``; both are recorded in the resolved config. Refused,
+    each in a dry run too:
+
+    - a folder another process is writing (its lock, :class:`ncgrpo.runs.folder.FolderLock`, names the
+      holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
+      :func:`ncgrpo.runs.folder.folder_kind`);
+    - a folder holding ``checkpoint-*`` without ``resume`` (not in a dry run, which writes no run);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem);
+    - ``resume`` with settings that change the run
+      (:func:`~ncgrpo.commands.train_settings.run_identity_keys`) unless ``force``;
+    - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
+    - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
+      lookup), a config that does not load, a noise site past the model's layers, a training set
+      smaller than one generation batch, what the trainer's constructor refuses.
+
+    ``resume`` continues from the newest COMPLETE checkpoint
+    (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
+    A synthetic suite the run generates (``dataset_name synthetic``, no path) is built in a temporary
+    folder and moved to ``OUTPUT/synthetic-data`` when the folder is written.
+    """
+    import shutil
+    import tempfile
+
+    from accelerate import PartialState
+
+    from ncgrpo.driver import RunPlan, _folder_state, build_datasets
+
+    notes: list[str] = []
+    given = command_line_keys(parsed)
+    file_values = _file_values(parsed)
+    overridden = set(given)
+    if smoke:
+        smoke_notes, applied = apply_smoke(parsed, given)
+        notes += smoke_notes
+        overridden |= applied
+    notes += resolve_derived(parsed, overridden, file_values)
+    script_args = parsed.build(ScriptArguments)
+    model_args = parsed.build(ModelArguments)
+    name = parsed.get("run_name") or (Path(parsed.config).stem if parsed.config else "ncgrpo")
+    if "/" in name or "\\" in name or name in (".", "..") or not name.strip():
+        raise ValueError(
+            f"run_name {name!r} is not a name: it becomes the folder runs/<run_name>, so it may hold no path "
+            "separator and may not be '.' or '..' (to write elsewhere, set --output_dir)"
+        )
+    output_dir = Path(parsed.get("output_dir") or Path("runs") / name)
+    parsed.set("run_name", name)
+    parsed.set("output_dir", str(output_dir))
+    method, seed = str(parsed.get("rollout_method")), int(parsed.get("seed"))
+    lock = FolderLock(output_dir, "ncgrpo train", kind="train")
+    if os.environ.get("RANK", "0") == "0":  # the main process (PartialState is made below, once configured)
+        lock.check()  # a file, another kind, another writer: refused before any other check reads it
+
+    import yaml
+
+    seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
+    any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
+    if any_checkpoint and not resume and not dry_run:
+        raise ValueError(
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume or another --output_dir"
+        )
+    previous = read_run_json(output_dir, hint="move it away or fix it")
+    if previous is not None and previous.get("finished") and not overwrite and not dry_run:
+        raise ValueError(
+            f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
+            "use another --output_dir, or --overwrite to train it again from scratch"
+        )
+    checkpoint = None
+    if resume:
+        checkpoint, skipped = last_complete_checkpoint(output_dir, method)
+        notes += [f"skipping incomplete {s}" for s in skipped]
+        if checkpoint is None:
+            notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")
+        old_config = output_dir / CONFIG_FILE
+        if checkpoint is not None and old_config.exists():
+            try:
+                old = yaml.safe_load(old_config.read_text(encoding="utf-8")) or {}
+            except (OSError, yaml.YAMLError) as e:
+                raise ValueError(f"{old_config}: cannot read the run's config to compare ({e})") from None
+            new = yaml.safe_load(parsed.to_yaml()) or {}
+            changed = changed_identity(old, new, run_identity_keys())
+            if changed and not force:
+                raise ValueError(
+                    f"--resume with settings that change the run in {output_dir}: {'; '.join(changed)}. "
+                    "Resume with the run's own settings, use another --output_dir, or pass --force"
+                )
+            if changed:
+                notes.append("resuming with changed settings (--force): " + "; ".join(changed))
+
+    training_args = _trainer_config(parsed)
+    # initialise the distributed state with the config's settings (backend, timeout) before the
+    # PartialState below shares it
+    _ = training_args.device
+    state = PartialState()
+    run_info = {
+        "kind": "train",
+        "name": name,
+        "method": method,
+        "seed": seed,
+        "model": model_args.model_name_or_path,
+        "recipe": parsed.config,
+        "output_dir": str(output_dir),
+    }
+    # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
+    # say what that run was, finished or not); into a new folder it writes the resolved config
+    keep = dry_run and (previous is not None or bool(any_checkpoint))
+    staging = None
+    data_dir = output_dir
+    if _needs_generated_suite(script_args) and not (output_dir / "synthetic-data" / "data").is_dir():
+        staging = Path(tempfile.mkdtemp(prefix="ncgrpo-train-data-"))
+        data_dir = staging
+    try:
+        check_model_source(model_args.model_name_or_path)  # before the data: a typo costs no suite
+        train_ds, eval_ds = build_datasets(script_args, data_dir, seed=seed, synthetic=synthetic)
+        _check_before_the_model(training_args, model_args, train_ds, script_args)
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if keep:
+        notes.append(
+            f"dry run: {output_dir} holds a run; its {CONFIG_FILE} and {RUN_FILE} are left as they are"
+        )
+    plan = RunPlan(
+        name=name,
+        method=method,
+        seed=seed,
+        output_dir=output_dir,
+        checkpoint=checkpoint,
+        script_args=script_args,
+        model_args=model_args,
+        training_args=training_args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        run_info=run_info,
+        notes=notes,
+        main_process=state.is_main_process,
+        lock=lock,
+        config_text=parsed.to_yaml(),
+        staging=staging,
+        dry_run=dry_run,
+        keep=keep,
+        seen=seen,
+    )
+    if dry_run:
+        try:
+            plan.write_folder()
+        finally:
+            plan.release()
+    return plan

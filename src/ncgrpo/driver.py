@@ -1,0 +1,422 @@
+"""Preparing and executing one training run into its folder, shared by ``ncgrpo train`` and the
+embedded demo: the datasets (:func:`build_datasets`), the resolved run (:class:`RunPlan`, made by
+``ncgrpo train``'s ``prepare_run``), the model and its LoRA adapter (:func:`load_model`,
+:func:`peft_config_for`), the metrics file (:class:`MetricsCallback`) and the run driver
+(:func:`train_run`, :func:`execute_run`). It builds an ``NCGRPOTrainer``, so it sits above the trainer;
+the folder's layout is :mod:`ncgrpo.runs.folder`.
+
+``model_args`` below is ``ncgrpo train``'s ``ModelArguments`` (a ``trl.ModelConfig`` with the vision
+settings ``dtype``, ``freeze_vision_tower``, ``min_pixels``, ``max_pixels``) and ``script_args`` its
+``ScriptArguments`` (data and rewards), both of :mod:`ncgrpo.commands.train_settings`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+from trl import ModelConfig
+
+from ncgrpo.runs.folder import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    RUN_FILE,
+    FolderLock,
+    _complete_part,
+    atomic_write_json,
+    atomic_write_text,
+    iter_json_lines,
+)
+
+__all__ = [
+    "MetricsCallback",
+    "RunPlan",
+    "build_datasets",
+    "execute_run",
+    "load_model",
+    "peft_config_for",
+    "reward_functions",
+    "train_run",
+]
+
+
+# ------------------------------------------------------------------------------------ pipeline
+def _questions(
+    name: str, path: str | None, split: str, limit: int | None, seed: int, output_dir: Path, synthetic
+):
+    from ncgrpo.data.geometry3k import load_geometry3k
+
+    if name == "synthetic" and path is None:
+        folder = output_dir / "synthetic-data"
+        if not (folder / "data").is_dir():
+            if synthetic is None:
+                raise ValueError(
+                    "dataset_name synthetic with no dataset_path needs a suite generator; pass dataset_path "
+                    "(a folder written by ncgrpo.toy.synthetic.export_geo3k)"
+                )
+            synthetic(folder, seed)
+        path = str(folder)
+    return load_geometry3k(path, split, limit=limit)
+
+
+def build_datasets(
+    script_args: Any,  # ScriptArguments
+    output_dir: str | os.PathLike,
+    *,
+    seed: int = 42,
+    synthetic: Callable[[Path, int], Any] | None = None,
+):
+    """(train dataset, eval dataset / dict of them / None) in the form ``to_trl_dataset`` makes.
+
+    ``synthetic(folder, seed)`` writes the synthetic suite (geo3k layout) into ``folder``; it is called
+    when ``dataset_name`` is synthetic and no path is given (``ncgrpo train`` passes the toy suite's).
+    """
+    from ncgrpo.data.geometry3k import to_trl_dataset
+
+    out = Path(output_dir)
+    kwargs: dict[str, Any] = {"system_prompt": script_args.system_prompt}
+    if script_args.math_prompt is not None:
+        kwargs["math_prompt"] = script_args.math_prompt
+
+    def build(name, path, split, limit):
+        return to_trl_dataset(_questions(name, path, split, limit, seed, out, synthetic), **kwargs)
+
+    s = script_args
+    train = build(s.dataset_name, s.dataset_path, s.dataset_train_split, s.dataset_train_limit)
+    evals = {
+        f"{s.eval_name}_{split}": build(s.eval_name, s.eval_path, split, s.eval_dataset_limit)
+        for split in dict.fromkeys(s.eval_dataset_splits)
+    }
+    if not evals:
+        return train, None
+    return train, (next(iter(evals.values())) if len(evals) == 1 else evals)
+
+
+@dataclass
+class RunPlan:
+    """A resolved run, ready to train: what ``ncgrpo train``'s
+    :func:`ncgrpo.commands.train_prepare.prepare_run` returns."""
+
+    name: str
+    method: str
+    seed: int
+    output_dir: Path
+    checkpoint: str | None  # resume from here (None: from scratch)
+    script_args: Any  # ScriptArguments
+    model_args: Any  # ModelArguments
+    training_args: Any  # NCGRPOConfig
+    train_dataset: Any
+    eval_dataset: Any
+    run_info: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    main_process: bool = True  # this process writes files and prints
+    lock: Any = None  # the folder's FolderLock, taken by write_folder(), held until release()
+    config_text: str = ""  # the resolved config.yaml
+    staging: Path | None = None  # a generated synthetic suite, moved into the folder by write_folder()
+    dry_run: bool = False
+    keep: bool = False  # a dry run into a folder that holds a run: its files are left as they are
+    seen: Any = None  # the folder's run.json and checkpoints as prepare_run checked them (_folder_state)
+
+    def write_folder(self) -> None:
+        """Take the folder's lock and write ``config.yaml``, ``run.json`` and the generated data (the
+        main process; ``prepare_run`` calls it at the end of a dry run, :func:`execute_run` once the
+        model has loaded). The lock stays held until :meth:`release`. A folder whose ``run.json`` or
+        checkpoints changed since ``prepare_run`` checked them (another run wrote it while this one
+        loaded its model) is refused, so its checks hold under the lock."""
+        import shutil
+
+        try:
+            if self.main_process and not self.keep:
+                self.lock.acquire()
+                if self.seen is not None and _folder_state(self.output_dir) != self.seen:
+                    raise ValueError(
+                        f"{self.output_dir} changed while the model loaded (another process wrote its "
+                        f"{RUN_FILE} or checkpoints); check what is there, then rerun (or use another --output_dir)"
+                    )
+                if self.staging is not None:
+                    target = self.output_dir / "synthetic-data"
+                    if not target.exists():
+                        # moved beside its place first (a copy when /tmp is another filesystem), then
+                        # renamed: a kill mid-copy leaves only the partial folder, which the next run clears
+                        partial = self.output_dir / ".synthetic-data.partial"
+                        shutil.rmtree(partial, ignore_errors=True)
+                        shutil.move(str(self.staging / "synthetic-data"), str(partial))
+                        os.replace(partial, target)
+                atomic_write_text(self.output_dir / CONFIG_FILE, self.config_text)
+                atomic_write_json(self.output_dir / RUN_FILE, self.run_info)
+        except BaseException:
+            self.release()
+            raise
+        finally:
+            if self.staging is not None:
+                shutil.rmtree(self.staging, ignore_errors=True)
+                self.staging = None
+
+    def release(self) -> None:
+        """Let go of the run folder (:func:`execute_run` does at its end) and of a staged suite never
+        written; idempotent."""
+        if self.staging is not None:
+            import shutil
+
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        if self.lock is not None:
+            self.lock.release()
+
+    @property
+    def n_eval(self) -> int:
+        ev = self.eval_dataset
+        if ev is None:
+            return 0
+        return sum(map(len, ev.values())) if isinstance(ev, dict) else len(ev)
+
+
+def _folder_state(output_dir: Path) -> tuple[bytes | None, tuple[str, ...]]:
+    """What ``ncgrpo train``'s ``prepare_run`` folder checks read: ``run.json``'s bytes and the
+    checkpoint names."""
+    run_json = output_dir / RUN_FILE
+    data = run_json.read_bytes() if run_json.is_file() else None
+    return data, tuple(sorted(p.name for p in output_dir.glob("checkpoint-*")))
+
+
+# ------------------------------------------------------------------------------ metrics and the driver
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+class MetricsCallback(TrainerCallback):
+    """Append each log call to ``path`` (``metrics.jsonl``) as one JSON line with ``"step"`` (main process).
+
+    Each line is written, flushed and fsync'ed on its own, so a killed run leaves at most one torn
+    last line, which is cut at the next start. On resume, lines logged after the checkpoint's step
+    (work the restart repeats) are dropped so every step appears once.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self._repair(state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        row = {"step": int(state.global_step)}
+        if state.epoch is not None:
+            row["epoch"] = float(state.epoch)
+        row.update({k: _jsonable(v) for k, v in logs.items()})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, sort_keys=False, allow_nan=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _repair(self, resumed_step: int) -> None:
+        """Cut a torn last line and the lines logged after ``resumed_step``."""
+        if not self.path.exists():
+            return
+        data, torn = _complete_part(self.path.read_bytes())
+        lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
+        keep = [
+            lines[i - 1]
+            for i, row in iter_json_lines(self.path, "metrics line")
+            if int(row.get("step", 0)) <= resumed_step
+        ]
+        if torn or len(keep) != len(lines):
+            atomic_write_text(self.path, "".join(keep))
+
+
+def train_run(
+    args,
+    model,
+    processor,
+    train_dataset,
+    *,
+    reward_funcs,
+    run_info: dict[str, Any],
+    eval_dataset=None,
+    callbacks: Sequence[Any] = (),
+    resume_from_checkpoint: str | None = None,
+    console_logs: bool = True,
+    peft_config=None,
+):
+    """One training run into ``args.output_dir``, the same for ``ncgrpo train`` and the demo.
+
+    The main process holds the folder's lock (:class:`ncgrpo.runs.folder.FolderLock`, kind ``train``)
+    throughout: a folder of another kind (an evaluation, a demo's root, a saved model) or one another
+    process is writing is refused before anything is written. Writes ``run.json`` (``run_info`` plus
+    ``kind: train`` and ``finished: false``) before training, appends every log
+    call to ``metrics.jsonl`` (:class:`MetricsCallback`), trains (from ``resume_from_checkpoint`` if
+    given), saves the final model and processor to the folder and rewrites ``run.json`` with
+    ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
+    complete model. Only the main process writes. ``console_logs=False`` removes TRL's per-step
+    printing (a caller with its own progress display). ``peft_config``: given to the trainer (TRL wraps
+    the model; the folder then holds the adapter). Returns the trainer.
+    """
+    from accelerate import PartialState
+
+    out = Path(args.output_dir)
+    state = PartialState()
+    lock = FolderLock(out, "ncgrpo train", kind="train")
+    if state.is_main_process:
+        lock.acquire()  # re-entrant: a no-op where ncgrpo train's prepare_run holds it already
+    try:
+        return _train_locked(
+            args, model, processor, train_dataset, out=out, main_process=state.is_main_process,
+            reward_funcs=reward_funcs, run_info=run_info, eval_dataset=eval_dataset, callbacks=callbacks,
+            resume_from_checkpoint=resume_from_checkpoint, console_logs=console_logs, peft_config=peft_config,
+        )  # fmt: skip
+    finally:
+        lock.release()
+
+
+def _train_locked(
+    args, model, processor, train_dataset, *, out: Path, main_process: bool, reward_funcs, run_info,
+    eval_dataset, callbacks, resume_from_checkpoint, console_logs, peft_config=None,
+):  # fmt: skip
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    info = {**run_info, "kind": "train", "output_dir": str(out), "finished": False}
+    if main_process:
+        atomic_write_json(out / RUN_FILE, info)
+    trainer = NCGRPOTrainer(
+        model=model,
+        reward_funcs=list(reward_funcs),
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=processor,
+        callbacks=[MetricsCallback(out / METRICS_FILE), *callbacks],
+        peft_config=peft_config,
+    )
+    if not console_logs:
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    trainer.save_model(str(out))
+    if main_process:
+        processor.save_pretrained(str(out))
+        atomic_write_json(
+            out / RUN_FILE, {**info, "global_step": int(trainer.state.global_step), "finished": True}
+        )
+    # README.md: the method as run, the base model, the paper (main process only); after `finished`, which
+    # speaks of the model: a card that cannot be written must not make a complete run look cut short
+    trainer.create_model_card()
+    return trainer
+
+
+# ------------------------------------------------------------------------------------ execution
+def reward_functions(names: Sequence[str]) -> list:
+    from ncgrpo import rewards
+
+    return [getattr(rewards, name) for name in names]
+
+
+def load_model(model_args: ModelConfig) -> tuple[Any, Any]:
+    """(model, processor or tokenizer) as ``model_args`` (``ModelArguments``) say, left where
+    ``from_pretrained`` put it (the Trainer places it). With ``use_peft`` a local folder is loaded by its absolute path, so
+    the adapter saved at the end names a base model (``adapter_config.json``'s ``base_model_name_or_path``)
+    that loads from any working directory."""
+    from ncgrpo.models import load_model_and_processor
+
+    m = model_args
+    path = m.model_name_or_path
+    if m.use_peft and os.path.isdir(path):
+        path = os.path.abspath(path)
+    return load_model_and_processor(
+        path,
+        dtype=m.dtype,
+        device=None,
+        attn_implementation=m.attn_implementation,
+        min_pixels=m.min_pixels,
+        max_pixels=m.max_pixels,
+        freeze_vision=m.freeze_vision_tower,
+    )
+
+
+def _lora_config(model_args: ModelConfig) -> Any:
+    """``trl.get_peft_config(model_args)``, with one fix: TRL's ``ModelConfig`` turns a one-item
+    ``lora_target_modules`` into a string, which peft reads as a regex matched against whole module names,
+    so ``--lora_target_modules q_proj`` targeted nothing (peft: "No modules were targeted"). A single
+    plain module name (letters, digits, ``_``) is kept as the one-name list the user gave; ``all-linear``
+    and patterns (``.*\\.q_proj``) stay as they are."""
+    import re
+
+    from trl import get_peft_config
+
+    config = get_peft_config(model_args)
+    target = config.target_modules
+    if isinstance(target, str) and target != "all-linear" and re.fullmatch(r"[A-Za-z_]\w*", target):
+        config.target_modules = {target}
+    return config
+
+
+def _check_lora_targets(config: Any, model_type: str | None) -> None:
+    """A model type peft has no default LoRA target modules for (the Qwen-VL family) needs
+    ``lora_target_modules``: said with the flag's name, from the model's config alone (``--dry-run`` too)."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULT_TARGETS
+
+    if config.target_modules is None and not config.target_parameters and model_type not in DEFAULT_TARGETS:
+        raise ValueError(
+            f"use_peft: peft has no default LoRA target modules for model type {model_type!r}; set "
+            "lora_target_modules (e.g. --lora_target_modules all-linear, or q_proj k_proj v_proj o_proj)"
+        )
+
+
+def peft_config_for(model_args: ModelConfig, model: Any) -> Any:
+    """The ``peft.LoraConfig`` of ``use_peft`` (None without it), made by ``trl.get_peft_config`` as TRL's
+    scripts make it. Two ncgrpo additions: with ``freeze_vision_tower`` the vision tower is excluded
+    (``exclude_modules``), so the adapter trains the language model only, as the full-weight run does
+    (Qwen2.5-VL's vision blocks have ``gate_proj``/``up_proj``/``down_proj`` too); and a model type peft
+    has no default target modules for (the Qwen-VL family) is an error naming ``--lora_target_modules``
+    here, before the trainer starts, instead of peft's."""
+    if not model_args.use_peft:
+        return None
+    import re
+
+    from ncgrpo.models import find_vision_tower
+
+    config = _lora_config(model_args)
+    _check_lora_targets(config, getattr(model.config, "model_type", None))
+    tower = find_vision_tower(model) if model_args.freeze_vision_tower else None
+    if tower is not None:
+        config.exclude_modules = rf"{re.escape(tower[0])}(\..*)?"
+    return config
+
+
+def execute_run(plan: RunPlan):
+    """Load the model (vision tower frozen if asked) and train the plan through
+    :func:`train_run` (with ``use_peft``: a LoRA adapter, :func:`peft_config_for`; the
+    folder then holds the adapter, not full weights); the run folder's lock is released at the end."""
+    if plan.dry_run:
+        raise ValueError("a dry-run plan is not trained; prepare it with dry_run=False")
+    try:
+        model, processor = load_model(plan.model_args)
+        peft_config = peft_config_for(plan.model_args, model)  # refusals before anything is written
+        plan.write_folder()  # nothing is written before the model has loaded
+        return train_run(
+            plan.training_args,
+            model,
+            processor,
+            plan.train_dataset,
+            reward_funcs=reward_functions(plan.script_args.reward_funcs),
+            run_info=plan.run_info,
+            eval_dataset=plan.eval_dataset,
+            resume_from_checkpoint=plan.checkpoint,
+            peft_config=peft_config,
+        )
+    finally:
+        plan.release()
