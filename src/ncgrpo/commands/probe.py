@@ -82,7 +82,7 @@ class ProbeArgs:
         import math
 
         from ncgrpo.core.noise import parse_noise_site
-        from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
+        from ncgrpo.methods import get_method, methods
 
         for name in ("prompts", "rollouts", "max_completion_length", "batch_size"):
             if getattr(self, name) < 1:
@@ -93,12 +93,17 @@ class ProbeArgs:
         if bad:
             raise UsageError(f"--sigma0: every noise scale must be a finite number >= 0, got {bad[0]}")
         site = parse_noise_site(self.noise_site)
-        if self.rollout_method not in HIDDEN_NOISE_METHODS:
+        probed = ", ".join(sorted(m.name for m in methods() if not m.probe_refusal))
+        try:
+            method = get_method(self.rollout_method)
+        except ValueError:
+            method = None
+        if method is None or method.probe_refusal:
+            why = f": {method.probe_refusal}" if method is not None else ""
             raise UsageError(
-                f"--rollout_method must be one of {', '.join(sorted(HIDDEN_NOISE_METHODS))} (the hidden-noise "
-                f"methods), got {self.rollout_method!r}"
+                f"--rollout_method must be one of {probed} (the hidden-noise methods), got {self.rollout_method!r}{why}"
             )
-        if self.rollout_method != "latent" and self.rollouts % 2:
+        if method.paired and self.rollouts % 2:
             raise UsageError(
                 f"--rollout_method {self.rollout_method} pairs (+eps, -eps); give an even --rollouts, "
                 f"got {self.rollouts}"

@@ -117,14 +117,15 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
     and what ``GRPOTrainer.__init__`` / ``NCGRPOTrainer.__init__`` refuse before they generate (vLLM
     installed for ``use_vllm``, one weight per reward, continuous batching with a processor,
     ``share_prompt_loss`` against the model and attention, several GPUs in one process)."""
-    from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
     from ncgrpo.driver import _check_lora_targets, _lora_config
+    from ncgrpo.methods import get_method
     from ncgrpo.models import check_noise_site
 
     a = plan_args
     name = model_args.model_name_or_path
     config = _model_config(name)  # the caller checked the source (check_model_source) before the data
-    if a.rollout_method in HIDDEN_NOISE_METHODS:
+    method = get_method(a.rollout_method)
+    if method.hidden_noise:
         check_noise_site(a.noise_site, name, config)
     per_generation = a.per_device_train_batch_size * a.world_size * a.steps_per_generation
     prompts_needed = per_generation // a.num_generations
@@ -137,7 +138,7 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
         )
     if model_args.use_peft:
         _check_lora_targets(_lora_config(model_args), config.model_type)
-        if a.use_vllm and a.rollout_method != "vanilla":
+        if a.use_vllm and method.two_pass:
             raise ValueError(
                 f"use_peft with use_vllm and rollout_method={a.rollout_method!r}: NCGRPOTrainer refuses an "
                 "NC-GRPO method on vLLM with an adapter (TRL's merged-adapter sync is untested with the noise); "
@@ -295,7 +296,9 @@ def prepare_run(
         )
     checkpoint = None
     if resume:
-        checkpoint, skipped = last_complete_checkpoint(output_dir, method)
+        from ncgrpo.methods import get_method
+
+        checkpoint, skipped = last_complete_checkpoint(output_dir, nc_state=get_method(method).two_pass)
         notes += [f"skipping incomplete {s}" for s in skipped]
         if checkpoint is None:
             notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")

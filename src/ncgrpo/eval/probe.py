@@ -65,7 +65,7 @@ from ncgrpo.core.marginal import (
     sigma_for_marginal_tv,
 )
 from ncgrpo.core.noise import RowNoise, noise_seed
-from ncgrpo.core.plan import HIDDEN_NOISE_METHODS, NOISE_MODE, plan_group, prompt_noise_id
+from ncgrpo.core.plan import plan_group, prompt_noise_id
 from ncgrpo.data.prompts import build_messages
 from ncgrpo.data.types import Question
 from ncgrpo.engines.branch_point import (
@@ -80,6 +80,7 @@ from ncgrpo.engines.shared_prefill import (
 )
 from ncgrpo.engines.transformers import Site, prefill_noise
 from ncgrpo.eval.probe_result import TARGET_SIGMA_MAX, ProbeResult, SigmaProbe, verdict
+from ncgrpo.methods import RolloutMethod, get_method, methods
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import math_reward
 from ncgrpo.trainer.prefix import prefix_completions, with_branch_prefix
@@ -173,7 +174,7 @@ def _check_settings(
     *,
     rollouts: int,
     site: Site,
-    method: str,
+    method: RolloutMethod,
     temperature: float,
     marginal_draws: int,
     target_marginal_tv: float | None,
@@ -183,10 +184,13 @@ def _check_settings(
         raise ValueError("probe: no questions")
     if rollouts < 1:
         raise ValueError(f"probe: rollouts must be >= 1, got {rollouts}")
-    if method not in HIDDEN_NOISE_METHODS:
-        raise ValueError(f"probe: method must be one of {sorted(HIDDEN_NOISE_METHODS)}, got {method!r}")
-    if method != "latent" and rollouts % 2:
-        raise ValueError(f"probe: {method} noise pairs (+eps, -eps); use an even number of rollouts")
+    if method.probe_refusal:
+        probed = sorted(m.name for m in methods() if not m.probe_refusal)
+        raise ValueError(
+            f"probe: method must be one of {probed}, got {method.name!r} ({method.probe_refusal})"
+        )
+    if method.paired and rollouts % 2:
+        raise ValueError(f"probe: {method.name} noise pairs (+eps, -eps); use an even number of rollouts")
     sigmas = [float(s) for s in sigmas]
     if any(not (math.isfinite(s) and s >= 0) for s in sigmas):
         raise ValueError(f"probe: every sigma must be a finite number >= 0, got {sigmas}")
@@ -230,7 +234,7 @@ class _Pass:
     sigmas: list[float]
     R: int
     seed: int
-    method: str
+    method: RolloutMethod
     branch_prefix: str
     temperature: float
     marginal_draws: int
@@ -283,7 +287,7 @@ class _Pass:
         self.vocab = int(clean_logits.shape[-1])
         self.qids += [str(q.question_id) for q in qs]
         if self.final_norm:
-            mode = NOISE_MODE[self.method]
+            mode = self.method.noise_mode
             for p, pid in enumerate(pids):
                 self.branch_h.append(clean_h[p * R])
                 keys = marginal_keys(self.seed, 0, pid, self.marginal_draws)
@@ -419,7 +423,7 @@ def probe(
     site: Site = "final_norm",
     layer_decay: float = 0.5,
     branch_prefix: str = "",
-    method: str = "latent",
+    method: str | RolloutMethod = "latent",
     temperature: float = 1.0,
     max_new_tokens: int = 48,
     batch_size: int = 8,
@@ -434,7 +438,8 @@ def probe(
 
     ``questions``: the prompts (every one is used; slice beforehand). ``rollouts``: sampled rollouts
     per prompt and sigma (and as many clean partners); ``method``: the hidden-noise method whose draws
-    are probed (``latent``, ``antithetic`` or ``spsa``; the paired ones need an even ``rollouts``).
+    are probed (a registered name or method, :mod:`ncgrpo.methods`, whose ``probe_refusal`` is None:
+    ``latent``, ``antithetic`` or ``spsa`` among the built-ins; the paired ones need an even ``rollouts``).
     ``batch_size``: prompts per generate call (rows = ``batch_size * rollouts``).
     ``marginal_draws``: Monte Carlo draws of eps per prompt behind ``marginal_tv`` at the final-norm
     site (through the LM head only; the eps of every prompt are kept for the target search:
@@ -447,6 +452,7 @@ def probe(
     clean pass and one noisy pass per sigma with the same sampler seed (:meth:`_Pass.chunk`); the
     figures per sigma (:meth:`_Pass.row`); the target search (:meth:`_Pass.target_sigma`).
     """
+    method = get_method(method)
     sigmas = _check_settings(
         questions, sigmas, rollouts=rollouts, site=site, method=method, temperature=temperature,
         marginal_draws=marginal_draws, target_marginal_tv=target_marginal_tv,
@@ -486,7 +492,7 @@ def probe(
         model=model_name or str(getattr(getattr(gen_model, "config", None), "_name_or_path", "")),
         site=str(site),
         branch_prefix=branch_prefix,
-        method=method,
+        method=method.name,
         n_prompts=len(questions),
         rollouts=rollouts,
         temperature=temperature,

@@ -51,7 +51,7 @@ class NCGRPOConfig(GRPOConfig):
     """
 
     #: NC-GRPO's fields by topic: ``ncgrpo train --help`` lists them first under these headers
-    #: (ncgrpo.config.ConfigParser) and docs/reference/settings.md is generated from them; a field of this
+    #: (ncgrpo.commands.parser.ConfigParser) and docs/reference/settings.md is generated from them; a field of this
     #: class missing here fails tests/test_docs_site.py. Not a dataclass field (no annotation).
     help_groups = {
         "NC-GRPO: method": (

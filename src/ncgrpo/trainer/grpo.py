@@ -182,7 +182,7 @@ class NCGRPOTrainer(GRPOTrainer):
         self.nc_vllm_status: list[dict] | None = None
         #: the last generation's SharedPrefill records (share_prompt_prefill; transformers engine)
         self.nc_shared_prefill: list = []
-        # branch_prefix / inert-noise warning (ncgrpo.prefix, ncgrpo.inert)
+        # branch_prefix / inert-noise warning (ncgrpo.trainer.prefix, ncgrpo.trainer.inert)
         self._inert = InertNoiseMonitor(site=str(args.noise_site), branch_prefix=args.branch_prefix)
         if not self.nc_method.two_pass:  # vanilla: TRL's path unchanged
             return
