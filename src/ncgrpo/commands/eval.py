@@ -385,7 +385,7 @@ def run(args: EvalArgs) -> int:
         model_id_of,
         run_identity,
     )
-    from ncgrpo.eval.records import RECORDS_FILE, FolderLock
+    from ncgrpo.runs.folder import RECORDS_FILE, FolderLock
 
     out = Path(args.output_dir)
     settings = DecodingSettings(

@@ -37,7 +37,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ncgrpo.eval.records import RECORDS_FILE, EvalRecord, read_records
+from ncgrpo.eval.records import EvalRecord, read_records
 from ncgrpo.eval.stats import (
     ALPHA,
     BOOTSTRAP_RESAMPLES,
@@ -55,7 +55,7 @@ from ncgrpo.eval.stats import (
     seed_level,
     seed_to_seed,
 )
-from ncgrpo.runs.folder import read_run_json
+from ncgrpo.runs.folder import RECORDS_FILE, read_run_json
 
 #: What a pooled McNemar column is, in its header, where seeds were pooled into it.
 QUESTION_LEVEL = "question-level, pooled over seeds"
