@@ -60,7 +60,7 @@ def model_and_processor(tiny_vl_dir):
 
 
 def _questions(suite_dir: Path, split: str = "test"):
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     return load_questions(["synthetic"], {"synthetic": suite_dir}, split, None)
 

@@ -62,7 +62,7 @@ def argv(model: Path, data: Path, out: Path, engine: str, *extra: str) -> list[s
 
 
 def questions_of(data: Path):
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     return load_questions(["hallusionbench"], {"hallusionbench": data}, "non_image", None)
 

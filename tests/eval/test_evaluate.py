@@ -35,7 +35,7 @@ def suite_dir(tmp_path_factory) -> Path:
 
 
 def _questions(suite_dir: Path):
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     return load_questions(["synthetic"], {"synthetic": suite_dir}, "test", None)
 
