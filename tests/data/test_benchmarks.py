@@ -425,7 +425,14 @@ def test_bad_own_benchmarks_name_the_problem(tmp_path: Path) -> None:
         load_benchmark("shapes", None)
     with pytest.raises(ValueError, match="letters, digits"):
         load_benchmark("my shapes/v2", path)
-    for taken in ("mathvista", "MathVista", "Geometry3K", "geo-3k", "synthetic"):  # tables would relabel them
+    for taken in (
+        "mathvista",
+        "MathVista",
+        "Geometry3K",
+        "geo-3k",
+        "hallusion",
+        "synthetic",
+    ):  # tables would relabel them
         with pytest.raises(ValueError, match="built-in benchmark's name"):
             custom_benchmark(taken)
     bad = tmp_path / "bad.jsonl"

@@ -23,6 +23,7 @@ from ncgrpo.data.benchmarks.registry import (
     ROLE_NAMES,
     BenchmarkSpec,
     custom_benchmark,
+    known_benchmark,
     parse_role,
 )
 from ncgrpo.data.benchmarks.rows import (
@@ -44,6 +45,7 @@ __all__ = [
     "RowContext",
     "custom_benchmark",
     "format_choice_problem",
+    "known_benchmark",
     "load_benchmark",
     "parse_role",
 ]

@@ -47,23 +47,28 @@ class BenchmarkSpec:
     image_columns: tuple[str, ...] = ("image",)
     #: Splits made from another stored split by the loader (``{"image_paper": "image"}``).
     derived_splits: dict[str, str] = field(default_factory=dict)
+    #: The paper's column label (tables and figures); empty: the name.
+    label: str = ""
+    #: Other names the tables know it by, beside its name and its hub repository's name.
+    aliases: tuple[str, ...] = ()
 
 
-#: The benchmarks, one a line: name, role, the split the paper uses, hub repository, row converter,
-#: then where the hub's layout differs from the defaults.
+#: The benchmarks, one a line, in the paper's column order: name, role, the split the paper uses, hub
+#: repository, row converter, the paper's column label, then where the hub's layout differs from the
+#: defaults.
 # fmt: off
 _SPECS = [
-    BenchmarkSpec("geo3k",          "in_domain", "test",                "hiyouga/geometry3k",      _per_row(_geo3k_row),       image_columns=("images",)),
-    BenchmarkSpec("hallusionbench", "ood",       HALLUSION_PAPER_SPLIT, "lmms-lab/HallusionBench", _convert_hallusionbench,    derived_splits={HALLUSION_PAPER_SPLIT: "image"}),
-    BenchmarkSpec("mathvista",      "ood",       "testmini",            "AI4Math/MathVista",       _per_row(_mathvista_row),   image_columns=("decoded_image",)),
-    BenchmarkSpec("mathverse",      "ood",       "testmini",            "AI4Math/MathVerse",       _per_row(_mathverse_row),   hub_config="testmini", files=("{split}.parquet", "{split}.json")),
-    BenchmarkSpec("mathvision",     "ood",       "test",                "MathLLMs/MathVision",     _per_row(_mathvision_row),  image_columns=("decoded_image",)),
-    BenchmarkSpec("wemath",         "ood",       "testmini",            "We-Math/We-Math",         _per_row(_wemath_row),      image_columns=("image_path",)),
-    BenchmarkSpec("pope",           "general",   "test",                "lmms-lab/POPE",           _per_row(_pope_row)),
-    BenchmarkSpec("mmstar",         "general",   "val",                 "Lin-Chen/MMStar",         _per_row(_mmstar_row),      hub_config="val", files=("mmstar.parquet",)),
-    BenchmarkSpec("ai2d",           "general",   "test",                "lmms-lab/ai2d",           _per_row(_ai2d_row)),
-    BenchmarkSpec("realworldqa",    "general",   "test",                "xai-org/RealworldQA",     _per_row(_realworldqa_row)),
-    BenchmarkSpec("chartqa",        "general",   "test",                "HuggingFaceM4/ChartQA",   _per_row(_chartqa_row)),
+    BenchmarkSpec("geo3k",          "in_domain", "test",                "hiyouga/geometry3k",      _per_row(_geo3k_row),       label="Geo3K",       image_columns=("images",)),
+    BenchmarkSpec("hallusionbench", "ood",       HALLUSION_PAPER_SPLIT, "lmms-lab/HallusionBench", _convert_hallusionbench,    label="Hallusion",   derived_splits={HALLUSION_PAPER_SPLIT: "image"}, aliases=("hallusion",)),
+    BenchmarkSpec("mathvista",      "ood",       "testmini",            "AI4Math/MathVista",       _per_row(_mathvista_row),   label="MathVista",   image_columns=("decoded_image",)),
+    BenchmarkSpec("mathverse",      "ood",       "testmini",            "AI4Math/MathVerse",       _per_row(_mathverse_row),   label="MathVerse",   hub_config="testmini", files=("{split}.parquet", "{split}.json")),
+    BenchmarkSpec("mathvision",     "ood",       "test",                "MathLLMs/MathVision",     _per_row(_mathvision_row),  label="MathVision",  image_columns=("decoded_image",)),
+    BenchmarkSpec("wemath",         "ood",       "testmini",            "We-Math/We-Math",         _per_row(_wemath_row),      label="WeMath",      image_columns=("image_path",)),
+    BenchmarkSpec("pope",           "general",   "test",                "lmms-lab/POPE",           _per_row(_pope_row),        label="POPE"),
+    BenchmarkSpec("mmstar",         "general",   "val",                 "Lin-Chen/MMStar",         _per_row(_mmstar_row),      label="MMStar",      hub_config="val", files=("mmstar.parquet",)),
+    BenchmarkSpec("ai2d",           "general",   "test",                "lmms-lab/ai2d",           _per_row(_ai2d_row),        label="AI2D"),
+    BenchmarkSpec("realworldqa",    "general",   "test",                "xai-org/RealworldQA",     _per_row(_realworldqa_row), label="RealWorldQA"),
+    BenchmarkSpec("chartqa",        "general",   "test",                "HuggingFaceM4/ChartQA",   _per_row(_chartqa_row),     label="ChartQA"),
 ]
 # fmt: on
 BENCHMARKS: dict[str, BenchmarkSpec] = {spec.name: spec for spec in _SPECS}
@@ -84,6 +89,19 @@ def _norm_name(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+#: Every name of a built-in benchmark (its name, its hub repository's name, its aliases), as matched.
+_KNOWN_NAMES: dict[str, BenchmarkSpec] = {
+    _norm_name(n): spec for spec in _SPECS for n in (spec.name, spec.hub_id.rsplit("/", 1)[-1], *spec.aliases)
+}
+
+
+def known_benchmark(name: str) -> BenchmarkSpec | None:
+    """The built-in benchmark ``name`` stands for, matched on lower-case letters and digits of its name,
+    its hub repository's name or an alias (so "MathVista", "mathvista", "math_vista" and "Geometry3K"
+    all match); None for any other name."""
+    return _KNOWN_NAMES.get(_norm_name(name))
+
+
 def parse_role(text: str) -> Role:
     """``in-domain`` (or ``in_domain``), ``ood`` or ``general`` to the records' role; else ValueError."""
     role = ROLE_NAMES.get(str(text).strip().lower())
@@ -102,8 +120,8 @@ def custom_benchmark(name: str, role: Role = "in_domain") -> BenchmarkSpec:
         raise ValueError(
             f"benchmark name {name!r}: use letters, digits and _ . + - (it names the records, tables and figures)"
         )
-    builtin = {_norm_name(n) for spec in _SPECS for n in (spec.name, spec.hub_id.rsplit("/", 1)[-1])}
-    if _norm_name(name) in builtin | {"synthetic"}:  # tables label those by the paper's names
+    # tables label those by the paper's names
+    if known_benchmark(name) is not None or _norm_name(name) == "synthetic":
         raise ValueError(f"{name!r} is a built-in benchmark's name; give your own benchmark another name")
     if role not in _ROLES:
         raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
