@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _worker(engine: str, model: str, data: str, out: str, max_new: int, batch: int) -> None:
     t0 = time.perf_counter()
-    from ncgrpo.commands.eval import load_questions
     from ncgrpo.eval.evaluate import DecodingSettings, evaluate, load_for_eval, model_id_of
+    from ncgrpo.eval.questions import load_questions
 
     questions = load_questions(["hallusionbench"], {"hallusionbench": Path(data)}, "non_image", None)
     settings = DecodingSettings(max_new_tokens=max_new, batch_size=batch)

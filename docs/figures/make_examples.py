@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from ncgrpo.eval.plots import plot_dynamics, plot_gains
-from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
+from ncgrpo.eval.records import EvalRecord, RecordWriter
 from ncgrpo.eval.report import load_runs
+from ncgrpo.runs.folder import RECORDS_FILE, RUN_FILE, atomic_write_json
 
 N = 1000  # questions per benchmark
 BENCHMARKS = [

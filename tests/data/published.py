@@ -3,7 +3,7 @@ docs/benchmarks-data.md says so). Test data: the library does not need them."""
 
 from __future__ import annotations
 
-from ncgrpo.data.benchmarks import HALLUSION_PAPER_SPLIT
+from ncgrpo.data.benchmarks.converters import HALLUSION_PAPER_SPLIT
 
 PUBLISHED_ROWS: dict[str, dict[str, int]] = {
     "geo3k": {"train": 2101, "validation": 300, "test": 601},

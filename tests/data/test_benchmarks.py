@@ -12,13 +12,21 @@ from own_benchmark import write_own_benchmark
 from PIL import Image
 from published import PUBLISHED_ROWS
 
-from ncgrpo.data import benchmarks as B
 from ncgrpo.data.benchmarks import (
     BENCHMARKS,
     CHOICE_INSTRUCTION,
     YESNO_INSTRUCTION,
     BenchmarkDataError,
+    RowContext,
+    custom_benchmark,
     load_benchmark,
+    parse_role,
+)
+from ncgrpo.data.benchmarks.rows import (
+    gold_letter,
+    infer_answer_type,
+    split_inline_options,
+    split_option_lines,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -282,13 +290,13 @@ def test_gold_letter_out_of_choices_is_reported(tmp_path):
     ],
 )
 def test_split_inline_options(text, expected):
-    assert B.split_inline_options(text) == expected
+    assert split_inline_options(text) == expected
 
 
 def test_split_option_lines():
-    assert B.split_option_lines("Q?\nA. x\nB. y\nPlease answer.") == ("Q?", ["x", "y"], "Please answer.")
-    assert B.split_option_lines("Q?\n(A) x\n(B) y") == ("Q?", ["x", "y"], "")
-    assert B.split_option_lines("A. only one") is None
+    assert split_option_lines("Q?\nA. x\nB. y\nPlease answer.") == ("Q?", ["x", "y"], "Please answer.")
+    assert split_option_lines("Q?\n(A) x\n(B) y") == ("Q?", ["x", "y"], "")
+    assert split_option_lines("A. only one") is None
 
 
 @pytest.mark.parametrize(
@@ -296,7 +304,7 @@ def test_split_option_lines():
     [("24", "number"), ("1,000", "number"), ("23%", "number"), ("Yes", "yesno"), ("2\\pi", "free")],
 )
 def test_infer_answer_type(answer, expected):
-    assert B.infer_answer_type(answer) == expected
+    assert infer_answer_type(answer) == expected
 
 
 def test_hallusionbench_json_release_with_filenames(tmp_path):
@@ -346,13 +354,13 @@ def test_default_ood_splits_give_the_papers_count():
 def test_gold_letter_is_the_position_of_the_gold_option():
     """MathVista stores the option text; options can look like letters ("(c)" first), and the gold
     letter must be where the gold option is, not the letter its text spells (issue 13)."""
-    ctx = B.RowContext(benchmark="mathvista", label="mathvista", split="testmini")
+    ctx = RowContext(benchmark="mathvista", label="mathvista", split="testmini")
     options = ["(c)", "(a)", "(e)", "(b)"]
-    assert B.gold_letter("(b)", options, ctx, 0, by="text") == "D"
-    assert B.gold_letter("(c)", options, ctx, 0, by="text") == "A"
+    assert gold_letter("(b)", options, ctx, 0, by="text") == "D"
+    assert gold_letter("(c)", options, ctx, 0, by="text") == "A"
     # benchmarks that store a letter keep reading it as a letter
-    assert B.gold_letter("B", ["x", "y"], ctx, 0) == "B"
-    assert B.gold_letter("y", ["x", "y"], ctx, 0) == "B"
+    assert gold_letter("B", ["x", "y"], ctx, 0) == "B"
+    assert gold_letter("y", ["x", "y"], ctx, 0) == "B"
 
 
 def test_mathverse_choice_block_spellings_and_two_answer_rows(tmp_path):
@@ -378,7 +386,7 @@ def test_mathverse_choice_block_spellings_and_two_answer_rows(tmp_path):
 
 
 def test_wemath_full_width_option_marks():
-    assert B.split_inline_options("A. ④;B．⑤;C. ⑥; D. Unknown; E. None of these") == [
+    assert split_inline_options("A. ④;B．⑤;C. ⑥; D. Unknown; E. None of these") == [
         "④",
         "⑤",
         "⑥",
@@ -406,9 +414,9 @@ def test_a_benchmark_of_ones_own_any_name_with_or_without_images(tmp_path: Path)
     (tmp_path / "by-split").mkdir()
     write_own_benchmark(tmp_path / "by-split", "test.jsonl")
     assert len(load_benchmark("shapes_v2", tmp_path / "by-split", limit=3)) == 3
-    assert B.parse_role("in-domain") == "in_domain" and B.parse_role("OOD") == "ood"
+    assert parse_role("in-domain") == "in_domain" and parse_role("OOD") == "ood"
     with pytest.raises(ValueError, match="not one of in-domain, ood, general"):
-        B.parse_role("training")
+        parse_role("training")
 
 
 def test_bad_own_benchmarks_name_the_problem(tmp_path: Path) -> None:
@@ -417,9 +425,16 @@ def test_bad_own_benchmarks_name_the_problem(tmp_path: Path) -> None:
         load_benchmark("shapes", None)
     with pytest.raises(ValueError, match="letters, digits"):
         load_benchmark("my shapes/v2", path)
-    for taken in ("mathvista", "MathVista", "Geometry3K", "geo-3k", "synthetic"):  # tables would relabel them
+    for taken in (
+        "mathvista",
+        "MathVista",
+        "Geometry3K",
+        "geo-3k",
+        "hallusion",
+        "synthetic",
+    ):  # tables would relabel them
         with pytest.raises(ValueError, match="built-in benchmark's name"):
-            B.custom_benchmark(taken)
+            custom_benchmark(taken)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         json.dumps({"id": "x", "problem": "<image> and <image>?", "answer": "1", "image": "mine/fig0.png"})

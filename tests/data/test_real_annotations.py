@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 from published import PUBLISHED_ROWS
 
-from ncgrpo.data.benchmarks import BENCHMARKS, LETTERS, BenchmarkDataError, RowContext, load_benchmark
-from ncgrpo.data.types import Question
+from ncgrpo.data.benchmarks import BENCHMARKS, BenchmarkDataError, RowContext, load_benchmark
+from ncgrpo.data.types import LETTERS, Question
 from ncgrpo.rewards import score
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,17 +25,8 @@ import pytest
 import ncgrpo
 from ncgrpo import cli
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate
-from ncgrpo.eval.records import (
-    LOCK_FILE,
-    RECORDS_FILE,
-    RUN_FILE,
-    DuplicateRecordError,
-    EvalRecord,
-    FolderLock,
-    RecordWriter,
-    atomic_write_json,
-    read_records,
-)
+from ncgrpo.eval.records import DuplicateRecordError, EvalRecord, RecordWriter, read_records
+from ncgrpo.runs.folder import LOCK_FILE, RECORDS_FILE, RUN_FILE, FolderLock, atomic_write_json
 from ncgrpo.toy.synthetic import build_suite, export_geo3k
 from tiny_models import save_tiny_vl
 
@@ -69,7 +60,7 @@ def model_and_processor(tiny_vl_dir):
 
 
 def _questions(suite_dir: Path, split: str = "test"):
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     return load_questions(["synthetic"], {"synthetic": suite_dir}, split, None)
 
@@ -361,7 +352,7 @@ def test_second_eval_into_a_busy_folder_fails_naming_the_holder(tiny_vl_dir, sui
 
 def test_a_lock_held_by_a_killed_process_does_not_block(tmp_path) -> None:
     code = (
-        "import sys, time; from ncgrpo.eval.records import FolderLock; "
+        "import sys, time; from ncgrpo.runs.folder import FolderLock; "
         f"FolderLock({str(tmp_path)!r}, 'holder').acquire(); print('locked', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], env=ENV, stdout=subprocess.PIPE, text=True)

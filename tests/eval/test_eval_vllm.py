@@ -32,8 +32,9 @@ vllm = pytest.importorskip("vllm")
 
 from ncgrpo import cli  # noqa: E402
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate, load_for_eval, model_id_of  # noqa: E402
-from ncgrpo.eval.records import RECORDS_FILE, read_records  # noqa: E402
+from ncgrpo.eval.records import read_records  # noqa: E402
 from ncgrpo.eval.vllm_engine import greedy_sampling_params, vllm_prompts  # noqa: E402
+from ncgrpo.runs.folder import RECORDS_FILE  # noqa: E402
 from tiny_models import save_peaked_vllm_text_model  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -61,7 +62,7 @@ def argv(model: Path, data: Path, out: Path, engine: str, *extra: str) -> list[s
 
 
 def questions_of(data: Path):
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     return load_questions(["hallusionbench"], {"hallusionbench": data}, "non_image", None)
 

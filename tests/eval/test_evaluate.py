@@ -14,8 +14,9 @@ import pytest
 
 from ncgrpo.data.prompts import build_messages
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
-from ncgrpo.eval.records import RECORDS_FILE, read_records
+from ncgrpo.eval.records import read_records
 from ncgrpo.models import load_model_and_processor
+from ncgrpo.runs.folder import RECORDS_FILE
 from ncgrpo.toy.synthetic import build_suite, export_geo3k
 from tiny_models import save_tiny_vl
 
@@ -34,7 +35,7 @@ def suite_dir(tmp_path_factory) -> Path:
 
 
 def _questions(suite_dir: Path):
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     return load_questions(["synthetic"], {"synthetic": suite_dir}, "test", None)
 

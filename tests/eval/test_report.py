@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from ncgrpo import cli
-from ncgrpo.eval.records import RECORDS_FILE, RUN_FILE, EvalRecord, RecordWriter, atomic_write_json
+from ncgrpo.eval.records import EvalRecord, RecordWriter
 from ncgrpo.eval.report import compare, format_p, latex_text, load_runs, print_rich, to_latex, to_markdown
 from ncgrpo.eval.stats import AlignmentError, mcnemar_exact, mcnemar_pooled, seed_level, seed_to_seed
+from ncgrpo.runs.folder import RECORDS_FILE, RUN_FILE, atomic_write_json
 
 N = 1000  # questions per benchmark
 MAIN = [

@@ -400,11 +400,11 @@ def test_a_second_demo_into_the_same_folder_fails_at_once(micro_model, tmp_path)
     import subprocess
     import sys
 
-    from ncgrpo.eval.records import FolderBusyError
+    from ncgrpo.runs.folder import FolderBusyError
 
     out = tmp_path / "demo"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from ncgrpo.eval.records import FolderLock; "
+        [sys.executable, "-c", "import sys, time; from ncgrpo.runs.folder import FolderLock; "
          f"FolderLock({str(out)!r}, 'other demo').acquire(); print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

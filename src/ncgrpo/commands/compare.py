@@ -126,8 +126,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: CompareArgs) -> int:
-    from ncgrpo.eval.records import atomic_write_json, atomic_write_text
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
+    from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
     ct = compare(load_runs(args.runs), args.baseline, args.benchmarks)
     print_rich(ct)

@@ -296,45 +296,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_dataclass_command(sub, "eval", EvalArgs, run, help=HELP, description=DESCRIPTION)
 
 
-def load_questions(
-    names: list[str],
-    paths: dict[str, Path | None],
-    split: str | None,
-    limit: int | None,
-    roles: dict[str, str] | None = None,
-):
-    """The questions of ``names`` (benchmark -> data path or None for the ``datasets`` cache; a name
-    that is not built in is a benchmark of one's own, read from its path). ``roles``: benchmark ->
-    role where ``--data NAME=PATH:ROLE`` gave one.
-
-    A benchmark that yields no question is an error naming where it was read.
-    """
-    from ncgrpo.data.benchmarks import BENCHMARKS, load_benchmark
-
-    roles = roles or {}
-    questions = []
-    for n in names:
-        if n == "synthetic":
-            if paths.get(n) is None:
-                raise UsageError("benchmark 'synthetic' needs --data synthetic=FOLDER (an exported suite)")
-            got = load_benchmark("geo3k", paths[n], split=split or "test", limit=limit)
-        elif n in BENCHMARKS or paths.get(n) is not None:
-            got = load_benchmark(n, paths.get(n), split=split, limit=limit, role=roles.get(n))  # type: ignore[arg-type]
-        else:
-            raise UsageError(
-                f"unknown benchmark {n!r}; known: synthetic, {', '.join(BENCHMARKS)}; a benchmark of your own "
-                f"needs its file: --data {n}=FILE.jsonl[:in-domain|ood|general]"
-            )
-        if not got:
-            where = paths.get(n) or "the datasets cache"
-            raise UsageError(
-                f"benchmark {n!r}: no questions in {where} (split {split or 'default'}); "
-                "is the file empty or the split wrong?"
-            )
-        questions += got
-    return questions
-
-
 def _say_training_run(args: EvalArgs, settings: Any, out: Path) -> None:
     """One line on stderr: whose eval this is and where it goes; and a note where the run trained with
     another prompt template than this eval uses (train and eval share --system_prompt/--math_prompt)."""
@@ -385,7 +346,8 @@ def run(args: EvalArgs) -> int:
         model_id_of,
         run_identity,
     )
-    from ncgrpo.eval.records import RECORDS_FILE, FolderLock
+    from ncgrpo.eval.questions import load_questions
+    from ncgrpo.runs.folder import RECORDS_FILE, FolderLock
 
     out = Path(args.output_dir)
     settings = DecodingSettings(

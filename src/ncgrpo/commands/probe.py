@@ -297,7 +297,7 @@ def _questions(args: ProbeArgs) -> list:
         return qs[: args.prompts]
     import sys
 
-    from ncgrpo.commands.eval import load_questions
+    from ncgrpo.eval.questions import load_questions
 
     qs = load_questions([args.benchmark], {args.benchmark: args.data}, args.split, args.prompts)
     if len(qs) < args.prompts:

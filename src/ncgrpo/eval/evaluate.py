@@ -28,19 +28,18 @@ import torch
 
 from ncgrpo.data.prompts import build_messages, image_hash, prompt_hash, render_prompt
 from ncgrpo.data.types import MATH_PROMPT, Question
-from ncgrpo.eval.records import (
-    RECORDS_FILE,
-    RUN_FILE,
-    EvalRecord,
-    FolderLock,
-    RecordWriter,
-    atomic_write_json,
-    iter_records,
-    repair_torn_tail,
-)
+from ncgrpo.eval.records import EvalRecord, RecordWriter, iter_records
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import Score, score
-from ncgrpo.runs.folder import check_folder_kind, read_run_json
+from ncgrpo.runs.folder import (
+    RECORDS_FILE,
+    RUN_FILE,
+    FolderLock,
+    atomic_write_json,
+    check_folder_kind,
+    read_run_json,
+    repair_torn_tail,
+)
 
 
 @dataclass
@@ -440,7 +439,7 @@ def evaluate(
     seed, ``split`` and ``benchmarks`` as given (e.g. the command line's names, so a rerun may add
     questions of those benchmarks) and the decoding settings but the batch size -- is written to
     ``run.json`` and must match on a rerun. The folder is locked
-    (:class:`~ncgrpo.eval.records.FolderLock`) while it is written; the arguments are checked
+    (:class:`~ncgrpo.runs.folder.FolderLock`) while it is written; the arguments are checked
     before the first byte is written.
     """
     settings = settings or DecodingSettings()

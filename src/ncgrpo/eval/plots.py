@@ -26,8 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ncgrpo.eval.records import METRICS_FILE, iter_json_lines
 from ncgrpo.eval.report import ComparisonTable, Run, compare
+from ncgrpo.runs.folder import METRICS_FILE, iter_json_lines
 
 #: Noise-panel metrics (written by the trainer for hidden-noise methods).
 SIGMA_KEY = "noise/sigma_k"

@@ -27,20 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The folder's layout, writers and lock live in ncgrpo.runs.folder; re-exported here for existing imports.
-from ncgrpo.runs.folder import (  # noqa: F401
-    LOCK_FILE,
-    METRICS_FILE,
-    RECORDS_FILE,
-    RUN_FILE,
-    FolderBusyError,
-    FolderLock,
-    _complete_part,
-    atomic_write_json,
-    atomic_write_text,
-    iter_json_lines,
-    repair_torn_tail,
-)
+from ncgrpo.runs.folder import iter_json_lines, repair_torn_tail
 
 
 @dataclass

@@ -992,8 +992,8 @@ def _report(
     """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files; the
     base model's row first when ``base_eval`` is given."""
     from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics
-    from ncgrpo.eval.records import atomic_write_json, atomic_write_text
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
+    from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
     dirs = ([base_eval] if base_eval is not None else []) + [r.eval_dir for r in runs]
     ct = compare(load_runs(dirs), BASELINE)
