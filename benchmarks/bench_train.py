@@ -96,7 +96,9 @@ def _tiny_grpo():
 
 
 def parse_args(argv=None):
-    from ncgrpo.core.plan import ROLLOUT_METHODS
+    from ncgrpo.methods import method_names
+
+    ROLLOUT_METHODS = method_names()
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -6,7 +6,8 @@ exception (every module of a package has the package's layer):
 0. ``core``                                 the paper's math, pure tensor code
 1. ``processors``, ``models``, ``data``,     model-independent inputs and model loading; the run
    ``runs``                                  folder's files
-2. ``rewards``, ``engines``                the scorer; engine adapters around the core
+2. ``rewards``, ``engines``, ``methods``   the scorer; engine adapters around the core; the rollout
+                                             methods (each says how it uses the engines)
 3. ``eval``, ``trainer``, ``integrations``  the evaluation protocol and the probe; the TRL seam
 4. ``driver``                               what builds and runs a trainer, shared by train and the demo
 5. ``toy``                                  the embedded default (the library never imports it)
@@ -31,6 +32,7 @@ LAYERS = {
     "runs": 1,
     "rewards": 2,
     "engines": 2,
+    "methods": 2,
     "eval": 3,
     "trainer": 3,
     "integrations": 3,

@@ -582,9 +582,11 @@ def test_first_token_temperature_anneals_on_the_noise_schedule(tmp_path) -> None
         schedule_k_mid=40,
     )
     K = 60
-    assert tr.first_token_temperature_at(1, K) == pytest.approx(3.0, abs=1e-3)
-    assert tr.first_token_temperature_at(40, K) == pytest.approx(2.0)  # k_mid: half the excess
-    assert tr.first_token_temperature_at(60, K) == pytest.approx(1.0, abs=1e-3)
+    assert get_method("first_token_temperature").temperature_at(tr, 1, K) == pytest.approx(3.0, abs=1e-3)
+    assert get_method("first_token_temperature").temperature_at(tr, 40, K) == pytest.approx(
+        2.0
+    )  # k_mid: half the excess
+    assert get_method("first_token_temperature").temperature_at(tr, 60, K) == pytest.approx(1.0, abs=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------

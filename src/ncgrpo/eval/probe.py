@@ -66,7 +66,7 @@ from ncgrpo.core.marginal import (
 )
 from ncgrpo.core.noise import RowNoise, noise_seed
 from ncgrpo.core.plan import plan_group, prompt_noise_id
-from ncgrpo.data.prompts import build_messages
+from ncgrpo.data.prompts import render_prompt
 from ncgrpo.data.types import Question
 from ncgrpo.engines.branch_point import (
     branch_point_capture,
@@ -90,10 +90,7 @@ __all__ = ["probe"]
 
 def _inputs(processor: Any, questions: Sequence[Question], repeat: int, device: torch.device) -> dict:
     """Left-padded model inputs for ``questions``, each row repeated ``repeat`` times (prompt-major)."""
-    texts = [
-        processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
-        for q in questions
-    ]
+    texts = [render_prompt(processor, q) for q in questions]
     rep = [t for t in texts for _ in range(repeat)]
     tok = tokenizer_of(processor)
     old = getattr(tok, "padding_side", "left")

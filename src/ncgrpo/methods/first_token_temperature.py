@@ -27,6 +27,11 @@ class FirstTokenTemperature(RolloutMethod):
         """The starting temperature: the calibrated one with ``first_token_temperature_auto``."""
         return float(tr.first_token_t0 if tr.first_token_t0 is not None else tr.args.first_token_temperature)
 
+    def temperature_at(self, tr: Any, k: int, K: int) -> float:
+        """``T_k = T + (T0 - T) * decay_k`` (:meth:`ncgrpo.core.schedule.Schedule.temperature`): annealed to
+        the sampling temperature exactly as ``sigma_k`` anneals to 0."""
+        return tr.schedule.temperature(k, K, tr.temperature, self.t0(tr))
+
     def begin_generation(
         self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
@@ -35,7 +40,7 @@ class FirstTokenTemperature(RolloutMethod):
         gen.sigma_k = 0.0
         if tr.args.first_token_temperature_auto and tr.first_token_t0 is None:
             tr.first_token_t0 = tr.calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
-        gen.first_token_temperature = tr.schedule.temperature(k, K, tr.temperature, self.t0(tr))
+        gen.first_token_temperature = self.temperature_at(tr, k, K)
 
     def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> None:
         """The noisy rows' first-token logits times ``T / T_k`` (:func:`ncgrpo.engines.controls.first_token_temperature`);

@@ -234,13 +234,6 @@ class NCGRPOTrainer(GRPOTrainer):
             gradient_accumulation_steps=self.args.gradient_accumulation_steps,
         )
 
-    def first_token_temperature_at(self, k: int, K: int) -> float:
-        """The control's first-token temperature at ``k``: ``T + (T0 - T) * decay_k`` (eq. 3's decay), so
-        it anneals to the sampling temperature exactly as ``sigma_k`` anneals to 0. ``T0`` is the calibrated
-        one with ``first_token_temperature_auto``."""
-        t0 = self.first_token_t0 if self.first_token_t0 is not None else self.args.first_token_temperature
-        return self.schedule.temperature(k, K, self.temperature, t0)
-
     def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
         """``first_token_temperature_auto``'s T0 on this generation's prompts
         (:func:`ncgrpo.trainer.metrics.calibrate_first_token_t0`)."""
