@@ -36,7 +36,7 @@ from ncgrpo.eval.records import (
     atomic_write_json,
     read_records,
 )
-from ncgrpo.toy.synthetic import build_suite, export_geo3k
+from ncgrpo.toy.suite import build_suite, export_geo3k
 from tiny_models import save_tiny_vl
 
 SRC = str(Path(ncgrpo.__file__).resolve().parents[1])

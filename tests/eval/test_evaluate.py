@@ -16,7 +16,7 @@ from ncgrpo.data.prompts import build_messages
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
 from ncgrpo.eval.records import RECORDS_FILE, read_records
 from ncgrpo.models import load_model_and_processor
-from ncgrpo.toy.synthetic import build_suite, export_geo3k
+from ncgrpo.toy.suite import build_suite, export_geo3k
 from tiny_models import save_tiny_vl
 
 

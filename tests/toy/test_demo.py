@@ -14,7 +14,7 @@ import pytest
 
 from ncgrpo.toy.demo import run_demo
 from ncgrpo.toy.demo_config import BASELINE, DemoConfig
-from ncgrpo.toy.synthetic import first_per_family
+from ncgrpo.toy.suite import first_per_family
 
 FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "pope")
 

@@ -289,7 +289,7 @@ def _questions(
             if synthetic is None:
                 raise ValueError(
                     "dataset_name synthetic with no dataset_path needs a suite generator; pass dataset_path "
-                    "(a folder written by ncgrpo.toy.synthetic.export_geo3k)"
+                    "(a folder written by ncgrpo.toy.suite.export_geo3k)"
                 )
             synthetic(folder, seed)
         path = str(folder)
@@ -492,7 +492,7 @@ def smoke_settings(parsed) -> dict[str, Any]:
     ``run_name`` + ``-smoke`` (so the default output folder is not the full run's)."""
     from ncgrpo.core.noise import parse_noise_site
     from ncgrpo.models import text_layers
-    from ncgrpo.toy.pretrain import ensure_base_model
+    from ncgrpo.toy.base_model import ensure_base_model
 
     base = ensure_base_model()
     out = dict(SMOKE_SETTINGS)
@@ -1087,7 +1087,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _synthetic_suite(folder, seed: int) -> None:
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     export_geo3k(build_suite(seed=seed), folder)
 

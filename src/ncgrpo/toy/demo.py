@@ -6,11 +6,11 @@ on the in-domain test set, on OOD benchmarks and on a general-capability battery
 method with vanilla GRPO by per-question exact McNemar tests (Tables 1-2, Figure 1). The demo runs
 exactly that pipeline at toy scale, with the same code the full-scale runs use:
 
-1. the synthetic suite (:func:`ncgrpo.toy.synthetic.build_suite`) exported once in Geometry3K's
-   schema (:func:`~ncgrpo.toy.synthetic.export_geo3k`) into ``OUT/suite`` and read back through the
+1. the synthetic suite (:func:`ncgrpo.toy.suite.build_suite`) exported once in Geometry3K's
+   schema (:func:`~ncgrpo.toy.suite.export_geo3k`) into ``OUT/suite`` and read back through the
    Geometry3K loader (:func:`ncgrpo.data.geometry3k.load_geometry3k`), so training data takes the
    real-data path;
-2. the embedded base model (:func:`ncgrpo.toy.pretrain.ensure_base_model`: a tiny Qwen2.5-VL fine-tuned on
+2. the embedded base model (:func:`ncgrpo.toy.base_model.ensure_base_model`: a tiny Qwen2.5-VL fine-tuned on
    the suite's reasoning traces), or ``--model_name_or_path PATH``;
 3. one training run per configuration and seed with :class:`ncgrpo.trainer.NCGRPOTrainer` (TRL 1.16
    GRPO underneath), reward :data:`ncgrpo.rewards.math_reward`, frozen vision tower, ``K = steps``
@@ -40,7 +40,7 @@ without a prefix that site changes no rollout (measured: NC-GRPO's logged steps 
 the test records were identical). The demo therefore trains with ``branch_prefix="<think>"``
 (:mod:`ncgrpo.prefix`; evaluation keeps the plain prompt): the branch point is then the first reasoning
 token, where the base chooses among five openings, four derivations and an image-blind shortcut
-(:func:`ncgrpo.toy.synthetic.shortcut_trace`; ``ncgrpo probe``: first-token entropy 1.7 nats, 6.1% of
+(:func:`ncgrpo.toy.traces.shortcut_trace`; ``ncgrpo probe``: first-token entropy 1.7 nats, 6.1% of
 noisy rollouts differ from their common-random-number clean partner at sigma 0.2). What GRPO learns
 here is that choice: the base's greedy answer is the shortcut, and the derivations earn more reward. The demo
 still checks after training whether the two runs were identical and says so under the table
@@ -79,7 +79,7 @@ from ncgrpo.toy.demo_stages import (
     _say,
     check_settings,
 )
-from ncgrpo.toy.synthetic import first_per_family
+from ncgrpo.toy.suite import first_per_family
 
 __all__ = ["quiet_libraries", "run_demo"]
 

@@ -1,5 +1,5 @@
 """``ncgrpo demo``'s stages: the suite, the base model, each run's training and evaluation
-(:class:`DemoRun`), the report and its notes; the protocol is described in :mod:`ncgrpo.toy.demo`."""
+(:class:`~ncgrpo.toy.demo_config.DemoRun`), the report and its notes; the protocol is described in :mod:`ncgrpo.toy.demo`."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def _ensure_suite(cfg: DemoConfig) -> Path:
     """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema); its seed and
     sizes are kept in ``suite.json``, and a rerun with others is refused."""
     from ncgrpo.runs.folder import atomic_write_json, changed_identity
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     path = cfg.output_dir / "suite"
     marker = path / SUITE_MARKER
@@ -195,7 +195,7 @@ def _ensure_suite(cfg: DemoConfig) -> Path:
 def _base_model(cfg: DemoConfig) -> Path:
     if cfg.model_name_or_path is not None:
         return cfg.model_name_or_path
-    from ncgrpo.toy.pretrain import ensure_base_model
+    from ncgrpo.toy.base_model import ensure_base_model
 
     _say(cfg, "getting the embedded base model (built on first use, then cached)")
     return ensure_base_model(cfg.cache_dir)
