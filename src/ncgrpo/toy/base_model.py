@@ -76,6 +76,9 @@ def _is_complete(path: Path) -> bool:
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
+    """A blocking ``flock`` on ``path``: a second builder (another process or thread) waits for the first
+    and then finds its build. Not :class:`ncgrpo.runs.folder.FolderLock`, which refuses a second writer at
+    once and is re-entrant within a process (two threads would both build)."""
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
