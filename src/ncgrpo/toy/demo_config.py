@@ -77,8 +77,6 @@ NOT_RUN_SETTINGS = frozenset(
 
 
 # ------------------------------------------------------------------------------------ configuration
-
-
 def _trainer_field(name: str, help: str, *, default: Any = dataclasses.MISSING, listed: bool = False) -> Any:
     """A :class:`DemoConfig` field that is ``NCGRPOConfig``'s field ``name`` (the demo's runs get it under
     that name, :meth:`DemoConfig.trainer_settings`): its default is ``NCGRPOConfig``'s unless the demo
