@@ -213,6 +213,20 @@ def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(mo
     )
 
 
+def test_the_demos_trainer_fields_take_ncgrpo_configs_defaults() -> None:
+    """A DemoConfig field that is an NCGRPOConfig field has NCGRPOConfig's default where the demo sets
+    none of its own, and a name NCGRPOConfig lacks fails when the field is declared."""
+    from ncgrpo.toy.demo_config import _trainer_field
+    from ncgrpo.trainer import NCGRPOConfig
+
+    cfg, trainer = DemoConfig(), NCGRPOConfig.__dataclass_fields__
+    for name in ("num_generations", "lr_scheduler_type", "noise_site"):
+        assert getattr(cfg, name) == trainer[name].default, name
+    assert list(cfg.sigma0) == [trainer["sigma0"].default]
+    with pytest.raises(KeyError):
+        _trainer_field("no_such_setting", "help")
+
+
 def test_the_noise_site_is_part_of_only_the_hidden_noise_runs(tmp_path) -> None:
     """Vanilla GRPO (and the image method) are the same runs at any noise site, so a rerun with another
     --noise_site into the same folder reuses them; NC-GRPO's run is another run."""
