@@ -23,7 +23,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from ncgrpo.toy.demo import DemoConfig, run_demo
+from ncgrpo.toy.demo import run_demo
+from ncgrpo.toy.demo_config import DemoConfig
 
 
 def _records(result) -> dict[str, bytes]:

@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> Path:
 
     import torch
 
-    from ncgrpo.toy.pretrain import ensure_base_model
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.base_model import ensure_base_model
+    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     suite = out / "suite"
     if not (suite / "data").is_dir():

@@ -20,8 +20,8 @@ from peft import LoraConfig, PeftModel
 from ncgrpo.data.geometry3k import to_trl_dataset
 from ncgrpo.models import load_model_and_processor
 from ncgrpo.rewards import math_reward
-from ncgrpo.toy.pretrain import ensure_base_model
-from ncgrpo.toy.synthetic import build_suite
+from ncgrpo.toy.base_model import ensure_base_model
+from ncgrpo.toy.suite import build_suite
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer
 
 

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dataset = load_jsonl(data)
     model_path = args.model_name_or_path
     if model_path is None:
-        from ncgrpo.toy.pretrain import ensure_base_model
+        from ncgrpo.toy.base_model import ensure_base_model
 
         model_path = ensure_base_model()
     model, processor = load_model_and_processor(model_path)

@@ -32,7 +32,7 @@ from ncgrpo.models import load_model_and_processor
 
 def my_questions(n: int) -> list[Question]:
     """Your prompts as ``Question``s: the text (without the math prompt), the gold answer, the images."""
-    from ncgrpo.toy.synthetic import build_suite
+    from ncgrpo.toy.suite import build_suite
 
     suite = build_suite(seed=0, sizes={"train": n, "validation": 1, "test": 1})
     return suite["train"][:n]  # e.g. Question("mine", "q1", "What is 2 + 3?", "5") for a text model
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     path = args.model_name_or_path
     if path is None:
-        from ncgrpo.toy.pretrain import ensure_base_model
+        from ncgrpo.toy.base_model import ensure_base_model
 
         path = ensure_base_model()
     model, processor = load_model_and_processor(path)

@@ -296,7 +296,7 @@ def test_the_demo_time_is_one_figure() -> None:
     assert m, "README.md's demo paragraph gives no measured time in seconds"
     figure = f"{m.group(1)} s"
     pages = ["docs/embedded-base.md", "docs/quickstart.md", "docs/benchmarks.md"]
-    pages += ["src/ncgrpo/toy/demo.py", "src/ncgrpo/commands/demo.py"]
+    pages += ["src/ncgrpo/toy/demo_config.py", "src/ncgrpo/commands/demo.py"]
     missing = [p for p in pages if figure not in (ROOT / p).read_text()]
     assert not missing, f"these do not give the README's demo time ({figure}): {missing}"
 

@@ -157,8 +157,8 @@ def test_embedded_base_marginal_within_monte_carlo_error_of_an_independent_compu
     import math
 
     from ncgrpo.models import load_model_and_processor
-    from ncgrpo.toy.pretrain import ensure_base_model
-    from ncgrpo.toy.synthetic import build_suite
+    from ncgrpo.toy.base_model import ensure_base_model
+    from ncgrpo.toy.suite import build_suite
 
     model, processor = load_model_and_processor(str(ensure_base_model()), dtype="float32", device="cpu")
     qs = [q for q in build_suite(0, {"train": 40})["train"] if q.metadata["family"] == "geometry"][:3]
@@ -357,13 +357,13 @@ def test_probe_cli_refuses_a_device_and_threads_it_cannot_use_before_loading_any
 def _no_model(monkeypatch):
     """Make loading a model (or the embedded base) fail loudly: a check that ran after it shows up."""
     import ncgrpo.models
-    import ncgrpo.toy.pretrain
+    import ncgrpo.toy.base_model
 
     def loaded(*a, **k):
         raise AssertionError("the model was loaded before the check")
 
     monkeypatch.setattr(ncgrpo.models, "load_model_and_processor", loaded)
-    monkeypatch.setattr(ncgrpo.toy.pretrain, "ensure_base_model", loaded)
+    monkeypatch.setattr(ncgrpo.toy.base_model, "ensure_base_model", loaded)
 
 
 def test_probe_cli_checks_its_settings_and_output_file_before_the_model(tmp_path, capsys, monkeypatch):

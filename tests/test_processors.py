@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from ncgrpo.models import load_processor
-from ncgrpo.toy.pretrain import ASSET_DIR, encode_example
+from ncgrpo.toy.pretrain import ASSET_DIR
+from ncgrpo.toy.sft_data import encode_example
 
 #: ncgrpo.processors.STANDARD_IMAGE_ONLY_PROCESSOR (spelt out: the tests import nothing new from ncgrpo at
 #: module level, so on a version without it they fail on what they check, not on an import)
@@ -102,7 +103,7 @@ def _as_first_saved(folder) -> None:
 def _outputs(proc) -> dict:
     """What the demo, eval and TRL ask of the processor, on the synthetic suite's prompts and images."""
     from ncgrpo.data.prompts import build_messages
-    from ncgrpo.toy.synthetic import build_suite
+    from ncgrpo.toy.suite import build_suite
 
     qs = build_suite(0)["validation"][:40:3]
     out = {}

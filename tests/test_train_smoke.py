@@ -29,7 +29,7 @@ MARGINAL_METHODS = {"latent", "antithetic", "spsa", "first_token_marginal"}
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic suite in Geometry3K's layout, generated once (what --smoke generates per run)."""
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     folder = tmp_path_factory.mktemp("suite")
     export_geo3k(build_suite(seed=1), folder)
@@ -67,7 +67,7 @@ def test_every_recipe_smoke_form_passes_the_dry_run(
 ) -> None:
     """The smoke form keeps the method, its settings, G and the updates per rollout batch, and shrinks
     the rest; it passes every check the real run makes before the model loads."""
-    from ncgrpo.toy.pretrain import ensure_base_model
+    from ncgrpo.toy.base_model import ensure_base_model
 
     out = tmp_path / "run"
     argv = _smoke_argv(recipe, out, suite)

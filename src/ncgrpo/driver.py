@@ -57,7 +57,7 @@ def _questions(
             if synthetic is None:
                 raise ValueError(
                     "dataset_name synthetic with no dataset_path needs a suite generator; pass dataset_path "
-                    "(a folder written by ncgrpo.toy.synthetic.export_geo3k)"
+                    "(a folder written by ncgrpo.toy.suite.export_geo3k)"
                 )
             synthetic(folder, seed)
         path = str(folder)

@@ -27,7 +27,7 @@ from ncgrpo import cli
 from ncgrpo.eval.evaluate import DecodingSettings, evaluate
 from ncgrpo.eval.records import DuplicateRecordError, EvalRecord, RecordWriter, read_records
 from ncgrpo.runs.folder import LOCK_FILE, RECORDS_FILE, RUN_FILE, FolderLock, atomic_write_json
-from ncgrpo.toy.synthetic import build_suite, export_geo3k
+from ncgrpo.toy.suite import build_suite, export_geo3k
 from tiny_models import save_tiny_vl
 
 SRC = str(Path(ncgrpo.__file__).resolve().parents[1])

@@ -219,7 +219,7 @@ def test_vlm_records_equal_transformers_records(tmp_path, capsys) -> None:
     ``multi_modal_data`` and must answer as transformers does, record for record. Needs torchvision,
     which scripts/setup_vllm.sh installs (on a CPU-only torch without its C++ operators)."""
     pytest.importorskip("torchvision")
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.suite import build_suite, export_geo3k
     from tiny_models import save_tiny, tiny_qwen2_5_vl
     from vlm_fixtures import VLLM_VL_SIZES, WINDOW_SIZE, vllm_vl_processor
 

@@ -17,7 +17,7 @@ from ncgrpo.eval.evaluate import DecodingSettings, evaluate, model_id_of
 from ncgrpo.eval.records import read_records
 from ncgrpo.models import load_model_and_processor
 from ncgrpo.runs.folder import RECORDS_FILE
-from ncgrpo.toy.synthetic import build_suite, export_geo3k
+from ncgrpo.toy.suite import build_suite, export_geo3k
 from tiny_models import save_tiny_vl
 
 

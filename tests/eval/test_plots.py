@@ -491,7 +491,8 @@ def test_plot_takes_a_demo_folder_for_its_runs(tmp_path, capsys) -> None:
 @pytest.mark.slow
 def test_plot_and_compare_a_real_demo_folder(tmp_path, capsys) -> None:
     """A real (tiny) ncgrpo demo on the embedded base: its output folder is all plot and compare need."""
-    from ncgrpo.toy.demo import DemoConfig, run_demo
+    from ncgrpo.toy.demo import run_demo
+    from ncgrpo.toy.demo_config import DemoConfig
 
     demo = tmp_path / "demo"
     run_demo(

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ncgrpo.toy.demo import BASELINE, DemoConfig, first_per_family, run_demo
+from ncgrpo.toy.demo import run_demo
+from ncgrpo.toy.demo_config import BASELINE, DemoConfig
+from ncgrpo.toy.suite import first_per_family
 
 FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "pope")
 
@@ -177,7 +179,7 @@ def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(mo
     name, and a new demo-only field is part of each run's identity, all with no edit to the demo."""
     import dataclasses
 
-    from ncgrpo.toy.demo import DemoRun
+    from ncgrpo.toy.demo_config import DemoRun
     from ncgrpo.trainer import NCGRPOConfig
 
     @dataclasses.dataclass
@@ -211,10 +213,24 @@ def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(mo
     )
 
 
+def test_the_demos_trainer_fields_take_ncgrpo_configs_defaults() -> None:
+    """A DemoConfig field that is an NCGRPOConfig field has NCGRPOConfig's default where the demo sets
+    none of its own, and a name NCGRPOConfig lacks fails when the field is declared."""
+    from ncgrpo.toy.demo_config import _trainer_field
+    from ncgrpo.trainer import NCGRPOConfig
+
+    cfg, trainer = DemoConfig(), NCGRPOConfig.__dataclass_fields__
+    for name in ("num_generations", "lr_scheduler_type", "noise_site"):
+        assert getattr(cfg, name) == trainer[name].default, name
+    assert list(cfg.sigma0) == [trainer["sigma0"].default]
+    with pytest.raises(KeyError):
+        _trainer_field("no_such_setting", "help")
+
+
 def test_the_noise_site_is_part_of_only_the_hidden_noise_runs(tmp_path) -> None:
     """Vanilla GRPO (and the image method) are the same runs at any noise site, so a rerun with another
     --noise_site into the same folder reuses them; NC-GRPO's run is another run."""
-    from ncgrpo.toy.demo import DemoRun
+    from ncgrpo.toy.demo_config import DemoRun
 
     def settings(cfg: DemoConfig, method: str) -> dict:
         spec = next(m for m in cfg.methods() if m.rollout_method == method)
@@ -337,7 +353,8 @@ def test_demo_resumes_evaluation_of_a_trained_run(micro_model, tmp_path) -> None
 
 def test_note_flags_a_noisy_run_identical_to_vanilla(tmp_path) -> None:
     """Equal per-step traces mean the noise changed no rollout: the report must say so."""
-    from ncgrpo.toy.demo import RunResult, _notes
+    from ncgrpo.toy.demo_config import RunResult
+    from ncgrpo.toy.demo_stages import _notes
 
     def run(name, method, rows):
         d = tmp_path / name
@@ -484,7 +501,8 @@ def test_note_blames_zero_reward_variance_not_the_noise(tmp_path) -> None:
     """Issue 26, item 6: every completion clipped at --max_completion_length 8 and scored 0 makes every
     logged step of every run equal whatever the noise did; the note says no group had reward variance
     (read from frac_reward_zero_std) instead of blaming the noise."""
-    from ncgrpo.toy.demo import RunResult, _notes
+    from ncgrpo.toy.demo_config import RunResult
+    from ncgrpo.toy.demo_stages import _notes
 
     def run(name, method, rows):
         d = tmp_path / name

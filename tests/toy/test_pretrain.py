@@ -13,8 +13,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from ncgrpo.data.prompts import render_prompt
+from ncgrpo.toy import base_model, sft_data, vision_warmup
 from ncgrpo.toy import pretrain as pt
-from ncgrpo.toy.synthetic import build_suite, corpus, warmup_trace
+from ncgrpo.toy.suite import build_suite
+from ncgrpo.toy.traces import corpus, warmup_trace
 from tiny_models import EOS_TOKEN, build_processor, build_tokenizer
 
 # A miniature of the real recipe: small suite, small pool, the "micro" model.
@@ -53,31 +56,31 @@ def test_sft_pool_is_disjoint_from_the_suite_and_deterministic():
     suite = build_suite(0, {"train": 30, "validation": 8, "test": 8})
     hashes = {q.metadata["hash"] for qs in suite.values() for q in qs}
     counts = {"geometry": 12, "compare": 6, "pope": 6}
-    a = pt.sft_pool(0, counts, exclude=hashes)
-    b = pt.sft_pool(0, counts, exclude=hashes)
+    a = sft_data.sft_pool(0, counts, exclude=hashes)
+    b = sft_data.sft_pool(0, counts, exclude=hashes)
     assert [q.metadata["hash"] for q in a] == [q.metadata["hash"] for q in b]
     assert {q.metadata["family"] for q in a} == set(counts)
     assert len(a) == sum(counts.values())
     assert not hashes & {q.metadata["hash"] for q in a}
     assert len({q.metadata["hash"] for q in a}) == len(a)
     # A hash in `exclude` is never drawn: excluding the first item of a pool skips exactly that item.
-    c = pt.sft_pool(0, {"geometry": 3}, exclude={a[0].metadata["hash"]})
+    c = sft_data.sft_pool(0, {"geometry": 3}, exclude={a[0].metadata["hash"]})
     assert a[0].metadata["hash"] not in {q.metadata["hash"] for q in c}
 
 
 def test_sft_pool_rejects_unknown_families_and_negative_counts():
     with pytest.raises(ValueError, match="unknown families.*'geometri'"):
-        pt.sft_pool(0, {"geometri": 3})
+        sft_data.sft_pool(0, {"geometri": 3})
     with pytest.raises(ValueError, match="'pope' must be >= 0"):
-        pt.sft_pool(0, {"pope": -1})
+        sft_data.sft_pool(0, {"pope": -1})
 
 
 def test_encode_example_masks_the_prompt_and_uses_the_generation_prompt():
     suite = build_suite(0, {"train": 4, "validation": 2, "test": 2})
     proc = build_processor(build_tokenizer(corpus(suite), vocab_size=512), image_size=84)
     q = suite["validation"][0]
-    ex = pt.encode_example(proc, q)
-    prompt = pt._prompt_text(proc, q)
+    ex = sft_data.encode_example(proc, q)
+    prompt = render_prompt(proc, q)
     enc = proc(text=[prompt], images=[q.images], return_tensors="pt")
     # The prompt part is exactly what generation feeds the model (image pads expanded).
     assert torch.equal(ex.input_ids[: ex.prompt_len], enc["input_ids"][0])
@@ -85,7 +88,7 @@ def test_encode_example_masks_the_prompt_and_uses_the_generation_prompt():
     tok = proc.tokenizer
     assert tok.decode(ex.input_ids[ex.prompt_len :]) == warmup_trace(q) + EOS_TOKEN  # its opening
 
-    batch = pt.collate([ex, pt.encode_example(proc, suite["validation"][1])], tok.pad_token_id)
+    batch = sft_data.collate([ex, sft_data.encode_example(proc, suite["validation"][1])], tok.pad_token_id)
     labels, ids, mask = batch["labels"], batch["input_ids"], batch["attention_mask"]
     assert labels.shape == ids.shape == mask.shape
     row = labels[0]
@@ -109,9 +112,9 @@ def test_sft_forward_sees_the_positions_generation_uses():
         processor=proc, seed=0, **{k: v for k, v in pt.SIZES["micro"].items() if k != "vocab_size"}
     )
     q = suite["validation"][0]
-    ex = pt.encode_example(proc, q)
-    batch = pt.collate([ex], proc.tokenizer.pad_token_id)
-    gen_inputs = proc(text=[pt._prompt_text(proc, q)], images=[q.images], return_tensors="pt")
+    ex = sft_data.encode_example(proc, q)
+    batch = sft_data.collate([ex], proc.tokenizer.pad_token_id)
+    gen_inputs = proc(text=[render_prompt(proc, q)], images=[q.images], return_tensors="pt")
     with torch.no_grad():
         train_logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits  # (1, L, V)
         gen_logits = model(**gen_inputs).logits  # (1, prompt_len, V)
@@ -189,7 +192,7 @@ def test_focused_phase_draws_only_its_families_then_the_mix_resumes(tmp_path, mo
     """The schedule: ``steps`` mixed steps at ``lr`` (after its warm-up), ``focus_steps`` on the focus
     families' items at ``late_lr``, ``final_steps`` mixed at ``late_lr``."""
     seen: list[tuple[list[str], float]] = []
-    real_collate, real_step = pt.collate, pt._sft_step
+    real_collate, real_step = sft_data.collate, pt._sft_step
     batches: list[list[str]] = []
 
     def collate(examples, pad_id):
@@ -274,16 +277,16 @@ def test_pretrain_rejects_bad_arguments(tmp_path):
 def test_scene_targets_read_every_family_off_the_spec():
     from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES
 
-    layout = pt._target_layout()
+    layout = vision_warmup._target_layout()
     colours, shapes = list(COLOURS), list(SHAPES)
-    items = pt.sft_pool(
+    items = sft_data.sft_pool(
         0, {"geometry": 40, "counting": 10, "bar_chart": 10, "compare": 10, "colour_choice": 10, "pope": 10}
     )
     seen_corners = set()
     for q in items:
         spec = q.metadata["spec"]
         scene, kind = spec["scene"], spec["ask"]["kind"]
-        t, m = pt.scene_targets(spec)
+        t, m = vision_warmup.scene_targets(spec)
 
         def part(name, t=t):
             a, b = layout[name]
@@ -295,7 +298,7 @@ def test_scene_targets_read_every_family_off_the_spec():
             assert applies == {"corners", "labels"}
             assert int(part("corners").argmax()) == len(scene["vertices"]) - 3 and part("corners").sum() == 1
             seen_corners.add(len(scene["vertices"]))
-            written = {pt.LABEL_VALUES[j] for j in part("labels").nonzero().flatten().tolist()}
+            written = {vision_warmup.LABEL_VALUES[j] for j in part("labels").nonzero().flatten().tolist()}
             assert written == {lab["text"] for lab in scene["labels"]}
             if kind in ("sides", "angle_sum"):
                 assert not written
@@ -322,23 +325,23 @@ def test_scene_targets_read_every_family_off_the_spec():
             ]
     assert seen_corners == {3, 4, 5, 6}
     with pytest.raises(ValueError, match="no vision targets for scene type 'pie'"):
-        pt.scene_targets({"scene": {"type": "pie"}, "ask": {}})
+        vision_warmup.scene_targets({"scene": {"type": "pie"}, "ask": {}})
 
 
 def test_vision_warmup_draws_fresh_scenes_outside_the_suite():
     suite = build_suite(0, {"train": 4, "validation": 2, "test": 30})
     hashes = pt._suite_hashes(suite)
-    stream = pt._scene_stream(0, "compare", hashes)
+    stream = vision_warmup._scene_stream(0, "compare", hashes)
     drawn = [next(stream) for _ in range(50)]
-    from ncgrpo.toy.synthetic import content_hash
+    from ncgrpo.toy.suite import content_hash
 
     keys = [content_hash("compare", it.problem, it.spec) for it in drawn]
     assert not set(keys) & hashes and len(set(keys)) == 50  # fresh, and never a suite item
     assert all(it.image is not None for it in drawn)
-    again = pt._scene_stream(0, "compare", hashes)
+    again = vision_warmup._scene_stream(0, "compare", hashes)
     assert [content_hash("compare", it.problem, it.spec) for it in (next(again) for _ in range(50))] == keys
     # the stream really skips excluded items: exclude its own first draw
-    first = next(pt._scene_stream(0, "compare", {keys[0]}))
+    first = next(vision_warmup._scene_stream(0, "compare", {keys[0]}))
     assert content_hash("compare", first.problem, first.spec) == keys[1]
 
 
@@ -352,13 +355,13 @@ def test_vision_warmup_trains_only_the_vision_tower_and_lowers_its_loss():
     model = tiny_qwen2_5_vl(processor=proc, seed=0, **dims)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(123)
-    losses = pt._vision_warmup(model, proc, steps=30, lr=3e-3, batch_size=14, seed=0)
+    losses = vision_warmup._vision_warmup(model, proc, steps=30, lr=3e-3, batch_size=14, seed=0)
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all(n.startswith("model.visual.") for n in changed), sorted(changed)
     assert any("merger" in n for n in changed) and any("patch_embed" in n for n in changed)
-    assert pt._vision_warmup(model, proc, steps=0, lr=1e-3, batch_size=8, seed=0) == []
+    assert vision_warmup._vision_warmup(model, proc, steps=0, lr=1e-3, batch_size=8, seed=0) == []
 
 
 # ------------------------------------------------------------------------------ ensure_base_model
@@ -372,10 +375,12 @@ def test_ensure_base_model_builds_once_into_the_cache(tmp_path, monkeypatch):
         calls.append(out)
         return real(out, **kw)
 
-    monkeypatch.setattr(pt, "pretrain", fake_pretrain)
+    monkeypatch.setattr(base_model, "pretrain", fake_pretrain)
     results: list = []
     threads = [
-        threading.Thread(target=lambda: results.append(pt.ensure_base_model(tmp_path, use_asset=False)))
+        threading.Thread(
+            target=lambda: results.append(base_model.ensure_base_model(tmp_path, use_asset=False))
+        )
         for _ in range(2)
     ]
     for t in threads:
@@ -384,9 +389,9 @@ def test_ensure_base_model_builds_once_into_the_cache(tmp_path, monkeypatch):
         t.join()
     assert len(calls) == 1  # the second caller waited on the lock and found the finished build
     assert results[0] == results[1] and results[0].parent == tmp_path
-    assert results[0].name.startswith("base-") and pt._is_complete(results[0])
+    assert results[0].name.startswith("base-") and base_model._is_complete(results[0])
     assert not list(tmp_path.glob(".base-build-*"))  # the temporary folder was renamed away
-    assert pt.ensure_base_model(tmp_path, use_asset=False) == results[0] and len(calls) == 1
+    assert base_model.ensure_base_model(tmp_path, use_asset=False) == results[0] and len(calls) == 1
 
 
 # ----------------------------------------------------------------------------------------- CLI
@@ -441,13 +446,17 @@ def test_cli_trains_saves_and_prints_the_table(tmp_path, capsys):
     conf.write_text(f"out: {tmp_path / 'new'}\npool: [geometry=3]\nsteps: 5\nfocus_steps: 0\n")
     from ncgrpo.commands.parser import ConfigParser
 
-    (cfg,) = ConfigParser([pt.PretrainConfig]).parse_args_and_config(["--config", str(conf), "--steps", "7"])
+    (cfg,) = ConfigParser([base_model.PretrainConfig]).parse_args_and_config(
+        ["--config", str(conf), "--steps", "7"]
+    )
     assert (cfg.output_dir, cfg.pool_counts(), cfg.max_steps) == (tmp_path / "new", {"geometry": 3}, 7)
 
 
 # ------------------------------------------------------------------------ committed checkpoint
 
-committed = pytest.mark.skipif(not pt._is_complete(pt.ASSET_DIR), reason="no committed base checkpoint")
+committed = pytest.mark.skipif(
+    not base_model._is_complete(pt.ASSET_DIR), reason="no committed base checkpoint"
+)
 
 
 @committed
@@ -469,7 +478,7 @@ def test_committed_checkpoint_matches_the_recipe_and_the_band():
     lo, hi = pt.TARGET_BAND
     assert lo <= report.accuracy["geometry"] <= hi and report.in_band
     assert report.mixed_share["geometry"] >= pt.MIXED_GROUP_TARGET and report.mixed_ok
-    assert pt.ensure_base_model() == pt.ASSET_DIR
+    assert base_model.ensure_base_model() == pt.ASSET_DIR
     size = sum(f.stat().st_size for f in pt.ASSET_DIR.rglob("*") if f.is_file())
     assert size <= 10 * 2**20
     cfg = json.loads((pt.ASSET_DIR / "config.json").read_text())
@@ -511,18 +520,18 @@ def test_committed_checkpoint_reads_the_image():
     On held-out in-domain questions, the teacher-forced loss of the correct derivations must rise
     when the batch's images are shuffled across questions (same question text, another figure), and
     greedy answers opened with a derivation (``<think>the``; the unprompted greedy answer is the
-    image-blind shortcut, ncgrpo.toy.synthetic.shortcut_trace) must be right more often with the real
+    image-blind shortcut, ncgrpo.toy.traces.shortcut_trace) must be right more often with the real
     figures (measured on the shipped checkpoint: loss 0.364 vs 0.373, +2.6%; 14 vs 9 of 64 right)."""
     from ncgrpo.models import load_model_and_processor
-    from ncgrpo.toy.synthetic import reasoning_trace
     from ncgrpo.trainer.prefix import with_branch_prefix
+    from ncgrpo.toy.traces import reasoning_trace
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
     model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")
     suite = build_suite(report.suite_seed)
     geo = [q for q in suite["validation"] if q.metadata["family"] == "geometry"][:32]
-    examples = [pt.encode_example(proc, q, reasoning_trace(q, i)) for i, q in enumerate(geo)]
-    batch = pt.collate(examples, proc.tokenizer.pad_token_id)
+    examples = [sft_data.encode_example(proc, q, reasoning_trace(q, i)) for i, q in enumerate(geo)]
+    batch = sft_data.collate(examples, proc.tokenizer.pad_token_id)
     per_image = batch["pixel_values"].shape[0] // len(geo)  # same grid for every image
     shuffled = dict(batch)
     perm = torch.roll(torch.arange(len(geo)), 1)  # every question gets its neighbour's image

@@ -17,16 +17,12 @@ from collections import Counter, defaultdict
 import pytest
 
 from ncgrpo.data.types import MATH_PROMPT
-from ncgrpo.toy.synthetic import (
+from ncgrpo.toy.suite import build_suite, content_hash, export_geo3k
+from ncgrpo.toy.synthetic import FAMILIES, IMAGE_SIZE, family
+from ncgrpo.toy.traces import (
     DIRECT_SHARE,
-    FAMILIES,
-    IMAGE_SIZE,
     SHORTCUT_ANSWERS,
-    build_suite,
-    content_hash,
     corpus,
-    export_geo3k,
-    family,
     reasoning_trace,
     reasoning_traces,
     shortcut_trace,
@@ -65,7 +61,7 @@ def test_same_seed_same_bytes_different_seed_different(suite):
 
 
 _DIGEST = (
-    "import hashlib; from ncgrpo.toy.synthetic import build_suite; h = hashlib.sha256(); "
+    "import hashlib; from ncgrpo.toy.suite import build_suite; h = hashlib.sha256(); "
     "[h.update(q.uid.encode() + q.problem.encode() + q.answer.encode() + q.images[0].tobytes()) "
     "for qs in build_suite(3, {'train': 40, 'validation': 4, 'test': 8}).values() for q in qs]; "
     "print(h.hexdigest())"

@@ -31,7 +31,7 @@ from ncgrpo.engines import transformers as engine  # noqa: E402
 from ncgrpo.engines.branch_point import find_text_stack  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.models import load_model_and_processor, tokenizer_of  # noqa: E402
-from ncgrpo.toy.pretrain import ensure_base_model  # noqa: E402
+from ncgrpo.toy.base_model import ensure_base_model  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def base() -> Path:
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory) -> Path:
     """A small synthetic suite in Geometry3K's layout (train 8, validation / test 1 per family)."""
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     out = tmp_path_factory.mktemp("suite")
     export_geo3k(build_suite(seed=0, sizes={"train": 8, "validation": 1, "test": 1}), out)

@@ -1,6 +1,6 @@
 """``ncgrpo demo [--config demo.yaml] [--FIELD VALUE ...]``: the paper's protocol in miniature on a CPU.
 
-Argument parsing only: every field of :class:`ncgrpo.toy.demo.DemoConfig` is a flag and a config key
+Argument parsing only: every field of :class:`ncgrpo.toy.demo_config.DemoConfig` is a flag and a config key
 (``ncgrpo demo --help``); the work is :func:`ncgrpo.toy.demo.run_demo`.
 """
 
@@ -14,7 +14,7 @@ HELP = (
 
 
 def _dataclasses():
-    from ncgrpo.toy.demo import DemoConfig
+    from ncgrpo.toy.demo_config import DemoConfig
 
     return (DemoConfig,)
 
@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     t0 = time.perf_counter()
-    from ncgrpo.toy.demo import DemoConfig, quiet_libraries, run_demo
+    from ncgrpo.toy.demo import quiet_libraries, run_demo
+    from ncgrpo.toy.demo_config import DemoConfig
 
     quiet_libraries()
     result = run_demo(args.parsed_config.build(DemoConfig))

@@ -1,7 +1,7 @@
 """``ncgrpo pretrain --output_dir DIR [--config pretrain.yaml] [--FIELD VALUE ...]``: build the embedded base model.
 
-Argument parsing only: every field of :class:`ncgrpo.toy.pretrain.PretrainConfig` is a flag and a config
-key (``ncgrpo pretrain --help``); the work is :func:`ncgrpo.toy.pretrain.run_pretrain`.
+Argument parsing only: every field of :class:`ncgrpo.toy.base_model.PretrainConfig` is a flag and a config
+key (``ncgrpo pretrain --help``); the work is :func:`ncgrpo.toy.base_model.run_pretrain`.
 
 Supervised warm-up of a tiny Qwen2.5-VL on the synthetic suite's reasoning traces (see
 :mod:`ncgrpo.toy.pretrain`), then (with ``--eval``) greedy accuracy per family on the suite's validation
@@ -17,7 +17,7 @@ HELP = "build the embedded tiny base VL model by supervised warm-up on the synth
 
 
 def _dataclasses():
-    from ncgrpo.toy.pretrain import PretrainConfig
+    from ncgrpo.toy.base_model import PretrainConfig
 
     return (PretrainConfig,)
 
@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
     from tqdm.auto import tqdm
 
-    from ncgrpo.toy.pretrain import MIXED_GROUP_TARGET, TARGET_BAND, PretrainConfig, run_pretrain
+    from ncgrpo.toy.base_model import PretrainConfig, run_pretrain
+    from ncgrpo.toy.pretrain import MIXED_GROUP_TARGET, TARGET_BAND
 
     cfg = args.parsed_config.build(PretrainConfig)
     console = Console()

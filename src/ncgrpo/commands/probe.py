@@ -285,7 +285,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _questions(args: ProbeArgs) -> list:
     if args.benchmark == "synthetic" and args.data is None:
-        from ncgrpo.toy.synthetic import build_suite
+        from ncgrpo.toy.suite import build_suite
 
         split = args.split or "train"
         sizes = {split: max(args.prompts, 1)} if split == "train" else None
@@ -321,7 +321,7 @@ def run(args: ProbeArgs) -> int:
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     if args.model_name_or_path is None:
-        from ncgrpo.toy.pretrain import ensure_base_model
+        from ncgrpo.toy.base_model import ensure_base_model
 
         path = str(ensure_base_model())
     else:

@@ -67,7 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def _synthetic_suite(folder, seed: int) -> None:
-    from ncgrpo.toy.synthetic import build_suite, export_geo3k
+    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     export_geo3k(build_suite(seed=seed), folder)
 

@@ -321,7 +321,7 @@ def smoke_settings(parsed) -> dict[str, Any]:
     ``run_name`` + ``-smoke`` (so the default output folder is not the full run's)."""
     from ncgrpo.core.noise import parse_noise_site
     from ncgrpo.models import text_layers
-    from ncgrpo.toy.pretrain import ensure_base_model
+    from ncgrpo.toy.base_model import ensure_base_model
 
     base = ensure_base_model()
     out = dict(SMOKE_SETTINGS)

@@ -6,13 +6,13 @@ base model in the same position, so ``ncgrpo demo`` and the tests can run the re
 paths (hidden-state hooks, the TRL trainer, the eval runner) from a fresh clone on a CPU:
 
 * the architecture is ``Qwen2_5_VLForConditionalGeneration`` at toy scale (:data:`SIZES`), with a
-  byte-level BPE tokenizer trained on :func:`ncgrpo.toy.synthetic.corpus` of the suite and the
+  byte-level BPE tokenizer trained on :func:`ncgrpo.toy.traces.corpus` of the suite and the
   Qwen2.5-VL processor at the suite's 84 px image size (6 x 6 patches of 14 px, 9 merged image tokens);
 * its vision tower and merger are first pre-trained for :data:`DEFAULT_VISION_WARMUP` steps on scene
-  attributes of fresh images of every family (:func:`scene_targets`: a figure's corner count and
+  attributes of fresh images of every family (:func:`~ncgrpo.toy.vision_warmup.scene_targets`: a figure's corner count and
   written labels, which coloured shapes a scene holds and how many, which of two objects is bigger,
   each bar's height and colour; heads on the merged image tokens, discarded afterwards,
-  :func:`_vision_warmup`). Without this the SFT run learns the traces' text prior long before the
+  :func:`~ncgrpo.toy.vision_warmup._vision_warmup`). Without this the SFT run learns the traces' text prior long before the
   random tower carries signal and the language model learns to ignore the image (measured: 14%
   greedy in-domain, "6 sides" for every figure, training loss unchanged when the images are
   shuffled). The tower is then frozen (:data:`DEFAULT_VISION_LR_SCALE` = 0): SFT through a trainable
@@ -22,7 +22,7 @@ paths (hidden-state hooks, the TRL trainer, the eval runner) from a fresh clone 
   what training and evaluation feed the model (:func:`ncgrpo.data.prompts.build_messages` rendered by
   the processor's chat template with ``add_generation_prompt=True``), the loss on the completion
   tokens only (the trace and the closing ``<|im_end|>``);
-* the SFT pool (:func:`sft_pool`) holds items of EVERY family (the base model's "general skills"),
+* the SFT pool (:func:`~ncgrpo.toy.sft_data.sft_pool`) holds items of EVERY family (the base model's "general skills"),
   drawn from streams of their own and disjoint, by content hash, from every split of the suite it is
   evaluated on, so validation/test never leak and the RL train split stays unseen. Geometry (the
   in-domain family RL trains on) is only a share of the pool. With the frozen warm-up tower, 1,500
@@ -36,7 +36,7 @@ paths (hidden-state hooks, the TRL trainer, the eval runner) from a fresh clone 
   made it forget while keeping that read; both at :data:`DEFAULT_LATE_LR` (README, "The base model per
   family", has the measurements);
 * the in-domain traces open in four correct ways, and 30% of them take an image-blind shortcut
-  instead (:func:`ncgrpo.toy.synthetic.shortcut_trace`: ``answer: 4.`` for every "how many sides"
+  instead (:func:`ncgrpo.toy.traces.shortcut_trace`: ``answer: 4.`` for every "how many sides"
   question). The base's greedy answer is that shortcut, right only when the figure happens to fit,
   while it also samples derivations that read the figure: greedy accuracy inside
   :data:`TARGET_BAND`, enough groups with mixed rewards (section 3: a group whose rewards are all
@@ -47,21 +47,17 @@ The band is checked and reported (``PretrainReport.in_band``), never forced; the
 checkpoint's ``pretrain.json`` records where the default recipe lands. The mixed phase's learning
 rate is constant after warm-up, so its first k steps are exactly ``pretrain(steps=k)`` and one run
 with snapshots (``on_step``) measures every mixed budget up to its length.
-:func:`ensure_base_model` returns the checkpoint committed as package data under
+:func:`~ncgrpo.toy.base_model.ensure_base_model` returns the checkpoint committed as package data under
 ``src/ncgrpo/toy/assets/base`` when present, else builds one into a per-version cache.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +65,8 @@ from typing import Any
 import torch
 
 from ncgrpo.data.types import Question
+from ncgrpo.toy.sft_data import collate, encode_example, evaluate_base, sft_pool
+from ncgrpo.toy.vision_warmup import _vision_warmup
 
 __all__ = [
     "ASSET_DIR",
@@ -82,14 +80,8 @@ __all__ = [
     "PRETRAIN_FILE",
     "SIZES",
     "TARGET_BAND",
-    "PretrainConfig",
     "PretrainReport",
-    "encode_example",
-    "ensure_base_model",
-    "evaluate_base",
     "pretrain",
-    "run_pretrain",
-    "sft_pool",
 ]
 
 #: Greedy in-domain accuracy the base model should have: solves some, leaves room for RL. The lower
@@ -146,405 +138,12 @@ DEFAULT_FOCUS_STEPS = 2400
 DEFAULT_FINAL_STEPS = 1000
 DEFAULT_LATE_LR = 1e-3
 #: Learning-rate multiplier of the vision tower and its patch merger relative to the language model
-#: during SFT; 0 freezes them at what the vision warm-up taught (see :func:`_vision_warmup`).
+#: during SFT; 0 freezes them at what the vision warm-up taught (see :func:`~ncgrpo.toy.vision_warmup._vision_warmup`).
 DEFAULT_VISION_LR_SCALE = 0.0
-#: Steps of vision-tower pre-training on scene attributes before SFT (see :func:`_vision_warmup`).
+#: Steps of vision-tower pre-training on scene attributes before SFT (see :func:`~ncgrpo.toy.vision_warmup._vision_warmup`).
 DEFAULT_VISION_WARMUP = 4000
 #: Fresh scenes per vision warm-up step.
 VISION_BATCH = 48
-
-
-# ------------------------------------------------------------------------------------------ data
-
-
-def sft_pool(
-    seed: int, counts: Mapping[str, int], exclude: set[str] | frozenset[str] = frozenset()
-) -> list[Question]:
-    """Items for supervised warm-up, ``counts[family]`` per family, none whose content hash is in
-    ``exclude`` (pass every hash of the suite the model will be evaluated on).
-
-    Each family draws from its own stream ``ncgrpo-pretrain/{seed}/{family}``, distinct from the
-    suite's ``ncgrpo-synthetic/...`` streams, so the pool does not change when the suite's sizes do.
-    """
-    from ncgrpo.toy.synthetic import FAMILIES, content_hash, family, make_question
-
-    known = {f.name for f in FAMILIES}
-    unknown = set(counts) - known
-    if unknown:
-        raise ValueError(f"SFT pool: unknown families {sorted(unknown)}; families are {sorted(known)}")
-    seen = set(exclude)
-    pool: list[Question] = []
-    for name, n in counts.items():
-        if n < 0:
-            raise ValueError(f"SFT pool: count for {name!r} must be >= 0, got {n}")
-        fam = family(name)
-        rng = random.Random(f"ncgrpo-pretrain/{seed}/{name}")
-        count = tries = 0
-        while count < n:
-            tries += 1
-            if tries > 20 * n + 100:
-                raise RuntimeError(
-                    f"SFT pool: family {name!r} ran out of distinct items after {count} of {n}; ask for fewer"
-                )
-            item = fam.sample(rng)
-            key = content_hash(name, item.problem, item.spec)
-            if key in seen:
-                continue
-            seen.add(key)
-            pool.append(make_question(fam, item, key, split="pretrain", index=count, seed=seed))
-            count += 1
-    return pool
-
-
-@dataclass
-class Example:
-    """One tokenised SFT pair. ``input_ids`` = prompt ids (image pads expanded) + completion ids."""
-
-    input_ids: torch.Tensor  # (L,) long
-    mm_token_type_ids: torch.Tensor  # (L,) long: 1 on image pads, 0 on text (M-RoPE needs it)
-    prompt_len: int
-    pixel_values: torch.Tensor  # (patches, C * T * P * P) float
-    image_grid_thw: torch.Tensor  # (images, 3) long
-    family: str
-
-
-def encode_example(processor: Any, q: Question, completion: str | None = None) -> Example:
-    """Tokenise ``q`` for SFT. The prompt is rendered exactly as generation renders it (same messages,
-    same chat template, ``add_generation_prompt=True``) and tokenised by the processor with the image;
-    the completion (default: the warm-up's, :func:`ncgrpo.toy.synthetic.warmup_trace`) ``+ <|im_end|>``
-    is tokenised on its own and appended, so the prompt/completion boundary is the one the model sees
-    when it generates.
-
-    ``mm_token_type_ids`` must reach the forward pass: without it Qwen2.5-VL cannot build its 3-D
-    M-RoPE positions and falls back to plain 1-D positions, while ``generate`` (given the processor's
-    output) uses M-RoPE. A model trained without it learns positions that generation never shows it
-    (measured: teacher-forced loss fine, greedy outputs that ignore the question)."""
-    from ncgrpo.data.prompts import build_messages
-    from ncgrpo.toy.model import EOS_TOKEN
-    from ncgrpo.toy.synthetic import warmup_trace
-
-    tok = processor.tokenizer
-    text = processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
-    enc = processor(text=[text], images=[[im.convert("RGB") for im in q.images]], return_tensors="pt")
-    text_out = warmup_trace(q) if completion is None else completion
-    completion_enc = tok(text_out + EOS_TOKEN, add_special_tokens=False, return_tensors="pt")
-    prompt_ids = enc["input_ids"][0]
-    n_completion = int(completion_enc["input_ids"].shape[1])
-    return Example(
-        input_ids=torch.cat([prompt_ids, completion_enc["input_ids"][0]]),
-        mm_token_type_ids=torch.cat(
-            [enc["mm_token_type_ids"][0].long(), torch.zeros(n_completion, dtype=torch.long)]
-        ),
-        prompt_len=int(prompt_ids.shape[0]),
-        pixel_values=enc["pixel_values"],
-        image_grid_thw=enc["image_grid_thw"],
-        family=q.metadata.get("family", q.benchmark),
-    )
-
-
-def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a batch; labels are -100 on prompt and padding positions (loss on completions only)."""
-    width = max(int(e.input_ids.shape[0]) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # (B, L)
-    mask = torch.zeros((len(examples), width), dtype=torch.long)  # (B, L)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)  # (B, L)
-    types = torch.zeros((len(examples), width), dtype=torch.long)  # (B, L)
-    for i, e in enumerate(examples):
-        n = int(e.input_ids.shape[0])
-        ids[i, :n] = e.input_ids
-        mask[i, :n] = 1
-        types[i, :n] = e.mm_token_type_ids
-        labels[i, e.prompt_len : n] = e.input_ids[e.prompt_len :]
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "labels": labels,
-        "mm_token_type_ids": types,
-        "pixel_values": torch.cat([e.pixel_values for e in examples]),  # (sum patches, D)
-        "image_grid_thw": torch.cat([e.image_grid_thw for e in examples]),  # (B, 3)
-    }
-
-
-# ------------------------------------------------------------------------------------ evaluation
-
-
-@torch.no_grad()
-def evaluate_base(
-    model: Any,
-    processor: Any,
-    questions: Sequence[Question],
-    *,
-    group_size: int = 8,
-    mixed_families: Sequence[str] = ("geometry",),
-    batch_size: int = 16,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Greedy accuracy per family, plus, for ``mixed_families``, the share of prompts whose
-    ``group_size`` completions sampled at temperature 1 (top-k/top-p off, as TRL's GRPO defaults)
-    are neither all correct nor all wrong: exactly the groups with a non-zero GRPO advantage (eq. 1).
-
-    Returns ``{"accuracy": {family: acc}, "correct": {uid: bool}, "mixed_share": {family: share},
-    "sample_accuracy": {family: acc}, "counts": {family: n}}``. Scoring is :func:`ncgrpo.rewards.score`,
-    the same function training rewards and ``ncgrpo eval`` use.
-    """
-    from ncgrpo.eval.evaluate import DecodingSettings, score_greedy
-    from ncgrpo.rewards import score
-
-    was_training = model.training
-    model.eval()
-    settings = DecodingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
-    by_family: dict[str, list[Question]] = {}
-    for q in questions:
-        by_family.setdefault(q.metadata.get("family", q.benchmark), []).append(q)
-    correct: dict[str, bool] = {}
-    acc: dict[str, float] = {}
-    for fam, qs in by_family.items():
-        hits = []
-        for i in range(0, len(qs), batch_size):
-            batch = qs[i : i + batch_size]
-            for q, (_, s) in zip(batch, score_greedy(model, processor, batch, settings), strict=True):
-                ok = bool(s.correct)
-                correct[q.uid] = ok
-                hits.append(ok)
-        acc[fam] = sum(hits) / len(hits)
-
-    mixed: dict[str, float] = {}
-    sample_acc: dict[str, float] = {}
-    tok = processor.tokenizer
-    per_call = max(1, batch_size // group_size) * 2
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for fam in mixed_families:
-            qs = by_family.get(fam, [])
-            n_mixed, n_right, n_all = 0, 0, 0
-            for i in range(0, len(qs), per_call):
-                batch = qs[i : i + per_call]
-                texts = [_prompt_text(processor, q) for q in batch]
-                images = [[im.convert("RGB") for im in q.images] for q in batch]
-                inputs = processor(text=texts, images=images, padding=True, return_tensors="pt").to(
-                    model.device
-                )
-                out = model.generate(
-                    **inputs,
-                    do_sample=True,
-                    temperature=1.0,
-                    top_k=0,
-                    top_p=1.0,
-                    num_return_sequences=group_size,
-                    max_new_tokens=max_new_tokens,
-                    pad_token_id=tok.pad_token_id,
-                )  # (len(batch) * G, prompt + new), rows of one prompt adjacent
-                texts_out = tok.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-                for j, q in enumerate(batch):
-                    group = texts_out[j * group_size : (j + 1) * group_size]
-                    rewards = [
-                        bool(score(t, q.answer, choices=q.choices, answer_type=q.answer_type).correct)
-                        for t in group
-                    ]
-                    n_mixed += 0 < sum(rewards) < group_size
-                    n_right += sum(rewards)
-                    n_all += group_size
-            if qs:
-                mixed[fam] = n_mixed / len(qs)
-                sample_acc[fam] = n_right / n_all
-    model.train(was_training)
-    return {
-        "accuracy": acc,
-        "counts": {f: len(v) for f, v in by_family.items()},
-        "mixed_share": mixed,
-        "sample_accuracy": sample_acc,
-        "group_size": group_size,
-        "correct": correct,
-    }
-
-
-def _prompt_text(processor: Any, q: Question) -> str:
-    from ncgrpo.data.prompts import build_messages
-
-    return processor.apply_chat_template(build_messages(q), add_generation_prompt=True, tokenize=False)
-
-
-# ------------------------------------------------------------------------------- vision warm-up
-
-
-#: Figure label texts the vision warm-up predicts: side lengths 2-6 and angles 20-90 (the suite's ranges).
-LABEL_VALUES = tuple(str(v) for v in range(2, 7)) + tuple(str(v) for v in range(20, 91, 10))
-#: Family mix of the vision warm-up's batches (scenes are drawn in this cyclic order).
-VISION_MIX = ("geometry", "geometry", "counting", "bar_chart", "compare", "colour_choice", "pope")
-_MAX_COUNT = 12  # objects of one shape in a scene: counting draws at most 9 targets + 3 distractors
-
-
-def _target_layout() -> dict[str, tuple[int, int]]:
-    """Slices ``name -> (start, stop)`` of the vision warm-up's target vector."""
-    from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES
-
-    sizes = {
-        "corners": 4,  # figure: vertices 3..6, one-hot
-        "labels": len(LABEL_VALUES),  # figure: which label texts are written
-        "objects": len(COLOURS) * len(SHAPES),  # objects: which (colour, shape) pairs are present
-        "counts": len(SHAPES) * (_MAX_COUNT + 1),  # objects: per shape, how many (one-hot)
-        "left_bigger": 1,  # two-object comparison scenes: is the left object the bigger one
-        "bar_heights": 4 * BAR_MAX,  # bars, left to right: height 1..BAR_MAX (one-hot)
-        "bar_colours": 4 * len(COLOURS),  # bars, left to right: colour (one-hot)
-    }
-    layout, at = {}, 0
-    for name, n in sizes.items():
-        layout[name] = (at, at + n)
-        at += n
-    return layout
-
-
-def scene_targets(spec: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the vision warm-up predicts from an image: ``(targets (D,), mask (D,))`` read off the
-    scene spec of any family (:func:`_target_layout` names the slices; the mask is 1 on the slices
-    that apply to the scene's type).
-
-    These are the facts the warm-up traces read from the image: the corner count and written labels
-    of a figure (in-domain), which coloured shapes a scene holds and how many of each (counting,
-    colour, POPE), which of two objects is bigger (compare), and each bar's height and colour (bar
-    charts). With geometry targets only, the base answered every compare, colour and POPE question
-    with one constant ("left", "blue", "yes"); with these targets and the tower frozen during SFT it
-    reads compare questions (92% of the first 300 test questions) and counting and bar charts well
-    above their best constant answer. Colour and POPE stay constant after mixed SFT alone (the
-    language model, not the tower, is the limit there: a linear probe on the frozen tokens reads the
-    asked shape's colour 60% of the time); the curriculum that ends SFT teaches the language model
-    that read (:func:`pretrain`)."""
-    from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES
-
-    layout = _target_layout()
-    dim = max(stop for _, stop in layout.values())
-    t, m = torch.zeros(dim), torch.zeros(dim)
-
-    def on(name: str) -> int:
-        start, stop = layout[name]
-        m[start:stop] = 1.0
-        return start
-
-    colours, shapes = list(COLOURS), list(SHAPES)
-    scene = spec["scene"]
-    if scene["type"] == "figure":
-        t[on("corners") + len(scene["vertices"]) - 3] = 1.0
-        at = on("labels")
-        for lab in scene["labels"]:
-            t[at + LABEL_VALUES.index(lab["text"])] = 1.0
-    elif scene["type"] == "objects":
-        obs = scene["objects"]
-        at = on("objects")
-        for ob in obs:
-            t[at + colours.index(ob["colour"]) * len(shapes) + shapes.index(ob["shape"])] = 1.0
-        at = on("counts")
-        for k, shape in enumerate(shapes):
-            t[at + k * (_MAX_COUNT + 1) + sum(ob["shape"] == shape for ob in obs)] = 1.0
-        if spec.get("ask", {}).get("kind") == "compare":
-            left, right = sorted(obs, key=lambda ob: ob["x"])
-            t[on("left_bigger")] = float(left["r"] > right["r"])
-    elif scene["type"] == "bars":
-        bars = sorted(scene["bars"], key=lambda b: b["x0"])
-        at_h, at_c = on("bar_heights"), on("bar_colours")
-        for k, bar in enumerate(bars):
-            t[at_h + k * BAR_MAX + bar["height"] - 1] = 1.0
-            t[at_c + k * len(colours) + colours.index(bar["colour"])] = 1.0
-    else:
-        raise ValueError(f"no vision targets for scene type {scene['type']!r}")
-    return t, m
-
-
-def _scene_stream(seed: int, name: str, exclude: set[str] | frozenset[str]) -> Iterator[Any]:
-    """Fresh items of one family for the vision warm-up, none whose content hash is in ``exclude``."""
-    from ncgrpo.toy.synthetic import content_hash, family
-
-    fam = family(name)
-    rng = random.Random(f"ncgrpo-pretrain-vision/{seed}/{name}")
-    while True:
-        item = fam.make(rng)
-        if content_hash(name, item.problem, item.spec) not in exclude:
-            yield item
-
-
-def _vision_warmup(
-    model: Any,
-    processor: Any,
-    *,
-    steps: int,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    exclude: set[str] | frozenset[str] = frozenset(),
-    mix: Sequence[str] = VISION_MIX,
-) -> list[float]:
-    """Pre-train the vision tower and merger on scene attributes before SFT; returns the losses.
-
-    Why: trained end to end from scratch, the language model learns the text prior of the traces
-    in a few dozen steps, long before the random vision tower carries any signal, and then learns
-    to ignore the image tokens (measured on a 600-step checkpoint: its training loss is the same
-    with the batch's images shuffled or zeroed). A linear head on the 9 merged image tokens (the
-    exact vectors the LM reads, concatenated) predicts :func:`scene_targets` (masked binary
-    cross-entropy); the head is then discarded, only the tower's weights carry over.
-
-    Every step draws ``batch_size`` fresh scenes (families in ``mix``'s cyclic order, each from its
-    own seeded stream, none in ``exclude``): binding a colour to a shape needs many images. Trained
-    on a fixed pool of 3,000 object scenes the tower memorised them (held-out exact set of
-    (colour, shape) pairs 20% after 3,000 steps); on 16,000 it reached 79%, still rising.
-    Deterministic: the head is initialised and the scenes drawn from ``seed``.
-    """
-    if steps <= 0:
-        return []
-    visual = model.model.visual
-    image_processor = processor.image_processor
-    streams = {name: _scene_stream(seed, name, exclude) for name in dict.fromkeys(mix)}
-
-    def batch(step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        names = [mix[(step * batch_size + j) % len(mix)] for j in range(batch_size)]
-        items = [next(streams[name]) for name in names]
-        enc = image_processor(images=[it.image for it in items], return_tensors="pt")
-        targets, masks = zip(*(scene_targets(it.spec) for it in items), strict=True)
-        return enc, torch.stack(targets), torch.stack(masks)
-
-    enc0, t0, _ = batch(0)
-    with torch.no_grad():
-        merged = _merged(visual(enc0["pixel_values"], grid_thw=enc0["image_grid_thw"]))  # (B * tokens, H)
-        width = merged.numel() // len(t0)  # merged tokens * out_hidden of one image
-    hidden = merged.shape[-1]
-    tokens = width // hidden
-    obj_start, obj_stop = _target_layout()["objects"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        head = torch.nn.Linear(width, t0.shape[1])
-        token_head = torch.nn.Linear(hidden, obj_stop - obj_start)
-    params = list(visual.parameters()) + list(head.parameters()) + list(token_head.parameters())
-
-    def predict(feats: torch.Tensor) -> torch.Tensor:
-        """Logits (B, D): a linear head on the concatenated tokens, except the (colour, shape)
-        presences, which are a soft OR over tokens of one shared per-token head (logsumexp): "some
-        token holds a red square". That makes each image token say what it holds, the same way at
-        every position -- what a language model reading the tokens through attention can use."""
-        logits = head(feats.reshape(-1, width))  # (B, D)
-        per_token = token_head(feats.reshape(-1, tokens, hidden))  # (B, tokens, pairs)
-        return torch.cat(
-            [logits[:, :obj_start], torch.logsumexp(per_token, dim=1), logits[:, obj_stop:]], dim=1
-        )
-
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    losses = []
-    visual.train()
-    for step in range(steps):
-        enc, targets, masks = batch(step)
-        feats = _merged(visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"]))
-        logits = predict(feats)  # (B, D)
-        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
-        loss = (bce * masks).sum() / masks.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
-
-
-def _merged(out: Any) -> torch.Tensor:
-    """The merged image tokens (tokens, out_hidden) of a vision-tower output."""
-    return out.pooler_output if hasattr(out, "pooler_output") else out
 
 
 # ------------------------------------------------------------------------------------- training
@@ -631,7 +230,7 @@ def _check_recipe(
     final_steps: int,
     late_lr: float,
 ) -> None:
-    """The checks :func:`pretrain` and :class:`PretrainConfig` share, before any work: step counts,
+    """The checks :func:`pretrain` and :class:`~ncgrpo.toy.base_model.PretrainConfig` share, before any work: step counts,
     the vision settings, and a focused phase whose families exist and have items in the SFT pool."""
     from ncgrpo.toy.synthetic import FAMILIES
 
@@ -712,7 +311,7 @@ def pretrain(
     ``random.Random(seed)`` and nothing else is random. ``progress(step, loss)`` is called after each
     optimiser step, ``on_step(step, model, processor)`` too (to snapshot or probe; it may switch the
     model to eval mode, training mode is restored after it). With ``run_eval`` the model is evaluated on the suite's validation split
-    (``eval_limit`` questions per family at most) by :func:`evaluate_base`.
+    (``eval_limit`` questions per family at most) by :func:`~ncgrpo.toy.sft_data.evaluate_base`.
 
     ``num_threads`` (default 1; None leaves torch's setting) is torch's intra-op thread count for the
     call, restored afterwards. One thread is the default because it makes the float reductions, and
@@ -773,7 +372,8 @@ def _pretrain(
         save_tiny,
         tiny_qwen2_5_vl,
     )
-    from ncgrpo.toy.synthetic import build_suite, corpus
+    from ncgrpo.toy.suite import build_suite
+    from ncgrpo.toy.traces import corpus
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
@@ -895,7 +495,7 @@ def _pretrain(
     )
     if run_eval:
         t1 = time.perf_counter()
-        from ncgrpo.toy.synthetic import first_per_family
+        from ncgrpo.toy.suite import first_per_family
 
         val = first_per_family(suite["validation"], eval_limit)
         res = evaluate_base(model, processor, val, group_size=group_size, seed=seed)
@@ -917,234 +517,3 @@ def _pretrain(
 
     atomic_write_text(out / PRETRAIN_FILE, json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
     return report
-
-
-# --------------------------------------------------------------------------------- base model
-
-
-def _recipe_hash() -> str:
-    """Identity of what :func:`pretrain` builds by default: version, sizes, pool, steps and the
-    warm-up traces' mix (shortcut share and answers), so a cached base built from other traces is
-    not reused."""
-    import ncgrpo
-    from ncgrpo.toy.synthetic import DIRECT_SHARE, SHORTCUT_ANSWERS
-
-    blob = json.dumps(
-        {
-            "v": ncgrpo.__version__,
-            "sizes": SIZES["tiny"],
-            "pool": DEFAULT_POOL,
-            "steps": DEFAULT_STEPS,
-            "focus": [DEFAULT_FOCUS_FAMILIES, DEFAULT_FOCUS_STEPS, DEFAULT_FINAL_STEPS, DEFAULT_LATE_LR],
-            "vision_warmup": DEFAULT_VISION_WARMUP,
-            "vision_lr_scale": DEFAULT_VISION_LR_SCALE,
-            "vision_batch": VISION_BATCH,
-            "vision_mix": VISION_MIX,
-            "direct_share": DIRECT_SHARE,
-            "shortcut": SHORTCUT_ANSWERS,
-        },
-        sort_keys=True,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def _is_complete(path: Path) -> bool:
-    return (
-        (path / PRETRAIN_FILE).is_file()
-        and (path / "config.json").is_file()
-        and any(path.glob("*.safetensors"))
-    )
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def ensure_base_model(cache_dir: str | os.PathLike | None = None, *, use_asset: bool = True) -> Path:
-    """The folder of the embedded base model, ready for ``load_model_and_processor``.
-
-    The checkpoint committed under ``src/ncgrpo/toy/assets/base`` (:data:`ASSET_DIR`) when it is there
-    (and ``use_asset``);
-    otherwise ``cache_dir`` (default ``~/.cache/ncgrpo``) ``/base-<recipe hash>``, built by
-    :func:`pretrain` with the default recipe on first use. Concurrent callers serialise on a lock
-    file, and the build goes to a temporary folder renamed into place, so no caller ever sees a
-    half-written checkpoint.
-    """
-    if use_asset and _is_complete(ASSET_DIR):
-        return ASSET_DIR
-    root = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "ncgrpo"
-    target = root / f"base-{_recipe_hash()}"
-    if _is_complete(target):
-        return target
-    with _file_lock(root / f".base-{_recipe_hash()}.lock"):
-        if _is_complete(target):  # built by another caller while we waited
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=".base-build-", dir=root))
-        try:
-            pretrain(tmp)
-            if target.exists():  # a stale, incomplete folder from an interrupted older build
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-# ------------------------------------------------------------------------------------ command line
-@dataclass
-class PretrainConfig:
-    """What ``ncgrpo pretrain`` runs: :func:`pretrain`'s settings, one flag (and config key) each."""
-
-    output_dir: Path = field(
-        metadata={"help": "output folder (model, processor, pretrain.json); must be new or empty (was --out)"}
-    )
-    seed: int = field(default=0, metadata={"help": "initialisation / data-order / SFT-pool seed"})
-    max_steps: int = field(
-        default=DEFAULT_STEPS, metadata={"help": "optimiser steps of the mixed phase (was --steps)"}
-    )
-    size: str = field(
-        default="tiny",
-        metadata={
-            "help": "model size: tiny (the embedded base model) or micro (tests)",
-            "choices": list(SIZES),
-        },
-    )
-    pool: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "SFT pool items per family as FAMILY=N, e.g. --pool geometry=1200 pope=300 "
-            "(none: ncgrpo.toy.pretrain.DEFAULT_POOL)"
-        },
-    )
-    batch_size: int = field(default=16, metadata={"help": "examples per optimiser step"})
-    vision_warmup_steps: int = field(
-        default=DEFAULT_VISION_WARMUP,
-        metadata={"help": "steps of vision-tower pre-training on scene attributes before SFT; 0 skips it"},
-    )
-    vision_lr_scale: float = field(
-        default=DEFAULT_VISION_LR_SCALE,
-        metadata={"help": "SFT learning-rate multiplier of the vision tower and merger; 0 freezes them"},
-    )
-    lr: float | None = field(default=None, metadata={"help": "peak learning rate (null: pretrain's default)"})
-    focus_families: list[str] = field(
-        default_factory=lambda: list(DEFAULT_FOCUS_FAMILIES),
-        metadata={"help": "families the focused phase after the mixed steps trains on alone"},
-    )
-    focus_steps: int = field(
-        default=DEFAULT_FOCUS_STEPS,
-        metadata={"help": "steps on the focus families' pool items after the mixed steps; 0 skips the phase"},
-    )
-    final_steps: int = field(
-        default=DEFAULT_FINAL_STEPS,
-        metadata={"help": "mixed steps after the focused phase; 0 ends after it"},
-    )
-    late_lr: float = field(
-        default=DEFAULT_LATE_LR, metadata={"help": "learning rate of the focused and final phases"}
-    )
-    suite_seed: int = field(default=0, metadata={"help": "seed of the synthetic suite evaluated on"})
-    eval: bool = field(
-        default=True, metadata={"help": "evaluate on the validation split after training (--no_eval: skip)"}
-    )
-    eval_limit: int | None = field(
-        default=None, metadata={"help": "at most N validation questions per family (null: all)"}
-    )
-    group_size: int = field(default=8, metadata={"help": "G for the share of groups with mixed rewards"})
-    num_threads: int = field(
-        default=1,
-        metadata={
-            "help": "torch intra-op threads (1: reproducible, fast on busy CPUs)",
-        },
-    )
-    progress: bool = field(default=True, metadata={"help": "progress bar (--no_progress: none)"})
-
-    def __post_init__(self) -> None:
-        self.output_dir = Path(self.output_dir)
-        if self.size not in SIZES:
-            raise ValueError(f"size {self.size!r} is unknown; choose one of {', '.join(sorted(SIZES))}")
-        for name in ("batch_size", "group_size", "num_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.eval_limit is not None and self.eval_limit < 1:
-            raise ValueError(f"eval_limit must be >= 1 or null, got {self.eval_limit}")
-        _check_recipe(
-            steps=self.max_steps,
-            vision_warmup_steps=self.vision_warmup_steps,
-            vision_lr_scale=self.vision_lr_scale,
-            pool=self.pool_counts() or DEFAULT_POOL,  # raises on a malformed --pool entry
-            focus_families=self.focus_families,
-            focus_steps=self.focus_steps,
-            final_steps=self.final_steps,
-            late_lr=self.late_lr,
-        )
-
-    def pool_counts(self) -> dict[str, int] | None:
-        """``["geometry=1200", "pope=300"]`` -> ``{"geometry": 1200, "pope": 300}``; None: the default pool."""
-        if not self.pool:
-            return None
-        counts: dict[str, int] = {}
-        for item in self.pool:
-            name, sep, value = str(item).partition("=")
-            if not sep or not name.strip():
-                raise ValueError(f"pool: expected FAMILY=N, got {item!r}")
-            try:
-                counts[name.strip()] = int(value)
-            except ValueError:
-                raise ValueError(
-                    f"pool: count for {name.strip()!r} must be an integer, got {value!r}"
-                ) from None
-        return counts
-
-
-def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | None = None) -> PretrainReport:
-    """:func:`pretrain` with ``cfg``'s settings, into a new or empty ``cfg.output_dir``, holding its lock
-    (:class:`ncgrpo.runs.folder.FolderLock`, kind ``pretrain``: a second pretrain into it fails at once,
-    naming the first). Only the lock file and a ``run.json`` of an interrupted pretrain may be there."""
-    from ncgrpo.runs.folder import LOCK_FILE, RUN_FILE, FolderLock, atomic_write_json
-
-    lock = FolderLock(cfg.output_dir, "ncgrpo pretrain", kind="pretrain")
-    lock.check()
-    ours = {LOCK_FILE, RUN_FILE}
-    if cfg.output_dir.is_dir() and any(p.name not in ours for p in cfg.output_dir.iterdir()):
-        raise ValueError(f"{cfg.output_dir} exists and is not empty; pass a new --output_dir folder")
-    with lock:
-        atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "pretrain", "finished": False})
-        report = _run_pretrain(cfg, progress)
-        atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "pretrain", "finished": True})
-    return report
-
-
-def _run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | None) -> PretrainReport:
-    extra: dict[str, Any] = {} if cfg.lr is None else {"lr": cfg.lr}
-    pool = cfg.pool_counts()
-    if pool is not None:
-        extra["pool"] = pool
-    return pretrain(
-        cfg.output_dir,
-        seed=cfg.seed,
-        steps=cfg.max_steps,
-        size=cfg.size,
-        batch_size=cfg.batch_size,
-        vision_warmup_steps=cfg.vision_warmup_steps,
-        vision_lr_scale=cfg.vision_lr_scale,
-        focus_families=tuple(cfg.focus_families),
-        focus_steps=cfg.focus_steps,
-        final_steps=cfg.final_steps,
-        late_lr=cfg.late_lr,
-        suite_seed=cfg.suite_seed,
-        run_eval=cfg.eval,
-        eval_limit=cfg.eval_limit,
-        group_size=cfg.group_size,
-        num_threads=cfg.num_threads,
-        progress=progress,
-        **extra,
-    )

@@ -7,7 +7,7 @@ questions whose outcome differs from vanilla's in the same seed (did the method 
 one question-level McNemar test pooled over the seeds against vanilla, the seed-level test against
 vanilla (a paired t-test over training seeds of the in-domain accuracy difference, the seeds being
 the unit of replication; ``ncgrpo.eval.stats.seed_ttest``), and the share of greedy answers that
-take the warm-up's image-blind shortcut (:func:`ncgrpo.toy.synthetic.shortcut_trace`). A "Vanilla
+take the warm-up's image-blind shortcut (:func:`ncgrpo.toy.traces.shortcut_trace`). A "Vanilla
 seed-to-seed" row gives what two vanilla seeds already differ by, the reference for the "differ from
 vanilla" column; a note under the table names each row whose question-level and seed-level tests
 disagree at p < 0.05.
