@@ -523,8 +523,8 @@ def test_committed_checkpoint_reads_the_image():
     image-blind shortcut, ncgrpo.toy.traces.shortcut_trace) must be right more often with the real
     figures (measured on the shipped checkpoint: loss 0.364 vs 0.373, +2.6%; 14 vs 9 of 64 right)."""
     from ncgrpo.models import load_model_and_processor
-    from ncgrpo.trainer.prefix import with_branch_prefix
     from ncgrpo.toy.traces import reasoning_trace
+    from ncgrpo.trainer.prefix import with_branch_prefix
 
     report = pt.PretrainReport.load(pt.ASSET_DIR)
     model, proc = load_model_and_processor(pt.ASSET_DIR, dtype="float32", device="cpu")

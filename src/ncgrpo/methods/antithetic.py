@@ -11,6 +11,9 @@ from ncgrpo.methods.latent import Latent
 class Antithetic(Latent):
     name = "antithetic"
     summary = "eq. (2) noise as (+eps, -eps) pairs sharing one draw (section 3.5)"
+    label = "Antithetic"
+    slug = "antithetic"
+    in_demo_by_default = False
     paired = True
     key_rule = "pair"
     noise_mode = "antithetic"

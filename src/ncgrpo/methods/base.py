@@ -59,6 +59,13 @@ class RolloutMethod:
     name: ClassVar[str] = ""
     #: one line for ``--help`` and docs
     summary: ClassVar[str] = ""
+    #: its name in tables (``ncgrpo demo``'s rows; default: ``name``) and its run folders' stem (default:
+    #: ``name`` with dashes)
+    label: ClassVar[str] = ""
+    slug: ClassVar[str] = ""
+    #: ``ncgrpo demo`` trains it by default, one run per ``sigma0`` (the others with ``--all_methods``, at
+    #: the first ``sigma0``)
+    in_demo_by_default: ClassVar[bool] = False
     #: groups are n clean + n noisy rows (False: vanilla GRPO)
     two_pass: ClassVar[bool] = True
     #: the noisy half is ``(+eps, -eps)`` pairs sharing one key (n must be even)
@@ -151,6 +158,25 @@ class RolloutMethod:
                 f"rollout_method={self.name!r} cannot be probed: {self.probe_refusal}; probe one of "
                 f"{', '.join(m.name for m in methods() if not m.probe_refusal)}"
             )
+
+    def demo_run(self, cfg: Any, sigma0: float) -> tuple[str, str, dict[str, Any]] | None:
+        """``(row name, folder stem, settings)`` of this method's run in ``ncgrpo demo`` (``cfg``: the
+        demo's ``DemoConfig``), or None where the demo leaves it out. A method that takes the noise site
+        (hidden noise) gets the demo's site, named in the row (``@L1``) and the folder (``-L1``), and may
+        refuse it; one that does not but is defined at the final-norm site only is left out at another
+        site. ``sigma0`` is named where the method uses it."""
+        site, layer = cfg.noise_site, cfg.noise_site != "final_norm"
+        if layer and self.final_norm_only and not self.hidden_noise:
+            return None
+        label, slug = self.label or self.name, self.slug or self.name.replace("_", "-")
+        if not self.uses_sigma:
+            return label, slug, {}
+        at = f" @L{site}" if layer and self.hidden_noise else ""
+        tag = "-L" + site.replace(",", "_") if layer and self.hidden_noise else ""
+        settings: dict[str, Any] = {"sigma0": sigma0}
+        if self.hidden_noise:
+            settings["noise_site"] = site  # where the noise acts: the hidden-noise methods' setting
+        return f"{label} σ0={sigma0:g}{at}", f"{slug}-sigma{sigma0:g}{tag}", settings
 
     # -- rows ---------------------------------------------------------------------------------------
     def row_noise(self, plan: RowPlan, sigma: float) -> RowNoise:

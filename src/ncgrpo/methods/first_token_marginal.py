@@ -15,6 +15,8 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 class FirstTokenMarginal(RolloutMethod):
     name = "first_token_marginal"
     summary = "control: the noisy half samples its first token from latent noise's q_bar, clean forward"
+    label = "First-token q̄"
+    slug = "first-token-marginal"
     key_rule = "row"
     uses_sigma = True
     marginal = "draws"

@@ -17,11 +17,18 @@ from ncgrpo.methods.base import RolloutMethod, read_state, register_method
 class FirstTokenTemperature(RolloutMethod):
     name = "first_token_temperature"
     summary = "control: the noisy half samples its first token at an annealed higher temperature"
+    label = "First-token"
+    slug = "first-token"
     key_rule = "none"
     marginal = "temperature"
     needs_sampling_temperature = True
     anneals = "the first-token temperature stays near first_token_temperature"
     verl_refusal = None
+
+    def demo_run(self, cfg: Any, sigma0: float) -> tuple[str, str, dict[str, Any]]:
+        """The demo's control row, named by its starting temperature."""
+        t0 = cfg.first_token_temperature
+        return f"{self.label} T0={t0:g}", f"{self.slug}-t{t0:g}", {"first_token_temperature": t0}
 
     def t0(self, tr: Any) -> float:
         """The starting temperature: the calibrated one with ``first_token_temperature_auto``."""

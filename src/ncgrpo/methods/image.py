@@ -19,6 +19,8 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 class Image(RolloutMethod):
     name = "image"
     summary = "NoisyRollout: the noisy half generates from diffused copies of the images"
+    label = "NoisyRollout (image)"
+    slug = "image"
     key_rule = "prompt"
     anneals = "the image distortion step stays near image_noise_step"
     vllm_server_refusal = (

@@ -14,6 +14,9 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 class Latent(RolloutMethod):
     name = "latent"
     summary = "NC-GRPO: eq. (2) noise on the noisy half's prefill hidden states"
+    label = "NC-GRPO"
+    slug = "ncgrpo"
+    in_demo_by_default = True
     key_rule = "row"
     noise_mode = "independent"
     uses_sigma = True

@@ -19,6 +19,8 @@ from ncgrpo.methods.base import read_state, register_method
 class Spsa(Antithetic):
     name = "spsa"
     summary = "antithetic rank-one noise plus a steering vector mu learned by SPSA (eq. 6)"
+    label = "SPSA"
+    slug = "spsa"
     noise_mode = "rank_one"
     final_norm_only = (
         "steers along the rank-one direction u_k of the final-norm state (eq. 6); a layer site would perturb "

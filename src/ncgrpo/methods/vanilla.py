@@ -12,6 +12,8 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 class Vanilla(RolloutMethod):
     name = "vanilla"
     summary = "GRPO unchanged (TRL's path): the baseline"
+    label = "Vanilla GRPO"
+    slug = "grpo"
     two_pass = False
     key_rule = "none"
     anneals = "nothing is annealed (no noise)"

@@ -284,12 +284,18 @@ class DemoConfig:
                 f"noisy rollouts), got {g!r}"
             )
         self.rollout_methods = tuple(self.rollout_methods)  # a list on the command line, kept as a tuple
-        from ncgrpo.core.plan import ROLLOUT_METHODS
+        from ncgrpo.methods import get_method, method_names
 
-        unknown = [m for m in self.rollout_methods if m not in ROLLOUT_METHODS]
+        unknown = [m for m in self.rollout_methods if m not in method_names()]
         if unknown:
-            raise ValueError(f"rollout_methods: {unknown} unknown; choose from {', '.join(ROLLOUT_METHODS)}")
-        needs_all = sorted(set(self.rollout_methods) - {"vanilla", "latent"})
+            raise ValueError(f"rollout_methods: {unknown} unknown; choose from {', '.join(method_names())}")
+        needs_all = sorted(
+            {
+                m
+                for m in self.rollout_methods
+                if get_method(m).two_pass and not get_method(m).in_demo_by_default
+            }
+        )
         if needs_all and not self.all_methods:
             raise ValueError(f"rollout_methods: {needs_all} train only with --all_methods; add it")
         if self.all_methods and g % 4:
@@ -371,47 +377,23 @@ class DemoConfig:
         return {"train": self.train_size, "validation": self.validation_size, "test": self.test_size}
 
     def methods(self) -> list[MethodSpec]:
-        """The configurations trained, baseline first (the paper's row order)."""
-        # the paper's site is unmarked; the propagating variant says where it acts
-        site = "" if self.noise_site == "final_norm" else f" @L{self.noise_site}"
-        tag = "" if self.noise_site == "final_norm" else "-L" + self.noise_site.replace(",", "_")
-        noise = {"noise_site": self.noise_site}  # where the noise acts: the hidden-noise methods' setting
+        """The configurations trained, baseline first (the paper's row order): the registered methods
+        (:mod:`ncgrpo.methods`) the demo trains by default, one per ``sigma0``, then with ``--all_methods``
+        every other one at the first ``sigma0``, each named by :meth:`~ncgrpo.methods.RolloutMethod.demo_run`;
+        ``rollout_methods`` keeps a subset (the baseline always trains)."""
+        from ncgrpo.methods import methods
+
         out = [MethodSpec(BASELINE, "grpo", "vanilla")]
-        for s in self.sigma0:
-            out.append(
-                MethodSpec(
-                    f"NC-GRPO σ0={s:g}{site}", f"ncgrpo-sigma{s:g}{tag}", "latent", {"sigma0": s, **noise}
-                )
-            )
-        if self.all_methods:
-            s = self.sigma0[0]
-            out += [
-                MethodSpec("NoisyRollout (image)", "image", "image"),
-                MethodSpec(
-                    f"Antithetic σ0={s:g}{site}",
-                    f"antithetic-sigma{s:g}{tag}",
-                    "antithetic",
-                    {"sigma0": s, **noise},
-                ),
-                MethodSpec(f"SPSA σ0={s:g}{site}", f"spsa-sigma{s:g}{tag}", "spsa", {"sigma0": s, **noise}),
-                MethodSpec(
-                    f"First-token T0={self.first_token_temperature:g}",
-                    f"first-token-t{self.first_token_temperature:g}",
-                    "first_token_temperature",
-                    {"first_token_temperature": self.first_token_temperature},
-                ),
-            ]
-            if self.noise_site == "final_norm":  # q̄ of the final-norm site only (through the LM head)
-                out.append(
-                    MethodSpec(
-                        f"First-token q̄ σ0={s:g}",
-                        f"first-token-marginal-sigma{s:g}",
-                        "first_token_marginal",
-                        {"sigma0": s},
-                    )
-                )
-        if self.rollout_methods:
-            out = [m for m in out if m.rollout_method in ("vanilla", *self.rollout_methods)]
+        for rollout in methods():
+            if not rollout.two_pass or not (rollout.in_demo_by_default or self.all_methods):
+                continue
+            if self.rollout_methods and rollout.name not in self.rollout_methods:
+                continue
+            for s in self.sigma0 if rollout.in_demo_by_default else self.sigma0[:1]:
+                run = rollout.demo_run(self, s)
+                if run is not None:
+                    name, slug, settings = run
+                    out.append(MethodSpec(name, slug, rollout.name, settings))
         return out
 
     def seed_values(self) -> list[int]:

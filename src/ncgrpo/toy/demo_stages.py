@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ncgrpo.core.plan import HIDDEN_NOISE_METHODS
+from ncgrpo.methods import get_method
 from ncgrpo.runs.folder import CONFIG_FILE, METRICS_FILE, RECORDS_FILE
 from ncgrpo.toy.demo_config import (
     BASE_NAME,
@@ -212,7 +212,7 @@ def check_settings(cfg: DemoConfig, base: Path) -> None:
     for spec in cfg.methods():
         try:
             args = DemoRun(cfg, spec, 0, base, "").training_args()
-            if spec.rollout_method in HIDDEN_NOISE_METHODS:
+            if get_method(spec.rollout_method).hidden_noise:
                 check_noise_site(args.noise_site, base)
         except ValueError as e:
             raise ValueError(f"{spec.name}: {e}") from None
@@ -284,9 +284,9 @@ def _train(
     import yaml
 
     from ncgrpo.data.geometry3k import to_trl_dataset
+    from ncgrpo.driver import train_run
     from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
     from ncgrpo.rewards import math_reward
-    from ncgrpo.driver import train_run
     from ncgrpo.runs.folder import FolderLock, atomic_write_text
 
     cfg, spec, seed, out = run.cfg, run.spec, run.seed, run.train_dir
@@ -396,8 +396,8 @@ def _report(
     """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files; the
     base model's row first when ``base_eval`` is given."""
     from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics
-    from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
+    from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
     dirs = ([base_eval] if base_eval is not None else []) + [r.eval_dir for r in runs]
     ct = compare(load_runs(dirs), BASELINE)
@@ -460,7 +460,7 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
     from ncgrpo.trainer.inert import reward_variance
 
     rows = {r.train_dir: read_metrics(r.train_dir) for r in runs}  # each run's metrics, read once
-    vanilla = {r.seed: r for r in runs if r.method == "vanilla"}
+    vanilla = {r.seed: r for r in runs if not get_method(r.method).two_pass}  # the baseline, per seed
     same = []
     flat = []
     for r in runs:
@@ -469,7 +469,7 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
             flat.append(f"{r.name} (seed {r.seed}): {rv.describe()}")
             continue
         base = vanilla.get(r.seed)
-        if r.method == "vanilla" or base is None:
+        if not get_method(r.method).two_pass or base is None:
             continue
         if reward_variance(rows[base.train_dir]).none_at_all:
             continue  # vanilla learned nothing: equal traces say nothing about the noise

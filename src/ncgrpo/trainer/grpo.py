@@ -44,7 +44,7 @@ Where this departs from ``GRPOTrainer`` (the paper's Algorithm 1 mapped onto TRL
    one logit row). Colocated TP > 1: the TP group's row specs are all-gathered exactly as TRL gathers
    its prompts (:func:`ncgrpo.trainer.vllm._tp_group_rows`). Refused (in :class:`NCGRPOConfig`, before any
    engine starts):
-   the image method in server mode (TRL sends one image per group) and layer noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
+   the image method under server mode (TRL sends one image per group) and layer noise sites. ``vanilla`` is TRL's path unchanged. The engine reports no branch-point state, so after
    generation the trainer measures it with its own model: one no-grad prompt-only pass of the local
    rows under the same noise (:func:`ncgrpo.trainer.vllm.measure_branch_point`), which logs the same
    ``noise/first_token_tv`` / ``noise/agreement`` / ``noise/rel_perturbation`` as the transformers path
