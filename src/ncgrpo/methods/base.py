@@ -24,7 +24,7 @@ they ask the method (``get_method(args.rollout_method)``) what it is and what to
   checkpoints).
 
 The trainer-facing hooks get the trainer (``tr``) and the generation's scratch record (``gen``,
-:class:`ncgrpo.trainer.metrics.LocalGen`); each says what it reads and writes. A new method is one
+``ncgrpo.trainer.metrics._LocalGen``); each says what it reads and writes. A new method is one
 module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it with
 :func:`register_method`; docs/extending.md walks through one.
 """
