@@ -13,6 +13,8 @@ from typing import Any
 
 from trl import ModelConfig
 
+from ncgrpo.data.prompts import MATH_PROMPT_HELP
+
 __all__ = [
     "DATA_NAMES",
     "REWARD_NAMES",
@@ -92,7 +94,7 @@ class ScriptArguments:
     system_prompt: str | None = field(default=None, metadata={"help": "system message of every prompt"})
     math_prompt: str | None = field(
         default=None,
-        metadata={"help": "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT)"},
+        metadata={"help": MATH_PROMPT_HELP},
     )
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_reward"],
