@@ -4,7 +4,11 @@ Where things are (each folder is one layer; a layer imports only the ones above 
 
 - ``ncgrpo.core``: the paper's math as pure tensor code (noise, schedule, advantages, image noise,
   the one row plan). Imports no engine.
-- ``ncgrpo.engines``: thin adapters that apply the core inside an inference engine (transformers).
+- ``ncgrpo.engines``: thin adapters that apply the core inside an inference engine (transformers;
+  vLLM's plugin).
+- ``ncgrpo.methods``: the rollout methods, one module each, registered by name
+  (``get_method(name)``): everything that differs by method, asked by every other part
+  (docs/extending.md).
 - ``ncgrpo.trainer``: ``NCGRPOConfig`` / ``NCGRPOTrainer``, the TRL seam.
 - ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
 - ``ncgrpo.models``: model and processor loading, vision-tower freezing, ``tokenizer_of``
