@@ -36,6 +36,8 @@ def test_plan_group_antithetic_spsa_and_errors():
         plan_group(3, 0.5, 1, 5, 9, method=get_method("antithetic"))
     with pytest.raises(ValueError, match="rollout_method='gaussian' is unknown"):
         get_method("gaussian")
+    with pytest.raises(TypeError, match=r"not its name: method=ncgrpo.methods.get_method\('latent'\)"):
+        plan_group(1, 0.5, 1, 5, 9, "latent")
     with pytest.raises(ValueError, match="sigma"):
         plan_group(1, -0.1, 1, 5, 9, LATENT)
 

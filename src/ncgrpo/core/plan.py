@@ -98,6 +98,10 @@ def plan_rows(
     there) and no ``(+eps, -eps)`` pair shares a baseline: the group mean no longer averages the pair
     into its even part, the cancellation Lemma 1 describes for the joint group.
     """
+    if isinstance(method, str):
+        raise TypeError(
+            f"plan_rows takes the rollout method object, not its name: method=ncgrpo.methods.get_method({method!r})"
+        )
     G = int(num_generations)
     method.check_group_size(G)
     if antithetic_grouping not in ("joint", "separate"):
