@@ -305,7 +305,10 @@ def _train_locked(
     if not console_logs:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
-    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    if _at_max_steps(args, resume_from_checkpoint):
+        _finish_from_checkpoint(trainer, resume_from_checkpoint, out, main_process)
+    else:
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     trainer.save_model(str(out))
     if main_process:
         processor.save_pretrained(str(out))
@@ -316,6 +319,30 @@ def _train_locked(
     # speaks of the model: a card that cannot be written must not make a complete run look cut short
     trainer.create_model_card()
     return trainer
+
+
+def _at_max_steps(args, checkpoint: str | None) -> bool:
+    """Whether ``checkpoint`` (resumed from) already holds the run's last step: ``max_steps`` set and
+    reached (:func:`ncgrpo.runs.folder.checkpoint_step`). The Trainer would train one step more."""
+    from ncgrpo.runs.folder import checkpoint_step
+
+    if checkpoint is None or args.max_steps is None or args.max_steps <= 0:
+        return False
+    step = checkpoint_step(checkpoint)
+    return step is not None and step >= args.max_steps
+
+
+def _finish_from_checkpoint(trainer, checkpoint: str, out: Path, main_process: bool) -> None:
+    """A run killed after its last checkpoint but before its final save: load that checkpoint's weights
+    and trainer state, with no training step (``Trainer.train`` resumed at ``max_steps`` trains one step
+    more, issue 35), so the final save writes the very weights an uninterrupted run would have; the
+    metrics file is cut back to the checkpoint's step as a resumed run's is (:class:`MetricsCallback`)."""
+    from transformers import TrainerState
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    if main_process:
+        MetricsCallback(out / METRICS_FILE)._repair(trainer.state.global_step)
 
 
 # ------------------------------------------------------------------------------------ execution

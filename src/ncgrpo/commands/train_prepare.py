@@ -24,6 +24,7 @@ from ncgrpo.runs.folder import (
     RUN_FILE,
     FolderLock,
     changed_identity,
+    checkpoint_step,
     last_complete_checkpoint,
     read_run_json,
 )
@@ -322,6 +323,13 @@ def prepare_run(
         if checkpoint is None:
             notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")
         if checkpoint is not None:
+            notes.append(f"resuming from {Path(checkpoint).name}, the newest complete checkpoint")
+            max_steps, step = parsed.get("max_steps"), checkpoint_step(checkpoint)
+            if isinstance(max_steps, int) and 0 < max_steps <= (step or 0):
+                notes.append(
+                    f"{Path(checkpoint).name} holds the run's last step (max_steps {max_steps}): no step is "
+                    "trained; its weights are saved as the final model"
+                )
             forced = _check_identity(output_dir, parsed, force)
             if forced:
                 notes.append("resuming with changed settings (--force): " + "; ".join(forced))

@@ -54,6 +54,7 @@ __all__ = [
     "atomic_write_text",
     "changed_identity",
     "checkpoint_problem",
+    "checkpoint_step",
     "checkpoint_weight_files",
     "iter_json_lines",
     "json_rows",
@@ -336,6 +337,16 @@ def checkpoint_weight_files(checkpoint: str) -> list[str]:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         return [os.path.join(checkpoint, s) for s in shards]
     return []
+
+
+def checkpoint_step(checkpoint: str | os.PathLike) -> int | None:
+    """The ``global_step`` a checkpoint's ``trainer_state.json`` records (None: unreadable)."""
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) -> str | None:
