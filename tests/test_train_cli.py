@@ -403,21 +403,34 @@ def test_train_one_step(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
 
 
 @pytest.mark.slow
-def test_train_then_resume(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
-    """Two steps with a checkpoint per step, then --resume to step 3: each step logged once."""
+def test_train_then_resume(tmp_path: Path, geo3k: Path, tiny_vl: Path, monkeypatch) -> None:
+    """Three steps with a checkpoint per step, interrupted while checkpoint-3 is written, then --resume
+    from checkpoint-2 (checkpoint-3 is skipped as incomplete) to step 3: each step logged once."""
     _needs_trainer()
+    from ncgrpo.trainer import NCGRPOTrainer
+
     out = tmp_path / "run"
-    common = ("--save_strategy", "steps", "--save_steps", "1")
-    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "2", *common)) == 0
+    common = ("--save_strategy", "steps", "--save_steps", "1", "--max_steps", "3")
+    save = NCGRPOTrainer.save_model
+
+    def interrupted_in_checkpoint_3(self, output_dir=None, *a, **k):
+        if output_dir is not None and Path(output_dir).name == "checkpoint-3":
+            raise KeyboardInterrupt
+        return save(self, output_dir, *a, **k)
+
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", interrupted_in_checkpoint_3)
+    assert main(_tiny_run(out, geo3k, tiny_vl, *common)) == 130
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", save)
     assert (out / "checkpoint-2").is_dir()
-    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "3", *common, "--resume")) == 0
-    assert (out / "checkpoint-3").is_dir()
+    assert main(_tiny_run(out, geo3k, tiny_vl, *common, "--resume")) == 0
+    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     loss_steps = [
         r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r
     ]
     assert loss_steps == [1, 2, 3] and max(steps) == 3
-    assert json.loads((out / "run.json").read_text())["global_step"] == 3
+    run = json.loads((out / "run.json").read_text())
+    assert run["global_step"] == 3 and run["finished"] and "forced_changes" not in run
 
 
 # -------------------------------------------------------------- faults: refused before anything is written
