@@ -64,3 +64,77 @@ def test_a_run_killed_before_its_final_save_resumes_to_the_same_weights_with_no_
     run = json.loads((out / "run.json").read_text())
     assert run["finished"] and run["global_step"] == 3
     _same_weights(out, reference)
+
+
+# --------------------------------------------------------------- torn checkpoint files (case 3)
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory: pytest.TempPathFactory, geo3k: Path, tiny_vl: Path) -> Path:  # noqa: F811
+    out = tmp_path_factory.mktemp("two") / "run"
+    args = ("--rollout_method", "latent", "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
+    assert main(_tiny_run(out, geo3k, tiny_vl, *args)) == 0
+    return out
+
+
+def _tear(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.parametrize(
+    "name", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors", "ncgrpo_state.pt"]
+)
+def test_a_torn_file_in_the_newest_checkpoint_makes_resume_fall_back_to_the_one_before(
+    tmp_path: Path, two_checkpoints: Path, name: str
+) -> None:
+    from ncgrpo.runs.folder import checkpoint_problem, last_complete_checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(two_checkpoints, out)
+    assert last_complete_checkpoint(out, nc_state=True)[0] == str(out / "checkpoint-2")
+    assert (out / "checkpoint-2" / name).is_file()
+    _tear(out / "checkpoint-2" / name)
+    assert name in (checkpoint_problem(out / "checkpoint-2", nc_state=True) or "")
+    ckpt, skipped = last_complete_checkpoint(out, nc_state=True)
+    assert ckpt == str(out / "checkpoint-1")
+    assert len(skipped) == 1 and skipped[0].startswith("checkpoint-2:") and name in skipped[0]
+
+
+def test_a_flipped_byte_in_the_optimizer_state_is_caught_by_its_crc(tmp_path: Path, two_checkpoints: Path) -> None:
+    from ncgrpo.runs.folder import checkpoint_problem
+
+    ckpt = tmp_path / "checkpoint-2"
+    shutil.copytree(two_checkpoints / "checkpoint-2", ckpt)
+    path = ckpt / "optimizer.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert "optimizer.pt" in (checkpoint_problem(ckpt) or "")
+
+
+def test_resume_past_a_torn_optimizer_finishes_with_the_same_weights(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys  # noqa: F811
+) -> None:
+    """A kill while checkpoint-3's optimizer.pt was written (trainer_state.json written by hand after
+    it, as a file system that reorders writes could leave it): --resume says it skips checkpoint-3 and
+    ends with the uninterrupted run's weights."""
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    out = tmp_path / "run"
+    save = NCGRPOTrainer.save_model
+
+    def killed_at_the_final_save(self, output_dir=None, *a, **k):
+        if output_dir is not None and Path(output_dir) == out:
+            raise KeyboardInterrupt
+        return save(self, output_dir, *a, **k)
+
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", killed_at_the_final_save)
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON)) == 130
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", save)
+    _tear(out / "checkpoint-3" / "optimizer.pt")
+    capsys.readouterr()
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON, "--resume")) == 0
+    err = capsys.readouterr().err
+    assert "skipping incomplete checkpoint-3" in err and "optimizer.pt" in err
+    assert "resuming from checkpoint-2" in err
+    assert _loss_steps(out) == [1, 2, 3]
+    _same_weights(out, reference)
