@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ncgrpo.cli import main
-from test_train_cli import MODEL, _args, _fake_complete_checkpoint, geo3k  # noqa: F401 - a fixture
+from test_train_cli import MODEL, _args, _fake_complete_checkpoint, _tiny_run, geo3k, tiny_vl  # noqa: F401 - fixtures
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -89,3 +89,53 @@ def test_what_may_change_on_resume_is_short_and_documented() -> None:
     docs = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     for name in MAY_CHANGE_REASONS:
         assert f"`{name}`" in docs, f"docs/cli.md does not list {name}, which may change on resume"
+
+
+# ------------------------------------------------------------------------------ --overwrite (case 5)
+def test_overwrite_with_resume_is_a_usage_error(tmp_path: Path, geo3k: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL, "--resume", "--overwrite")) == 2
+    err = capsys.readouterr().err
+    assert "ncgrpo train: error: --overwrite and --resume: pick one" in err
+    assert not out.exists()
+
+
+def test_overwrite_starts_a_finished_run_with_checkpoints_again_and_removes_only_its_files(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, capsys  # noqa: F811
+) -> None:
+    out = tmp_path / "run"
+    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
+    assert main(_tiny_run(out, geo3k, tiny_vl, *common)) == 0
+    assert (out / "checkpoint-2").is_dir() and json.loads((out / "run.json").read_text())["finished"]
+    (out / "notes.txt").write_text("mine")  # not a training run's file: kept
+    capsys.readouterr()
+    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "1", "--save_strategy", "no", "--overwrite")) == 0
+    err = capsys.readouterr().err
+    assert "--overwrite: removed checkpoint-1, checkpoint-2, metrics.jsonl, model.safetensors" in err, err
+    assert not list(out.glob("checkpoint-*"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1]  # the old run's lines are gone
+    run = json.loads((out / "run.json").read_text())
+    assert run["finished"] and run["global_step"] == 1 and "overwriting" not in run
+    assert run["identity"]["max_steps"] == 1
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").is_file()
+
+
+def test_clear_train_outputs_never_touches_another_kind(tmp_path: Path) -> None:
+    from ncgrpo.runs.folder import FolderKindError, clear_train_outputs
+
+    ev = tmp_path / "eval"
+    ev.mkdir()
+    (ev / "run.json").write_text(json.dumps({"kind": "eval"}))
+    (ev / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(FolderKindError):
+        clear_train_outputs(ev)
+    assert (ev / "metrics.jsonl").exists()
+
+
+def test_an_overwrite_cut_short_is_not_resumed(tmp_path: Path, geo3k: Path, capsys) -> None:
+    out = tmp_path / "run"
+    _fake_complete_checkpoint(out / "checkpoint-1")
+    (out / "run.json").write_text(json.dumps({"kind": "train", "finished": False, "overwriting": True}))
+    assert main(_args(out, geo3k, MODEL, "--resume")) == 2
+    assert "an --overwrite was cut short" in capsys.readouterr().err

@@ -121,6 +121,7 @@ class RunPlan:
     dry_run: bool = False
     keep: bool = False  # a dry run into a folder that holds a run: its files are left as they are
     seen: Any = None  # the folder's run.json and checkpoints as prepare_run checked them (_folder_state)
+    overwrite: bool = False  # start the run again: its checkpoints, metrics, final weights are removed
 
     def write_folder(self) -> None:
         """Take the folder's lock and write ``config.yaml``, ``run.json`` and the generated data (the
@@ -138,8 +139,12 @@ class RunPlan:
                         f"{self.output_dir} changed while the model loaded (another process wrote its "
                         f"{RUN_FILE} or checkpoints); check what is there, then rerun (or use another --output_dir)"
                     )
+                if self.overwrite:
+                    self._clear()
                 if self.staging is not None:
                     target = self.output_dir / "synthetic-data"
+                    if self.overwrite and target.exists():
+                        shutil.rmtree(target)  # generated for the old run's seed: this run makes its own
                     if not target.exists():
                         # moved beside its place first (a copy when /tmp is another filesystem), then
                         # renamed: a kill mid-copy leaves only the partial folder, which the next run clears
@@ -156,6 +161,19 @@ class RunPlan:
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
+
+    def _clear(self) -> None:
+        """``--overwrite``, under the lock: mark ``run.json`` (``overwriting``: a kill part way leaves a
+        folder ``--resume`` refuses) then remove the old run's checkpoints, metrics and final weights
+        (:func:`ncgrpo.runs.folder.clear_train_outputs`); ``write_folder`` then writes the new run's files."""
+        from ncgrpo.runs.folder import clear_train_outputs
+
+        atomic_write_json(self.output_dir / RUN_FILE, {**self.run_info, "finished": False, "overwriting": True})
+        removed = clear_train_outputs(self.output_dir)
+        if removed:
+            import sys
+
+            print(f"ncgrpo train: --overwrite: removed {', '.join(removed)} from {self.output_dir}", file=sys.stderr)
 
     def release(self) -> None:
         """Let go of the run folder (:func:`execute_run` does at its end) and of a staged suite never

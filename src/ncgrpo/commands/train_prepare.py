@@ -255,8 +255,12 @@ def prepare_run(
     - a folder another process is writing (its lock, :class:`ncgrpo.runs.folder.FolderLock`, names the
       holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
       :func:`ncgrpo.runs.folder.folder_kind`);
-    - a folder holding ``checkpoint-*`` without ``resume`` (not in a dry run, which writes no run);
-    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem);
+    - ``resume`` with ``overwrite`` (pick one);
+    - a folder holding ``checkpoint-*`` without ``resume`` or ``overwrite`` (not in a dry run, which
+      writes no run);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem); ``overwrite``
+      starts the run again there: once the folder's lock is held, its checkpoints, metrics and final
+      weights are removed (:meth:`ncgrpo.driver.RunPlan.write_folder`);
     - ``resume`` with settings that change the run (:func:`~ncgrpo.commands.train_settings.run_identity`,
       compared with the one ``run.json`` records, else ``config.yaml``'s) unless ``force``;
     - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
@@ -301,13 +305,25 @@ def prepare_run(
     if os.environ.get("RANK", "0") == "0":  # the main process (PartialState is made below, once configured)
         lock.check()  # a file, another kind, another writer: refused before any other check reads it
 
+    if overwrite and resume:
+        raise ValueError(
+            f"--overwrite and --resume: pick one: --resume continues the run in {output_dir} from its newest "
+            "complete checkpoint; --overwrite starts it again from scratch there (removing its checkpoints, "
+            "metrics and final weights)"
+        )
     seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
-    if any_checkpoint and not resume and not dry_run:
+    if any_checkpoint and not resume and not overwrite and not dry_run:
         raise ValueError(
-            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume or another --output_dir"
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
+            "--overwrite to start it again from scratch, or another --output_dir"
         )
     previous = read_run_json(output_dir, hint="move it away or fix it")
+    if previous is not None and previous.get("overwriting") and not overwrite and not dry_run:
+        raise ValueError(
+            f"{output_dir}: an --overwrite was cut short while it removed the old run's files; pass "
+            "--overwrite again (or use another --output_dir)"
+        )
     if previous is not None and previous.get("finished") and not overwrite and not dry_run:
         raise ValueError(
             f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
@@ -358,7 +374,10 @@ def prepare_run(
     keep = dry_run and (previous is not None or bool(any_checkpoint))
     staging = None
     data_dir = output_dir
-    if _needs_generated_suite(script_args) and not (output_dir / "synthetic-data" / "data").is_dir():
+    fresh_suite = overwrite and not dry_run  # the old run's suite was generated for its own seed
+    if _needs_generated_suite(script_args) and (
+        fresh_suite or not (output_dir / "synthetic-data" / "data").is_dir()
+    ):
         staging = Path(tempfile.mkdtemp(prefix="ncgrpo-train-data-"))
         data_dir = staging
     try:
@@ -393,6 +412,7 @@ def prepare_run(
         dry_run=dry_run,
         keep=keep,
         seen=seen,
+        overwrite=overwrite and not dry_run,
     )
     if dry_run:
         try:

@@ -48,6 +48,7 @@ __all__ = [
     "FolderLock",
     "check_folder_kind",
     "claim_folder",
+    "clear_train_outputs",
     "folder_kind",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -480,6 +481,48 @@ def last_complete_checkpoint(
             return os.path.join(out, name), skipped
         skipped.append(f"{name}: {problem}")
     return None, skipped
+
+
+#: A training run's outputs that ``ncgrpo train --overwrite`` removes (besides ``checkpoint-N/``): what a
+#: new run would otherwise mix with its own (metrics appended to, final weights of another run).
+TRAIN_OUTPUTS = (
+    METRICS_FILE,
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "adapter_config.json",
+    "training_args.bin",
+)
+
+
+def clear_train_outputs(folder: str | os.PathLike) -> list[str]:
+    """Remove a training run's checkpoints (``checkpoint-N/``), ``metrics.jsonl`` and final weights
+    (:data:`TRAIN_OUTPUTS`, weight shards ``model-*.safetensors`` / ``pytorch_model-*.bin``) from
+    ``folder``, which must be a training run's (its kind ``train``, :func:`folder_kind`): what
+    ``ncgrpo train --overwrite`` does once it holds the folder's lock. Returns the names removed."""
+    import re
+    import shutil
+
+    folder = Path(folder)
+    found = folder_kind(folder)
+    if found not in (None, "train"):
+        raise FolderKindError(f"{folder} holds {KINDS.get(found, found)}; only a training run's files are cleared")
+    removed = []
+    for p in sorted(folder.iterdir()):
+        name = p.name
+        if p.is_dir() and not p.is_symlink() and re.fullmatch(r"checkpoint-\d+", name):
+            shutil.rmtree(p)
+        elif p.is_file() and (
+            name in TRAIN_OUTPUTS or re.fullmatch(r"(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)", name)
+        ):
+            p.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 # --- one writer per folder -----------------------------------------------------------------------
