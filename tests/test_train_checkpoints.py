@@ -62,7 +62,7 @@ def test_a_run_killed_before_its_final_save_resumes_to_the_same_weights_with_no_
     assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON, "--resume")) == 0
     assert _loss_steps(out) == [1, 2, 3]
     run = json.loads((out / "run.json").read_text())
-    assert run["finished"] and run["global_step"] == 3
+    assert run["finished"] and run["global_step"] == 3, run
     _same_weights(out, reference)
 
 
@@ -136,5 +136,71 @@ def test_resume_past_a_torn_optimizer_finishes_with_the_same_weights(
     err = capsys.readouterr().err
     assert "skipping incomplete checkpoint-3" in err and "optimizer.pt" in err
     assert "resuming from checkpoint-2" in err
+    assert _loss_steps(out) == [1, 2, 3]
+    _same_weights(out, reference)
+
+
+# ------------------------------------------------------------------------ a full disk (case 4)
+@pytest.mark.parametrize(
+    "raised",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EFBIG, "File too large"),
+        RuntimeError(
+            "[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/3: "
+            "file write failed"
+        ),
+    ],
+    ids=["ENOSPC", "EFBIG", "pytorch-writer"],
+)
+def test_a_full_disk_while_a_checkpoint_is_written_is_a_clear_error_and_resume_loses_nothing(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys, raised  # noqa: F811
+) -> None:
+    import torch
+
+    out = tmp_path / "run"
+    save = torch.save
+
+    def full_at_checkpoint_2(obj, f, *a, **k):
+        if str(f).endswith(str(Path("checkpoint-2") / "optimizer.pt")):
+            raise raised
+        return save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_at_checkpoint_2)
+    capsys.readouterr()
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON)) == 2
+    monkeypatch.setattr(torch, "save", save)
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err
+    assert f"ncgrpo train: error: {out / 'checkpoint-2'}: writing it failed for lack of room" in err, err
+    assert "GiB free on its file system" in err and "--resume" in err
+    assert not (out / "checkpoint-2").exists()  # the checkpoint cut short was removed
+    assert (out / "checkpoint-1" / "trainer_state.json").is_file()
+
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON, "--resume")) == 0
+    assert _loss_steps(out) == [1, 2, 3]
+    _same_weights(out, reference)
+
+
+def test_a_full_disk_at_the_final_save_is_a_clear_error_and_resume_finishes(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys  # noqa: F811
+) -> None:
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    out = tmp_path / "run"
+    save = NCGRPOTrainer.save_model
+
+    def full_at_the_final_save(self, output_dir=None, *a, **k):
+        if output_dir is not None and Path(output_dir) == out:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(self, output_dir, *a, **k)
+
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", full_at_the_final_save)
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON)) == 2
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", save)
+    err = capsys.readouterr().err
+    assert f"ncgrpo train: error: {out}: writing it failed for lack of room" in err, err
+    assert not json.loads((out / "run.json").read_text())["finished"]
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON, "--resume")) == 0
     assert _loss_steps(out) == [1, 2, 3]
     _same_weights(out, reference)

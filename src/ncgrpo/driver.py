@@ -327,9 +327,21 @@ def _train_locked(
         _finish_from_checkpoint(trainer, resume_from_checkpoint, out, main_process)
     else:
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-    trainer.save_model(str(out))
+    try:
+        trainer.save_model(str(out))
+        if main_process:
+            processor.save_pretrained(str(out))
+    except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
+        from ncgrpo.runs.folder import disk_full_error
+
+        error = disk_full_error(
+            e, out, "run.json still says the run is not finished; free some space, then rerun with --resume "
+            "(it continues from the last complete checkpoint)"
+        )
+        if error is None:
+            raise
+        raise error from e
     if main_process:
-        processor.save_pretrained(str(out))
         atomic_write_json(
             out / RUN_FILE, {**info, "global_step": int(trainer.state.global_step), "finished": True}
         )

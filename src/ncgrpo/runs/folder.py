@@ -43,11 +43,13 @@ __all__ = [
     "RUN_FILE",
     "STATE_FILE",
     "KINDS",
+    "DiskFullError",
     "FolderBusyError",
     "FolderKindError",
     "FolderLock",
     "check_folder_kind",
     "claim_folder",
+    "disk_full_error",
     "clear_train_outputs",
     "folder_kind",
     "atomic_write_bytes",
@@ -92,7 +94,58 @@ class FolderKindError(ValueError):
     """An output folder holds another command's results (another :data:`KINDS` entry)."""
 
 
+class DiskFullError(ValueError):
+    """A write ran out of room (a full disk, a quota, a file-size limit): :func:`disk_full_error`."""
+
+
 # --- writing ------------------------------------------------------------------------------------
+#: What a write that ran out of room says, where no errno survives (PyTorch's zip writer raises a
+#: RuntimeError "file write failed"; safetensors' Rust writer its own error).
+_FULL_TEXTS = ("no space left on device", "file too large", "disk quota exceeded", "file write failed")
+
+
+def _full_reason(exc: BaseException) -> str | None:
+    import errno
+
+    full = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in full:
+            return f"{os.strerror(e.errno)} (errno {errno.errorcode.get(e.errno, e.errno)})"
+        text = str(e).lower()
+        if any(t in text for t in _FULL_TEXTS):
+            return f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def disk_full_error(exc: BaseException, folder: str | os.PathLike, then: str = "") -> DiskFullError | None:
+    """A :class:`DiskFullError` naming ``folder`` and the free space of its file system
+    (``shutil.disk_usage``) when ``exc`` (or what caused it) is a write that ran out of room (ENOSPC,
+    EDQUOT, EFBIG, or the text PyTorch's and safetensors' writers say it with); else ``None``.
+    ``then``: what to do next, appended."""
+    import shutil
+
+    why = _full_reason(exc)
+    if why is None:
+        return None
+    where = Path(folder)
+    probe = where
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**30:.2f} GiB free on its file system"
+    except OSError:
+        free = "free space unknown"
+    tail = f"; {then}" if then else ""
+    return DiskFullError(
+        f"{where}: writing it failed for lack of room: {why}; {free} (a file-size limit, ulimit -f, "
+        f"gives the same error){tail}"
+    )
+
+
 
 
 def _umask() -> int:
