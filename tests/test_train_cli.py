@@ -121,6 +121,8 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     assert "trainer" not in yaml.safe_load(text)  # flat: one key per field
 
     run = json.loads((out / "run.json").read_text())
+    identity = run.pop("identity")  # every setting but what may change on resume (issue 35)
+    assert identity["sigma0"] == 0.5 and identity["seed"] == 7 and "output_dir" not in identity
     assert run == {
         "kind": "train",
         "name": "tiny-latent",
@@ -439,7 +441,9 @@ def _fake_complete_checkpoint(folder: Path) -> None:
 
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"weights")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))  # a whole (tiny) weights file
     torch.save({"rollout_method": "latent", "spsa_mu": None}, folder / "ncgrpo_state.pt")
 
 
