@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+import test_train_cli
 from ncgrpo.cli import main
-from test_train_cli import MODEL, _args, _fake_complete_checkpoint, _tiny_run, geo3k, tiny_vl  # noqa: F401 - fixtures
+from test_train_cli import MODEL, _args, _fake_complete_checkpoint, _tiny_run
+
+geo3k, tiny_vl = test_train_cli.geo3k, test_train_cli.tiny_vl  # fixtures
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -70,7 +73,9 @@ def test_force_records_what_changed_in_run_json(tmp_path: Path, geo3k: Path, cap
     assert main(_args(out, geo3k, MODEL, "--dry-run")) == 0
     _fake_complete_checkpoint(out / "checkpoint-1")
     argv = _args(out, geo3k, MODEL, "--max_grad_norm", "0.5")[1:]
-    plan = prepare_run(ConfigParser(train_dataclasses).parse_args(argv).parsed_config, resume=True, force=True)
+    plan = prepare_run(
+        ConfigParser(train_dataclasses).parse_args(argv).parsed_config, resume=True, force=True
+    )
     plan.release()
     assert plan.run_info["forced_changes"] == ["max_grad_norm: 1.0 -> 0.5"]
     assert plan.run_info["identity"]["max_grad_norm"] == 0.5
@@ -101,7 +106,7 @@ def test_overwrite_with_resume_is_a_usage_error(tmp_path: Path, geo3k: Path, cap
 
 
 def test_overwrite_starts_a_finished_run_with_checkpoints_again_and_removes_only_its_files(
-    tmp_path: Path, geo3k: Path, tiny_vl: Path, capsys  # noqa: F811
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, capsys
 ) -> None:
     out = tmp_path / "run"
     common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
@@ -109,7 +114,9 @@ def test_overwrite_starts_a_finished_run_with_checkpoints_again_and_removes_only
     assert (out / "checkpoint-2").is_dir() and json.loads((out / "run.json").read_text())["finished"]
     (out / "notes.txt").write_text("mine")  # not a training run's file: kept
     capsys.readouterr()
-    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "1", "--save_strategy", "no", "--overwrite")) == 0
+    assert (
+        main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "1", "--save_strategy", "no", "--overwrite")) == 0
+    )
     err = capsys.readouterr().err
     assert "--overwrite: removed checkpoint-1, checkpoint-2, metrics.jsonl, model.safetensors" in err, err
     assert not list(out.glob("checkpoint-*"))
@@ -139,3 +146,19 @@ def test_an_overwrite_cut_short_is_not_resumed(tmp_path: Path, geo3k: Path, caps
     (out / "run.json").write_text(json.dumps({"kind": "train", "finished": False, "overwriting": True}))
     assert main(_args(out, geo3k, MODEL, "--resume")) == 2
     assert "an --overwrite was cut short" in capsys.readouterr().err
+
+
+def test_overwrite_with_another_seed_generates_the_synthetic_suite_for_that_seed(tmp_path: Path) -> None:
+    from test_train_cli import TINY_RECIPE
+
+    out = tmp_path / "run"
+    small = ["--max_steps", "1", "--max_completion_length", "4", "--num_generations", "2",
+             "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1"]  # fmt: skip
+    base = ["train", "--config", str(TINY_RECIPE), "--output_dir", str(out), *small]
+    suite = out / "synthetic-data" / "data" / "train-00000-of-00001.parquet"
+    assert main([*base, "--seed", "0"]) == 0
+    first = suite.read_bytes()
+    assert main([*base, "--seed", "1", "--overwrite"]) == 0
+    assert suite.read_bytes() != first  # not the suite generated for the old run's seed
+    assert main([*base, "--seed", "0", "--overwrite"]) == 0
+    assert suite.read_bytes() == first
