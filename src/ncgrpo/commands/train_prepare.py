@@ -338,6 +338,7 @@ def prepare_run(
         notes += [f"skipping incomplete {s}" for s in skipped]
         if checkpoint is None:
             notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")
+            forced_changes = []  # the run starts over: nothing before it was trained under other settings
         if checkpoint is not None:
             notes.append(f"resuming from {Path(checkpoint).name}, the newest complete checkpoint")
             max_steps, step = parsed.get("max_steps"), checkpoint_step(checkpoint)
