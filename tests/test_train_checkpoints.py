@@ -13,8 +13,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+import test_train_cli
 from ncgrpo.cli import main
-from test_train_cli import _tiny_run, geo3k, tiny_vl  # noqa: F401 - fixtures
+from test_train_cli import _tiny_run
+
+geo3k, tiny_vl = test_train_cli.geo3k, test_train_cli.tiny_vl  # fixtures
 
 COMMON = (
     "--rollout_method", "latent", "--max_steps", "3", "--save_strategy", "steps", "--save_steps", "1",
@@ -23,11 +26,13 @@ COMMON = (
 
 
 def _loss_steps(out: Path) -> list[int]:
-    return [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    return [
+        r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r
+    ]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory, geo3k: Path, tiny_vl: Path) -> Path:  # noqa: F811
+def reference(tmp_path_factory: pytest.TempPathFactory, geo3k: Path, tiny_vl: Path) -> Path:
     out = tmp_path_factory.mktemp("ref") / "run"
     assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON)) == 0
     assert _loss_steps(out) == [1, 2, 3]
@@ -41,7 +46,7 @@ def _same_weights(a: Path, b: Path) -> None:
 
 
 def test_a_run_killed_before_its_final_save_resumes_to_the_same_weights_with_no_extra_step(
-    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch  # noqa: F811
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch
 ) -> None:
     from ncgrpo.trainer import NCGRPOTrainer
 
@@ -68,7 +73,7 @@ def test_a_run_killed_before_its_final_save_resumes_to_the_same_weights_with_no_
 
 # --------------------------------------------------------------- torn checkpoint files (case 3)
 @pytest.fixture(scope="module")
-def two_checkpoints(tmp_path_factory: pytest.TempPathFactory, geo3k: Path, tiny_vl: Path) -> Path:  # noqa: F811
+def two_checkpoints(tmp_path_factory: pytest.TempPathFactory, geo3k: Path, tiny_vl: Path) -> Path:
     out = tmp_path_factory.mktemp("two") / "run"
     args = ("--rollout_method", "latent", "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1")
     assert main(_tiny_run(out, geo3k, tiny_vl, *args)) == 0
@@ -99,7 +104,9 @@ def test_a_torn_file_in_the_newest_checkpoint_makes_resume_fall_back_to_the_one_
     assert len(skipped) == 1 and skipped[0].startswith("checkpoint-2:") and name in skipped[0]
 
 
-def test_a_flipped_byte_in_the_optimizer_state_is_caught_by_its_crc(tmp_path: Path, two_checkpoints: Path) -> None:
+def test_a_flipped_byte_in_the_optimizer_state_is_caught_by_its_crc(
+    tmp_path: Path, two_checkpoints: Path
+) -> None:
     from ncgrpo.runs.folder import checkpoint_problem
 
     ckpt = tmp_path / "checkpoint-2"
@@ -112,7 +119,7 @@ def test_a_flipped_byte_in_the_optimizer_state_is_caught_by_its_crc(tmp_path: Pa
 
 
 def test_resume_past_a_torn_optimizer_finishes_with_the_same_weights(
-    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys  # noqa: F811
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys
 ) -> None:
     """A kill while checkpoint-3's optimizer.pt was written (trainer_state.json written by hand after
     it, as a file system that reorders writes could leave it): --resume says it skips checkpoint-3 and
@@ -154,7 +161,7 @@ def test_resume_past_a_torn_optimizer_finishes_with_the_same_weights(
     ids=["ENOSPC", "EFBIG", "pytorch-writer"],
 )
 def test_a_full_disk_while_a_checkpoint_is_written_is_a_clear_error_and_resume_loses_nothing(
-    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys, raised  # noqa: F811
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys, raised
 ) -> None:
     import torch
 
@@ -183,7 +190,7 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_a_clear_error_and_resume_l
 
 
 def test_a_full_disk_at_the_final_save_is_a_clear_error_and_resume_finishes(
-    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys  # noqa: F811
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, reference: Path, monkeypatch, capsys
 ) -> None:
     from ncgrpo.trainer import NCGRPOTrainer
 
@@ -204,3 +211,19 @@ def test_a_full_disk_at_the_final_save_is_a_clear_error_and_resume_finishes(
     assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON, "--resume")) == 0
     assert _loss_steps(out) == [1, 2, 3]
     _same_weights(out, reference)
+
+
+def test_a_full_disk_while_metrics_are_appended_is_a_clear_error(
+    tmp_path: Path, geo3k: Path, tiny_vl: Path, monkeypatch, capsys
+) -> None:
+    from ncgrpo.driver import MetricsCallback
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(MetricsCallback, "on_log", full)
+    out = tmp_path / "run"
+    assert main(_tiny_run(out, geo3k, tiny_vl, *COMMON)) == 2
+    err = capsys.readouterr().err
+    assert f"ncgrpo train: error: {out}: writing it failed for lack of room" in err, err
+    assert "GiB free on its file system" in err

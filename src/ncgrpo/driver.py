@@ -168,12 +168,17 @@ class RunPlan:
         (:func:`ncgrpo.runs.folder.clear_train_outputs`); ``write_folder`` then writes the new run's files."""
         from ncgrpo.runs.folder import clear_train_outputs
 
-        atomic_write_json(self.output_dir / RUN_FILE, {**self.run_info, "finished": False, "overwriting": True})
+        atomic_write_json(
+            self.output_dir / RUN_FILE, {**self.run_info, "finished": False, "overwriting": True}
+        )
         removed = clear_train_outputs(self.output_dir)
         if removed:
             import sys
 
-            print(f"ncgrpo train: --overwrite: removed {', '.join(removed)} from {self.output_dir}", file=sys.stderr)
+            print(
+                f"ncgrpo train: --overwrite: removed {', '.join(removed)} from {self.output_dir}",
+                file=sys.stderr,
+            )
 
     def release(self) -> None:
         """Let go of the run folder (:func:`execute_run` does at its end) and of a staged suite never
@@ -335,8 +340,10 @@ def _train_locked(
         from ncgrpo.runs.folder import disk_full_error
 
         error = disk_full_error(
-            e, out, "run.json still says the run is not finished; free some space, then rerun with --resume "
-            "(it continues from the last complete checkpoint)"
+            e,
+            out,
+            "run.json still says the run is not finished; free some space, then rerun with --resume "
+            "(it continues from the last complete checkpoint)",
         )
         if error is None:
             raise
@@ -457,7 +464,9 @@ def peft_config_for(model_args: ModelConfig, model: Any) -> Any:
 def execute_run(plan: RunPlan):
     """Load the model (vision tower frozen if asked) and train the plan through
     :func:`train_run` (with ``use_peft``: a LoRA adapter, :func:`peft_config_for`; the
-    folder then holds the adapter, not full weights); the run folder's lock is released at the end."""
+    folder then holds the adapter, not full weights); the run folder's lock is released at the end. A
+    write that runs out of room (a full disk, a file-size limit) is a
+    :class:`~ncgrpo.runs.folder.DiskFullError` naming the folder and its free space."""
     if plan.dry_run:
         raise ValueError("a dry-run plan is not trained; prepare it with dry_run=False")
     try:
@@ -475,5 +484,17 @@ def execute_run(plan: RunPlan):
             resume_from_checkpoint=plan.checkpoint,
             peft_config=peft_config,
         )
+    except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
+        from ncgrpo.runs.folder import DiskFullError, disk_full_error
+
+        # metrics.jsonl, run.json, config.yaml: anything the run writes (checkpoints and the final save
+        # say so themselves, naming their own folder)
+        error = None if isinstance(e, DiskFullError) else disk_full_error(
+            e, plan.output_dir, "free some space, then rerun with --resume (it continues from the last "
+            "complete checkpoint)"
+        )  # fmt: skip
+        if error is None:
+            raise
+        raise error from e
     finally:
         plan.release()
