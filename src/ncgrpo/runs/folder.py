@@ -146,8 +146,6 @@ def disk_full_error(exc: BaseException, folder: str | os.PathLike, then: str = "
     )
 
 
-
-
 def _umask() -> int:
     # No way to read the umask without setting it (before Linux's /proc "Umask:" line); set it back
     # at once. Called only around file creation, never from threads that create files themselves.
@@ -562,14 +560,17 @@ def clear_train_outputs(folder: str | os.PathLike) -> list[str]:
     folder = Path(folder)
     found = folder_kind(folder)
     if found not in (None, "train"):
-        raise FolderKindError(f"{folder} holds {KINDS.get(found, found)}; only a training run's files are cleared")
+        raise FolderKindError(
+            f"{folder} holds {KINDS.get(found, found)}; only a training run's files are cleared"
+        )
     removed = []
     for p in sorted(folder.iterdir()):
         name = p.name
         if p.is_dir() and not p.is_symlink() and re.fullmatch(r"checkpoint-\d+", name):
             shutil.rmtree(p)
         elif p.is_file() and (
-            name in TRAIN_OUTPUTS or re.fullmatch(r"(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)", name)
+            name in TRAIN_OUTPUTS
+            or re.fullmatch(r"(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)", name)
         ):
             p.unlink()
         else:
