@@ -121,6 +121,8 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     assert "trainer" not in yaml.safe_load(text)  # flat: one key per field
 
     run = json.loads((out / "run.json").read_text())
+    identity = run.pop("identity")  # every setting but what may change on resume (issue 35)
+    assert identity["sigma0"] == 0.5 and identity["seed"] == 7 and "output_dir" not in identity
     assert run == {
         "kind": "train",
         "name": "tiny-latent",
@@ -403,21 +405,34 @@ def test_train_one_step(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
 
 
 @pytest.mark.slow
-def test_train_then_resume(tmp_path: Path, geo3k: Path, tiny_vl: Path) -> None:
-    """Two steps with a checkpoint per step, then --resume to step 3: each step logged once."""
+def test_train_then_resume(tmp_path: Path, geo3k: Path, tiny_vl: Path, monkeypatch) -> None:
+    """Three steps with a checkpoint per step, interrupted while checkpoint-3 is written, then --resume
+    from checkpoint-2 (checkpoint-3 is skipped as incomplete) to step 3: each step logged once."""
     _needs_trainer()
+    from ncgrpo.trainer import NCGRPOTrainer
+
     out = tmp_path / "run"
-    common = ("--save_strategy", "steps", "--save_steps", "1")
-    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "2", *common)) == 0
+    common = ("--save_strategy", "steps", "--save_steps", "1", "--max_steps", "3")
+    save = NCGRPOTrainer.save_model
+
+    def interrupted_in_checkpoint_3(self, output_dir=None, *a, **k):
+        if output_dir is not None and Path(output_dir).name == "checkpoint-3":
+            raise KeyboardInterrupt
+        return save(self, output_dir, *a, **k)
+
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", interrupted_in_checkpoint_3)
+    assert main(_tiny_run(out, geo3k, tiny_vl, *common)) == 130
+    monkeypatch.setattr(NCGRPOTrainer, "save_model", save)
     assert (out / "checkpoint-2").is_dir()
-    assert main(_tiny_run(out, geo3k, tiny_vl, "--max_steps", "3", *common, "--resume")) == 0
-    assert (out / "checkpoint-3").is_dir()
+    assert main(_tiny_run(out, geo3k, tiny_vl, *common, "--resume")) == 0
+    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     loss_steps = [
         r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r
     ]
     assert loss_steps == [1, 2, 3] and max(steps) == 3
-    assert json.loads((out / "run.json").read_text())["global_step"] == 3
+    run = json.loads((out / "run.json").read_text())
+    assert run["global_step"] == 3 and run["finished"] and "forced_changes" not in run
 
 
 # -------------------------------------------------------------- faults: refused before anything is written
@@ -426,7 +441,9 @@ def _fake_complete_checkpoint(folder: Path) -> None:
 
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"weights")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))  # a whole (tiny) weights file
     torch.save({"rollout_method": "latent", "spsa_mu": None}, folder / "ncgrpo_state.pt")
 
 
@@ -451,7 +468,7 @@ def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> 
 
     from ncgrpo.commands.train_settings import ModelArguments, ScriptArguments, run_identity_keys
     from ncgrpo.runs.folder import changed_identity
-    from ncgrpo.runs.identity import INHERITED_IDENTITY, MAY_CHANGE_ON_RESUME
+    from ncgrpo.runs.identity import MAY_CHANGE_ON_RESUME
     from ncgrpo.trainer import NCGRPOConfig
 
     @dataclasses.dataclass
@@ -461,7 +478,8 @@ def test_a_new_config_field_is_part_of_the_run_identity_with_no_other_edit() -> 
     keys = run_identity_keys((ScriptArguments, WithANewField, ModelArguments))
     assert "brand_new_setting" in keys and "brand_new_setting" not in run_identity_keys()
     assert {"sigma0", "noise_site", "rollout_method", "freeze_vision_tower", "dataset_name"} <= set(keys)
-    assert set(INHERITED_IDENTITY) <= set(keys) and not MAY_CHANGE_ON_RESUME & set(keys)
+    assert {"max_steps", "learning_rate", "max_grad_norm", "top_k"} <= set(keys)  # TRL's fields too
+    assert not MAY_CHANGE_ON_RESUME & set(keys)
     # logging, saving and the output folder are TRL's and may change
     assert not {"logging_steps", "save_steps", "output_dir", "run_name"} & set(keys)
     old, new = {"brand_new_setting": 1.0}, {"brand_new_setting": 2.0}

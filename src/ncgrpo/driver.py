@@ -121,6 +121,7 @@ class RunPlan:
     dry_run: bool = False
     keep: bool = False  # a dry run into a folder that holds a run: its files are left as they are
     seen: Any = None  # the folder's run.json and checkpoints as prepare_run checked them (_folder_state)
+    overwrite: bool = False  # start the run again: its checkpoints, metrics, final weights are removed
 
     def write_folder(self) -> None:
         """Take the folder's lock and write ``config.yaml``, ``run.json`` and the generated data (the
@@ -138,8 +139,12 @@ class RunPlan:
                         f"{self.output_dir} changed while the model loaded (another process wrote its "
                         f"{RUN_FILE} or checkpoints); check what is there, then rerun (or use another --output_dir)"
                     )
+                if self.overwrite:
+                    self._clear()
                 if self.staging is not None:
                     target = self.output_dir / "synthetic-data"
+                    if self.overwrite and target.exists():
+                        shutil.rmtree(target)  # generated for the old run's seed: this run makes its own
                     if not target.exists():
                         # moved beside its place first (a copy when /tmp is another filesystem), then
                         # renamed: a kill mid-copy leaves only the partial folder, which the next run clears
@@ -156,6 +161,24 @@ class RunPlan:
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
+
+    def _clear(self) -> None:
+        """``--overwrite``, under the lock: mark ``run.json`` (``overwriting``: a kill part way leaves a
+        folder ``--resume`` refuses) then remove the old run's checkpoints, metrics and final weights
+        (:func:`ncgrpo.runs.folder.clear_train_outputs`); ``write_folder`` then writes the new run's files."""
+        from ncgrpo.runs.folder import clear_train_outputs
+
+        atomic_write_json(
+            self.output_dir / RUN_FILE, {**self.run_info, "finished": False, "overwriting": True}
+        )
+        removed = clear_train_outputs(self.output_dir)
+        if removed:
+            import sys
+
+            print(
+                f"ncgrpo train: --overwrite: removed {', '.join(removed)} from {self.output_dir}",
+                file=sys.stderr,
+            )
 
     def release(self) -> None:
         """Let go of the run folder (:func:`execute_run` does at its end) and of a staged suite never
@@ -305,10 +328,27 @@ def _train_locked(
     if not console_logs:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
-    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-    trainer.save_model(str(out))
+    if _at_max_steps(args, resume_from_checkpoint):
+        _finish_from_checkpoint(trainer, resume_from_checkpoint, out, main_process)
+    else:
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    try:
+        trainer.save_model(str(out))
+        if main_process:
+            processor.save_pretrained(str(out))
+    except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
+        from ncgrpo.runs.folder import disk_full_error
+
+        error = disk_full_error(
+            e,
+            out,
+            "run.json still says the run is not finished; free some space, then rerun with --resume "
+            "(it continues from the last complete checkpoint)",
+        )
+        if error is None:
+            raise
+        raise error from e
     if main_process:
-        processor.save_pretrained(str(out))
         atomic_write_json(
             out / RUN_FILE, {**info, "global_step": int(trainer.state.global_step), "finished": True}
         )
@@ -316,6 +356,30 @@ def _train_locked(
     # speaks of the model: a card that cannot be written must not make a complete run look cut short
     trainer.create_model_card()
     return trainer
+
+
+def _at_max_steps(args, checkpoint: str | None) -> bool:
+    """Whether ``checkpoint`` (resumed from) already holds the run's last step: ``max_steps`` set and
+    reached (:func:`ncgrpo.runs.folder.checkpoint_step`). The Trainer would train one step more."""
+    from ncgrpo.runs.folder import checkpoint_step
+
+    if checkpoint is None or args.max_steps is None or args.max_steps <= 0:
+        return False
+    step = checkpoint_step(checkpoint)
+    return step is not None and step >= args.max_steps
+
+
+def _finish_from_checkpoint(trainer, checkpoint: str, out: Path, main_process: bool) -> None:
+    """A run killed after its last checkpoint but before its final save: load that checkpoint's weights
+    and trainer state, with no training step (``Trainer.train`` resumed at ``max_steps`` trains one step
+    more, issue 35), so the final save writes the very weights an uninterrupted run would have; the
+    metrics file is cut back to the checkpoint's step as a resumed run's is (:class:`MetricsCallback`)."""
+    from transformers import TrainerState
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    if main_process:
+        MetricsCallback(out / METRICS_FILE)._repair(trainer.state.global_step)
 
 
 # ------------------------------------------------------------------------------------ execution
@@ -400,7 +464,9 @@ def peft_config_for(model_args: ModelConfig, model: Any) -> Any:
 def execute_run(plan: RunPlan):
     """Load the model (vision tower frozen if asked) and train the plan through
     :func:`train_run` (with ``use_peft``: a LoRA adapter, :func:`peft_config_for`; the
-    folder then holds the adapter, not full weights); the run folder's lock is released at the end."""
+    folder then holds the adapter, not full weights); the run folder's lock is released at the end. A
+    write that runs out of room (a full disk, a file-size limit) is a
+    :class:`~ncgrpo.runs.folder.DiskFullError` naming the folder and its free space."""
     if plan.dry_run:
         raise ValueError("a dry-run plan is not trained; prepare it with dry_run=False")
     try:
@@ -418,5 +484,17 @@ def execute_run(plan: RunPlan):
             resume_from_checkpoint=plan.checkpoint,
             peft_config=peft_config,
         )
+    except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
+        from ncgrpo.runs.folder import DiskFullError, disk_full_error
+
+        # metrics.jsonl, run.json, config.yaml: anything the run writes (checkpoints and the final save
+        # say so themselves, naming their own folder)
+        error = None if isinstance(e, DiskFullError) else disk_full_error(
+            e, plan.output_dir, "free some space, then rerun with --resume (it continues from the last "
+            "complete checkpoint)"
+        )  # fmt: skip
+        if error is None:
+            raise
+        raise error from e
     finally:
         plan.release()

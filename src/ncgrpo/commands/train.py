@@ -46,7 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="train into a folder whose run.json says the run finished (it is replaced)",
+        help="start the run again in its folder (finished or not): once the folder is locked, its checkpoints, "
+        "metrics.jsonl and final weights are removed (not with --resume: pick one)",
     )
     p.add_argument(
         "--dry-run",

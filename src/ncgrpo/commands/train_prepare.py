@@ -15,14 +15,16 @@ from ncgrpo.commands.train_settings import (
     _file_values,
     apply_smoke,
     command_line_keys,
+    recorded_identity,
     resolve_derived,
-    run_identity_keys,
+    run_identity,
 )
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
     RUN_FILE,
     FolderLock,
     changed_identity,
+    checkpoint_step,
     last_complete_checkpoint,
     read_run_json,
 )
@@ -209,6 +211,25 @@ def _needs_generated_suite(script_args: ScriptArguments) -> bool:
     )
 
 
+def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
+    """Compare the run's recorded identity (:func:`~ncgrpo.commands.train_settings.recorded_identity`)
+    with this command's; a difference is refused naming each setting and both values unless ``force``.
+    Returns the differences (``[]``: none, or nothing recorded)."""
+    old, where = recorded_identity(output_dir)
+    if old is None:
+        return []
+    new = run_identity(parsed)
+    changed = changed_identity(old, new, new)
+    if changed and not force:
+        raise ValueError(
+            f"--resume of {output_dir} with settings that change the run (as recorded in {where} -> as given "
+            f"now): {'; '.join(changed)}. Resume with the run's own settings; or train into another "
+            "--output_dir; or pass --overwrite instead of --resume to start this run again from scratch "
+            "(--force resumes anyway, recording the change in run.json's forced_changes)"
+        )
+    return changed
+
+
 def prepare_run(
     parsed,
     *,
@@ -234,10 +255,14 @@ def prepare_run(
     - a folder another process is writing (its lock, :class:`ncgrpo.runs.folder.FolderLock`, names the
       holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
       :func:`ncgrpo.runs.folder.folder_kind`);
-    - a folder holding ``checkpoint-*`` without ``resume`` (not in a dry run, which writes no run);
-    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem);
-    - ``resume`` with settings that change the run
-      (:func:`~ncgrpo.commands.train_settings.run_identity_keys`) unless ``force``;
+    - ``resume`` with ``overwrite`` (pick one);
+    - a folder holding ``checkpoint-*`` without ``resume`` or ``overwrite`` (not in a dry run, which
+      writes no run);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem); ``overwrite``
+      starts the run again there: once the folder's lock is held, its checkpoints, metrics and final
+      weights are removed (:meth:`ncgrpo.driver.RunPlan.write_folder`);
+    - ``resume`` with settings that change the run (:func:`~ncgrpo.commands.train_settings.run_identity`,
+      compared with the one ``run.json`` records, else ``config.yaml``'s) unless ``force``;
     - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
     - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
       lookup), a config that does not load, a noise site past the model's layers, a training set
@@ -280,21 +305,32 @@ def prepare_run(
     if os.environ.get("RANK", "0") == "0":  # the main process (PartialState is made below, once configured)
         lock.check()  # a file, another kind, another writer: refused before any other check reads it
 
-    import yaml
-
+    if overwrite and resume:
+        raise ValueError(
+            f"--overwrite and --resume: pick one: --resume continues the run in {output_dir} from its newest "
+            "complete checkpoint; --overwrite starts it again from scratch there (removing its checkpoints, "
+            "metrics and final weights)"
+        )
     seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
-    if any_checkpoint and not resume and not dry_run:
+    if any_checkpoint and not resume and not overwrite and not dry_run:
         raise ValueError(
-            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume or another --output_dir"
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
+            "--overwrite to start it again from scratch, or another --output_dir"
         )
     previous = read_run_json(output_dir, hint="move it away or fix it")
+    if previous is not None and previous.get("overwriting") and not overwrite and not dry_run:
+        raise ValueError(
+            f"{output_dir}: an --overwrite was cut short while it removed the old run's files; pass "
+            "--overwrite again (or use another --output_dir)"
+        )
     if previous is not None and previous.get("finished") and not overwrite and not dry_run:
         raise ValueError(
             f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
             "use another --output_dir, or --overwrite to train it again from scratch"
         )
     checkpoint = None
+    forced_changes = list((previous or {}).get("forced_changes") or []) if resume else []
     if resume:
         from ncgrpo.methods import get_method
 
@@ -302,21 +338,19 @@ def prepare_run(
         notes += [f"skipping incomplete {s}" for s in skipped]
         if checkpoint is None:
             notes.append(f"no complete checkpoint in {output_dir}; starting from scratch")
-        old_config = output_dir / CONFIG_FILE
-        if checkpoint is not None and old_config.exists():
-            try:
-                old = yaml.safe_load(old_config.read_text(encoding="utf-8")) or {}
-            except (OSError, yaml.YAMLError) as e:
-                raise ValueError(f"{old_config}: cannot read the run's config to compare ({e})") from None
-            new = yaml.safe_load(parsed.to_yaml()) or {}
-            changed = changed_identity(old, new, run_identity_keys())
-            if changed and not force:
-                raise ValueError(
-                    f"--resume with settings that change the run in {output_dir}: {'; '.join(changed)}. "
-                    "Resume with the run's own settings, use another --output_dir, or pass --force"
+            forced_changes = []  # the run starts over: nothing before it was trained under other settings
+        if checkpoint is not None:
+            notes.append(f"resuming from {Path(checkpoint).name}, the newest complete checkpoint")
+            max_steps, step = parsed.get("max_steps"), checkpoint_step(checkpoint)
+            if isinstance(max_steps, int) and 0 < max_steps <= (step or 0):
+                notes.append(
+                    f"{Path(checkpoint).name} holds the run's last step (max_steps {max_steps}): no step is "
+                    "trained; its weights are saved as the final model"
                 )
-            if changed:
-                notes.append("resuming with changed settings (--force): " + "; ".join(changed))
+            forced = _check_identity(output_dir, parsed, force)
+            if forced:
+                notes.append("resuming with changed settings (--force): " + "; ".join(forced))
+                forced_changes = [*((previous or {}).get("forced_changes") or []), *forced]
 
     training_args = _trainer_config(parsed)
     # initialise the distributed state with the config's settings (backend, timeout) before the
@@ -331,13 +365,20 @@ def prepare_run(
         "model": model_args.model_name_or_path,
         "recipe": parsed.config,
         "output_dir": str(output_dir),
+        # the run's identity here as well as in config.yaml: one lost file does not switch the check off
+        "identity": run_identity(parsed),
     }
+    if forced_changes:
+        run_info["forced_changes"] = forced_changes  # --force: the steps before and after differ in these
     # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
     # say what that run was, finished or not); into a new folder it writes the resolved config
     keep = dry_run and (previous is not None or bool(any_checkpoint))
     staging = None
     data_dir = output_dir
-    if _needs_generated_suite(script_args) and not (output_dir / "synthetic-data" / "data").is_dir():
+    fresh_suite = overwrite and not dry_run  # the old run's suite was generated for its own seed
+    if _needs_generated_suite(script_args) and (
+        fresh_suite or not (output_dir / "synthetic-data" / "data").is_dir()
+    ):
         staging = Path(tempfile.mkdtemp(prefix="ncgrpo-train-data-"))
         data_dir = staging
     try:
@@ -372,6 +413,7 @@ def prepare_run(
         dry_run=dry_run,
         keep=keep,
         seen=seen,
+        overwrite=overwrite and not dry_run,
     )
     if dry_run:
         try:

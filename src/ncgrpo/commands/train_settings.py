@@ -24,7 +24,9 @@ __all__ = [
     "ScriptArguments",
     "apply_smoke",
     "command_line_keys",
+    "recorded_identity",
     "resolve_derived",
+    "run_identity",
     "run_identity_keys",
     "smoke_settings",
     "train_dataclasses",
@@ -253,6 +255,57 @@ def run_identity_keys(dataclass_types: Sequence[type] | None = None) -> list[str
     from ncgrpo.runs.identity import run_identity_keys as keys_of
 
     return keys_of(dataclass_types if dataclass_types is not None else train_dataclasses())
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it (tuples as lists, enums and other objects as their text), so the
+    identity written to ``run.json`` compares equal to the one computed again."""
+    import json
+
+    return json.loads(json.dumps(value, default=lambda v: getattr(v, "value", str(v))))
+
+
+def run_identity(parsed) -> dict[str, Any]:
+    """``{setting: value}`` for every :func:`run_identity_keys` setting of a parsed ``ncgrpo train``
+    config, defaults included (what ``run.json``'s ``identity`` records and ``--resume`` compares)."""
+    return {k: _plain(parsed.get(k)) for k in run_identity_keys()}
+
+
+def _identity_defaults() -> dict[str, Any]:
+    from ncgrpo.commands.parser import ConfigParser
+
+    return run_identity(ConfigParser(train_dataclasses).parse_args([]).parsed_config)
+
+
+def recorded_identity(output_dir: str | os.PathLike) -> tuple[dict[str, Any] | None, str]:
+    """``(identity, where it was read)`` of the run in ``output_dir``: ``run.json``'s ``identity``,
+    else its ``config.yaml`` (explicit values, the rest at their defaults), else ``(None, "")``. A
+    setting the record lacks (one added to ncgrpo or TRL since) is taken at its default. A record
+    that does not parse is a ``ValueError`` naming the file."""
+    import yaml
+
+    from ncgrpo.runs.folder import CONFIG_FILE, RUN_FILE, read_run_json
+
+    out = Path(output_dir)
+    info = read_run_json(out, hint="move it away or fix it") or {}
+    recorded = info.get("identity")
+    where = str(out / RUN_FILE)
+    if not isinstance(recorded, dict):
+        path = out / CONFIG_FILE
+        if not path.is_file():
+            return None, ""
+        try:
+            recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise ValueError(
+                f"{path}: cannot read the run's settings to compare ({e}); move the folder away or fix the file"
+            ) from None
+        if not isinstance(recorded, dict):
+            raise ValueError(f"{path}: holds no mapping of settings; move the folder away or fix the file")
+        recorded.pop("env", None)
+        where = str(path)
+    defaults = _identity_defaults()
+    return {k: _plain(recorded[k]) if k in recorded else defaults[k] for k in defaults}, where
 
 
 # ------------------------------------------------------------------------ --smoke, derived settings

@@ -43,17 +43,21 @@ __all__ = [
     "RUN_FILE",
     "STATE_FILE",
     "KINDS",
+    "DiskFullError",
     "FolderBusyError",
     "FolderKindError",
     "FolderLock",
     "check_folder_kind",
     "claim_folder",
+    "disk_full_error",
+    "clear_train_outputs",
     "folder_kind",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "changed_identity",
     "checkpoint_problem",
+    "checkpoint_step",
     "checkpoint_weight_files",
     "iter_json_lines",
     "json_rows",
@@ -90,7 +94,56 @@ class FolderKindError(ValueError):
     """An output folder holds another command's results (another :data:`KINDS` entry)."""
 
 
+class DiskFullError(ValueError):
+    """A write ran out of room (a full disk, a quota, a file-size limit): :func:`disk_full_error`."""
+
+
 # --- writing ------------------------------------------------------------------------------------
+#: What a write that ran out of room says, where no errno survives (PyTorch's zip writer raises a
+#: RuntimeError "file write failed"; safetensors' Rust writer its own error).
+_FULL_TEXTS = ("no space left on device", "file too large", "disk quota exceeded", "file write failed")
+
+
+def _full_reason(exc: BaseException) -> str | None:
+    import errno
+
+    full = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in full:
+            return f"{os.strerror(e.errno)} (errno {errno.errorcode.get(e.errno, e.errno)})"
+        text = str(e).lower()
+        if any(t in text for t in _FULL_TEXTS):
+            return f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def disk_full_error(exc: BaseException, folder: str | os.PathLike, then: str = "") -> DiskFullError | None:
+    """A :class:`DiskFullError` naming ``folder`` and the free space of its file system
+    (``shutil.disk_usage``) when ``exc`` (or what caused it) is a write that ran out of room (ENOSPC,
+    EDQUOT, EFBIG, or the text PyTorch's and safetensors' writers say it with); else ``None``.
+    ``then``: what to do next, appended."""
+    import shutil
+
+    why = _full_reason(exc)
+    if why is None:
+        return None
+    where = Path(folder)
+    probe = where
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free / 2**30:.2f} GiB free on its file system"
+    except OSError:
+        free = "free space unknown"
+    tail = f"; {then}" if then else ""
+    return DiskFullError(
+        f"{where}: writing it failed for lack of room: {why}; {free} (a file-size limit, ulimit -f, "
+        f"gives the same error){tail}"
+    )
 
 
 def _umask() -> int:
@@ -338,19 +391,76 @@ def checkpoint_weight_files(checkpoint: str) -> list[str]:
     return []
 
 
+def checkpoint_step(checkpoint: str | os.PathLike) -> int | None:
+    """The ``global_step`` a checkpoint's ``trainer_state.json`` records (None: unreadable)."""
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+#: ``torch.save`` files up to this size are read back whole (every member's CRC-32); a larger one (a
+#: big model's optimizer state) only has its zip directory checked, which a write cut short lacks.
+CRC_CHECK_MAX_BYTES = 2 << 30
+
+
+def _zip_problem(path: str) -> str | None:
+    """Why a ``torch.save`` file (a zip archive) is not whole, or None: its zip directory (written last)
+    is there and every member lies within the file; up to :data:`CRC_CHECK_MAX_BYTES`, every member is
+    also read back and its CRC-32 checked. Nothing is unpickled, so any state file is checked safely."""
+    import zipfile
+
+    try:
+        size = os.path.getsize(path)
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if info.header_offset + info.compress_size > size:
+                    return f"{path} is torn ({info.filename} runs past the end of the file)"
+            bad = z.testzip() if size <= CRC_CHECK_MAX_BYTES else None
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, RuntimeError) as e:
+        return f"{path} is torn or unreadable ({type(e).__name__}: {e})"
+    return None if bad is None else f"{path} is torn ({bad} fails its CRC check)"
+
+
+def _safetensors_problem(path: str) -> str | None:
+    """Why a safetensors file is not whole, or None: its header parses and every tensor's data ends
+    within the file (a write cut short leaves it shorter)."""
+    import struct
+
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                return f"{path} is torn (its header runs past the end of the file)"
+            header = json.loads(f.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, struct.error, KeyError, TypeError, IndexError) as e:
+        return f"{path} is torn or unreadable ({type(e).__name__})"
+    if 8 + n + end > size:
+        return f"{path} is torn ({size} bytes; its tensors end at byte {8 + n + end})"
+    return None
+
+
 def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) -> str | None:
     """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
 
-    Complete means every file a resume reads is there and readable: ``trainer_state.json`` parses
+    Complete means every file a resume reads is there and whole: ``trainer_state.json`` parses
     (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
-    exist (a safetensors file or index; a PEFT run's adapter weights), ``optimizer.pt`` unless the state says nothing was saved
-    beyond the model, and, with ``nc_state`` (a run of a two-pass method: every NC-GRPO method, not
-    vanilla), ``ncgrpo_state.pt`` loads (it is written
-    first, atomically, so a checkpoint with a valid trainer state always has it). A folder cut short
-    by a kill is incomplete; so is one whose files were torn.
+    exist (a safetensors file or index; a PEFT run's adapter weights), ``optimizer.pt`` unless the
+    state says nothing was saved beyond the model, and, with ``nc_state`` (a run of a two-pass method:
+    every NC-GRPO method, not vanilla), ``ncgrpo_state.pt`` loads (it is written first, atomically).
+    Every file in it is checked, not only for being there (issue 35: a torn ``optimizer.pt`` made
+    ``--resume`` die loading it): each ``.pt`` / ``.pth`` / ``.bin`` (optimizer, scheduler, RNG state,
+    ``torch.save`` zip archives) reads back with every member's CRC intact, each ``.safetensors`` file's
+    header parses and its tensors end within the file, each ``.json`` file parses. Checking the files
+    themselves, rather than a manifest written last, needs no change to how transformers writes a
+    checkpoint and holds for checkpoints written before; it costs one read of the newest checkpoint's
+    state files (those over :data:`CRC_CHECK_MAX_BYTES` get the cheaper structural check only).
+    A folder cut short by a kill is incomplete; so is one whose files were torn.
     """
-    import json
-
     ckpt = str(checkpoint)
     state_path = os.path.join(ckpt, "trainer_state.json")
     try:
@@ -360,12 +470,36 @@ def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) ->
         return f"{state_path} is missing or torn ({type(e).__name__})"
     # a PEFT run's checkpoints hold the adapter (adapter_model.*), which is what its resume loads
     other = ("pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
-    if not checkpoint_weight_files(ckpt) and not any(os.path.isfile(os.path.join(ckpt, f)) for f in other):
+    try:
+        weights = checkpoint_weight_files(ckpt)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{ckpt}/model.safetensors.index.json is torn or unreadable ({type(e).__name__})"
+    if not weights and not any(os.path.isfile(os.path.join(ckpt, f)) for f in other):
         return f"{ckpt} has no model weights"
+    missing = [w for w in weights if not os.path.isfile(w)]
+    if missing:
+        return f"{missing[0]} is missing (named by the weights index)"
     if not os.path.isfile(os.path.join(ckpt, "optimizer.pt")) and os.path.isfile(
         os.path.join(ckpt, "scheduler.pt")
     ):
         return f"{ckpt} has a scheduler but no optimizer.pt"
+    for name in sorted(os.listdir(ckpt)):
+        path = os.path.join(ckpt, name)
+        if not os.path.isfile(path):
+            continue
+        problem = None
+        if name.endswith((".pt", ".pth", ".bin")):
+            problem = _zip_problem(path)
+        elif name.endswith(".safetensors"):
+            problem = _safetensors_problem(path)
+        elif name.endswith(".json"):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    json.load(f)
+            except (OSError, ValueError) as e:
+                problem = f"{path} is torn or unreadable ({type(e).__name__})"
+        if problem:
+            return problem
     if nc_state:
         path = os.path.join(ckpt, STATE_FILE)
         try:
@@ -398,6 +532,51 @@ def last_complete_checkpoint(
             return os.path.join(out, name), skipped
         skipped.append(f"{name}: {problem}")
     return None, skipped
+
+
+#: A training run's outputs that ``ncgrpo train --overwrite`` removes (besides ``checkpoint-N/``): what a
+#: new run would otherwise mix with its own (metrics appended to, final weights of another run).
+TRAIN_OUTPUTS = (
+    METRICS_FILE,
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "adapter_config.json",
+    "training_args.bin",
+)
+
+
+def clear_train_outputs(folder: str | os.PathLike) -> list[str]:
+    """Remove a training run's checkpoints (``checkpoint-N/``), ``metrics.jsonl`` and final weights
+    (:data:`TRAIN_OUTPUTS`, weight shards ``model-*.safetensors`` / ``pytorch_model-*.bin``) from
+    ``folder``, which must be a training run's (its kind ``train``, :func:`folder_kind`): what
+    ``ncgrpo train --overwrite`` does once it holds the folder's lock. Returns the names removed."""
+    import re
+    import shutil
+
+    folder = Path(folder)
+    found = folder_kind(folder)
+    if found not in (None, "train"):
+        raise FolderKindError(
+            f"{folder} holds {KINDS.get(found, found)}; only a training run's files are cleared"
+        )
+    removed = []
+    for p in sorted(folder.iterdir()):
+        name = p.name
+        if p.is_dir() and not p.is_symlink() and re.fullmatch(r"checkpoint-\d+", name):
+            shutil.rmtree(p)
+        elif p.is_file() and (
+            name in TRAIN_OUTPUTS
+            or re.fullmatch(r"(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)", name)
+        ):
+            p.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 # --- one writer per folder -----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from ncgrpo.runs.folder import STATE_FILE, checkpoint_weight_files
+from ncgrpo.runs.folder import STATE_FILE, checkpoint_problem, checkpoint_weight_files, disk_full_error
 
 
 def save_nc_state(trainer, checkpoint_dir: str) -> None:
@@ -31,6 +31,25 @@ def save_nc_state(trainer, checkpoint_dir: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def checkpoint_write_failed(exc: BaseException, checkpoint: str, main_process: bool = True):
+    """The error to raise when writing ``checkpoint`` failed with ``exc``: where it ran out of room (a
+    full disk, a quota, a file-size limit: :func:`ncgrpo.runs.folder.disk_full_error`), a
+    ``DiskFullError`` naming the folder and the free space, after removing the checkpoint it cut short
+    (the main process; never a complete one) so its space is free again and ``--resume`` continues from
+    the last complete checkpoint; ``None`` for any other failure (raised as it is)."""
+    import shutil
+
+    error = disk_full_error(
+        exc,
+        checkpoint,
+        "the checkpoint cut short was removed; free some space, then rerun with --resume (it continues "
+        "from the last complete checkpoint)",
+    )
+    if error is not None and main_process and os.path.isdir(checkpoint) and checkpoint_problem(checkpoint):
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return error
 
 
 def load_nc_state(trainer, checkpoint: str) -> None:

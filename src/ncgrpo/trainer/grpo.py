@@ -96,7 +96,12 @@ from ncgrpo.core.advantages import group_advantages
 from ncgrpo.core.plan import plan_rows, prompt_id_for
 from ncgrpo.methods import get_method
 from ncgrpo.processors import image_only_processor
-from ncgrpo.trainer.checkpoints import load_nc_state, load_renamed_checkpoint, save_nc_state
+from ncgrpo.trainer.checkpoints import (
+    checkpoint_write_failed,
+    load_nc_state,
+    load_renamed_checkpoint,
+    save_nc_state,
+)
 from ncgrpo.trainer.checks import check_peft, check_prompt_lengths, warn_lora_dropout
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
 from ncgrpo.trainer.images import engine_row_images
@@ -467,14 +472,23 @@ class NCGRPOTrainer(GRPOTrainer):
         """``GRPOTrainer._save_checkpoint``: NC-GRPO's state
         (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`) goes in FIRST: transformers writes trainer_state.json after the model and optimizer and only then
         deletes older checkpoints (save_total_limit), so a checkpoint whose trainer state is valid is
-        complete, and the last complete one is never deleted early."""
-        if self.nc_method.two_pass and self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+        complete, and the last complete one is never deleted early. A write that runs out of room (a full
+        disk, a file-size limit) removes the checkpoint it cut short and is a
+        :class:`~ncgrpo.runs.folder.DiskFullError` naming the folder and the free space
+        (:func:`~ncgrpo.trainer.checkpoints.checkpoint_write_failed`)."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            run_dir = self._get_output_dir(trial=trial)
-            path = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            save_nc_state(self, path)
-        super()._save_checkpoint(model, trial)
+        run_dir = self._get_output_dir(trial=trial)
+        path = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        try:
+            if self.nc_method.two_pass and self.args.should_save:
+                save_nc_state(self, path)
+            super()._save_checkpoint(model, trial)
+        except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
+            error = checkpoint_write_failed(e, path, self.args.should_save)
+            if error is None:
+                raise
+            raise error from e
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         """``Trainer._load_from_checkpoint``: Qwen2-VL / Qwen2.5-VL weights saved under their legacy names
