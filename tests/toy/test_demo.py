@@ -331,6 +331,15 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
     assert len(read_records(again.runs[0].eval_dir / "records.jsonl")) == 2 * len(FAMILIES)
     assert again.files["table_md"].read_text() == md
 
+    # a folder written before a setting joined the run's identity (its config.yaml lacks the key) is reused
+    import yaml
+
+    config_yaml = result.runs[1].train_dir / "config.yaml"
+    older = yaml.safe_load(config_yaml.read_text())
+    assert older.pop("weight_decay") is not None and older.pop("adam_beta2") is not None
+    config_yaml.write_text(yaml.safe_dump(older))
+    assert [(r.trained, r.evaluated) for r in run_demo(cfg).runs] == [(False, False), (False, False)]
+
     # a finished run is never silently reused with other settings
     with pytest.raises(ValueError, match="steps: 2 -> 3"):
         run_demo(_tiny_cfg(out, micro_model, max_steps=3))

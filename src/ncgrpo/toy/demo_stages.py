@@ -235,7 +235,10 @@ def _check_same_run(train_dir: Path, settings: dict[str, Any]) -> None:
         ) from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise ValueError(f"{path}: cannot read the run's settings to compare ({e}); {redo}") from None
-    changed = changed_identity(old if isinstance(old, dict) else {}, settings, settings)
+    old = old if isinstance(old, dict) else {}
+    # a folder written before a setting joined the identity (issue 35: every setting that changes the run)
+    # has no value for it: those are not compared, as that older demo did not compare them either
+    changed = changed_identity(old, settings, [k for k in settings if k in old])
     if changed:
         raise ValueError(
             f"{path}: this folder holds a finished run with other settings ({', '.join(changed)}); {redo}"
