@@ -14,6 +14,9 @@ from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.schedule import Schedule
 from ncgrpo.methods import get_method
 
+#: numpy's seed range, which ``transformers.set_seed`` (``np.random.seed``) accepts.
+_SEED_MAX = 2**32 - 1
+
 
 def _has_accelerator() -> bool:
     import torch
@@ -263,6 +266,7 @@ class NCGRPOConfig(GRPOConfig):
             if getattr(self, new, False) is None and getattr(self, old) is not None:
                 setattr(self, new, getattr(self, old))
                 setattr(self, old, None)
+        self._check_trl_ranges()  # before TRL's own checks, which name no field (or divide by zero)
         super().__post_init__()
         if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
             # pinning needs an accelerator; torch's DataLoader warns at every epoch on a CPU-only machine
@@ -341,6 +345,45 @@ class NCGRPOConfig(GRPOConfig):
         self._warn_schedule(schedule, method)
         if self.use_vllm and method.two_pass:
             self._check_vllm(method)
+
+    def _check_trl_ranges(self) -> None:
+        """Inherited fields whose bad values TRL / transformers take at config time and refuse (or fail
+        on) only once the trainer runs, after the model has loaded: each refused here, naming the field.
+
+        - ``seed``: ``transformers.set_seed`` seeds numpy, whose seed is an integer in [0, 2**32 - 1].
+        - ``temperature``: the sampler and TRL's log-probabilities divide the logits by it (GRPO needs
+          sampled rollouts: greedy decoding would give a group G identical rows and no advantage).
+        - ``max_completion_length``: at least one generated token (None: TRL infers it from the model).
+        - ``num_generations``: GRPO's advantage compares the rollouts of one prompt (TRL's own check
+          names no field, and 0 divides by zero before it).
+        """
+
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not (is_int(self.seed) and 0 <= self.seed <= _SEED_MAX):
+            raise ValueError(
+                f"seed must be an integer in [0, {_SEED_MAX}] (numpy's seed range; transformers.set_seed "
+                f"seeds numpy), got {self.seed!r}"
+            )
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t > 0):
+            raise ValueError(
+                f"temperature must be a finite number > 0 (the sampling temperature: the sampler and the "
+                f"loss divide the logits by it), got {t!r}"
+            )
+        m = self.max_completion_length
+        if m is not None and not (is_int(m) and m >= 1):
+            raise ValueError(
+                f"max_completion_length must be an integer >= 1 (tokens generated per rollout; None: "
+                f"inferred from the model's config), got {m!r}"
+            )
+        g = self.num_generations
+        if not (is_int(g) and g >= 2):
+            raise ValueError(
+                f"num_generations must be an integer >= 2 (rollouts per prompt: GRPO's advantage compares "
+                f"them), got {g!r}"
+            )
 
     def _check_vllm(self, method) -> None:
         """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""

@@ -1,0 +1,74 @@
+"""Bounds, quiet no-ops and cryptic messages (issue 35): values with a physical range are refused where
+they are parsed, naming the field or flag, before anything is loaded or written.
+
+Each test here failed on main before issue 35: the values were taken (a dry run wrote its folder) and
+refused only after the model had loaded, or trained nothing and reported success, or ended in an
+internal error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ncgrpo.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_RECIPE = ROOT / "recipes" / "tiny_cpu_latent.yaml"
+MODEL = str(ROOT / "src" / "ncgrpo" / "toy" / "assets" / "base")
+
+
+def _cfg(tmp_path, **kw):
+    from ncgrpo.trainer import NCGRPOConfig
+
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=8)
+    return NCGRPOConfig(**{**base, **kw})
+
+
+def _train(out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", str(TINY_RECIPE), "--model_name_or_path", MODEL, "--output_dir", str(out), *extra]
+
+
+# ---------------------------------------------- TRL's fields refused at parse time, naming the field
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"seed": -1}, r"seed must be an integer in \[0, 4294967295\].*got -1"),
+        ({"seed": 2**32}, r"seed must be an integer in \[0, 4294967295\]"),
+        ({"temperature": 0.0}, r"temperature must be a finite number > 0.*got 0.0"),
+        ({"temperature": float("nan")}, r"temperature must be a finite number > 0"),
+        ({"max_completion_length": 0}, r"max_completion_length must be an integer >= 1.*got 0"),
+        ({"num_generations": -4}, r"num_generations must be an integer >= 2.*got -4"),
+        ({"num_generations": 0}, r"num_generations must be an integer >= 2.*got 0"),  # TRL: ZeroDivisionError
+    ],
+)
+def test_config_refuses_trl_fields_out_of_range_naming_the_field(tmp_path, kw, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        _cfg(tmp_path, **kw)
+
+
+def test_config_keeps_the_edges_of_those_ranges(tmp_path) -> None:
+    cfg = _cfg(tmp_path, seed=0, temperature=1e-3, max_completion_length=1, num_generations=2, rollout_method="vanilla")
+    assert (cfg.seed, cfg.max_completion_length, cfg.num_generations) == (0, 1, 2)
+    assert _cfg(tmp_path, seed=2**32 - 1, max_completion_length=None).max_completion_length is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (("--seed", "-1"), "seed"),
+        (("--temperature", "0"), "temperature"),
+        (("--max_completion_length", "0"), "max_completion_length"),
+        (("--num_generations", "-4"), "num_generations"),
+    ],
+)
+def test_train_refuses_them_before_loading_or_writing(tmp_path, capsys, flags, field) -> None:
+    """docs/cli.md: `ncgrpo train` checks every setting before it loads the model and writes nothing;
+    a dry run of these wrote config.yaml and run.json and a real run refused them after the model loaded."""
+    out = tmp_path / "run"
+    assert main(_train(out, "--dry-run", *flags)) == 2
+    err = capsys.readouterr().err
+    assert f"ncgrpo train: error: {TINY_RECIPE}: trainer settings rejected by NCGRPOConfig: {field} must be" in err
+    assert "Traceback" not in err
+    assert not out.exists()
