@@ -72,3 +72,32 @@ def test_train_refuses_them_before_loading_or_writing(tmp_path, capsys, flags, f
     assert f"ncgrpo train: error: {TINY_RECIPE}: trainer settings rejected by NCGRPOConfig: {field} must be" in err
     assert "Traceback" not in err
     assert not out.exists()
+
+
+# ---------------------------------------------------- a library run that would train 0 steps
+def _tiny_grpo():
+    import importlib.util
+    import sys
+
+    if "tiny_grpo" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("tiny_grpo", ROOT / "tests" / "scripts" / "tiny_grpo.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_grpo"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["tiny_grpo"]
+
+
+def test_trainer_refuses_a_training_set_smaller_than_one_generation_batch(tmp_path) -> None:
+    """1 prompt for a generation batch of 2 (4 rows / num_generations 2): TRL's sampler drops the
+    incomplete batch, so the run trained 0 steps, saved the base weights and reported success."""
+    tiny = _tiny_grpo()
+    small = dict(per_device_train_batch_size=4, num_generations=2, max_steps=1)
+    with pytest.raises(ValueError, match=r"the training set has 1 prompts but one generation batch takes 2 "
+                       r"\(per_device_train_batch_size 4 x 1 processes x steps_per_generation 1 / num_generations 2\)"):
+        tiny.trainer(tmp_path / "one", n_prompts=1, **small)
+    # refused before the model loads: a model path that does not exist is not reached
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    with pytest.raises(ValueError, match="the training set has 1 prompts"):
+        NCGRPOTrainer(str(tmp_path / "no-model"), [tiny.hash_reward], tiny.config(tmp_path / "x", **small), tiny.dataset(1))
+    assert tiny.trainer(tmp_path / "two", n_prompts=2, **small).args.generation_batch_size == 4  # exactly one batch
