@@ -101,3 +101,47 @@ def test_trainer_refuses_a_training_set_smaller_than_one_generation_batch(tmp_pa
     with pytest.raises(ValueError, match="the training set has 1 prompts"):
         NCGRPOTrainer(str(tmp_path / "no-model"), [tiny.hash_reward], tiny.config(tmp_path / "x", **small), tiny.dataset(1))
     assert tiny.trainer(tmp_path / "two", n_prompts=2, **small).args.generation_batch_size == 4  # exactly one batch
+
+
+# ------------------------------------------------------------------ empty paths are errors
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["train", "--config", str(TINY_RECIPE), "--output_dir", ""], "--output_dir"),
+        (["train", "--config", str(TINY_RECIPE), "--dataset_path="], "--dataset_path"),
+        (["eval", "--model_name_or_path", MODEL, "--output_dir", ""], "--output_dir"),
+        (["eval", "--model_name_or_path", " "], "--model_name_or_path"),
+        (["demo", "--output_dir", ""], "--output_dir"),
+        (["probe", "--output_file", ""], "--output_file"),
+        (["probe", "--out", ""], "--output_file"),  # the old spelling, renamed first
+        (["pretrain", "--output-dir", ""], "--output_dir"),  # a Path field: '' became Path('.')
+        (["compare", "--runs", "evals/a", "", "--baseline", "a"], "--runs"),
+    ],
+)
+def test_an_empty_path_flag_is_an_error_naming_it(argv, flag) -> None:
+    """`--output_dir $OUT` with OUT unset passes '': it meant the current folder (or the default)."""
+    from ncgrpo.cli import build_parser
+    from ncgrpo.commands.config_file import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{flag} (is empty|holds an empty path) \(.*an unset shell variable\?\)"):
+        build_parser().parse_args(argv)
+
+
+def test_an_empty_path_in_a_config_file_names_the_file_and_key(tmp_path) -> None:
+    from ncgrpo.cli import build_parser
+    from ncgrpo.commands.config_file import ConfigError
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base: {TINY_RECIPE}\noutput_dir: ''\n")
+    with pytest.raises(ConfigError, match=rf"^{cfg}: 'output_dir' is empty \(''\)"):
+        build_parser().parse_args(["train", "--config", str(cfg)])
+    with pytest.raises(ConfigError, match=r"^--config is empty"):
+        build_parser().parse_args(["train", "--config", ""])
+    assert build_parser().parse_args(["pretrain", "--output_dir", "."]).parsed_config.get("output_dir") == Path(".")
+
+
+def test_train_with_an_empty_output_dir_writes_nothing(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(TINY_RECIPE), "--model_name_or_path", MODEL, "--output_dir", "", "--dry-run"]) == 2
+    assert "ncgrpo train: error: --output_dir is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

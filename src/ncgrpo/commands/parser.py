@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,10 +54,20 @@ from ncgrpo.commands.config_file import (
     suggest,
 )
 
-__all__ = ["ConfigParser", "known_keys"]
+__all__ = ["ConfigParser", "is_path_field", "known_keys"]
 
 
 # ------------------------------------------------------------------------------------- parser
+#: Setting names that hold paths (files or folders; a list of them for ``compare --runs``), by ending.
+_PATH_ENDINGS = ("_dir", "_dirs", "_file", "_files", "_path", "_paths")
+
+
+def is_path_field(name: str) -> bool:
+    """Whether the setting ``name`` holds a path (``output_dir``, ``output_file``, ``dataset_path``,
+    ``model_name_or_path``, ``compare --runs``): an empty value is refused where it is parsed."""
+    return name.endswith(_PATH_ENDINGS) or name in ("model_name_or_path", "runs")
+
+
 class ConfigParser(TrlParser):
     """``trl.TrlParser`` with ``base:`` includes, errors that name the file and key, and lazy dataclasses.
 
@@ -232,6 +243,11 @@ class ConfigParser(TrlParser):
                 config = argv[i + 1]
             elif tok.startswith(CONFIG_FLAG + "="):
                 config = tok.split("=", 1)[1]
+        if config is not None and not config.strip():
+            raise ConfigError(
+                f"{CONFIG_FLAG} is empty ({config!r}; an unset shell variable?): give a YAML file, or leave "
+                f"{CONFIG_FLAG} out"
+            )
         fields = self._fields()
         renamed = {
             old: next(n for n in news if n in fields)
@@ -245,6 +261,9 @@ class ConfigParser(TrlParser):
         if config:
             loaded = load_config_file(config, fields, deprecated=[*renamed, *negated])
         self._rename_keys(loaded, renamed, negated)
+        for key, value in loaded.values.items():
+            self._refuse_empty_path(key, value, loaded.origin[key])
+        self._refuse_empty_path_flags(argv)
         saved = []
         try:
             for key, value in loaded.values.items():
@@ -288,6 +307,44 @@ class ConfigParser(TrlParser):
             env=dict(loaded.env),
         )
         return ns, []
+
+    @staticmethod
+    def _refuse_empty_path(key: str, value: Any, where: str | None) -> None:
+        """A path setting given as ``''`` (or blanks): an unset shell variable (``--output_dir $OUT``)
+        would otherwise mean the current folder (``Path('') == Path('.')``) or the default, without a
+        word. ``where``: the config file that set it, or None for the command line."""
+        if not is_path_field(key):
+            return
+        values = value if isinstance(value, list | tuple) else [value]
+        if not any(isinstance(v, str) and not v.strip() for v in values):
+            return
+        what = "holds an empty path" if isinstance(value, list | tuple) else "is empty"
+        if where is None:
+            raise ConfigError(
+                f"--{key} {what} ({value!r}; an unset shell variable?): give a path (leave --{key} out for "
+                "its default)"
+            )
+        raise ConfigError(f"{where}: '{key}' {what} ({value!r}): give a path (remove the key for its default)")
+
+    def _refuse_empty_path_flags(self, argv: Sequence[str]) -> None:
+        """:meth:`_refuse_empty_path` for the command line, on the strings as typed (a ``Path`` field's
+        argparse type would already have made ``''`` into ``Path('.')``)."""
+        for i, tok in enumerate(argv):
+            if not tok.startswith("--"):
+                continue
+            flag, eq, value = tok.partition("=")
+            action = self._option_string_actions.get(flag)
+            if action is None or not is_path_field(action.dest):
+                continue
+            if eq:
+                values = [value]
+            elif action.nargs in ("+", "*"):
+                values = list(itertools.takewhile(lambda t: not t.startswith("-"), argv[i + 1 :]))
+            else:
+                values = argv[i + 1 : i + 2]
+            if action.nargs not in ("+", "*"):
+                values = values[0] if values else None
+            self._refuse_empty_path(action.dest, values, None)
 
     @staticmethod
     def _rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:
