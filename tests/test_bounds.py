@@ -8,6 +8,7 @@ internal error.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,46 @@ def test_train_with_an_empty_output_dir_writes_nothing(tmp_path, monkeypatch, ca
     assert main(["train", "--config", str(TINY_RECIPE), "--model_name_or_path", MODEL, "--output_dir", "", "--dry-run"]) == 2
     assert "ncgrpo train: error: --output_dir is empty" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------- sigma0 within what the method can use
+@pytest.mark.parametrize("sigma0", [1e30, 3e38, 10.5])
+def test_sigma0_above_the_bound_is_refused_with_the_reason(tmp_path, sigma0) -> None:
+    """1e30 trained (logged rel_perturbation 1e30), 3e38 ended in an internal error."""
+    with pytest.raises(ValueError, match=rf"sigma0 must be at most 10, got {re.escape(repr(sigma0))}: it is the noise's size relative to the state"):
+        _cfg(tmp_path, sigma0=sigma0)
+
+
+def test_sigma0_up_to_the_bound_is_kept(tmp_path) -> None:
+    from ncgrpo.trainer.config import SIGMA0_MAX
+
+    assert SIGMA0_MAX == 10.0
+    assert _cfg(tmp_path, sigma0=10.0, max_steps=100).sigma0 == 10.0
+    assert _cfg(tmp_path, sigma0=8, max_steps=100).sigma0 == 8  # what the tiny-model tests use
+
+
+def test_train_refuses_sigma0_1e30_before_writing(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_train(out, "--dry-run", "--sigma0", "1e30")) == 2
+    assert "sigma0 must be at most 10, got 1e+30" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "cls"),
+    [
+        (["probe", "--sigma0", "0", "0.2", "1e30"], "ncgrpo.commands.probe:ProbeArgs"),
+        (["demo", "--sigma0", "0.2", "3e38"], "ncgrpo.toy.demo_config:DemoConfig"),
+    ],
+)
+def test_probe_and_demo_bound_their_sigma0_lists(argv, cls) -> None:
+    import importlib
+
+    from ncgrpo.cli import build_parser
+
+    from ncgrpo.commands._common import UsageError
+
+    module, name = cls.split(":")
+    parsed = build_parser().parse_args(argv).parsed_config
+    with pytest.raises((ValueError, UsageError), match=r"sigma0: every noise scale must be at most 10, got"):
+        parsed.build(getattr(importlib.import_module(module), name))

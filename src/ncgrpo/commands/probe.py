@@ -43,7 +43,8 @@ class ProbeArgs:
         default=4, metadata=_h("noisy rollouts per prompt and sigma (and as many clean partners)")
     )
     sigma0: list[float] = field(
-        default_factory=lambda: [0.0, 0.2, 0.5], metadata=_h("noise scales, e.g. --sigma0 0 0.2 0.5")
+        default_factory=lambda: [0.0, 0.2, 0.5],
+        metadata=_h("noise scales in [0, 10] (as the trainer's sigma0), e.g. --sigma0 0 0.2 0.5"),
     )
     noise_site: str = field(
         default="final_norm", metadata=_h("noise site: final_norm or decoder-layer indices '1' / '0,2'")
@@ -89,9 +90,12 @@ class ProbeArgs:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not self.sigma0:
             raise ValueError("--sigma0 needs at least one noise scale")
-        bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
-        if bad:
-            raise UsageError(f"--sigma0: every noise scale must be a finite number >= 0, got {bad[0]}")
+        from ncgrpo.trainer.config import sigma0_problem
+
+        for s in self.sigma0:  # the trainer's bound, with its reason
+            problem = sigma0_problem(s)
+            if problem is not None:
+                raise UsageError(f"--sigma0: every noise scale {problem}")
         site = parse_noise_site(self.noise_site)
         probed = ", ".join(sorted(m.name for m in methods() if not m.probe_refusal))
         try:

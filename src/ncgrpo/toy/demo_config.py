@@ -250,9 +250,12 @@ class DemoConfig:
         self.sigma0 = tuple(float(s) for s in self.sigma0)  # a list on the command line, kept as a tuple
         if not self.sigma0:
             raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2 0.5")
-        bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
-        if bad:
-            raise ValueError(f"sigma0: every noise scale must be a finite number >= 0, got {bad}")
+        from ncgrpo.trainer.config import sigma0_problem
+
+        for s in self.sigma0:  # the trainer's bound, before any run starts
+            problem = sigma0_problem(s)
+            if problem is not None:
+                raise ValueError(f"sigma0: every noise scale {problem}")
         if len(set(self.sigma0)) != len(self.sigma0):
             raise ValueError(f"sigma0: {list(self.sigma0)} lists a scale twice")
         for name in (
