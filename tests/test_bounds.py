@@ -189,3 +189,71 @@ def test_probe_and_demo_bound_their_sigma0_lists(argv, cls) -> None:
     parsed = build_parser().parse_args(argv).parsed_config
     with pytest.raises((ValueError, UsageError), match=r"sigma0: every noise scale must be at most 10, got"):
         parsed.build(getattr(importlib.import_module(module), name))
+
+
+# ------------------------------------------------------------------------ cryptic messages
+def test_a_dangling_link_as_output_dir_names_the_link_and_its_target(tmp_path, capsys) -> None:
+    """It said "[Errno 17] File exists: 'dl'"."""
+    link = tmp_path / "dl"
+    link.symlink_to(tmp_path / "gone")
+    assert main(_train(link, "--dry-run")) == 2
+    err = capsys.readouterr().err
+    assert f"--output_dir {link}: {link} is a link to {tmp_path / 'gone'}, which does not exist; remove the link" in err
+    assert "File exists" not in err and not (tmp_path / "gone").exists() and link.is_symlink()
+
+
+def test_a_dangling_link_above_a_path_is_named_too(tmp_path, monkeypatch) -> None:
+    from ncgrpo.cli import build_parser
+    from ncgrpo.commands.config_file import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    Path("dl").symlink_to("../gone")  # relative: shown as written and resolved
+    with pytest.raises(ConfigError, match=rf"^--output_dir dl/x: dl is a link to \.\./gone \({re.escape(str(tmp_path.parent / 'gone'))}\), which does not exist"):
+        build_parser().parse_args(["pretrain", "--output_dir", "dl/x"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("output_dir: dl\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(cfg))}: 'output_dir' dl: dl is a link to"):
+        build_parser().parse_args(["pretrain", "--config", str(cfg)])
+    Path("ok").symlink_to(tmp_path)  # a link that resolves is a path like any other
+    assert build_parser().parse_args(["pretrain", "--output_dir", "ok/x"]).parsed_config.get("output_dir") == Path("ok/x")
+
+
+@pytest.mark.parametrize("name", ["/no/such/model", "./no-such-model", "a/b/c", "~/no-such-model-35"])
+def test_check_model_source_says_a_missing_path_does_not_exist(tmp_path, name) -> None:
+    """transformers takes a missing path for a hub id and answers "Repo id must be in the form ..."."""
+    from ncgrpo.models import check_model_source
+
+    with pytest.raises(ValueError, match=rf"^--model_name_or_path {re.escape(name)}: .* does not exist; pass a folder"):
+        check_model_source(name)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        check_model_source(tmp_path / "f", "model_name_or_path")
+    with pytest.raises(ValueError, match="holds no config.json"):
+        check_model_source(tmp_path)
+    check_model_source(tmp_path, contents=False)  # eval: adapter folders and runs too; its loader says more
+    check_model_source(MODEL)
+
+
+def test_check_model_source_offline_hub_id_not_cached(monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    from ncgrpo.models import check_model_source
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"no-such-org-35/no-such-model: no local folder .* \(it does not exist\), and not in the hub cache"):
+        check_model_source("no-such-org-35/no-such-model")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs one line in commands/eval.py (EvalArgs.__post_init__, owned by another helper of issue 35): "
+    "check_model_source(self.model_name_or_path, contents=False); remove this marker when it is there",
+)
+def test_eval_says_a_missing_model_does_not_exist_before_writing(tmp_path, capsys) -> None:
+    data = tmp_path / "q.jsonl"
+    data.write_text('{"question_id": "q1", "question": "What is 1+1?", "answer": "2"}\n')
+    out = tmp_path / "eval"
+    assert main(["eval", "--model_name_or_path", str(tmp_path / "nope"), "--data", f"mine={data}", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--model_name_or_path {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist" in err, err
+    assert "repo id" not in err.lower() and not out.exists()

@@ -68,6 +68,28 @@ def is_path_field(name: str) -> bool:
     return name.endswith(_PATH_ENDINGS) or name in ("model_name_or_path", "runs")
 
 
+def _refuse_dangling_link(value: Any, where: str) -> None:
+    """A path (or a list of them) through a symbolic link whose target does not exist is an error
+    naming the link and its target: creating a folder there fails with a bare "File exists", and
+    reading one says "no such file" about a path that is listed."""
+    import os
+    from pathlib import Path
+
+    for v in value if isinstance(value, list | tuple) else [value]:
+        if not isinstance(v, str | os.PathLike):
+            continue
+        p = Path(os.path.expanduser(os.fspath(v)))
+        for q in (p, *p.parents):
+            if q.is_symlink() and not q.exists():
+                target = os.readlink(q)
+                full = os.path.normpath(os.path.join(os.path.abspath(q.parent), target))
+                shown = target if os.path.isabs(target) else f"{target} ({full})"
+                raise ConfigError(
+                    f"{where} {v}: {q} is a link to {shown}, which does not exist; remove the link, or create "
+                    f"{full} (or point the link at a path that exists)"
+                )
+
+
 class ConfigParser(TrlParser):
     """``trl.TrlParser`` with ``base:`` includes, errors that name the file and key, and lazy dataclasses.
 
@@ -290,6 +312,10 @@ class ConfigParser(TrlParser):
             if tok.startswith("--") and tok.split("=", 1)[0] in self._option_string_actions
         ]
         explicit = list(dict.fromkeys([*loaded.values, *(k for k in given if k in fields)]))
+        for key in explicit:
+            if is_path_field(key):
+                where = f"--{key}" if key in given else f"{loaded.origin.get(key)}: '{key}'"
+                _refuse_dangling_link(getattr(ns, key), where)
         values = {}
         for t in self.dataclass_types:
             values[t] = {}

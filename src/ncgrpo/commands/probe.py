@@ -168,23 +168,20 @@ class ProbeArgs:
 
 
 def _model_path(value: str) -> str:
-    """``--model_name_or_path``: a local folder must exist and hold config.json; a value that can only
-    be a path (absolute, ``./``, ``../``, ``~``) and does not exist is an error saying so, not a hub-id
-    lookup. A hub id (``org/name``) is left to the loader."""
+    """``--model_name_or_path``: :func:`ncgrpo.models.check_model_source` (the check ``ncgrpo train`` and
+    ``eval`` make: a path that does not exist, a file or a folder without config.json is an error
+    saying so, not a hub-id lookup; a hub id must be cached or on the hub). A local folder is given
+    back with ``~`` expanded."""
     import os
 
+    from ncgrpo.models import check_model_source
+
+    try:
+        check_model_source(value)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     path = Path(os.path.expanduser(str(value)))
-    if path.exists():
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise UsageError(
-                f"--model_name_or_path {value}: not a model folder (no config.json); pass a folder written "
-                "by save_pretrained"
-            )
-        return str(path)
-    text = str(value)
-    if path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1:
-        raise UsageError(f"--model_name_or_path {value}: {path} does not exist; pass a model folder")
-    return text
+    return str(path) if path.exists() else str(value)
 
 
 #: Files of a command's folder that the probe never writes over (:mod:`ncgrpo.runs.folder`).
