@@ -13,6 +13,7 @@ import torch
 
 __all__ = [
     "VISION_TOWER_PATHS",
+    "available_memory",
     "check_model_source",
     "check_noise_site",
     "check_weight_files",
@@ -28,6 +29,31 @@ __all__ = [
     "text_layers",
     "tokenizer_of",
 ]
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available to a new allocation (psutil's ``available`` where installed, else
+    Linux's ``MemAvailable``, else free pages), or None where none of them can be read. Counts that grow
+    memory are checked against it before they allocate (``ncgrpo probe --marginal_draws``)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import os
+
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _looks_like_a_path(name: str) -> bool:

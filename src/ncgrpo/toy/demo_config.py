@@ -92,6 +92,11 @@ def _trainer_field(name: str, help: str, *, default: Any = dataclasses.MISSING, 
     return field(default=value, metadata={"help": help})
 
 
+#: The most training seeds a demo takes: ``seeds x configurations`` runs of minutes each on a CPU (1000 seeds
+#: of the default three configurations are days of CPU time), all planned before the first starts.
+MAX_SEEDS = 1000
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One trained configuration: its table name, folder slug and the NCGRPOConfig fields it sets."""
@@ -269,6 +274,12 @@ class DemoConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.seeds > MAX_SEEDS:
+            raise ValueError(
+                f"seeds must be at most {MAX_SEEDS}, got {self.seeds}: the demo trains and evaluates every "
+                f"configuration once per seed (seeds x configurations runs, each minutes on a CPU; the seed table "
+                f"uses 3) and plans them all before the first starts (a billion seeds grew to 23.7 GB)"
+            )
         for name, what in (
             ("eval_limit", "questions per family (or None)"),
             ("val_every", "steps (or None)"),
