@@ -28,7 +28,16 @@ def _cfg(tmp_path, **kw):
 
 
 def _train(out: Path, *extra: str) -> list[str]:
-    return ["train", "--config", str(TINY_RECIPE), "--model_name_or_path", MODEL, "--output_dir", str(out), *extra]
+    return [
+        "train",
+        "--config",
+        str(TINY_RECIPE),
+        "--model_name_or_path",
+        MODEL,
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
 
 
 # ---------------------------------------------- TRL's fields refused at parse time, naming the field
@@ -50,7 +59,14 @@ def test_config_refuses_trl_fields_out_of_range_naming_the_field(tmp_path, kw, m
 
 
 def test_config_keeps_the_edges_of_those_ranges(tmp_path) -> None:
-    cfg = _cfg(tmp_path, seed=0, temperature=1e-3, max_completion_length=1, num_generations=2, rollout_method="vanilla")
+    cfg = _cfg(
+        tmp_path,
+        seed=0,
+        temperature=1e-3,
+        max_completion_length=1,
+        num_generations=2,
+        rollout_method="vanilla",
+    )
     assert (cfg.seed, cfg.max_completion_length, cfg.num_generations) == (0, 1, 2)
     assert _cfg(tmp_path, seed=2**32 - 1, max_completion_length=None).max_completion_length is None
 
@@ -70,7 +86,10 @@ def test_train_refuses_them_before_loading_or_writing(tmp_path, capsys, flags, f
     out = tmp_path / "run"
     assert main(_train(out, "--dry-run", *flags)) == 2
     err = capsys.readouterr().err
-    assert f"ncgrpo train: error: {TINY_RECIPE}: trainer settings rejected by NCGRPOConfig: {field} must be" in err
+    assert (
+        f"ncgrpo train: error: {TINY_RECIPE}: trainer settings rejected by NCGRPOConfig: {field} must be"
+        in err
+    )
     assert "Traceback" not in err
     assert not out.exists()
 
@@ -81,7 +100,9 @@ def _tiny_grpo():
     import sys
 
     if "tiny_grpo" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("tiny_grpo", ROOT / "tests" / "scripts" / "tiny_grpo.py")
+        spec = importlib.util.spec_from_file_location(
+            "tiny_grpo", ROOT / "tests" / "scripts" / "tiny_grpo.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["tiny_grpo"] = module
         spec.loader.exec_module(module)
@@ -93,15 +114,25 @@ def test_trainer_refuses_a_training_set_smaller_than_one_generation_batch(tmp_pa
     incomplete batch, so the run trained 0 steps, saved the base weights and reported success."""
     tiny = _tiny_grpo()
     small = dict(per_device_train_batch_size=4, num_generations=2, max_steps=1)
-    with pytest.raises(ValueError, match=r"the training set has 1 prompts but one generation batch takes 2 "
-                       r"\(per_device_train_batch_size 4 x 1 processes x steps_per_generation 1 / num_generations 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"the training set has 1 prompts but one generation batch takes 2 "
+        r"\(per_device_train_batch_size 4 x 1 processes x steps_per_generation 1 / num_generations 2\)",
+    ):
         tiny.trainer(tmp_path / "one", n_prompts=1, **small)
     # refused before the model loads: a model path that does not exist is not reached
     from ncgrpo.trainer import NCGRPOTrainer
 
     with pytest.raises(ValueError, match="the training set has 1 prompts"):
-        NCGRPOTrainer(str(tmp_path / "no-model"), [tiny.hash_reward], tiny.config(tmp_path / "x", **small), tiny.dataset(1))
-    assert tiny.trainer(tmp_path / "two", n_prompts=2, **small).args.generation_batch_size == 4  # exactly one batch
+        NCGRPOTrainer(
+            str(tmp_path / "no-model"),
+            [tiny.hash_reward],
+            tiny.config(tmp_path / "x", **small),
+            tiny.dataset(1),
+        )
+    assert (
+        tiny.trainer(tmp_path / "two", n_prompts=2, **small).args.generation_batch_size == 4
+    )  # exactly one batch
 
 
 # ------------------------------------------------------------------ empty paths are errors
@@ -124,7 +155,9 @@ def test_an_empty_path_flag_is_an_error_naming_it(argv, flag) -> None:
     from ncgrpo.cli import build_parser
     from ncgrpo.commands.config_file import ConfigError
 
-    with pytest.raises(ConfigError, match=rf"^{flag} (is empty|holds an empty path) \(.*an unset shell variable\?\)"):
+    with pytest.raises(
+        ConfigError, match=rf"^{flag} (is empty|holds an empty path) \(.*an unset shell variable\?\)"
+    ):
         build_parser().parse_args(argv)
 
 
@@ -138,12 +171,28 @@ def test_an_empty_path_in_a_config_file_names_the_file_and_key(tmp_path) -> None
         build_parser().parse_args(["train", "--config", str(cfg)])
     with pytest.raises(ConfigError, match=r"^--config is empty"):
         build_parser().parse_args(["train", "--config", ""])
-    assert build_parser().parse_args(["pretrain", "--output_dir", "."]).parsed_config.get("output_dir") == Path(".")
+    assert build_parser().parse_args(["pretrain", "--output_dir", "."]).parsed_config.get(
+        "output_dir"
+    ) == Path(".")
 
 
 def test_train_with_an_empty_output_dir_writes_nothing(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--config", str(TINY_RECIPE), "--model_name_or_path", MODEL, "--output_dir", "", "--dry-run"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(TINY_RECIPE),
+                "--model_name_or_path",
+                MODEL,
+                "--output_dir",
+                "",
+                "--dry-run",
+            ]
+        )
+        == 2
+    )
     assert "ncgrpo train: error: --output_dir is empty" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -152,7 +201,10 @@ def test_train_with_an_empty_output_dir_writes_nothing(tmp_path, monkeypatch, ca
 @pytest.mark.parametrize("sigma0", [1e30, 3e38, 10.5])
 def test_sigma0_above_the_bound_is_refused_with_the_reason(tmp_path, sigma0) -> None:
     """1e30 trained (logged rel_perturbation 1e30), 3e38 ended in an internal error."""
-    with pytest.raises(ValueError, match=rf"sigma0 must be at most 10, got {re.escape(repr(sigma0))}: it is the noise's size relative to the state"):
+    with pytest.raises(
+        ValueError,
+        match=rf"sigma0 must be at most 10, got {re.escape(repr(sigma0))}: it is the noise's size relative to the state",
+    ):
         _cfg(tmp_path, sigma0=sigma0)
 
 
@@ -182,7 +234,6 @@ def test_probe_and_demo_bound_their_sigma0_lists(argv, cls) -> None:
     import importlib
 
     from ncgrpo.cli import build_parser
-
     from ncgrpo.commands._common import UsageError
 
     module, name = cls.split(":")
@@ -198,7 +249,10 @@ def test_a_dangling_link_as_output_dir_names_the_link_and_its_target(tmp_path, c
     link.symlink_to(tmp_path / "gone")
     assert main(_train(link, "--dry-run")) == 2
     err = capsys.readouterr().err
-    assert f"--output_dir {link}: {link} is a link to {tmp_path / 'gone'}, which does not exist; remove the link" in err
+    assert (
+        f"--output_dir {link}: {link} is a link to {tmp_path / 'gone'}, which does not exist; remove the link"
+        in err
+    )
     assert "File exists" not in err and not (tmp_path / "gone").exists() and link.is_symlink()
 
 
@@ -208,14 +262,19 @@ def test_a_dangling_link_above_a_path_is_named_too(tmp_path, monkeypatch) -> Non
 
     monkeypatch.chdir(tmp_path)
     Path("dl").symlink_to("../gone")  # relative: shown as written and resolved
-    with pytest.raises(ConfigError, match=rf"^--output_dir dl/x: dl is a link to \.\./gone \({re.escape(str(tmp_path.parent / 'gone'))}\), which does not exist"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^--output_dir dl/x: dl is a link to \.\./gone \({re.escape(str(tmp_path.parent / 'gone'))}\), which does not exist",
+    ):
         build_parser().parse_args(["pretrain", "--output_dir", "dl/x"])
     cfg = tmp_path / "c.yaml"
     cfg.write_text("output_dir: dl\n")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(cfg))}: 'output_dir' dl: dl is a link to"):
         build_parser().parse_args(["pretrain", "--config", str(cfg)])
     Path("ok").symlink_to(tmp_path)  # a link that resolves is a path like any other
-    assert build_parser().parse_args(["pretrain", "--output_dir", "ok/x"]).parsed_config.get("output_dir") == Path("ok/x")
+    assert build_parser().parse_args(["pretrain", "--output_dir", "ok/x"]).parsed_config.get(
+        "output_dir"
+    ) == Path("ok/x")
 
 
 @pytest.mark.parametrize("name", ["/no/such/model", "./no-such-model", "a/b/c", "~/no-such-model-35"])
@@ -223,7 +282,9 @@ def test_check_model_source_says_a_missing_path_does_not_exist(tmp_path, name) -
     """transformers takes a missing path for a hub id and answers "Repo id must be in the form ..."."""
     from ncgrpo.models import check_model_source
 
-    with pytest.raises(ValueError, match=rf"^--model_name_or_path {re.escape(name)}: .* does not exist; pass a folder"):
+    with pytest.raises(
+        ValueError, match=rf"^--model_name_or_path {re.escape(name)}: .* does not exist; pass a folder"
+    ):
         check_model_source(name)
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="is a file"):
@@ -240,7 +301,10 @@ def test_check_model_source_offline_hub_id_not_cached(monkeypatch) -> None:
     from ncgrpo.models import check_model_source
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ValueError, match=r"no-such-org-35/no-such-model: no local folder .* \(it does not exist\), and not in the hub cache"):
+    with pytest.raises(
+        ValueError,
+        match=r"no-such-org-35/no-such-model: no local folder .* \(it does not exist\), and not in the hub cache",
+    ):
         check_model_source("no-such-org-35/no-such-model")
 
 
@@ -253,7 +317,20 @@ def test_eval_says_a_missing_model_does_not_exist_before_writing(tmp_path, capsy
     data = tmp_path / "q.jsonl"
     data.write_text('{"question_id": "q1", "question": "What is 1+1?", "answer": "2"}\n')
     out = tmp_path / "eval"
-    assert main(["eval", "--model_name_or_path", str(tmp_path / "nope"), "--data", f"mine={data}", "--output_dir", str(out)]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--model_name_or_path",
+                str(tmp_path / "nope"),
+                "--data",
+                f"mine={data}",
+                "--output_dir",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"--model_name_or_path {tmp_path / 'nope'}: {tmp_path / 'nope'} does not exist" in err, err
     assert "repo id" not in err.lower() and not out.exists()

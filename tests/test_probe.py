@@ -416,7 +416,10 @@ def test_probe_cli_checks_its_settings_and_output_file_before_the_model(tmp_path
         (["--output_file", str(records)], "records.jsonl is a file of a command's run folder"),
         (["--output_file", str(other)], "exists and is not a probe result"),
         (["--model_name_or_path", "/nonexistent/model"], "/nonexistent/model does not exist"),
-        (["--model_name_or_path", str(tmp_path / "existing.json")], "existing.json: is a file; pass the folder"),
+        (
+            ["--model_name_or_path", str(tmp_path / "existing.json")],
+            "existing.json: is a file; pass the folder",
+        ),
         (["--model_name_or_path", str(tmp_path)], "the folder holds no config.json"),
     ]
     for flags, message in cases:

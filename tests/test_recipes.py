@@ -605,11 +605,17 @@ def test_a_key_given_twice_is_an_error_naming_it_and_both_lines(tmp_path: Path) 
     including file that replaces its base's is what `base:` is for, and stays allowed."""
     twice = _write(tmp_path / "twice.yaml", MINIMAL + "max_steps: 3\nlearning_rate: 1.0e-6\nmax_steps: 4\n")
     n = MINIMAL.count("\n")
-    with pytest.raises(ConfigError, match=rf"{re.escape(str(twice))}: key 'max_steps' is given twice \(lines {n + 1} and {n + 3}\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"{re.escape(str(twice))}: key 'max_steps' is given twice \(lines {n + 1} and {n + 3}\)",
+    ):
         parse(twice)
     _write(tmp_path / "base.yaml", "max_steps: 3\nmax_steps: 4\n")
     leaf = _write(tmp_path / "leaf.yaml", MINIMAL + "base: base.yaml\n")
-    with pytest.raises(ConfigError, match=rf"base\.yaml \(the base of {re.escape(str(leaf))}\): key 'max_steps' is given twice \(lines 1 and 2\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"base\.yaml \(the base of {re.escape(str(leaf))}\): key 'max_steps' is given twice \(lines 1 and 2\)",
+    ):
         parse(leaf)
     nested = _write(
         tmp_path / "nested.yaml",

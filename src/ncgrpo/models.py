@@ -71,7 +71,9 @@ def _looks_like_a_path(name: str) -> bool:
     return False
 
 
-def check_model_source(name: str | Path, what: str = "--model_name_or_path", *, contents: bool = True) -> None:
+def check_model_source(
+    name: str | Path, what: str = "--model_name_or_path", *, contents: bool = True
+) -> None:
     """Refuse, before anything loads or is written, a model that is not there: a path that does not
     exist (at once, no hub lookup; transformers would take it for a hub id and answer with a "repo id"
     message), a file, or (``contents``) a folder with no ``config.json`` (``ncgrpo eval`` passes False:

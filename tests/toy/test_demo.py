@@ -25,7 +25,10 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
     [
         (dict(max_steps=0), "max_steps must be a positive integer"),
         (dict(seeds=0), "seeds must be a positive integer"),
-        (dict(seeds=1_000_000_000), "seeds must be at most 1000, got 1000000000: the demo trains"),  # grew to 23.7 GB
+        (
+            dict(seeds=1_000_000_000),
+            "seeds must be at most 1000, got 1000000000: the demo trains",
+        ),  # grew to 23.7 GB
         (dict(num_generations=3), "num_generations must be even"),
         (dict(num_generations=6, all_methods=True), "multiple of 4"),
         (dict(sigma0=()), "at least one noise scale"),

@@ -350,7 +350,9 @@ class ConfigParser(TrlParser):
                 f"--{key} {what} ({value!r}; an unset shell variable?): give a path (leave --{key} out for "
                 "its default)"
             )
-        raise ConfigError(f"{where}: '{key}' {what} ({value!r}): give a path (remove the key for its default)")
+        raise ConfigError(
+            f"{where}: '{key}' {what} ({value!r}): give a path (remove the key for its default)"
+        )
 
     def _refuse_empty_path_flags(self, argv: Sequence[str]) -> None:
         """:meth:`_refuse_empty_path` for the command line, on the strings as typed (a ``Path`` field's

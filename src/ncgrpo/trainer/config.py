@@ -24,7 +24,11 @@ SIGMA0_MAX = 10.0
 
 def sigma0_problem(value: object) -> str | None:
     """Why ``value`` is not a noise scale ``sigma0`` in [0, :data:`SIGMA0_MAX`] (None: it is one)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value >= 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
         return f"must be a finite number >= 0 (0 disables the noise), got {value!r}"
     if value > SIGMA0_MAX:
         return (

@@ -97,7 +97,12 @@ from ncgrpo.core.plan import plan_rows, prompt_id_for
 from ncgrpo.methods import get_method
 from ncgrpo.processors import image_only_processor
 from ncgrpo.trainer.checkpoints import load_nc_state, load_renamed_checkpoint, save_nc_state
-from ncgrpo.trainer.checks import check_peft, check_prompt_lengths, check_train_dataset_size, warn_lora_dropout
+from ncgrpo.trainer.checks import (
+    check_peft,
+    check_prompt_lengths,
+    check_train_dataset_size,
+    warn_lora_dropout,
+)
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
 from ncgrpo.trainer.images import engine_row_images
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
