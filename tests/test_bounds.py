@@ -50,7 +50,11 @@ def _train(out: Path | str, *extra: str) -> list[str]:
         ({"temperature": float("nan")}, r"temperature must be a finite number > 0"),
         ({"max_completion_length": 0}, r"max_completion_length must be an integer >= 1.*got 0"),
         ({"num_generations": -4}, r"num_generations must be an integer >= 2.*got -4"),
-        ({"num_generations": 0}, r"num_generations must be an integer >= 2.*got 0"),  # TRL: ZeroDivisionError
+        ({"num_generations": 0}, r"num_generations must be an integer >= 2.*got 0"),
+        (
+            {"num_train_epochs": 0, "max_steps": -1},
+            r"num_train_epochs must be a finite number > 0 .*train 0 steps",
+        ),  # TRL: ZeroDivisionError
     ],
 )
 def test_config_refuses_trl_fields_out_of_range_naming_the_field(tmp_path, kw, match) -> None:
@@ -69,6 +73,7 @@ def test_config_keeps_the_edges_of_those_ranges(tmp_path) -> None:
     )
     assert (cfg.seed, cfg.max_completion_length, cfg.num_generations) == (0, 1, 2)
     assert _cfg(tmp_path, seed=2**32 - 1, max_completion_length=None).max_completion_length is None
+    assert _cfg(tmp_path, num_train_epochs=0, max_steps=5).max_steps == 5  # max_steps set: epochs unused
 
 
 @pytest.mark.parametrize(

@@ -383,6 +383,7 @@ class NCGRPOConfig(GRPOConfig):
         - ``max_completion_length``: at least one generated token (None: TRL infers it from the model).
         - ``num_generations``: GRPO's advantage compares the rollouts of one prompt (TRL's own check
           names no field, and 0 divides by zero before it).
+        - ``num_train_epochs`` without ``max_steps``: 0 epochs train 0 steps and "succeed".
         """
 
         def is_int(v) -> bool:
@@ -404,6 +405,12 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"max_completion_length must be an integer >= 1 (tokens generated per rollout; None: "
                 f"inferred from the model's config), got {m!r}"
+            )
+        e = self.num_train_epochs
+        if self.max_steps <= 0 and not (isinstance(e, int | float) and math.isfinite(e) and e > 0):
+            raise ValueError(
+                f"num_train_epochs must be a finite number > 0 when max_steps is not set (max_steps "
+                f"{self.max_steps}), got {e!r}: the run would train 0 steps and save the base weights"
             )
         g = self.num_generations
         if not (is_int(g) and g >= 2):
