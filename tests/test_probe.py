@@ -131,6 +131,24 @@ def test_probe_bad_arguments(live_model, tok):
         probe(live_model, tok, QUESTIONS, [0.2], target_marginal_tv=1.5, progress=False)
 
 
+def test_probe_refuses_marginal_draws_the_memory_cannot_hold_before_allocating(live_model, tok, monkeypatch):
+    """`probe --marginal_draws 50000000` grew to 23.7 GB and ended in the OOM killer or an internal error.
+    Here the available memory is made 1 MB, so 20000 draws (~0.3 GB on the tiny model) are refused from
+    the estimate, before any draw (before the fix this probe ran them: a small count, safe to run)."""
+    import ncgrpo.models
+
+    monkeypatch.setattr(ncgrpo.models, "available_memory", lambda: 10**6, raising=False)
+    with pytest.raises(
+        ValueError,
+        match=r"^marginal_draws 20000: the noise-averaged first-token estimate would hold ~0\.\d GB \(6 prompts x "
+        r"20000 draws x d=\d+ float32 eps, .* V=\d+ tokens .*\), more than the 0\.0 GB of memory available; lower "
+        r"marginal_draws",
+    ):
+        _probe(live_model, tok, [0.2], marginal_draws=20000)
+    monkeypatch.setattr(ncgrpo.models, "available_memory", lambda: None)  # unknown: not refused
+    assert _probe(live_model, tok, [0.2], marginal_draws=4, max_new_tokens=1, rollouts=2).rows
+
+
 def test_target_marginal_tv_finds_the_sigma_that_reaches_it(live_model, tok):
     r = _probe(live_model, tok, [1.0], rollouts=2, target_marginal_tv=0.002, max_new_tokens=2)
     assert r.target_sigma is not None and 0 < r.target_sigma < 4
@@ -398,7 +416,11 @@ def test_probe_cli_checks_its_settings_and_output_file_before_the_model(tmp_path
         (["--output_file", str(records)], "records.jsonl is a file of a command's run folder"),
         (["--output_file", str(other)], "exists and is not a probe result"),
         (["--model_name_or_path", "/nonexistent/model"], "/nonexistent/model does not exist"),
-        (["--model_name_or_path", str(tmp_path / "existing.json")], "not a model folder"),
+        (
+            ["--model_name_or_path", str(tmp_path / "existing.json")],
+            "existing.json: is a file; pass the folder",
+        ),
+        (["--model_name_or_path", str(tmp_path)], "the folder holds no config.json"),
     ]
     for flags, message in cases:
         assert main(["probe", "--no_progress", "--model_name_or_path", str(model), *flags]) == 2, flags

@@ -4,6 +4,7 @@ flat TRL-style keys, base: includes, command-line flags, validation that names t
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -508,8 +509,10 @@ def test_error_in_base_names_the_base_file(tmp_path: Path) -> None:
     ],
 )
 def test_bad_values_name_file_and_key(tmp_path: Path, line: str, match: str) -> None:
+    key = line.split(":", 1)[0]
+    rest = "".join(f"{x}\n" for x in MINIMAL.splitlines() if not x.startswith(f"{key}:"))  # one key once
     with pytest.raises(ConfigError, match=match):
-        parse(_write(tmp_path / "r.yaml", MINIMAL + line + "\n"))
+        parse(_write(tmp_path / "r.yaml", rest + line + "\n"))
 
 
 def test_bad_flag_values(tmp_path: Path) -> None:
@@ -594,6 +597,34 @@ def test_base_cycle_and_missing_base(tmp_path: Path) -> None:
         parse(c)
     with pytest.raises(ConfigError, match="'base' must be a file path"):
         parse(_write(tmp_path / "d.yaml", "base: [a.yaml]\n"))
+
+
+def test_a_key_given_twice_is_an_error_naming_it_and_both_lines(tmp_path: Path) -> None:
+    """YAML's loaders keep the last of two equal keys without a word (issue 35): `sigma0: 0.2` then,
+    further down, `sigma0: 0.5` ran with 0.5. In a base file too, and in a nested mapping; a key of an
+    including file that replaces its base's is what `base:` is for, and stays allowed."""
+    twice = _write(tmp_path / "twice.yaml", MINIMAL + "max_steps: 3\nlearning_rate: 1.0e-6\nmax_steps: 4\n")
+    n = MINIMAL.count("\n")
+    with pytest.raises(
+        ConfigError,
+        match=rf"{re.escape(str(twice))}: key 'max_steps' is given twice \(lines {n + 1} and {n + 3}\)",
+    ):
+        parse(twice)
+    _write(tmp_path / "base.yaml", "max_steps: 3\nmax_steps: 4\n")
+    leaf = _write(tmp_path / "leaf.yaml", MINIMAL + "base: base.yaml\n")
+    with pytest.raises(
+        ConfigError,
+        match=rf"base\.yaml \(the base of {re.escape(str(leaf))}\): key 'max_steps' is given twice \(lines 1 and 2\)",
+    ):
+        parse(leaf)
+    nested = _write(
+        tmp_path / "nested.yaml",
+        MINIMAL + "env:\n  HF_HOME: /a\n  HF_HOME: /b\n",
+    )
+    with pytest.raises(ConfigError, match=r"key 'HF_HOME' is given twice"):
+        parse(nested)
+    _write(tmp_path / "base2.yaml", MINIMAL + "max_steps: 3\n")
+    assert parse(_write(tmp_path / "over.yaml", "base: base2.yaml\nmax_steps: 4\n")).get("max_steps") == 4
 
 
 def test_env_mapping_and_vars_in_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

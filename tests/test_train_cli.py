@@ -621,7 +621,7 @@ def test_a_model_path_that_is_not_there_is_refused_at_once(
     for dry in ([], ["--dry-run"]):
         assert main(_args(out, geo3k, path, *dry)) == 2
         err = capsys.readouterr().err
-        assert "model_name_or_path " in err and "no such folder" in err and path.lstrip("~./") in err, err
+        assert "model_name_or_path " in err and "does not exist" in err and path.lstrip("~./") in err, err
         assert not out.exists()
 
 

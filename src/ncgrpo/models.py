@@ -13,6 +13,8 @@ import torch
 
 __all__ = [
     "VISION_TOWER_PATHS",
+    "available_memory",
+    "check_model_source",
     "check_noise_site",
     "check_weight_files",
     "find_vision_tower",
@@ -27,6 +29,101 @@ __all__ = [
     "text_layers",
     "tokenizer_of",
 ]
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available to a new allocation (psutil's ``available`` where installed, else
+    Linux's ``MemAvailable``, else free pages), or None where none of them can be read. Counts that grow
+    memory are checked against it before they allocate (``ncgrpo probe --marginal_draws``)."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import os
+
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Whether a ``model_name_or_path`` that is no local folder is meant as one (not a hub id ORG/NAME)."""
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.endswith("/") or name.count("/") > 1:
+        return True
+    if "/" in name and Path(name.split("/", 1)[0]).is_dir():
+        return True  # runs/my-model with a local runs/: a folder, not the hub namespace "runs"
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def check_model_source(
+    name: str | Path, what: str = "--model_name_or_path", *, contents: bool = True
+) -> None:
+    """Refuse, before anything loads or is written, a model that is not there: a path that does not
+    exist (at once, no hub lookup; transformers would take it for a hub id and answer with a "repo id"
+    message), a file, or (``contents``) a folder with no ``config.json`` (``ncgrpo eval`` passes False:
+    it also takes PEFT adapter folders and training runs, and its loader says what such a folder
+    lacks). A name shaped like a hub id ``ORG/NAME`` that is
+    no local folder must be in the hub cache or answer one request to the hub (refused at once where
+    the hub says no such model or cannot be reached, or ``HF_HUB_OFFLINE`` is set). ``what``: the flag
+    or setting named in the message. Shared by ``ncgrpo train``, ``eval`` and ``probe``."""
+    import os
+
+    name = str(name)
+    p = Path(os.path.expanduser(name))
+    if p.exists():
+        if not p.is_dir():
+            raise ValueError(f"{what} {name}: is a file; pass the folder save_pretrained wrote (or a hub id)")
+        if contents and not (p / "config.json").is_file():
+            raise ValueError(
+                f"{what} {name}: the folder holds no config.json, so it is not a model saved with save_pretrained"
+            )
+        return
+    if _looks_like_a_path(name):
+        raise ValueError(
+            f"{what} {name}: {p.absolute()} does not exist; pass a folder written by save_pretrained, or a hub "
+            "id ORG/NAME"
+        )
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{what} {name}: no local folder {p.absolute()} (it does not exist), and not in the hub cache "
+            f"({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE is set"
+        )
+    # one request, no retries: transformers' own lookup retries for ~30 s where the hub cannot be reached
+    try:
+        model_info(name, timeout=10)
+    except GatedRepoError:
+        return  # it exists; the config lookup says what access it needs
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"{what} {name}: no local folder {p.absolute()} (it does not exist), and no model {name} on the hub "
+            "(or a private one: log in with `hf auth login`)"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - the hub cannot be reached: the run could not load it either
+        raise ValueError(
+            f"{what} {name}: no local folder {p.absolute()} (it does not exist), and the hub cannot be reached "
+            f"to look it up as a hub id ({type(e).__name__}: {e}); pass a local folder"
+        ) from None
 
 
 def tokenizer_of(processor: Any) -> Any:

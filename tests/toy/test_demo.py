@@ -25,10 +25,15 @@ FAMILIES = ("geometry", "counting", "bar_chart", "compare", "colour_choice", "po
     [
         (dict(max_steps=0), "max_steps must be a positive integer"),
         (dict(seeds=0), "seeds must be a positive integer"),
+        (
+            dict(seeds=1_000_000_000),
+            "seeds must be at most 1000, got 1000000000: the demo trains",
+        ),  # grew to 23.7 GB
         (dict(num_generations=3), "num_generations must be even"),
         (dict(num_generations=6, all_methods=True), "multiple of 4"),
         (dict(sigma0=()), "at least one noise scale"),
-        (dict(sigma0=(0.2, -0.1)), r"finite number >= 0, got \[-0.1\]"),
+        (dict(sigma0=(0.2, -0.1)), r"finite number >= 0 \(0 disables the noise\), got -0.1"),
+        (dict(sigma0=(0.2, 11.0)), r"sigma0: every noise scale must be at most 10, got 11.0"),
         (dict(sigma0=(0.2, 0.2)), "twice"),
         (dict(eval_limit=0), "eval_limit"),
         (dict(val_limit=100), "val_limit=100"),

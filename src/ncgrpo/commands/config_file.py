@@ -25,8 +25,10 @@ __all__ = [
     "RENAMED_REMOVED_IN",
     "ConfigError",
     "ConfigFile",
+    "DuplicateKeyError",
     "ParsedConfig",
     "load_config_file",
+    "load_yaml",
     "suggest",
 ]
 
@@ -74,6 +76,42 @@ def suggest(word: str, known: Iterable[str]) -> str:
 
 
 # -------------------------------------------------------------------------------------- files
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that gives one key twice (YAML's loaders keep the last value without a word)."""
+
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"key {key!r} given twice (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping (at any depth) giving one key twice: a config with
+    ``sigma0: 0.2`` and, further down, ``sigma0: 0.5`` would otherwise run with 0.5 and no message.
+    ``<<`` merge keys are left to YAML (an explicit key overriding a merged one is what they are for)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: YAML's constructor says so
+                    continue
+                if first is not None:
+                    raise DuplicateKeyError(key, first, line)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (:class:`DuplicateKeyError`)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 @dataclass
 class ConfigFile:
     """A config file with its ``base:`` chain merged: values, the file each key came from, the files,
@@ -148,7 +186,13 @@ def _read(
         where = f"{chain[-1]}: base file {path}" if chain else str(path)
         raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except DuplicateKeyError as e:
+        where = f"{path} (the base of {chain[-1]})" if chain else str(path)
+        raise ConfigError(
+            f"{where}: key {str(e.key)!r} is given twice (lines {e.first} and {e.second}); YAML would keep "
+            "only the last value without a word, so keep one of them"
+        ) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if data is None:

@@ -114,9 +114,11 @@ class EvalArgs:
 
     def __post_init__(self) -> None:
         from ncgrpo.data.benchmarks import BENCHMARKS, custom_benchmark
+        from ncgrpo.models import check_model_source
 
         if not str(self.model_name_or_path).strip():
             raise UsageError("--model_name_or_path is empty; give a model folder or hub id")
+        check_model_source(self.model_name_or_path, contents=False)
         self.train_run = training_run(self.model_name_or_path)
         if self.train_run is not None:  # an eval of a training run carries its name, method and seed
             run, checkpoint = self.train_run

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,10 +54,42 @@ from ncgrpo.commands.config_file import (
     suggest,
 )
 
-__all__ = ["ConfigParser", "known_keys"]
+__all__ = ["ConfigParser", "is_path_field", "known_keys"]
 
 
 # ------------------------------------------------------------------------------------- parser
+#: Setting names that hold paths (files or folders; a list of them for ``compare --runs``), by ending.
+_PATH_ENDINGS = ("_dir", "_dirs", "_file", "_files", "_path", "_paths")
+
+
+def is_path_field(name: str) -> bool:
+    """Whether the setting ``name`` holds a path (``output_dir``, ``output_file``, ``dataset_path``,
+    ``model_name_or_path``, ``compare --runs``): an empty value is refused where it is parsed."""
+    return name.endswith(_PATH_ENDINGS) or name in ("model_name_or_path", "runs")
+
+
+def _refuse_dangling_link(value: Any, where: str) -> None:
+    """A path (or a list of them) through a symbolic link whose target does not exist is an error
+    naming the link and its target: creating a folder there fails with a bare "File exists", and
+    reading one says "no such file" about a path that is listed."""
+    import os
+    from pathlib import Path
+
+    for v in value if isinstance(value, list | tuple) else [value]:
+        if not isinstance(v, str | os.PathLike):
+            continue
+        p = Path(os.path.expanduser(os.fspath(v)))
+        for q in (p, *p.parents):
+            if q.is_symlink() and not q.exists():
+                target = os.readlink(q)
+                full = os.path.normpath(os.path.join(os.path.abspath(q.parent), target))
+                shown = target if os.path.isabs(target) else f"{target} ({full})"
+                raise ConfigError(
+                    f"{where} {v}: {q} is a link to {shown}, which does not exist; remove the link, or create "
+                    f"{full} (or point the link at a path that exists)"
+                )
+
+
 class ConfigParser(TrlParser):
     """``trl.TrlParser`` with ``base:`` includes, errors that name the file and key, and lazy dataclasses.
 
@@ -232,6 +265,11 @@ class ConfigParser(TrlParser):
                 config = argv[i + 1]
             elif tok.startswith(CONFIG_FLAG + "="):
                 config = tok.split("=", 1)[1]
+        if config is not None and not config.strip():
+            raise ConfigError(
+                f"{CONFIG_FLAG} is empty ({config!r}; an unset shell variable?): give a YAML file, or leave "
+                f"{CONFIG_FLAG} out"
+            )
         fields = self._fields()
         renamed = {
             old: next(n for n in news if n in fields)
@@ -245,6 +283,9 @@ class ConfigParser(TrlParser):
         if config:
             loaded = load_config_file(config, fields, deprecated=[*renamed, *negated])
         self._rename_keys(loaded, renamed, negated)
+        for key, value in loaded.values.items():
+            self._refuse_empty_path(key, value, loaded.origin[key])
+        self._refuse_empty_path_flags(argv)
         saved = []
         try:
             for key, value in loaded.values.items():
@@ -271,6 +312,10 @@ class ConfigParser(TrlParser):
             if tok.startswith("--") and tok.split("=", 1)[0] in self._option_string_actions
         ]
         explicit = list(dict.fromkeys([*loaded.values, *(k for k in given if k in fields)]))
+        for key in explicit:
+            if is_path_field(key):
+                where = f"--{key}" if key in given else f"{loaded.origin.get(key)}: '{key}'"
+                _refuse_dangling_link(getattr(ns, key), where)
         values = {}
         for t in self.dataclass_types:
             values[t] = {}
@@ -288,6 +333,46 @@ class ConfigParser(TrlParser):
             env=dict(loaded.env),
         )
         return ns, []
+
+    @staticmethod
+    def _refuse_empty_path(key: str, value: Any, where: str | None) -> None:
+        """A path setting given as ``''`` (or blanks): an unset shell variable (``--output_dir $OUT``)
+        would otherwise mean the current folder (``Path('') == Path('.')``) or the default, without a
+        word. ``where``: the config file that set it, or None for the command line."""
+        if not is_path_field(key):
+            return
+        values = value if isinstance(value, list | tuple) else [value]
+        if not any(isinstance(v, str) and not v.strip() for v in values):
+            return
+        what = "holds an empty path" if isinstance(value, list | tuple) else "is empty"
+        if where is None:
+            raise ConfigError(
+                f"--{key} {what} ({value!r}; an unset shell variable?): give a path (leave --{key} out for "
+                "its default)"
+            )
+        raise ConfigError(
+            f"{where}: '{key}' {what} ({value!r}): give a path (remove the key for its default)"
+        )
+
+    def _refuse_empty_path_flags(self, argv: Sequence[str]) -> None:
+        """:meth:`_refuse_empty_path` for the command line, on the strings as typed (a ``Path`` field's
+        argparse type would already have made ``''`` into ``Path('.')``)."""
+        for i, tok in enumerate(argv):
+            if not tok.startswith("--"):
+                continue
+            flag, eq, value = tok.partition("=")
+            action = self._option_string_actions.get(flag)
+            if action is None or not is_path_field(action.dest):
+                continue
+            if eq:
+                values = [value]
+            elif action.nargs in ("+", "*"):
+                values = list(itertools.takewhile(lambda t: not t.startswith("-"), argv[i + 1 :]))
+            else:
+                values = argv[i + 1 : i + 2]
+            if action.nargs not in ("+", "*"):
+                values = values[0] if values else None
+            self._refuse_empty_path(action.dest, values, None)
 
     @staticmethod
     def _rename_flags(argv: Sequence[str], renamed: Mapping[str, str]) -> list[str]:

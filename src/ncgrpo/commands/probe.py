@@ -43,7 +43,8 @@ class ProbeArgs:
         default=4, metadata=_h("noisy rollouts per prompt and sigma (and as many clean partners)")
     )
     sigma0: list[float] = field(
-        default_factory=lambda: [0.0, 0.2, 0.5], metadata=_h("noise scales, e.g. --sigma0 0 0.2 0.5")
+        default_factory=lambda: [0.0, 0.2, 0.5],
+        metadata=_h("noise scales in [0, 10] (as the trainer's sigma0), e.g. --sigma0 0 0.2 0.5"),
     )
     noise_site: str = field(
         default="final_norm", metadata=_h("noise site: final_norm or decoder-layer indices '1' / '0,2'")
@@ -89,9 +90,12 @@ class ProbeArgs:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not self.sigma0:
             raise ValueError("--sigma0 needs at least one noise scale")
-        bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
-        if bad:
-            raise UsageError(f"--sigma0: every noise scale must be a finite number >= 0, got {bad[0]}")
+        from ncgrpo.trainer.config import sigma0_problem
+
+        for s in self.sigma0:  # the trainer's bound, with its reason
+            problem = sigma0_problem(s)
+            if problem is not None:
+                raise UsageError(f"--sigma0: every noise scale {problem}")
         site = parse_noise_site(self.noise_site)
         probed = ", ".join(sorted(m.name for m in methods() if not m.probe_refusal))
         try:
@@ -164,23 +168,20 @@ class ProbeArgs:
 
 
 def _model_path(value: str) -> str:
-    """``--model_name_or_path``: a local folder must exist and hold config.json; a value that can only
-    be a path (absolute, ``./``, ``../``, ``~``) and does not exist is an error saying so, not a hub-id
-    lookup. A hub id (``org/name``) is left to the loader."""
+    """``--model_name_or_path``: :func:`ncgrpo.models.check_model_source` (the check ``ncgrpo train`` and
+    ``eval`` make: a path that does not exist, a file or a folder without config.json is an error
+    saying so, not a hub-id lookup; a hub id must be cached or on the hub). A local folder is given
+    back with ``~`` expanded."""
     import os
 
+    from ncgrpo.models import check_model_source
+
+    try:
+        check_model_source(value)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     path = Path(os.path.expanduser(str(value)))
-    if path.exists():
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise UsageError(
-                f"--model_name_or_path {value}: not a model folder (no config.json); pass a folder written "
-                "by save_pretrained"
-            )
-        return str(path)
-    text = str(value)
-    if path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1:
-        raise UsageError(f"--model_name_or_path {value}: {path} does not exist; pass a model folder")
-    return text
+    return str(path) if path.exists() else str(value)
 
 
 #: Files of a command's folder that the probe never writes over (:mod:`ncgrpo.runs.folder`).

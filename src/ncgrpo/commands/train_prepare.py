@@ -36,68 +36,11 @@ __all__ = ["check_model_source", "prepare_run"]
 
 
 # --------------------------------------------------------------------- checks before the model
-def _looks_like_a_path(name: str) -> bool:
-    """Whether a missing ``model_name_or_path`` is meant as a local folder (not a hub id ORG/NAME)."""
-    if name.startswith(("/", ".", "~")) or "\\" in name or name.endswith("/") or name.count("/") > 1:
-        return True
-    if "/" in name and Path(name.split("/", 1)[0]).is_dir():
-        return True  # runs/my-model with a local runs/: a folder, not the hub namespace "runs"
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return True
-    return False
-
-
 def check_model_source(name: str) -> None:
-    """Refuse, with no hub lookup, a ``model_name_or_path`` that names a folder that is not there (or a
-    file, or a folder with no ``config.json``). A name shaped like a hub id ``ORG/NAME`` that is no local
-    folder must be in the hub cache or answer one request to the hub (refused at once where the hub
-    says no such model or cannot be reached, or ``HF_HUB_OFFLINE`` is set)."""
-    p = Path(name)
-    if p.exists():
-        if not p.is_dir():
-            raise ValueError(
-                f"model_name_or_path {name}: is a file; pass the folder save_pretrained wrote (or a hub id)"
-            )
-        if not (p / "config.json").is_file():
-            raise ValueError(
-                f"model_name_or_path {name}: the folder holds no config.json, so it is not a model saved with "
-                "save_pretrained"
-            )
-        return
-    if _looks_like_a_path(name):
-        raise ValueError(
-            f"model_name_or_path {name}: no such folder ({p.absolute()}); pass a folder written by "
-            "save_pretrained, or a hub id ORG/NAME"
-        )
-    from huggingface_hub import constants, model_info, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    """:func:`ncgrpo.models.check_model_source` for ``ncgrpo train``'s setting ``model_name_or_path``."""
+    from ncgrpo.models import check_model_source as check
 
-    if isinstance(try_to_load_from_cache(name, "config.json"), str):
-        return
-    if constants.HF_HUB_OFFLINE:
-        raise ValueError(
-            f"model_name_or_path {name}: no local folder {p.absolute()}, and not in the hub cache "
-            f"({constants.HF_HUB_CACHE}) while HF_HUB_OFFLINE is set"
-        )
-    # one request, no retries: transformers' own lookup retries for ~30 s where the hub cannot be reached
-    try:
-        model_info(name, timeout=10)
-    except GatedRepoError:
-        return  # it exists; the config lookup says what access it needs
-    except RepositoryNotFoundError:
-        raise ValueError(
-            f"model_name_or_path {name}: no local folder {p.absolute()}, and no model {name} on the hub "
-            "(or a private one: log in with `hf auth login`)"
-        ) from None
-    except Exception as e:  # noqa: BLE001 - the hub cannot be reached: the run could not load it either
-        raise ValueError(
-            f"model_name_or_path {name}: no local folder {p.absolute()}, and the hub cannot be reached to look "
-            f"it up as a hub id ({type(e).__name__}: {e}); pass a local folder"
-        ) from None
+    check(name, "model_name_or_path")
 
 
 def _model_config(name: str):

@@ -206,6 +206,47 @@ def _check_settings(
     return sigmas
 
 
+#: Host bytes per Monte Carlo draw of one prompt's marginal besides its eps and first-token distributions:
+#: the bootstrap's weights, indices and ones (200 resamples x 8 bytes each, :func:`marginal_estimate`)
+#: and the draw's noise key (a Python object).
+_BYTES_PER_DRAW = 200 * 3 * 8 + 256
+
+
+def _check_marginal_memory(model: Any, prompts: int, draws: int, device: torch.device) -> None:
+    """Refuse, before anything is allocated, ``marginal_draws`` the marginal estimate cannot hold: the eps
+    of every prompt are kept (``prompts x marginal_draws x d`` float32) and each prompt's draws become
+    ``marginal_draws x V`` first-token distributions (float32, then float64) with their bootstrap.
+    ``probe --marginal_draws 50000000`` grew to 23.7 GB and ended in the OOM killer or an internal error."""
+    from ncgrpo.models import available_memory
+
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    d = int(getattr(text, "hidden_size", 0) or 0)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    V = int(head.weight.shape[0]) if head is not None else int(getattr(text, "vocab_size", 0) or 0)
+    need = draws * (prompts * d * 4 + V * (4 + 8) + _BYTES_PER_DRAW)
+    have = available_memory()
+    what = (
+        f"{prompts} prompts x {draws} draws x d={d} float32 eps, and per prompt {draws} first-token "
+        f"distributions over V={V} tokens with their bootstrap"
+    )
+    if have is not None and need > have:
+        raise ValueError(
+            f"marginal_draws {draws}: the noise-averaged first-token estimate would hold ~{need / 1e9:.1f} GB "
+            f"({what}), more than the {have / 1e9:.1f} GB of memory available; lower marginal_draws (default "
+            f"1024; the Monte Carlo error shrinks as 1/sqrt(draws)) or the prompts"
+        )
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        on_device = draws * V * 4  # one prompt's draws' distributions, gathered on the device
+        if on_device > free:
+            raise ValueError(
+                f"marginal_draws {draws}: one prompt's {draws} first-token distributions over V={V} tokens take "
+                f"~{on_device / 1e9:.1f} GB on {device}, more than its {free / 1e9:.1f} GB free; lower "
+                "marginal_draws (default 1024)"
+            )
+
+
 @dataclass
 class _Clean:
     """One chunk's clean pass: what every sigma's noisy pass is compared with."""
@@ -459,6 +500,8 @@ def probe(
     was_training = gen_model.training
     gen_model.eval()
     device = next(gen_model.parameters()).device
+    if site == "final_norm":
+        _check_marginal_memory(gen_model, len(questions), marginal_draws, device)
     sample = dict(
         site=site,
         layer_decay=layer_decay,

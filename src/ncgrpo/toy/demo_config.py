@@ -92,6 +92,11 @@ def _trainer_field(name: str, help: str, *, default: Any = dataclasses.MISSING, 
     return field(default=value, metadata={"help": help})
 
 
+#: The most training seeds a demo takes: ``seeds x configurations`` runs of minutes each on a CPU (1000 seeds
+#: of the default three configurations are days of CPU time), all planned before the first starts.
+MAX_SEEDS = 1000
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One trained configuration: its table name, folder slug and the NCGRPOConfig fields it sets."""
@@ -250,9 +255,12 @@ class DemoConfig:
         self.sigma0 = tuple(float(s) for s in self.sigma0)  # a list on the command line, kept as a tuple
         if not self.sigma0:
             raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2 0.5")
-        bad = [s for s in self.sigma0 if not (math.isfinite(s) and s >= 0)]
-        if bad:
-            raise ValueError(f"sigma0: every noise scale must be a finite number >= 0, got {bad}")
+        from ncgrpo.trainer.config import sigma0_problem
+
+        for s in self.sigma0:  # the trainer's bound, before any run starts
+            problem = sigma0_problem(s)
+            if problem is not None:
+                raise ValueError(f"sigma0: every noise scale {problem}")
         if len(set(self.sigma0)) != len(self.sigma0):
             raise ValueError(f"sigma0: {list(self.sigma0)} lists a scale twice")
         for name in (
@@ -266,6 +274,12 @@ class DemoConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.seeds > MAX_SEEDS:
+            raise ValueError(
+                f"seeds must be at most {MAX_SEEDS}, got {self.seeds}: the demo trains and evaluates every "
+                f"configuration once per seed (seeds x configurations runs, each minutes on a CPU; the seed table "
+                f"uses 3) and plans them all before the first starts (a billion seeds grew to 23.7 GB)"
+            )
         for name, what in (
             ("eval_limit", "questions per family (or None)"),
             ("val_every", "steps (or None)"),

@@ -1,5 +1,6 @@
-"""What ``NCGRPOTrainer`` refuses or warns about, with the reason: a PEFT adapter on vLLM, LoRA dropout in
-the rollouts (at construction), a prompt over ``max_prompt_length`` (at every generation). Plain functions
+"""What ``NCGRPOTrainer`` refuses or warns about, with the reason: a PEFT adapter on vLLM, a training set
+smaller than one generation batch, LoRA dropout in the rollouts (at construction), a prompt over
+``max_prompt_length`` (at every generation). Plain functions
 of explicit values, called from the trainer."""
 
 from __future__ import annotations
@@ -37,6 +38,28 @@ def check_peft(model, args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
             "TRL syncs the merged adapter into vLLM, a path ncgrpo's vLLM tests do not cover. Generate with "
             "transformers (use_vllm=False; the noise acts through the adapter there), or merge the adapter "
             "(PeftModel.merge_and_unload) and train the merged model."
+        )
+
+
+def check_train_dataset_size(args: NCGRPOConfig, rest: tuple, kwargs: dict) -> None:
+    """A training set smaller than one generation batch (``generation_batch_size / num_generations``
+    prompts, i.e. ``per_device_train_batch_size x world_size x steps_per_generation / num_generations``)
+    is refused before the model loads. TRL's sampler (``RepeatSampler``) drops an incomplete batch, so
+    such a run would train 0 steps, save the base weights and report success. ``ncgrpo train`` makes
+    the same check before the model (``ncgrpo.commands.train_prepare``); this is the library's.
+    A dataset without a length (an ``IterableDataset``) or no dataset is left to TRL."""
+    dataset = kwargs.get("train_dataset", rest[0] if rest else None)
+    try:
+        n = len(dataset)
+    except TypeError:  # None, or an IterableDataset: no length to compare
+        return
+    prompts_needed = args.generation_batch_size // args.num_generations
+    if n < prompts_needed:
+        raise ValueError(
+            f"the training set has {n} prompts but one generation batch takes {prompts_needed} "
+            f"(per_device_train_batch_size {args.per_device_train_batch_size} x {args.world_size} processes x "
+            f"steps_per_generation {args.steps_per_generation} / num_generations {args.num_generations}), so "
+            "TRL's sampler would yield no batch and the run would train 0 steps; use more data or a smaller batch"
         )
 
 

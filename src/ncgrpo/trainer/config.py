@@ -14,6 +14,35 @@ from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.schedule import Schedule
 from ncgrpo.methods import get_method
 
+#: The largest noise scale ``sigma0`` the method can use. eq. (2) draws ``delta = sigma ||h|| eps / sqrt(d)``,
+#: so ``||delta|| ~ sigma ||h||``: sigma is the noise's size relative to the state, and the perturbed state
+#: keeps a cosine of ``1 / sqrt(1 + sigma^2)`` with the clean one, 0.1 at sigma 10. Above that the noisy half
+#: decodes from noise, not from the prompt (the paper uses 0.2 to 0.5; the tiny test models need up to 8 for
+#: a visible effect), and far above it the float32/bf16 states overflow (3e38 ended in an internal error).
+SIGMA0_MAX = 10.0
+
+
+def sigma0_problem(value: object) -> str | None:
+    """Why ``value`` is not a noise scale ``sigma0`` in [0, :data:`SIGMA0_MAX`] (None: it is one)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        return f"must be a finite number >= 0 (0 disables the noise), got {value!r}"
+    if value > SIGMA0_MAX:
+        return (
+            f"must be at most {SIGMA0_MAX:g}, got {value!r}: it is the noise's size relative to the state (eq. 2, "
+            f"||delta|| ~ sigma0 ||h||), so at {SIGMA0_MAX:g} the perturbed state keeps a cosine of ~0.1 with the "
+            "clean one and above it the noisy rollouts decode from noise, not from the prompt (the paper uses "
+            "0.2 to 0.5)"
+        )
+    return None
+
+
+#: numpy's seed range, which ``transformers.set_seed`` (``np.random.seed``) accepts.
+_SEED_MAX = 2**32 - 1
+
 
 def _has_accelerator() -> bool:
     import torch
@@ -97,7 +126,9 @@ class NCGRPOConfig(GRPOConfig):
     sigma0: float = field(
         default=0.2,
         metadata={
-            "help": "Initial noise scale sigma_0 of eq. (2)/(3) (latent/antithetic/spsa/first_token_marginal); >= 0."
+            "help": "Initial noise scale sigma_0 of eq. (2)/(3) (latent/antithetic/spsa/first_token_marginal), in "
+            "[0, 10]: the noise's size relative to the state (||delta|| ~ sigma0 ||h||; at 10 the perturbed state "
+            "keeps a cosine of ~0.1 with the clean one). The paper uses 0.2 to 0.5."
         },
     )
     sigma_schedule: str = field(
@@ -263,15 +294,15 @@ class NCGRPOConfig(GRPOConfig):
             if getattr(self, new, False) is None and getattr(self, old) is not None:
                 setattr(self, new, getattr(self, old))
                 setattr(self, old, None)
+        self._check_trl_ranges()  # before TRL's own checks, which name no field (or divide by zero)
         super().__post_init__()
         if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
             # pinning needs an accelerator; torch's DataLoader warns at every epoch on a CPU-only machine
             self.dataloader_pin_memory = False
         method = get_method(self.rollout_method)  # an unknown name: ValueError naming the registered ones
-        if not (isinstance(self.sigma0, int | float) and math.isfinite(self.sigma0) and self.sigma0 >= 0):
-            raise ValueError(
-                f"sigma0 must be a finite number >= 0 (0 disables the noise), got {self.sigma0!r}"
-            )
+        problem = sigma0_problem(self.sigma0)
+        if problem is not None:
+            raise ValueError(f"sigma0 {problem}")
         schedule = self.schedule  # eq. (3)'s settings: ValueError naming the one to fix
         self.noise_site = str(self.noise_site)
         parse_noise_site(self.noise_site)  # raises with a message saying what to write
@@ -341,6 +372,52 @@ class NCGRPOConfig(GRPOConfig):
         self._warn_schedule(schedule, method)
         if self.use_vllm and method.two_pass:
             self._check_vllm(method)
+
+    def _check_trl_ranges(self) -> None:
+        """Inherited fields whose bad values TRL / transformers take at config time and refuse (or fail
+        on) only once the trainer runs, after the model has loaded: each refused here, naming the field.
+
+        - ``seed``: ``transformers.set_seed`` seeds numpy, whose seed is an integer in [0, 2**32 - 1].
+        - ``temperature``: the sampler and TRL's log-probabilities divide the logits by it (GRPO needs
+          sampled rollouts: greedy decoding would give a group G identical rows and no advantage).
+        - ``max_completion_length``: at least one generated token (None: TRL infers it from the model).
+        - ``num_generations``: GRPO's advantage compares the rollouts of one prompt (TRL's own check
+          names no field, and 0 divides by zero before it).
+        - ``num_train_epochs`` without ``max_steps``: 0 epochs train 0 steps and "succeed".
+        """
+
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not (is_int(self.seed) and 0 <= self.seed <= _SEED_MAX):
+            raise ValueError(
+                f"seed must be an integer in [0, {_SEED_MAX}] (numpy's seed range; transformers.set_seed "
+                f"seeds numpy), got {self.seed!r}"
+            )
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t > 0):
+            raise ValueError(
+                f"temperature must be a finite number > 0 (the sampling temperature: the sampler and the "
+                f"loss divide the logits by it), got {t!r}"
+            )
+        m = self.max_completion_length
+        if m is not None and not (is_int(m) and m >= 1):
+            raise ValueError(
+                f"max_completion_length must be an integer >= 1 (tokens generated per rollout; None: "
+                f"inferred from the model's config), got {m!r}"
+            )
+        e = self.num_train_epochs
+        if self.max_steps <= 0 and not (isinstance(e, int | float) and math.isfinite(e) and e > 0):
+            raise ValueError(
+                f"num_train_epochs must be a finite number > 0 when max_steps is not set (max_steps "
+                f"{self.max_steps}), got {e!r}: the run would train 0 steps and save the base weights"
+            )
+        g = self.num_generations
+        if not (is_int(g) and g >= 2):
+            raise ValueError(
+                f"num_generations must be an integer >= 2 (rollouts per prompt: GRPO's advantage compares "
+                f"them), got {g!r}"
+            )
 
     def _check_vllm(self, method) -> None:
         """What NC-GRPO supports with ``use_vllm=True`` (refused here, before any engine is started)."""

@@ -102,7 +102,12 @@ from ncgrpo.trainer.checkpoints import (
     load_renamed_checkpoint,
     save_nc_state,
 )
-from ncgrpo.trainer.checks import check_peft, check_prompt_lengths, warn_lora_dropout
+from ncgrpo.trainer.checks import (
+    check_peft,
+    check_prompt_lengths,
+    check_train_dataset_size,
+    warn_lora_dropout,
+)
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
 from ncgrpo.trainer.images import engine_row_images
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
@@ -150,6 +155,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 "NCGRPOConfig(..., rollout_method=...)"
             )
         check_peft(model, args, rest, kwargs)  # before TRL starts any engine
+        check_train_dataset_size(args, rest, kwargs)  # else 0 steps and "success": before the model loads
         if isinstance(model, str) and len(rest) < 3 and kwargs.get("processing_class") is None:
             # a hub Qwen VL checkpoint without torchvision: TRL's AutoProcessor would raise; None: TRL loads it
             kwargs["processing_class"] = image_only_processor(model)
