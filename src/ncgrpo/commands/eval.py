@@ -337,9 +337,9 @@ def run(args: EvalArgs) -> int:
 
     from ncgrpo.eval.evaluate import (
         DecodingSettings,
-        _check_roles,
         check_folder,
         check_images,
+        check_records,
         config_reads_images,
         evaluate,
         load_for_eval,
@@ -347,7 +347,7 @@ def run(args: EvalArgs) -> int:
         run_identity,
     )
     from ncgrpo.eval.questions import load_questions
-    from ncgrpo.runs.folder import RECORDS_FILE, FolderLock
+    from ncgrpo.runs.folder import FolderLock
 
     out = Path(args.output_dir)
     settings = DecodingSettings(
@@ -362,14 +362,17 @@ def run(args: EvalArgs) -> int:
         model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.rollout_method,
         settings=settings, split=args.splits(), benchmarks=args.benchmarks, engine=args.engine,
     )  # fmt: skip
-    check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
+    run_info = run_identity(**identity)
+    check_folder(out, run_info)  # a rerun of another identity: refused before loading
     FolderLock(out, what="ncgrpo eval").check()  # another writer: named now, before reading any question
     questions = load_questions(args.benchmarks, args.paths, args.split, args.limit, args.roles)
     if args.train_run is not None:
         _say_training_run(args, settings, out)
     try:  # image questions for a text-only model: refused from its config, before anything is written
         check_images(questions, config_reads_images(args.model_name_or_path), args.model_name_or_path)
-        _check_roles(out / RECORDS_FILE, questions)  # another role than the folder's: before the model loads
+        # records of another producer, other questions under the recorded ids, another role: before the
+        # model loads (the records are checked whether or not run.json is there)
+        check_records(out, run_info, questions, settings)
     except ValueError as e:
         raise UsageError(str(e)) from None
     # An existing folder is locked before the model loads, so a second eval into it fails at once;
