@@ -105,9 +105,26 @@ class CompareArgs:
     output_dir: str | None = field(
         default=None, metadata={"help": "write comparison.{md,tex,json} into this folder (was --out)"}
     )
+    allow_different: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "decoding settings the runs may differ in, space-separated: max_new_tokens, grader, "
+            "engine; the differences are printed above the tables. None: runs evaluated with other "
+            "settings (or other benchmark data) are refused, naming the difference"
+        },
+    )
 
     def __post_init__(self) -> None:
+        from ncgrpo.eval.report.conditions import MAY_DIFFER
+
         self.runs = eval_dirs(self.runs)
+        self.allow_different = names_list(self.allow_different, "--allow_different") or []
+        bad = [f for f in self.allow_different if f not in MAY_DIFFER]
+        if bad:
+            raise UsageError(
+                f"--allow_different {' '.join(bad)}: not a setting runs may differ in; one of "
+                f"{', '.join(MAY_DIFFER)} (the prompts and the benchmark data must be the same to pair questions)"
+            )
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
@@ -129,7 +146,7 @@ def run(args: CompareArgs) -> int:
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
     from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
-    ct = compare(load_runs(args.runs), args.baseline, args.benchmarks)
+    ct = compare(load_runs(args.runs), args.baseline, args.benchmarks, allow_different=args.allow_different)
     print_rich(ct)
     if args.output_dir is not None:
         with report_folder(args.output_dir, "ncgrpo compare") as out:

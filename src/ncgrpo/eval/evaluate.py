@@ -28,7 +28,7 @@ import torch
 
 from ncgrpo.data.prompts import build_messages, image_hash, prompt_hash, render_prompt
 from ncgrpo.data.types import MATH_PROMPT, Question
-from ncgrpo.eval.records import EvalRecord, RecordWriter, iter_records
+from ncgrpo.eval.records import LEGACY_DECODING, EvalRecord, RecordWriter, iter_records, record_producer
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import Score, score
 from ncgrpo.runs.folder import (
@@ -180,19 +180,6 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
             + f"{why}; use another --output_dir folder (records of different runs must not mix)"
         )
     return old
-
-
-#: Decoding fields a record written before they existed lacks: their value then.
-LEGACY_DECODING: dict[str, Any] = {"engine": "transformers", "grader": "ncgrpo"}
-
-
-def record_producer(record: EvalRecord) -> dict[str, Any]:
-    """What made a record, from the record alone: the model id, checkpoint, seed and the decoding
-    settings but the batch size (:data:`LEGACY_DECODING` for fields older records lack). Records carry
-    it so that a folder whose run.json is lost is still checked, and a table can tell its producers apart."""
-    decoding = {**LEGACY_DECODING, **record.decoding}
-    decoding.pop("batch_size", None)
-    return {"model": record.model, "checkpoint": record.checkpoint, "seed": record.seed, "decoding": decoding}
 
 
 def run_producer(run: dict[str, Any]) -> dict[str, Any]:
