@@ -148,3 +148,22 @@ def test_a_folder_from_before_content_ids_is_not_appended_to(models, suite_dir, 
     capsys.readouterr()
     assert _eval(a, suite_dir, out) == 2
     assert "before model ids hashed the weights' contents" in capsys.readouterr().err
+
+
+def test_a_cached_hub_model_is_its_revision_s_contents(models, tmp_path, monkeypatch) -> None:
+    """A hub id names no weights: its id hashes the cached snapshot, so another revision (the cache
+    updated between two evaluations) is another model."""
+    import huggingface_hub.constants
+
+    a, b = models
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--org--tiny"
+    assert model_id_of("org/tiny") == "org/tiny"  # not cached here: the id alone
+    for rev, src in (("1" * 40, a), ("2" * 40, b)):
+        shutil.copytree(src, repo / "snapshots" / rev)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1" * 40)
+    first = model_id_of("org/tiny")
+    assert first == f"org/tiny@{model_id_of(a).split('@')[1]}"
+    (repo / "refs" / "main").write_text("2" * 40)
+    assert model_id_of("org/tiny") not in (first, "org/tiny")

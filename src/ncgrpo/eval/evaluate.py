@@ -546,22 +546,40 @@ def file_sha256(path: str | Path, chunk: int = 1 << 24) -> str:
     return got
 
 
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot folder of a cached hub model (the revision ``from_pretrained`` loads offline),
+    or None when there is none here."""
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, not a repo id: the id is the name alone
+        return None
+
+
 def model_id_of(path: str | Path) -> str:
     """A short stable id for a model folder: its name, ``@``, and 12 hex digits of a sha256 over the
     contents of its weight files (:func:`weight_files`) and of the small files that change its
     answers (:data:`MODEL_ID_FILES`). Two folders of the same name with other weights (another seed,
-    a retrained run) get other ids; a path that is not here (a hub id) is its own id."""
+    a retrained run) get other ids. A hub id is hashed from its cached snapshot (``ID@hash``: another
+    revision is another model); one not cached here is its own id."""
     p = Path(path)
+    label = p.name
     if not p.exists():
-        return str(path)
+        snapshot = _hub_snapshot(str(path))
+        if snapshot is None:
+            return str(path)
+        p, label = snapshot, str(path)  # a cached hub id: the revision on disk, by its contents
     h = hashlib.sha256(f"ncgrpo model id ({MODEL_ID_RULE})\n".encode())
-    for name in MODEL_ID_FILES:
-        f = p / name
+    for small in MODEL_ID_FILES:
+        f = p / small
         if f.is_file():
-            h.update(f"{name}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+            h.update(f"{small}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
     for w in weight_files(p):
         h.update(f"{w.name}\0{w.stat().st_size}\0{file_sha256(w)}\n".encode())
-    return f"{p.name}@{h.hexdigest()[:12]}"
+    return f"{label}@{h.hexdigest()[:12]}"
 
 
 def evaluate(
