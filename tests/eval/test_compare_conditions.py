@@ -121,3 +121,15 @@ def test_unpaired_runs_on_other_data_are_refused(tmp_path) -> None:
         AlignmentError, match=r"question chartqa/q0 is not the same question .*prompt_hash other0 vs p0"
     ):
         compare(load_runs([base, one, two]), "Vanilla")
+
+
+def test_plot_gains_checks_the_runs_alike(tmp_path, capsys) -> None:
+    a = _run(tmp_path, "Vanilla", max_new_tokens=8)
+    b = _run(tmp_path, "NC", max_new_tokens=64)
+    out = tmp_path / "figures"
+    argv = ["plot", "gains", "--runs", str(a), str(b), "--baseline", "Vanilla", "--output_dir", str(out)]
+    assert cli.main(argv) == 2
+    assert "max_new_tokens is 8" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything is written
+    assert cli.main([*argv, "--allow_different", "max_new_tokens"]) == 0
+    assert (out / "gains.png").is_file()
