@@ -6,7 +6,8 @@ other questions under the same ids differ for reasons that are not training. :fu
 refuses such runs naming each differing field, its values and the folders that have them; the fields
 of :data:`MAY_DIFFER` may be allowed explicitly (``ncgrpo compare --allow_different FIELD``), and the
 difference is then returned for the table's header. Other benchmark data is never allowed: a paired
-test needs the same questions.
+test needs the same questions, and :func:`check_same_questions` checks them across all runs, also
+those no test pairs.
 
 What a run's conditions are is read from its records (each carries the decoding settings it was
 made with); fields that records written before them lack take their value then
