@@ -22,8 +22,9 @@ HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (
 DESCRIPTION = (
     HELP
     + ". Rerunning into the same --output_dir completes it: recorded questions are skipped. A folder holds "
-    "one model, engine, checkpoint, seed, split, benchmark set and decoding setting (run.json); only the batch "
-    "size may change between reruns. One writer per folder at a time (an advisory lock)."
+    "one model (by its weights' contents), engine, checkpoint, seed, split, benchmark set and decoding setting "
+    "(run.json, and each record); only the batch size may change between reruns, and a recorded question must "
+    "be the one asked again. One writer per folder at a time (an advisory lock)."
 )
 
 

@@ -98,15 +98,15 @@ MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size", "kind")  # kind: checked 
 #: The decoding engines of ``ncgrpo eval --engine``.
 ENGINES = ("transformers", "vllm")
 
-#: Values of identity keys added since folders were first written, for a run.json that lacks them:
-#: a folder from before ``engine`` existed was decoded by transformers.
 #: How :func:`model_id_of` makes an id (run.json ``model_id_rule``): from the weight files' contents.
 #: Folders written before the field existed hashed the weight files' names and sizes only
 #: (:data:`LEGACY_DEFAULTS`); appending to them is refused, as their records cannot be shown to be
 #: of the weights at hand.
 MODEL_ID_RULE = "weights-sha256"
 
-#: A folder from before ``model_id_rule`` existed named its model by the weight files' names and sizes.
+#: Values of identity keys added since folders were first written, for a run.json that lacks them:
+#: a folder from before ``engine`` existed was decoded by transformers, and one from before
+#: ``model_id_rule`` named its model by the weight files' names and sizes.
 LEGACY_DEFAULTS: dict[str, Any] = {"engine": "transformers", "model_id_rule": "weight-sizes"}
 
 
