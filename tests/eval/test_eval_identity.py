@@ -167,3 +167,16 @@ def test_a_cached_hub_model_is_its_revision_s_contents(models, tmp_path, monkeyp
     assert first == f"org/tiny@{model_id_of(a).split('@')[1]}"
     (repo / "refs" / "main").write_text("2" * 40)
     assert model_id_of("org/tiny") not in (first, "org/tiny")
+
+
+def test_an_adapter_s_id_includes_its_base_model(models, tmp_path) -> None:
+    """A PEFT adapter folder holds the adapter only; the model it defines is its base's weights too."""
+    a, b = models
+    ids = []
+    for base in (a, b):
+        folder = tmp_path / f"adapter-on-{base.parent.name}" / "run"
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+        (folder / "adapter_model.safetensors").write_bytes(b"the same adapter bytes")
+        ids.append(model_id_of(folder))
+    assert ids[0] != ids[1]

@@ -563,7 +563,7 @@ def model_id_of(path: str | Path) -> str:
     """A short stable id for a model folder: its name, ``@``, and 12 hex digits of a sha256 over the
     contents of its weight files (:func:`weight_files`) and of the small files that change its
     answers (:data:`MODEL_ID_FILES`). Two folders of the same name with other weights (another seed,
-    a retrained run) get other ids. A hub id is hashed from its cached snapshot (``ID@hash``: another
+    a retrained run) get other ids; a PEFT adapter folder's id includes its base model's. A hub id is hashed from its cached snapshot (``ID@hash``: another
     revision is another model); one not cached here is its own id."""
     p = Path(path)
     label = p.name
@@ -579,6 +579,12 @@ def model_id_of(path: str | Path) -> str:
             h.update(f"{small}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
     for w in weight_files(p):
         h.update(f"{w.name}\0{w.stat().st_size}\0{file_sha256(w)}\n".encode())
+    try:
+        base = adapter_base(p)
+    except ValueError:  # an unreadable adapter config: the load names it
+        base = None
+    if base is not None:  # a PEFT adapter is its base's weights too
+        h.update(f"base\0{model_id_of(base)}\n".encode())
     return f"{label}@{h.hexdigest()[:12]}"
 
 
