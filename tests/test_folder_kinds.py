@@ -213,7 +213,9 @@ def test_an_old_eval_folder_accepts_its_rerun_and_gains_its_kind(tmp_path: Path)
     ev = eval_folder(tmp_path)
     ident = run_identity(model_id="m", seed=0, name="base", settings=DecodingSettings(max_new_tokens=8),
                          split={"geo3k": "test"}, benchmarks=["geo3k"])  # fmt: skip
-    old = {**OLD_EVAL, "decoding": ident["decoding"]}
+    # a folder from before kinds but with today's model ids (one from before model_id_rule is refused:
+    # tests/eval/test_eval_identity.py)
+    old = {**OLD_EVAL, "decoding": ident["decoding"], "model_id_rule": ident["model_id_rule"]}
     (ev / RUN_FILE).write_text(json.dumps(old))
     assert check_folder(ev, ident) == old  # the identity of an old folder still matches
     _check_run_file(ev, ident)

@@ -202,8 +202,10 @@ def test_export_prints_the_same_table(tmp_path) -> None:
     part = tmp_path / "part"
     export([one], part)
     assert seed_table([part, two]) == seed_table([one, two])
-    # each file: a header with the run's display name, then the table's fields, sorted
+    # each file: a header with the run's display name and the decoding it was evaluated with (and its
+    # model id where the run.json has one), then the table's fields, sorted
     rows = _lines(dest / "ncgrpo-sigma0.2-seed1.jsonl.gz")
+    assert rows[0].pop("decoding")["grader"] == "ncgrpo"
     assert rows[0] == {
         "format": EXPORT_FORMAT,
         "name": "NC-GRPO σ0=0.2",
@@ -271,3 +273,51 @@ def test_export_command_line(tmp_path, capsys) -> None:
     (tmp_path / "file").write_text("x")
     assert main(["--export", str(tmp_path / "file"), str(one)]) == 2
     assert "exists and is not a folder" in capsys.readouterr().err
+
+
+def _set(run_dir: Path, **info) -> None:
+    """Add run.json fields (as ncgrpo eval writes them) to a hand-made run folder."""
+    path = run_dir / "run.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **info}))
+
+
+def test_shared_vanilla_runs_must_be_the_same_runs(tmp_path) -> None:
+    """Issue 35: two demo folders whose vanilla runs differ (e.g. other --max_steps) were paired: the
+    first folder's vanilla counted, the second's methods were tested against it."""
+    one, two = _folders(tmp_path)
+    # the same records, other trained weights (model ids hash the weights' contents)
+    _set(one / "eval" / "grpo-seed0", model="grpo-seed0@aaaaaaaaaaaa")
+    _set(two / "eval" / "grpo-seed0", model="grpo-seed0@bbbbbbbbbbbb")
+    with pytest.raises(ValueError, match=r"T2: its Vanilla GRPO seed 0 \(grpo-seed0\) differs from the first folder's "
+                       r"\(.*T1\): model is 'grpo-seed0@aaaaaaaaaaaa' there, 'grpo-seed0@bbbbbbbbbbbb' here"):  # fmt: skip
+        seed_table([one, two])
+    _set(two / "eval" / "grpo-seed0", model="grpo-seed0@aaaaaaaaaaaa")
+    assert seed_table([one, two])
+    # folders (or exports) without model ids: compared on their records
+    d = two / "eval" / "grpo-seed1"
+    rows = [json.loads(line) for line in (d / "records.jsonl").read_text().splitlines()]
+    rows[0]["correct"] = not rows[0]["correct"]
+    (d / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"grpo-seed1\) differs .*their records differ \(2 question outcome"):
+        seed_table([one, two])
+    dest = tmp_path / "export"
+    export([one], dest)
+    with pytest.raises(ValueError, match=r"their records differ"):
+        seed_table([dest, two])
+
+
+def test_runs_decoded_otherwise_are_refused(tmp_path) -> None:
+    one, two = _folders(tmp_path)
+    for folder in (one, two):
+        for d in (folder / "eval").iterdir():
+            _set(d, decoding={"max_new_tokens": 8, "grader": "ncgrpo"})
+    assert seed_table([one, two])
+    _set(two / "eval" / "ncgrpo-sigma0.2-seed1", decoding={"max_new_tokens": 64, "grader": "ncgrpo"})
+    with pytest.raises(ValueError, match=r"not evaluated under the same decoding settings: max_new_tokens is 8 .*, 64 "
+                       r"for ncgrpo-sigma0.2 seed 1"):  # fmt: skip
+        seed_table([one, two])
+    # an export keeps the decoding: the check holds on the committed form too
+    dest = tmp_path / "export"
+    export([one], dest)
+    with pytest.raises(ValueError, match="max_new_tokens is 8"):
+        seed_table([dest, two])

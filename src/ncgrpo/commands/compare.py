@@ -88,6 +88,29 @@ def eval_dirs(values: list[str], flag: str = "--runs") -> list[str]:
     return run_dirs(out, flag)
 
 
+#: ``--allow_different``'s help (``compare`` and ``plot gains``).
+ALLOW_DIFFERENT_HELP = (
+    "decoding settings the runs may differ in, space-separated: max_new_tokens, grader, engine; the "
+    "differences are printed above the tables. None: runs evaluated with other settings (or other "
+    "benchmark data) are refused, naming the difference"
+)
+
+
+def allowed_differences(values: list[str] | None) -> list[str]:
+    """``--allow_different``'s fields, each one that runs may differ in
+    (:data:`ncgrpo.eval.report.conditions.MAY_DIFFER`)."""
+    from ncgrpo.eval.report.conditions import MAY_DIFFER
+
+    fields = names_list(values, "--allow_different") or []
+    bad = [f for f in fields if f not in MAY_DIFFER]
+    if bad:
+        raise UsageError(
+            f"--allow_different {' '.join(bad)}: not a setting runs may differ in; one of "
+            f"{', '.join(MAY_DIFFER)} (the prompts and the benchmark data must be the same to pair questions)"
+        )
+    return fields
+
+
 @dataclass
 class CompareArgs:
     """Options of ``ncgrpo compare`` (checked in ``__post_init__``)."""
@@ -105,9 +128,11 @@ class CompareArgs:
     output_dir: str | None = field(
         default=None, metadata={"help": "write comparison.{md,tex,json} into this folder (was --out)"}
     )
+    allow_different: list[str] | None = field(default=None, metadata={"help": ALLOW_DIFFERENT_HELP})
 
     def __post_init__(self) -> None:
         self.runs = eval_dirs(self.runs)
+        self.allow_different = allowed_differences(self.allow_different)
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
@@ -129,7 +154,7 @@ def run(args: CompareArgs) -> int:
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
     from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
-    ct = compare(load_runs(args.runs), args.baseline, args.benchmarks)
+    ct = compare(load_runs(args.runs), args.baseline, args.benchmarks, allow_different=args.allow_different)
     print_rich(ct)
     if args.output_dir is not None:
         with report_folder(args.output_dir, "ncgrpo compare") as out:

@@ -22,8 +22,9 @@ HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (
 DESCRIPTION = (
     HELP
     + ". Rerunning into the same --output_dir completes it: recorded questions are skipped. A folder holds "
-    "one model, engine, checkpoint, seed, split, benchmark set and decoding setting (run.json); only the batch "
-    "size may change between reruns. One writer per folder at a time (an advisory lock)."
+    "one model (by its weights' contents), engine, checkpoint, seed, split, benchmark set and decoding setting "
+    "(run.json, and each record); only the batch size may change between reruns, and a recorded question must "
+    "be the one asked again. One writer per folder at a time (an advisory lock)."
 )
 
 
@@ -339,9 +340,9 @@ def run(args: EvalArgs) -> int:
 
     from ncgrpo.eval.evaluate import (
         DecodingSettings,
-        _check_roles,
         check_folder,
         check_images,
+        check_records,
         config_reads_images,
         evaluate,
         load_for_eval,
@@ -349,7 +350,7 @@ def run(args: EvalArgs) -> int:
         run_identity,
     )
     from ncgrpo.eval.questions import load_questions
-    from ncgrpo.runs.folder import RECORDS_FILE, FolderLock
+    from ncgrpo.runs.folder import FolderLock
 
     out = Path(args.output_dir)
     settings = DecodingSettings(
@@ -364,14 +365,17 @@ def run(args: EvalArgs) -> int:
         model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.rollout_method,
         settings=settings, split=args.splits(), benchmarks=args.benchmarks, engine=args.engine,
     )  # fmt: skip
-    check_folder(out, run_identity(**identity))  # a rerun of another identity: refused before loading
+    run_info = run_identity(**identity)
+    check_folder(out, run_info)  # a rerun of another identity: refused before loading
     FolderLock(out, what="ncgrpo eval").check()  # another writer: named now, before reading any question
     questions = load_questions(args.benchmarks, args.paths, args.split, args.limit, args.roles)
     if args.train_run is not None:
         _say_training_run(args, settings, out)
     try:  # image questions for a text-only model: refused from its config, before anything is written
         check_images(questions, config_reads_images(args.model_name_or_path), args.model_name_or_path)
-        _check_roles(out / RECORDS_FILE, questions)  # another role than the folder's: before the model loads
+        # records of another producer, other questions under the recorded ids, another role: before the
+        # model loads (the records are checked whether or not run.json is there)
+        check_records(out, run_info, questions, settings)
     except ValueError as e:
         raise UsageError(str(e)) from None
     # An existing folder is locked before the model loads, so a second eval into it fails at once;

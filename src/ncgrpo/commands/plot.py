@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncgrpo.commands._common import UsageError, add_dataclass_command, check_report_folder, report_folder
-from ncgrpo.commands.compare import _demo_runs, _kind, eval_dirs, names_list, run_dirs
+from ncgrpo.commands.compare import (
+    ALLOW_DIFFERENT_HELP,
+    _demo_runs,
+    _kind,
+    allowed_differences,
+    eval_dirs,
+    names_list,
+    run_dirs,
+)
 
 GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"
 DYNAMICS_HELP = "training reward, validation and the noise (first-token TV, sigma_k) against step"
@@ -67,12 +75,16 @@ class GainsArgs:
     output_dir: str = field(metadata={"help": "output folder: NAME.png and NAME.pdf (was --out)"})
     benchmarks: list[str] | None = field(default=None, metadata={"help": "benchmarks to show, in this order"})
     name: str = field(default="gains", metadata={"help": "file stem"})
+    allow_different: list[str] | None = field(
+        default=None, metadata={"help": ALLOW_DIFFERENT_HELP.replace("above the tables", "in the title")}
+    )
 
     def __post_init__(self) -> None:
         self.runs = eval_dirs(self.runs)
         if not self.baseline.strip():
             raise UsageError("--baseline is empty; give the name of the baseline configuration")
         self.benchmarks = names_list(self.benchmarks, "--benchmarks")
+        self.allow_different = allowed_differences(self.allow_different)
         self.output_dir = _out_folder(self.output_dir)
         self.name = _stem(self.name)
 
@@ -156,10 +168,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run_gains(args: GainsArgs) -> int:
     from ncgrpo.eval.plots import gains_figure, save_figure
-    from ncgrpo.eval.report import load_runs
+    from ncgrpo.eval.report import compare, load_runs
 
-    # the figure first: a refused input (an unknown baseline, runs that do not pair) writes nothing
-    fig = gains_figure(load_runs(args.runs), args.baseline, benchmarks=args.benchmarks)
+    # the figure first: a refused input (an unknown baseline, runs that do not pair, runs evaluated
+    # otherwise) writes nothing
+    ct = compare(load_runs(args.runs), args.baseline, args.benchmarks, allow_different=args.allow_different)
+    title = None
+    if ct.differences:
+        fields = ", ".join(d.split(" ", 1)[0] for d in ct.differences)
+        title = (
+            f"Gains over {ct.baseline} (its accuracy beneath each label; * p<0.05)\n"
+            f"runs evaluated with different {fields} (--allow_different)"
+        )
+    fig = gains_figure(ct, None, title=title)
     with report_folder(args.output_dir, "ncgrpo plot gains") as out:
         paths = save_figure(fig, out / args.name)
     print("wrote " + ", ".join(str(p) for p in paths))

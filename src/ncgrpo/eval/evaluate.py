@@ -28,7 +28,7 @@ import torch
 
 from ncgrpo.data.prompts import build_messages, image_hash, prompt_hash, render_prompt
 from ncgrpo.data.types import MATH_PROMPT, Question
-from ncgrpo.eval.records import EvalRecord, RecordWriter, iter_records
+from ncgrpo.eval.records import LEGACY_DECODING, EvalRecord, RecordWriter, iter_records, record_producer
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import Score, score
 from ncgrpo.runs.folder import (
@@ -98,9 +98,16 @@ MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size", "kind")  # kind: checked 
 #: The decoding engines of ``ncgrpo eval --engine``.
 ENGINES = ("transformers", "vllm")
 
+#: How :func:`model_id_of` makes an id (run.json ``model_id_rule``): from the weight files' contents.
+#: Folders written before the field existed hashed the weight files' names and sizes only
+#: (:data:`LEGACY_DEFAULTS`); appending to them is refused, as their records cannot be shown to be
+#: of the weights at hand.
+MODEL_ID_RULE = "weights-sha256"
+
 #: Values of identity keys added since folders were first written, for a run.json that lacks them:
-#: a folder from before ``engine`` existed was decoded by transformers.
-LEGACY_DEFAULTS: dict[str, Any] = {"engine": "transformers"}
+#: a folder from before ``engine`` existed was decoded by transformers, and one from before
+#: ``model_id_rule`` named its model by the weight files' names and sizes.
+LEGACY_DEFAULTS: dict[str, Any] = {"engine": "transformers", "model_id_rule": "weight-sizes"}
 
 
 def run_identity(
@@ -123,6 +130,7 @@ def run_identity(
     return {
         "kind": "eval",
         "model": model_id,
+        "model_id_rule": MODEL_ID_RULE,
         "engine": engine,
         "checkpoint": checkpoint,
         "seed": seed,
@@ -154,14 +162,117 @@ def check_folder(out_dir: str | Path, run: dict[str, Any]) -> dict[str, Any] | N
     check_folder_kind(out, "eval", "ncgrpo eval", info=old)
     if old is None:
         return None
-    for k in (k for k in run if k not in MAY_CHANGE_ON_RERUN):
-        was = old.get(k, LEGACY_DEFAULTS.get(k))
-        if was != run.get(k):
-            raise ValueError(
-                f"{path}: this folder holds records of {k}={was!r}, not {run.get(k)!r}; "
-                "use another --output_dir folder (records of different runs must not mix)"
+    diffs = [
+        (k, old.get(k, LEGACY_DEFAULTS.get(k)), run.get(k))
+        for k in run
+        if k not in MAY_CHANGE_ON_RERUN and old.get(k, LEGACY_DEFAULTS.get(k)) != run.get(k)
+    ]
+    if diffs:
+        why = ""
+        if any(k == "model_id_rule" for k, _, _ in diffs):
+            why = (
+                " (the folder was written before model ids hashed the weights' contents: its records "
+                "cannot be shown to be of these weights)"
             )
+        raise ValueError(
+            f"{path}: this folder holds records of another evaluation: "
+            + "; ".join(f"{k} is {was!r} there, {now!r} now" for k, was, now in diffs)
+            + f"{why}; use another --output_dir folder (records of different runs must not mix)"
+        )
     return old
+
+
+def run_producer(run: dict[str, Any]) -> dict[str, Any]:
+    """:func:`record_producer` of the records :func:`evaluate` writes for run.json content ``run``."""
+    decoding = {**LEGACY_DECODING, **(run.get("decoding") or {}), "engine": run.get("engine", "transformers")}
+    decoding.pop("batch_size", None)
+    return {"model": run["model"], "checkpoint": run["checkpoint"], "seed": run["seed"], "decoding": decoding}
+
+
+def _field_diffs(was: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, was, now) per differing field; a ``decoding`` dict is compared field by field."""
+    out = []
+    for k in dict.fromkeys([*was, *now]):
+        a, b = was.get(k), now.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [(f"{k}.{f}", x, y) for f, x, y in _field_diffs(a, b)]
+        elif a != b:
+            out.append((k, a, b))
+    return out
+
+
+def question_hashes(q: Question, settings: DecodingSettings) -> dict[str, str]:
+    """What a record says of its question (prompt text hash, figures' pixel hash, gold answer), as
+    :func:`evaluate` writes it for ``q`` under ``settings``."""
+    msgs = build_messages(q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt)
+    return {"prompt_hash": prompt_hash(msgs), "image_hash": image_hash(q.images), "gold": q.answer}
+
+
+def check_records(
+    out_dir: str | Path,
+    run: dict[str, Any],
+    questions: Sequence[Question],
+    settings: DecodingSettings,
+) -> None:
+    """Refuse to append to a folder whose records were made otherwise: reads ``records.jsonl`` only.
+
+    - every record's producer (:func:`record_producer`: model id, checkpoint, seed, decoding) must be
+      the one ``run`` writes: the check holds when run.json is lost or was replaced;
+    - a question asked again must be the question recorded (prompt hash, image hash, gold): benchmark
+      data changed on disk under the same ids is refused, not completed with other questions;
+    - a benchmark keeps the role its records have (``--data NAME=FILE:ROLE``).
+
+    Each message names the differing fields with both values.
+    """
+    path = Path(out_dir) / RECORDS_FILE
+    if not path.exists():
+        return
+    want = run_producer(run)
+    asked = {(q.benchmark, q.question_id): q for q in questions}
+    producer_diffs: dict[str, tuple[Any, Any, str]] = {}
+    roles: dict[str, str] = {}
+    changed: list[str] = []
+    n_changed = 0
+    for r in iter_records(path):
+        for k, was, now in _field_diffs(record_producer(r), want):
+            producer_diffs.setdefault(k, (was, now, f"{r.benchmark}/{r.question_id}"))
+        roles.setdefault(r.benchmark, r.role)
+        q = asked.get(r.key)
+        if q is None:
+            continue
+        h = question_hashes(q, settings)
+        diff = [
+            f"{k} {getattr(r, k)!r} recorded, {h[k]!r} now"
+            for k in ("prompt_hash", "image_hash", "gold")
+            if getattr(r, k) and h[k] != getattr(r, k)  # "" in records older than the field: unknown
+        ]
+        if diff:
+            n_changed += 1
+            if len(changed) < 3:
+                changed.append(f"{r.benchmark}/{r.question_id} ({', '.join(diff)})")
+    if producer_diffs:
+        raise ValueError(
+            f"{path}: these records were made by another evaluation: "
+            + "; ".join(
+                f"{k} is {a!r} in the records (e.g. {where}), {b!r} now"
+                for k, (a, b, where) in producer_diffs.items()
+            )
+            + "; use another --output_dir folder (records of different runs must not mix)"
+        )
+    if changed:
+        more = f" and {n_changed - len(changed)} more" if n_changed > len(changed) else ""
+        raise ValueError(
+            f"{path}: {n_changed} recorded question(s) are not the questions asked now under the same ids: "
+            f"{'; '.join(changed)}{more}; the benchmark data changed since they were recorded: evaluate into "
+            "another --output_dir folder (or restore the data they were recorded on)"
+        )
+    for q in questions:
+        was = roles.get(q.benchmark)
+        if was is not None and was != q.role:
+            raise ValueError(
+                f"{path}: benchmark {q.benchmark!r} is recorded with role {was!r}, not {q.role!r}; "
+                "evaluate with the role it had, or into another --output_dir"
+            )
 
 
 def _check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
@@ -179,23 +290,6 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
     if merged != old:
         atomic_write_json(out_dir / RUN_FILE, merged)
     return merged
-
-
-def _check_roles(records_path: Path, questions: Sequence[Question]) -> None:
-    """Refuse questions whose role differs from the one the folder's records of their benchmark have
-    (``--data NAME=FILE:ROLE`` changed between reruns): one benchmark, one role, one table."""
-    if not records_path.exists():
-        return
-    recorded: dict[str, str] = {}
-    for r in iter_records(records_path):
-        recorded.setdefault(r.benchmark, r.role)
-    for q in questions:
-        was = recorded.get(q.benchmark)
-        if was is not None and was != q.role:
-            raise ValueError(
-                f"{records_path}: benchmark {q.benchmark!r} is recorded with role {was!r}, not {q.role!r}; "
-                "evaluate with the role it had, or into another --output_dir"
-            )
 
 
 @torch.no_grad()
@@ -401,19 +495,97 @@ def load_adapter(
     return model, processor
 
 
-def model_id_of(path: str | Path) -> str:
-    """A short stable id for a model folder: its name plus a hash of its config and weights index."""
+#: The small files of a model folder that change what it answers (config, tokenizer, chat template,
+#: processor); their bytes are part of :func:`model_id_of`. Training state (``trainer_state.json``,
+#: ``optimizer.pt``, ``training_args.bin``, ...) is not.
+MODEL_ID_FILES = (
+    "config.json",
+    "generation_config.json",
+    "adapter_config.json",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "processor_config.json",
+    "preprocessor_config.json",
+)
+#: ``*.bin`` files of a checkpoint that are not weights.
+NOT_WEIGHTS = frozenset({"training_args.bin"})
+
+_HASHES: dict[tuple[str, int, int, int, int], str] = {}  # (path, size, mtime_ns, inode, device) -> sha256
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """The weight files of a model folder: ``*.safetensors`` and ``*.bin`` (full models and PEFT
+    adapters, sharded or not; not ``training_args.bin``), sorted by name."""
     p = Path(path)
-    h = hashlib.sha256()
-    for name in ("config.json", "model.safetensors.index.json", "generation_config.json"):
-        f = p / name
-        if f.exists():
-            h.update(f.read_bytes())
-    weights = sorted(p.glob("*.safetensors"))
-    for w in weights:
-        h.update(w.name.encode())
-        h.update(str(w.stat().st_size).encode())
-    return f"{p.name}@{h.hexdigest()[:12]}" if p.exists() else str(path)
+    found = [*p.glob("*.safetensors"), *p.glob("*.bin")]
+    return sorted(f for f in found if f.is_file() and f.name not in NOT_WEIGHTS)
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 24) -> str:
+    """sha256 hex of a file's bytes, read in ``chunk``-byte pieces (a 15 GB shard never sits in memory).
+    Cached for the process by (path, size, mtime, inode): a model's weights are read once per
+    evaluation, and a rewritten file (``train --overwrite``) changes its mtime and is read again."""
+    f = Path(path)
+    st = f.stat()
+    key = (str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+    got = _HASHES.get(key)
+    if got is None:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while block := fh.read(chunk):
+                h.update(block)
+        got = _HASHES[key] = h.hexdigest()
+    return got
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot folder of a cached hub model (the revision ``from_pretrained`` loads offline),
+    or None when there is none here."""
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, not a repo id: the id is the name alone
+        return None
+
+
+def model_id_of(path: str | Path) -> str:
+    """A short stable id for a model folder: its name, ``@``, and 12 hex digits of a sha256 over the
+    contents of its weight files (:func:`weight_files`) and of the small files that change its
+    answers (:data:`MODEL_ID_FILES`). Two folders of the same name with other weights (another seed,
+    a retrained run) get other ids; a PEFT adapter folder's id includes its base model's. A hub id is hashed from its cached snapshot (``ID@hash``: another
+    revision is another model); one not cached here is its own id."""
+    p = Path(path)
+    label = p.name
+    if not p.exists():
+        snapshot = _hub_snapshot(str(path))
+        if snapshot is None:
+            return str(path)
+        p, label = snapshot, str(path)  # a cached hub id: the revision on disk, by its contents
+    h = hashlib.sha256(f"ncgrpo model id ({MODEL_ID_RULE})\n".encode())
+    for small in MODEL_ID_FILES:
+        f = p / small
+        if f.is_file():
+            h.update(f"{small}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+    for w in weight_files(p):
+        h.update(f"{w.name}\0{w.stat().st_size}\0{file_sha256(w)}\n".encode())
+    try:
+        base = adapter_base(p)
+    except ValueError:  # an unreadable adapter config: the load names it
+        base = None
+    if base is not None:  # a PEFT adapter is its base's weights too
+        h.update(f"base\0{model_id_of(base)}\n".encode())
+    return f"{label}@{h.hexdigest()[:12]}"
 
 
 def evaluate(
@@ -456,6 +628,7 @@ def evaluate(
         raise ValueError(f"question {dup[0]}/{dup[1]} appears twice in the evaluation set")
     out = Path(out_dir)
     check_folder(out, run_info)  # refused here, nothing is written (not even the lock file)
+    check_records(out, run_info, questions, settings)  # the records too: run.json may be lost
     with FolderLock(out, what="ncgrpo eval"):
         return _evaluate_locked(model, processor, questions, out, run_info, settings, progress)
 
@@ -470,7 +643,6 @@ def _evaluate_locked(
     progress: bool,
 ) -> EvalSummary:
     records_path = out / RECORDS_FILE
-    _check_roles(records_path, questions)
     folder = _check_run_file(out, run_info)
     decoding = {**settings.to_dict(), "engine": run_info["engine"]}
     uids = [(q.benchmark, q.question_id) for q in questions]

@@ -81,6 +81,20 @@ class EvalRecord:
         return (self.role, self.gold, self.extracted, self.correct)
 
 
+#: Decoding fields a record (or run.json) written before they existed lacks: their value then.
+LEGACY_DECODING: dict[str, Any] = {"engine": "transformers", "grader": "ncgrpo"}
+
+
+def record_producer(record: EvalRecord) -> dict[str, Any]:
+    """What made a record, from the record alone: the model id (a hash of its weights' contents since
+    run.json ``model_id_rule`` ``weights-sha256``), checkpoint, seed and the decoding settings but the
+    batch size (:data:`LEGACY_DECODING` for fields older records lack). Records carry it so that a
+    folder whose run.json is lost is still checked, and a comparison can tell its producers apart."""
+    decoding = {**LEGACY_DECODING, **record.decoding}
+    decoding.pop("batch_size", None)
+    return {"model": record.model, "checkpoint": record.checkpoint, "seed": record.seed, "decoding": decoding}
+
+
 class DuplicateRecordError(ValueError):
     """One question recorded twice with different outcomes (e.g. two writers into one folder)."""
 

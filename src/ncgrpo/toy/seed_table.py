@@ -101,17 +101,31 @@ class MethodRows:
     seeds: dict[int, list[TableRecord]] = field(default_factory=dict)
 
 
-# One run in a folder: (slug, seed, read it -> (name, records)); read only if the run is used.
-_Entry = tuple[str, int, Callable[[], tuple[str, list[TableRecord]]]]
+#: What says which run produced a folder's records, beside the records: the evaluated model's id (a
+#: hash of its weights' contents, ``ncgrpo.eval.evaluate.model_id_of``) and the decoding settings
+#: (``ncgrpo.eval.report.conditions.run_conditions``). None where unknown: an export written before
+#: these were kept, or a run.json without them; such runs are compared on their records alone.
+Provenance = dict[str, Any]
+# One run in a folder: (slug, seed, read it -> (name, records, provenance)); read only if the run is used.
+_Entry = tuple[str, int, Callable[[], tuple[str, list[TableRecord], Provenance]]]
 
 
-def _demo_folder(folder: Path) -> tuple[Callable[[], list[TableRecord]] | None, list[_Entry]]:
+def _provenance(run: Any) -> Provenance:
+    from ncgrpo.eval.report.conditions import run_conditions
+
+    return {"model": run.info.get("model"), "decoding": run_conditions(run)}
+
+
+def _demo_folder(
+    folder: Path,
+) -> tuple[Callable[[], tuple[list[TableRecord], Provenance]] | None, list[_Entry]]:
     eval_root = folder / "eval"
     base = None
     if (eval_root / BASE_DIR / "records.jsonl").is_file():
 
-        def base() -> list[TableRecord]:
-            return [TableRecord.of(r) for r in load_run(eval_root / BASE_DIR).records]
+        def base() -> tuple[list[TableRecord], Provenance]:
+            run = load_run(eval_root / BASE_DIR)
+            return [TableRecord.of(r) for r in run.records], _provenance(run)
 
     entries: list[_Entry] = []
     for d in sorted(eval_root.iterdir()):
@@ -119,20 +133,23 @@ def _demo_folder(folder: Path) -> tuple[Callable[[], list[TableRecord]] | None, 
         if m is None or not (d / "records.jsonl").is_file():
             continue
 
-        def read(d: Path = d) -> tuple[str, list[TableRecord]]:
+        def read(d: Path = d) -> tuple[str, list[TableRecord], Provenance]:
             run = load_run(d)
-            return re.sub(r" \(seed \d+\)$", "", run.name), [TableRecord.of(r) for r in run.records]
+            name = re.sub(r" \(seed \d+\)$", "", run.name)
+            return name, [TableRecord.of(r) for r in run.records], _provenance(run)
 
         entries.append((m.group(1), int(m.group(2)), read))
     return base, entries
 
 
-def _export_folder(folder: Path) -> tuple[Callable[[], list[TableRecord]] | None, list[_Entry]]:
+def _export_folder(
+    folder: Path,
+) -> tuple[Callable[[], tuple[list[TableRecord], Provenance]] | None, list[_Entry]]:
     base = None
     if (folder / BASE_FILE).is_file():
 
-        def base() -> list[TableRecord]:
-            return _read_export(folder / BASE_FILE, "base", None)[1]
+        def base() -> tuple[list[TableRecord], Provenance]:
+            return _read_export(folder / BASE_FILE, "base", None)[1:]
 
     entries: list[_Entry] = []
     for path in sorted(folder.iterdir()):
@@ -151,9 +168,22 @@ def _is_export(folder: Path) -> bool:
 
 
 def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[str, MethodRows]]:
-    """(base records, {run slug: rows}) from demo ``--out`` folders or ``--export`` folders, vanilla first."""
+    """(base records, {run slug: rows}) from demo ``--out`` folders or ``--export`` folders, vanilla first.
+
+    A run found in several folders (vanilla GRPO, shared by demos split with ``--rollout_methods``; the
+    base model) must be the same run in each: the same model id (its weights' contents) and decoding
+    where both folders record them, and the same records; and every run was decoded alike. Else an
+    error names the difference and both folders."""
+    return _load(folders)[:2]
+
+
+def _load(
+    folders: Sequence[str | Path],
+) -> tuple[list[TableRecord], dict[str, MethodRows], dict[tuple[str, int | None], Provenance]]:
+    """:func:`load_runs`, and each run's provenance by (slug, seed) (``("base", None)``: the base's)."""
     base: list[TableRecord] | None = None
     runs: dict[str, MethodRows] = {}
+    seen: dict[tuple[str, int | None], tuple[Path, list[TableRecord], Provenance]] = {}
     for folder in map(Path, folders):
         if (folder / "eval").is_dir():
             read_base, entries = _demo_folder(folder)
@@ -165,17 +195,26 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[st
                 "(or a folder written by --export)"
             )
         if read_base is not None:
-            here = read_base()
+            here, prov = read_base()
+            _same_run(seen, ("base", None), "its base-model records differ", folder, here, prov)
             if base is None:
                 base = here
-            elif _base_key(here) != _base_key(base):
-                raise ValueError(f"{folder}: its base-model records differ from the first folder's")
         for slug, seed, read in entries:
-            if slug in runs and seed in runs[slug].seeds:
-                continue  # vanilla repeated in several folders: the first one counts
-            name, records = read()
+            name, records, prov = read()
+            # a run in several folders (vanilla, shared by demos split with --rollout_methods) must be
+            # the same run in each: the first one counts
+            if not _same_run(
+                seen,
+                (slug, seed),
+                f"its {name} seed {seed} ({slug}-seed{seed}) differs",
+                folder,
+                records,
+                prov,
+            ):
+                continue
             rows = runs.setdefault(slug, MethodRows(name))
             rows.seeds[seed] = records
+    _same_decoding(seen)
     if base is None:
         raise ValueError("no base-model records (eval/base) in any folder")
     if VANILLA_SLUG not in runs:
@@ -194,7 +233,55 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[st
                     )
     ordered = {VANILLA_SLUG: runs.pop(VANILLA_SLUG)}
     ordered.update(sorted(runs.items(), key=lambda kv: _row_order(kv[0])))
-    return base, ordered
+    return base, ordered, {key: prov for key, (_, _, prov) in seen.items()}
+
+
+def _same_run(
+    seen: dict[tuple[str, int | None], tuple[Path, list[TableRecord], Provenance]],
+    key: tuple[str, int | None],
+    what: str,
+    folder: Path,
+    records: list[TableRecord],
+    prov: Provenance,
+) -> bool:
+    """True for the first folder with run ``key``; for a later one, check it is the same run (the same
+    model and decoding where both folders say, the same records) and return False, else raise naming
+    each difference and both folders."""
+    first = seen.setdefault(key, (folder, records, prov))
+    if first[0] == folder:
+        return True
+    was_folder, was_records, was_prov = first
+    diffs = [
+        f"{k} is {was_prov[k]!r} there, {prov[k]!r} here"
+        for k in ("model", "decoding")
+        if was_prov.get(k) is not None and prov.get(k) is not None and was_prov[k] != prov[k]
+    ]
+    if _base_key(records) != _base_key(was_records):
+        n = len(set(_base_key(records)) ^ set(_base_key(was_records)))
+        diffs.append(f"their records differ ({n} question outcome(s) differ between the two)")
+    if diffs:
+        raise ValueError(
+            f"{folder}: {what} from the first folder's ({was_folder}): {'; '.join(diffs)}; the folders must "
+            "share these runs (demos run with the same settings but --rollout_methods): pass folders of one "
+            "experiment"
+        )
+    return False
+
+
+def _same_decoding(seen: dict[tuple[str, int | None], tuple[Path, list[TableRecord], Provenance]]) -> None:
+    """Every run of the table (base included) decoded under the same settings, where known."""
+    known = [
+        (key, folder, prov["decoding"]) for key, (folder, _, prov) in seen.items() if prov.get("decoding")
+    ]
+    for key, folder, decoding in known[1:]:
+        if decoding != known[0][2]:
+            k0, f0, d0 = known[0]
+            diff = "; ".join(
+                f"{k} is {d0.get(k)!r} for {k0[0]} in {f0}, {decoding.get(k)!r} for {key[0]} seed {key[1]} in {folder}"
+                for k in dict.fromkeys([*d0, *decoding])
+                if d0.get(k) != decoding.get(k)
+            )
+            raise ValueError(f"the runs were not evaluated under the same decoding settings: {diff}")
 
 
 def _base_key(records: Sequence[TableRecord]) -> list[tuple[Any, ...]]:
@@ -326,8 +413,10 @@ def _export_bytes(header: dict[str, Any], records: Sequence[TableRecord]) -> byt
     return gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0)
 
 
-def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[TableRecord]]:
-    """(name, records) of one export file; errors name the file and line."""
+def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[TableRecord], Provenance]:
+    """(name, records, provenance) of one export file; errors name the file and line. The header's
+    ``model`` and ``decoding`` are the provenance; an export written before they were kept has
+    neither (None: its runs are compared on their records alone)."""
     try:
         data = gzip.decompress(path.read_bytes())
     except (OSError, EOFError, zlib.error) as e:
@@ -360,7 +449,7 @@ def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[Tab
         records.append(TableRecord(**{f: row[f] for f in fields}))
     if not records:
         raise ValueError(f"{path}: no records")
-    return name, records
+    return name, records, {"model": header.get("model"), "decoding": header.get("decoding")}
 
 
 def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path], list[Path]]:
@@ -370,15 +459,20 @@ def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path],
 
     Raises if the table read back from ``dest`` is not the table of ``folders`` (a bug, not bad input).
     """
-    base, runs = load_runs(folders)
+    base, runs, provenance = _load(folders)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--export {dest} exists and is not a folder")
     dest.mkdir(parents=True, exist_ok=True)
-    files = {BASE_FILE: _export_bytes({"slug": "base", "seed": None, "name": "Base model"}, base)}
+
+    def known(key: tuple[str, int | None]) -> dict[str, Any]:  # the provenance the folders recorded
+        return {k: v for k, v in provenance.get(key, {}).items() if v is not None}
+
+    header = {"slug": "base", "seed": None, "name": "Base model", **known(("base", None))}
+    files = {BASE_FILE: _export_bytes(header, base)}
     for slug, rows in runs.items():
         for seed in sorted(rows.seeds):
-            header = {"slug": slug, "seed": seed, "name": rows.name}
+            header = {"slug": slug, "seed": seed, "name": rows.name, **known((slug, seed))}
             files[f"{slug}-seed{seed}.jsonl.gz"] = _export_bytes(header, rows.seeds[seed])
     for name, data in files.items():
         atomic_write_bytes(dest / name, data)

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ncgrpo.data.benchmarks import BENCHMARKS, known_benchmark
+from ncgrpo.eval.report.conditions import check_comparable, check_same_questions
 from ncgrpo.eval.report.runs import Run, _seed_key, pair_seeds
 from ncgrpo.eval.report.table import Cell, Column, ComparisonTable, Row, SeedTestEntry, Table, TestEntry
 from ncgrpo.eval.stats import (
@@ -179,13 +180,23 @@ def _build(
     return table
 
 
-def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None = None) -> ComparisonTable:
+def compare(
+    runs: Sequence[Run],
+    baseline: str,
+    benchmarks: Sequence[str] | None = None,
+    *,
+    allow_different: Sequence[str] = (),
+) -> ComparisonTable:
     """Build the main (in-domain + OOD) and general tables of ``runs`` against ``baseline``.
 
     ``benchmarks`` restricts (and orders) the columns; by default every benchmark in the runs, in the
     paper's order for the benchmarks it reports. Raises ``stats.AlignmentError`` when a
-    configuration and the baseline did not answer the same questions of a benchmark.
+    configuration and the baseline did not answer the same questions of a benchmark, and ValueError
+    when the runs were not evaluated under the same conditions (:func:`~ncgrpo.eval.report.conditions.
+    check_comparable`: benchmark data, decoding settings, grader, engine) but for the fields
+    ``allow_different`` names, whose differences the table then carries in ``differences``.
     """
+    differences = check_comparable(runs, allow_different)
     groups: dict[str, list[Run]] = {}
     for r in runs:
         groups.setdefault(r.name, []).append(r)
@@ -240,6 +251,8 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
             seed_tests=seed_tests,
             seed_null=seed_null,
         )
+    # the pairs tested above were checked by align; this covers the cells no test pairs
+    check_same_questions(runs)
     if main is None:
         main = Table(title="Reasoning benchmarks", columns=[], rows=[])
     if tests:
@@ -248,5 +261,11 @@ def compare(runs: Sequence[Run], baseline: str, benchmarks: Sequence[str] | None
         for t, hp, bp in zip(tests, holm_p, bonf_p, strict=True):
             t.holm_p, t.bonferroni_p = float(hp), float(bp)
     return ComparisonTable(
-        baseline=baseline, main=main, general=general, tests=tests, seed_tests=seed_tests, seed_null=seed_null
+        baseline=baseline,
+        main=main,
+        general=general,
+        tests=tests,
+        seed_tests=seed_tests,
+        seed_null=seed_null,
+        differences=differences,
     )

@@ -114,6 +114,16 @@ class ComparisonTable:
     tests: list[TestEntry]
     seed_tests: list[SeedTestEntry] = field(default_factory=list)
     seed_null: dict[str, SeedNull] = field(default_factory=dict)  # scope -> the baseline's seed-to-seed
+    #: Conditions the runs differ in, allowed explicitly (``compare(allow_different=...)``): one line
+    #: each, shown above the tables.
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def header(self) -> str | None:
+        """The line above the tables where the runs were not evaluated alike (None where they were)."""
+        if not self.differences:
+            return None
+        return "Runs evaluated under different conditions (allowed): " + " | ".join(self.differences)
 
     @property
     def notes(self) -> list[str]:
@@ -182,4 +192,5 @@ class ComparisonTable:
                 scope: {"baseline": self.baseline, **null.to_dict()} for scope, null in self.seed_null.items()
             },
             "notes": self.notes,
+            "differences": self.differences,
         }
