@@ -79,7 +79,10 @@ def _train(out: Path) -> list[str]:
 
 
 def _eval(out: Path) -> list[str]:
-    return ["eval", "--model_name_or_path", "/no/model", "--benchmarks", "geo3k", "--output_dir", str(out)]
+    # a model folder that exists (the embedded base; the model source is checked first), never loaded:
+    # every refusal below comes before the model
+    base = str(ROOT / "src/ncgrpo/toy/assets/base")
+    return ["eval", "--model_name_or_path", base, "--benchmarks", "geo3k", "--output_dir", str(out)]
 
 
 # ------------------------------------------------------------------------------- the folder kinds

@@ -71,6 +71,22 @@ def test_model_id_is_the_weights_content_not_the_folder_name(models, tmp_path) -
     assert file_sha256(w) == file_sha256(copy / w.name)
 
 
+def test_how_a_model_was_loaded_is_not_part_of_its_id(models, tmp_path) -> None:
+    """save_pretrained copies hub access options into tokenizer_config.json (``local_files_only`` is true
+    where the model was saved with HF_HUB_OFFLINE set): the same weights and tokenizer saved in two
+    processes must get one id. What changes answers (the chat template) still changes it."""
+    a, _ = models
+    copy = Path(shutil.copytree(a, tmp_path / "copy" / a.name))
+    cfg_file = copy / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["local_files_only"] = not cfg.get("local_files_only", False)
+    cfg_file.write_text(json.dumps(cfg, indent=4))
+    assert model_id_of(copy) == model_id_of(a)
+    cfg["chat_template"] = (cfg.get("chat_template") or "") + "{# another template #}"
+    cfg_file.write_text(json.dumps(cfg))
+    assert model_id_of(copy) != model_id_of(a)
+
+
 def test_two_runs_checkpoints_of_one_name_do_not_share_a_folder(models, suite_dir, tmp_path, capsys) -> None:
     a, b = models
     out = tmp_path / "eval"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -559,6 +560,27 @@ def _hub_snapshot(repo_id: str) -> Path | None:
         return None
 
 
+#: keys ``save_pretrained`` copies into a tokenizer's or processor's JSON from how it was LOADED (hub
+#: access options), which change no answer: a model saved in a process with ``HF_HUB_OFFLINE`` set writes
+#: ``"local_files_only": true``, the same model saved elsewhere ``false``
+LOAD_OPTIONS = frozenset({"local_files_only", "cache_dir", "token", "use_auth_token", "force_download", "proxies"})
+
+
+def _answer_bytes(f: Path) -> bytes:
+    """What of a small model file can change an answer: a JSON file without :data:`LOAD_OPTIONS` (keys
+    sorted), any other file as it is."""
+    data = f.read_bytes()
+    if f.suffix != ".json":
+        return data
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return data  # not JSON after all: hashed as it is
+    if isinstance(obj, dict):
+        obj = {k: v for k, v in obj.items() if k not in LOAD_OPTIONS}
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()
+
+
 def model_id_of(path: str | Path) -> str:
     """A short stable id for a model folder: its name, ``@``, and 12 hex digits of a sha256 over the
     contents of its weight files (:func:`weight_files`) and of the small files that change its
@@ -576,7 +598,7 @@ def model_id_of(path: str | Path) -> str:
     for small in MODEL_ID_FILES:
         f = p / small
         if f.is_file():
-            h.update(f"{small}\0{hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode())
+            h.update(f"{small}\0{hashlib.sha256(_answer_bytes(f)).hexdigest()}\n".encode())
     for w in weight_files(p):
         h.update(f"{w.name}\0{w.stat().st_size}\0{file_sha256(w)}\n".encode())
     try:
