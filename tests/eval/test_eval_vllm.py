@@ -137,7 +137,7 @@ def test_vllm_records_equal_transformers_records_question_by_question(
     # a rerun on the other engine into the vLLM folder is refused before the model loads
     capsys.readouterr()
     assert cli.main(argv(model_dir, data, tmp_path / "vllm", "transformers", "--device", "cpu")) == 2
-    assert "engine='vllm', not 'transformers'" in capsys.readouterr().err
+    assert "engine is 'vllm' there, 'transformers' now" in capsys.readouterr().err
     assert comparable(tmp_path / "vllm" / RECORDS_FILE) == v
 
 
