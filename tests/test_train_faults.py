@@ -34,11 +34,17 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return model, write_geo3k_parquet(tmp_path_factory.mktemp("geo3k"))
 
 
-def _cmd(out: Path, model: Path, data: Path) -> list[str]:
+#: the method of the killed runs: SPSA (its mu is restored from the checkpoint)
+SPSA = ("--rollout_method", "spsa", "--sigma0", "1.0", "--spsa_lr", "5.0")
+#: the target schedule: sigma_k solved per generation from the weights, so a resume must solve the same
+TARGET = ("--rollout_method", "latent", "--target_marginal_tv", "0.002", "--sigma_schedule", "constant")
+
+
+def _cmd(out: Path, model: Path, data: Path, method: tuple[str, ...] = SPSA) -> list[str]:
     return [
         sys.executable, "-m", "ncgrpo", "train", "--config", str(TINY_RECIPE), "--output_dir", str(out),
         "--dataset_name", "geo3k", "--dataset_path", str(data), "--model_name_or_path", str(model),
-        "--rollout_method", "spsa", "--sigma0", "1.0", "--spsa_lr", "5.0",
+        *method,
         "--num_generations", "4", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
         "--max_completion_length", "6", "--max_steps", str(STEPS), "--save_strategy", "steps",
         "--save_steps", "1", "--resume",
@@ -59,8 +65,8 @@ def _finished(out: Path) -> bool:
         return False
 
 
-def _run_to_end(out: Path, model: Path, data: Path) -> None:
-    r = subprocess.run(_cmd(out, model, data), env=_env(), capture_output=True, text=True, timeout=600)
+def _run_to_end(out: Path, model: Path, data: Path, method: tuple[str, ...] = SPSA) -> None:
+    r = subprocess.run(_cmd(out, model, data, method), env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -107,7 +113,9 @@ def _reached(out: Path, event: tuple[str, int], stale_inode: int | None) -> bool
     return step in _logged_steps(path)
 
 
-def _kill_loop(out: Path, model: Path, data: Path, kills: int, seed: int) -> list[tuple[str, int, float]]:
+def _kill_loop(
+    out: Path, model: Path, data: Path, kills: int, seed: int, method: tuple[str, ...] = SPSA
+) -> list[tuple[str, int, float]]:
     """Start the run, SIGKILL it at a seeded point of its OBSERVED progress, repeat ``kills`` times or
     until it finished; then run it to the end. A kill point is an event of the attempt (a step logged,
     or a checkpoint written, at a seeded step that leaves training to do) plus a seeded delay of at most
@@ -126,7 +134,7 @@ def _kill_loop(out: Path, model: Path, data: Path, kills: int, seed: int) -> lis
         event = (rng.choice(("logged", "saved")), rng.randint(start + 1, STEPS - 1))
         delay = rng.uniform(0.0, 0.05)
         p = subprocess.Popen(
-            _cmd(out, model, data), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            _cmd(out, model, data, method), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         deadline = time.monotonic() + 600
         while p.poll() is None and not _reached(out, event, stale):
@@ -141,7 +149,7 @@ def _kill_loop(out: Path, model: Path, data: Path, kills: int, seed: int) -> lis
         else:
             assert p.returncode == 0, p.stderr.read().decode()[-3000:]
     if not _finished(out):
-        _run_to_end(out, model, data)
+        _run_to_end(out, model, data, method)
     return landed
 
 
@@ -154,10 +162,10 @@ def _check_same_as_uninterrupted(out: Path, ref: Path) -> None:
     assert logged == list(range(1, STEPS + 1)), logged
 
 
-def _reference(tmp_path: Path, setup) -> Path:
+def _reference(tmp_path: Path, setup, method: tuple[str, ...] = SPSA) -> Path:
     model, data = setup
     ref = tmp_path / "ref"
-    _run_to_end(ref, model, data)
+    _run_to_end(ref, model, data, method)
     return ref
 
 
@@ -169,6 +177,26 @@ def test_train_killed_twice_resumes_to_the_same_weights(tmp_path: Path, setup) -
     # the first kill waits for an event with at least one more optimizer step behind it, then <= 50 ms
     assert landed, "no kill landed before the run finished"
     _check_same_as_uninterrupted(out, ref)
+
+
+def _logged(out: Path, name: str) -> list[float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r[name] for r in rows if "loss" in r]
+
+
+def test_target_schedule_killed_twice_resumes_to_the_same_sigmas_and_weights(tmp_path: Path, setup) -> None:
+    """target_marginal_tv: each sigma_k is solved from the weights and batch of its step, and the solve
+    draws no random state, so a run killed twice and resumed solves the uninterrupted run's sigma_k
+    sequence bit for bit and ends in its weights."""
+    model, data = setup
+    ref = _reference(tmp_path, setup, TARGET)
+    out = tmp_path / "killed"
+    landed = _kill_loop(out, model, data, kills=2, seed=1, method=TARGET)
+    assert landed, "no kill landed before the run finished"
+    _check_same_as_uninterrupted(out, ref)
+    sigmas = _logged(ref, "noise/sigma_k")
+    assert _logged(out, "noise/sigma_k") == sigmas and len(set(sigmas)) == STEPS  # solved anew each step
+    assert _logged(out, "noise/target_achieved_tv") == _logged(ref, "noise/target_achieved_tv")
 
 
 @pytest.mark.slow

@@ -51,6 +51,28 @@ def test_two_processes_plan_rows_like_one(tmp_path) -> None:
     assert r0["param_sum"] == r1["param_sum"]
 
 
+def test_target_schedule_solves_one_sigma_on_every_process_as_one_process_does(tmp_path) -> None:
+    """target_marginal_tv: each evaluation of the solve sums the ranks' TVs, so both ranks (rank 1 holds
+    only noisy rows: no prompt of its own to count) solve the one-process sigma_k, and the logged TV of
+    what was generated is the target's."""
+    args = ["--method", "latent", "--target", "0.002"]
+    run_torchrun(SCRIPT, str(tmp_path / "two"), "--per-device", "2", *args, cwd=tmp_path)
+    _run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "--per-device", "4", *args], tmp_path)
+    r0, r1 = (json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1))
+    one = json.loads((tmp_path / "one" / "rank0.json").read_text())
+    for k, (a, b, s) in enumerate(zip(r0["history"], r1["history"], one["history"], strict=True)):
+        assert a["sigma_k"] == b["sigma_k"] > 0
+        assert a["metrics"]["noise/target_solver_evals"] == b["metrics"]["noise/target_solver_evals"]
+        if k == 0:  # the same weights and batch: the one-process sigma_k (step 2's weights differ by rounding)
+            assert a["sigma_k"] == pytest.approx(s["sigma_k"], rel=1e-4)
+        for m in (a["metrics"], s["metrics"]):  # the batch's TV at the solved sigma is the annealed target
+            target = m["noise/target_marginal_tv"]
+            assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target
+        # and so is the TV of what was generated (logged where a group's clean and noisy rows share a rank)
+        target = s["metrics"]["noise/target_marginal_tv"]
+        assert abs(s["metrics"]["noise/first_token_marginal_tv"] - target) <= 0.1 * target
+
+
 def test_tp_group_rows_are_gathered_in_trls_prompt_order(tmp_path) -> None:
     """Colocated vLLM with TP 2: TRL all-gathers the TP group's prompts and both ranks generate all of
     them; the rows' noise specs must be gathered in the same order, so request i carries the spec of

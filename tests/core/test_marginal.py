@@ -16,9 +16,11 @@ from ncgrpo.core.marginal import (
     closest_temperature,
     marginal_estimate,
     marginal_keys,
+    marginal_tv_curve,
     noisy_probs,
     pool_keys,
     sigma_for_marginal_tv,
+    solve_sigma_for_marginal_tv,
 )
 from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps, perturb_rows
 from ncgrpo.engines.controls import first_token_marginal
@@ -205,3 +207,63 @@ def test_direct_q_bar_sampler_gives_the_same_groups_as_nc_grpo(peaked):
     assert two_sample_p(nc, ctl) > 1e-3
     assert two_sample_p(distinct(nc), distinct(ctl)) > 1e-3
     assert two_sample_p(nc, clean) < 1e-6  # power: the clean policy's first tokens differ
+
+
+# --- the target schedule's solver ----------------------------------------------------------------
+
+
+def _heads(P: int, d: int = 32, V: int = 60):
+    W, _, head = _linear_head(d, V, seed=3)
+    h = torch.randn(P, d, generator=torch.Generator().manual_seed(4))
+    return head, h, h @ W.T
+
+
+def test_marginal_tv_curve_is_the_per_prompt_estimate_and_grows_with_sigma():
+    head, h, z = _heads(3)
+    keys = [k for pid in (11, 12, 13) for k in marginal_keys(0, 2, pid, 64)]
+    curve = marginal_tv_curve(head, h, z, keys, draws=64, temperature=1.0, seeds=[11, 12, 13], bootstrap=0)
+    for i, pid in enumerate((11, 12, 13)):  # prompt i's TV is its own draws' plug-in TV(q, q_bar)
+        eps = torch.cat([draw_eps(k, [0], h.shape[1]) for k in marginal_keys(0, 2, pid, 64)])
+        one = marginal_estimate(torch.softmax(z[i], -1), noisy_probs(head, h[i], eps, 0.5), bootstrap=0)
+        assert float(curve(0.5)[i]) == pytest.approx(one.tv, rel=1e-6)
+    tvs = [float(curve(s).mean()) for s in (0.05, 0.1, 0.2, 0.4, 0.8)]
+    assert tvs == sorted(tvs) and tvs[0] > 0
+    assert torch.equal(curve(0.3), curve(0.3))  # common random numbers: a deterministic function
+    with pytest.raises(ValueError, match="do not match"):
+        marginal_tv_curve(head, h, z, keys[:-1], draws=64, temperature=1.0, seeds=[11, 12, 13])
+
+
+@pytest.mark.parametrize("target", [0.001, 0.0066, 0.038, 0.2])
+def test_solver_reaches_the_target_within_its_tolerance_in_few_evaluations(target):
+    head, h, z = _heads(8)
+    keys = [k for pid in range(8) for k in marginal_keys(0, 1, pid, 32)]
+    curve = marginal_tv_curve(head, h, z, keys, draws=32, temperature=1.0, seeds=list(range(8)))
+    calls = []
+
+    def tv_at(s):
+        calls.append(s)
+        return float(curve(s).mean())
+
+    found = solve_sigma_for_marginal_tv(tv_at, target, start=0.2, sigma_max=10.0)
+    assert abs(found.tv - target) <= 0.02 * target, found
+    assert found.tv == tv_at(found.sigma) and not found.at_max
+    assert found.evals == len(calls) - 1 <= 12
+    again = solve_sigma_for_marginal_tv(tv_at, target, start=0.2, sigma_max=10.0)
+    assert again == found  # deterministic: a resumed run solves the same sigma_k
+
+
+def test_solver_bounds_zero_targets_and_nonsense():
+    def quad(s):
+        return min(1.0, 0.05 * s * s)
+
+    at_max = solve_sigma_for_marginal_tv(quad, 0.5, start=0.2, sigma_max=2.0)
+    assert at_max.at_max and at_max.sigma == 2.0 and at_max.tv == pytest.approx(0.2)
+    assert solve_sigma_for_marginal_tv(quad, 0.0, start=0.2, sigma_max=2.0).sigma == 0.0
+    exact = solve_sigma_for_marginal_tv(quad, 0.002, start=5.0, sigma_max=8.0)  # start above: comes down
+    assert exact.sigma == pytest.approx(0.2, rel=0.01)
+    with pytest.raises(ValueError, match="target marginal TV"):
+        solve_sigma_for_marginal_tv(quad, 1.5, start=0.2, sigma_max=2.0)
+    with pytest.raises(ValueError, match="sigma_max"):
+        solve_sigma_for_marginal_tv(quad, 0.1, start=0.2, sigma_max=0.0)
+    with pytest.raises(ValueError, match="nan"):
+        solve_sigma_for_marginal_tv(lambda s: float("nan"), 0.1, start=0.2, sigma_max=2.0)

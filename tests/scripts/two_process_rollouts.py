@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--per-device", type=int, required=True)
     ap.add_argument("--method", default="spsa")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--target", type=float, default=None, help="target_marginal_tv (None: sigma0's schedule)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -45,6 +46,7 @@ def main() -> None:
         schedule_gamma=2.0,
         spsa_lr=5.0,
         spsa_mu_max=100.0,
+        target_marginal_tv=a.target,
     )
     tr.train()
     rank = tr.accelerator.process_index

@@ -1,4 +1,5 @@
-"""One schedule object for everything eq. (3) anneals: the noise scale ``sigma_k``, NoisyRollout's
+"""One schedule object for everything eq. (3) anneals: the noise scale ``sigma_k`` (or, with
+``target_marginal_tv``, the noise-averaged first-token TV that ``sigma_k`` is solved for), NoisyRollout's
 diffusion step ``t`` and the first-token control's temperature ``T_k``.
 
 The paper anneals ``sigma_k = sigma0 * decay_k`` with NoisyRollout's sigmoid decay (eq. 3,
@@ -42,6 +43,12 @@ class Schedule:
     unit: str = "optimizer_step"
 
     def __post_init__(self) -> None:
+        if self.kind == "target_marginal_tv":
+            raise ValueError(
+                "sigma_schedule='target_marginal_tv': sigma_schedule is eq. (3)'s decay (sigmoid, constant or "
+                "linear); to hold a noise-averaged first-token TV set target_marginal_tv to its value before "
+                "annealing (the decay of sigma_schedule then anneals the target, not sigma)"
+            )
         if self.kind not in SCHEDULE_KINDS:
             raise ValueError(
                 f"sigma_schedule={self.kind!r} is an unknown schedule kind: use 'sigmoid' (eq. 3), 'constant' or 'linear'"
@@ -80,6 +87,11 @@ class Schedule:
     def sigma(self, k: int, K: int, sigma0: float) -> float:
         """``sigma_k`` of eq. (3)."""
         return sigma_schedule(k, K, sigma0, kind=self.kind, gamma=self.gamma, k_mid=self.k_mid)  # type: ignore[arg-type]
+
+    def target(self, k: int, K: int, target_marginal_tv: float) -> float:
+        """The target schedule's annealed target ``target_marginal_tv * decay_k``: eq. (3) anneals the
+        noise's effect (the noise-averaged first-token TV) instead of its size."""
+        return float(target_marginal_tv) * self.decay(k, K)
 
     def image_t(self, k: int, K: int, image_noise_step: int) -> int:
         """NoisyRollout's diffusion step at ``k``: ``int(image_noise_step * decay_k)``."""

@@ -94,6 +94,11 @@ class RolloutMethod:
     verl_refusal: ClassVar[str | None] = (
         "the verl integration sends a noise spec per session and has no hook for this method"
     )
+    #: why the target schedule (``target_marginal_tv``: sigma_k solved per generation for a noise-averaged
+    #: first-token TV) cannot set this method's noise (None: it can)
+    target_refusal: ClassVar[str | None] = (
+        "its noisy half is not set by a sigma whose noise-averaged first-token distribution the LM head measures"
+    )
     #: why ``ncgrpo probe`` refuses it (None: the probe measures its hidden-state noise)
     probe_refusal: ClassVar[str | None] = (
         "the probe measures hidden-state noise (eq. 2) and this method puts none in the forward"
@@ -159,12 +164,16 @@ class RolloutMethod:
                 f"{', '.join(m.name for m in methods() if not m.probe_refusal)}"
             )
 
-    def demo_run(self, cfg: Any, sigma0: float) -> tuple[str, str, dict[str, Any]] | None:
+    def demo_run(
+        self, cfg: Any, sigma0: float, *, target: float | None = None
+    ) -> tuple[str, str, dict[str, Any]] | None:
         """``(row name, folder stem, settings)`` of this method's run in ``ncgrpo demo`` (``cfg``: the
         demo's ``DemoConfig``), or None where the demo leaves it out. A method that takes the noise site
         (hidden noise) gets the demo's site, named in the row (``@L1``) and the folder (``-L1``), and may
         refuse it; one that does not but is defined at the final-norm site only is left out at another
-        site. ``sigma0`` is named where the method uses it."""
+        site. ``sigma0`` is named where the method uses it; with a ``target`` (the target schedule's
+        ``target_marginal_tv``; ``sigma0`` is then its solver's first guess) the target is named instead
+        (``TV=0.0066``, ``-tv0.0066``)."""
         site, layer = cfg.noise_site, cfg.noise_site != "final_norm"
         if layer and self.final_norm_only and not self.hidden_noise:
             return None
@@ -176,6 +185,9 @@ class RolloutMethod:
         settings: dict[str, Any] = {"sigma0": sigma0}
         if self.hidden_noise:
             settings["noise_site"] = site  # where the noise acts: the hidden-noise methods' setting
+        if target is not None:
+            settings["target_marginal_tv"] = target
+            return f"{label} TV={target:g}{at}", f"{slug}-tv{target:g}{tag}", settings
         return f"{label} σ0={sigma0:g}{at}", f"{slug}-sigma{sigma0:g}{tag}", settings
 
     # -- rows ---------------------------------------------------------------------------------------
@@ -200,8 +212,14 @@ class RolloutMethod:
         """Set this generation's annealed values on ``gen`` (``sigma_k``; the image method's ``image_t``;
         the control's ``first_token_temperature``) at schedule position ``k`` of ``K``, before any row is
         generated, on every engine. ``prompt_ids`` / ``multimodal_fields``: this rank's rows (the control
-        calibrates its T0 on them). Reads ``tr.args``, ``tr.schedule``; writes ``gen``."""
-        gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0) if self.uses_sigma else 0.0
+        calibrates its T0 on them; the target schedule solves sigma_k on them). Reads ``tr.args``,
+        ``tr.schedule``; writes ``gen``."""
+        if not self.uses_sigma:
+            gen.sigma_k = 0.0
+        elif tr.args.target_marginal_tv is not None:  # sigma_k solved for the annealed TV on this batch
+            tr.solve_target_sigma(gen, tr.schedule.target(k, K, tr.args.target_marginal_tv), prompt_ids, multimodal_fields)
+        else:
+            gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0)
 
     def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
         """The multimodal inputs TRL's ``generate`` gets (transformers engine; the loss keeps the

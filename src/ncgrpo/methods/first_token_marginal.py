@@ -14,6 +14,7 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 @register_method
 class FirstTokenMarginal(RolloutMethod):
     name = "first_token_marginal"
+    target_refusal = None
     summary = "control: the noisy half samples its first token from latent noise's q_bar, clean forward"
     label = "First-token q̄"
     slug = "first-token-marginal"

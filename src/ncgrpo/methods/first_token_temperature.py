@@ -16,6 +16,9 @@ from ncgrpo.methods.base import RolloutMethod, read_state, register_method
 @register_method
 class FirstTokenTemperature(RolloutMethod):
     name = "first_token_temperature"
+    target_refusal = (
+        "the control's noisy half is set by its first-token temperature T_k, not by a sigma (match T0 to a TV with ncgrpo probe's matched T0)"
+    )
     summary = "control: the noisy half samples its first token at an annealed higher temperature"
     label = "First-token"
     slug = "first-token"
@@ -25,7 +28,9 @@ class FirstTokenTemperature(RolloutMethod):
     anneals = "the first-token temperature stays near first_token_temperature"
     verl_refusal = None
 
-    def demo_run(self, cfg: Any, sigma0: float) -> tuple[str, str, dict[str, Any]]:
+    def demo_run(
+        self, cfg: Any, sigma0: float, *, target: float | None = None
+    ) -> tuple[str, str, dict[str, Any]]:
         """The demo's control row, named by its starting temperature."""
         t0 = cfg.first_token_temperature
         return f"{self.label} T0={t0:g}", f"{self.slug}-t{t0:g}", {"first_token_temperature": t0}

@@ -18,6 +18,9 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 @register_method
 class Image(RolloutMethod):
     name = "image"
+    target_refusal = (
+        "its noise is in the pixels (NoisyRollout's diffusion step t), whose effect on the first token the LM head alone cannot measure"
+    )
     summary = "NoisyRollout: the noisy half generates from diffused copies of the images"
     label = "NoisyRollout (image)"
     slug = "image"

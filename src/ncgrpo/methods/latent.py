@@ -13,6 +13,7 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 @register_method
 class Latent(RolloutMethod):
     name = "latent"
+    target_refusal = None
     summary = "NC-GRPO: eq. (2) noise on the noisy half's prefill hidden states"
     label = "NC-GRPO"
     slug = "ncgrpo"

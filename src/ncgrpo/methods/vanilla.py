@@ -11,6 +11,7 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 @register_method
 class Vanilla(RolloutMethod):
     name = "vanilla"
+    target_refusal = "vanilla GRPO has no noisy half"
     summary = "GRPO unchanged (TRL's path): the baseline"
     label = "Vanilla GRPO"
     slug = "grpo"

@@ -45,7 +45,9 @@ _DEVICES = ("cpu", "cuda", "auto")
 #: (:meth:`DemoConfig.methods` puts them in :attr:`MethodSpec.fields`), and ``output_dir``, the demo's
 #: root (each run's folder is ``OUT/train/RUN``). Every other field NCGRPOConfig has too is passed to
 #: every run as it is (:meth:`DemoConfig.trainer_settings`).
-NOT_FOR_EVERY_RUN = frozenset({"output_dir", "sigma0", "noise_site", "first_token_temperature"})
+NOT_FOR_EVERY_RUN = frozenset(
+    {"output_dir", "sigma0", "target_marginal_tv", "noise_site", "first_token_temperature"}
+)
 #: NCGRPOConfig settings the demo fixes for every run: a log line per step (its progress bar and
 #: metrics.jsonl), no checkpoints (a killed run restarts), its own progress display.
 TRAINER_FIXED: dict[str, Any] = dict(
@@ -136,6 +138,15 @@ class DemoConfig:
     )
     sigma0: list[float] = _trainer_field(
         "sigma0", "NC-GRPO noise scale(s), one run each, e.g. --sigma0 0.2 0.5 (the paper's two)", listed=True
+    )
+    target_marginal_tv: list[float] = field(
+        default_factory=list,
+        metadata={
+            "help": "noise-averaged first-token TV target(s): the noise methods the target schedule can set train "
+            "one run per target (sigma_k solved each generation so the batch's TV(q, q_bar) is the annealed "
+            "target) instead of one per sigma0, e.g. --target_marginal_tv 0.0066 0.03; `ncgrpo probe` gives the "
+            "TV a sigma0 has. Empty (default): one run per sigma0"
+        },
     )
     all_methods: bool = field(
         default=False,
@@ -263,6 +274,12 @@ class DemoConfig:
                 raise ValueError(f"sigma0: every noise scale {problem}")
         if len(set(self.sigma0)) != len(self.sigma0):
             raise ValueError(f"sigma0: {list(self.sigma0)} lists a scale twice")
+        self.target_marginal_tv = tuple(float(t) for t in self.target_marginal_tv)
+        for t in self.target_marginal_tv:
+            if not (math.isfinite(t) and 0 < t <= 1):
+                raise ValueError(f"target_marginal_tv: every target is a TV in (0, 1], got {t}")
+        if len(set(self.target_marginal_tv)) != len(self.target_marginal_tv):
+            raise ValueError(f"target_marginal_tv: {list(self.target_marginal_tv)} lists a target twice")
         for name in (
             "max_steps",
             "seeds",
@@ -342,6 +359,11 @@ class DemoConfig:
 
         self.noise_site = str(self.noise_site).replace(" ", "")
         parse_noise_site(self.noise_site)  # raises, saying what to write
+        if self.target_marginal_tv and self.noise_site != "final_norm":
+            raise ValueError(
+                f"target_marginal_tv solves sigma_k through the LM head alone, at the final-norm site; "
+                f"noise_site={self.noise_site!r} is a layer site. Train the two in separate demos."
+            )
         dev = self.device.split(":")[0]
         if dev not in _DEVICES:
             raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
@@ -392,8 +414,9 @@ class DemoConfig:
 
     def methods(self) -> list[MethodSpec]:
         """The configurations trained, baseline first (the paper's row order): the registered methods
-        (:mod:`ncgrpo.methods`) the demo trains by default, one per ``sigma0``, then with ``--all_methods``
-        every other one at the first ``sigma0``, each named by :meth:`~ncgrpo.methods.RolloutMethod.demo_run`;
+        (:mod:`ncgrpo.methods`) the demo trains by default, one per ``sigma0`` (or, with
+        ``target_marginal_tv``, one per target where the method can take it), then with ``--all_methods``
+        every other one at the first ``sigma0`` (or target), each named by :meth:`~ncgrpo.methods.RolloutMethod.demo_run`;
         ``rollout_methods`` keeps a subset (the baseline always trains)."""
         from ncgrpo.methods import methods
 
@@ -403,8 +426,11 @@ class DemoConfig:
                 continue
             if self.rollout_methods and rollout.name not in self.rollout_methods:
                 continue
-            for s in self.sigma0 if rollout.in_demo_by_default else self.sigma0[:1]:
-                run = rollout.demo_run(self, s)
+            runs = [rollout.demo_run(self, s) for s in (self.sigma0 if rollout.in_demo_by_default else self.sigma0[:1])]
+            if self.target_marginal_tv and not rollout.target_refusal:  # one run per target instead
+                targets = self.target_marginal_tv if rollout.in_demo_by_default else self.target_marginal_tv[:1]
+                runs = [rollout.demo_run(self, self.sigma0[0], target=t) for t in targets]
+            for run in runs:
                 if run is not None:
                     name, slug, settings = run
                     out.append(MethodSpec(name, slug, rollout.name, settings))

@@ -12,7 +12,7 @@ from trl import GRPOConfig
 
 from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.schedule import Schedule
-from ncgrpo.methods import get_method
+from ncgrpo.methods import get_method, methods
 
 #: The largest noise scale ``sigma0`` the method can use. eq. (2) draws ``delta = sigma ||h|| eps / sqrt(d)``,
 #: so ``||delta|| ~ sigma ||h||``: sigma is the noise's size relative to the state, and the perturbed state
@@ -100,7 +100,14 @@ class NCGRPOConfig(GRPOConfig):
             "noise_seed",
             "branch_prefix",
         ),
-        "NC-GRPO: schedule": ("sigma_schedule", "schedule_gamma", "schedule_k_mid", "schedule_unit"),
+        "NC-GRPO: schedule": (
+            "sigma_schedule",
+            "schedule_gamma",
+            "schedule_k_mid",
+            "schedule_unit",
+            "target_marginal_tv",
+            "sigma_max",
+        ),
         "NC-GRPO: controls": (
             "first_token_temperature",
             "first_token_temperature_auto",
@@ -148,6 +155,23 @@ class NCGRPOConfig(GRPOConfig):
             "'generation' (k = the rollout batch being generated, K = the run's number of rollout batches, as "
             "NoisyRollout/EasyR1 count a step when one rollout batch feeds several optimizer steps, i.e. "
             "steps_per_generation > gradient_accumulation_steps)."
+        },
+    )
+    target_marginal_tv: float | None = field(
+        default=None,
+        metadata={
+            "help": "Hold the noise's effect instead of its size: at each generation sigma_k is solved on that "
+            "batch's branch-point states so that the batch's noise-averaged first-token TV(q, q_bar) (logged "
+            "noise/first_token_marginal_tv) equals target_marginal_tv * decay_k (eq. 3's decay of sigma_schedule "
+            "anneals the target); sigma0 is the solver's first guess. In (0, 1]; `ncgrpo probe` gives the TV a "
+            "sigma0 has on a model. None (default): sigma_k = sigma0 * decay_k, the paper."
+        },
+    )
+    sigma_max: float = field(
+        default=2.0,
+        metadata={
+            "help": "target_marginal_tv: the largest sigma_k the solver may use, in (0, 10]; a batch whose TV stays "
+            "below the target there is generated at sigma_max (logged noise/sigma_at_max, warned)."
         },
     )
     noise_site: str = field(
@@ -369,6 +393,7 @@ class NCGRPOConfig(GRPOConfig):
                 f"noisy_importance_sampling must be 'exclude' (no density correction, the paper) or 'apply', got "
                 f"{self.noisy_importance_sampling!r}"
             )
+        self._check_target(method)
         self._warn_schedule(schedule, method)
         if self.use_vllm and method.two_pass:
             self._check_vllm(method)
@@ -417,6 +442,43 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"num_generations must be an integer >= 2 (rollouts per prompt: GRPO's advantage compares "
                 f"them), got {g!r}"
+            )
+
+    def _check_target(self, method) -> None:
+        """``target_marginal_tv``: a TV in (0, 1], a ``sigma_max`` in (0, 10], a method whose noisy half is set
+        by a sigma whose first-token marginal the LM head measures (the method's ``target_refusal``), the
+        final-norm site and at least 2 ``marginal_tv_draws``."""
+        problem = sigma0_problem(self.sigma_max)
+        if problem is None and not self.sigma_max > 0:
+            problem = f"must be > 0 (the target schedule's bound on sigma_k), got {self.sigma_max!r}"
+        if problem is not None:
+            raise ValueError(f"sigma_max {problem}")
+        t = self.target_marginal_tv
+        if t is None:
+            return
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and 0 < t <= 1):
+            raise ValueError(
+                f"target_marginal_tv must be a total-variation distance in (0, 1] (or None: sigma_k = sigma0 * "
+                f"decay_k), got {t!r}"
+            )
+        if method.target_refusal:
+            raise ValueError(
+                f"target_marginal_tv cannot set the noise of rollout_method={method.name!r}: {method.target_refusal}. "
+                f"Use one of {', '.join(m.name for m in methods() if not m.target_refusal)}, or unset "
+                "target_marginal_tv."
+            )
+        if parse_noise_site(self.noise_site) != "final_norm":
+            raise ValueError(
+                f"target_marginal_tv solves sigma_k on the noise-averaged first-token distribution through the LM "
+                f"head alone, which noise at a layer site (noise_site={self.noise_site!r}) reaches only through "
+                "the layers above it (a full forward per draw and per solver step). Use noise_site='final_norm' "
+                "or unset target_marginal_tv."
+            )
+        if self.marginal_tv_draws < 2:
+            raise ValueError(
+                f"target_marginal_tv solves sigma_k on marginal_tv_draws draws per prompt (with a bootstrap "
+                f"bias correction, which needs two or more); got marginal_tv_draws={self.marginal_tv_draws}. "
+                "Use 32 (the default) or more."
             )
 
     def _check_vllm(self, method) -> None:

@@ -245,6 +245,13 @@ class NCGRPOTrainer(GRPOTrainer):
             gradient_accumulation_steps=self.args.gradient_accumulation_steps,
         )
 
+    def solve_target_sigma(self, gen, target: float, prompt_ids, multimodal_fields):
+        """``target_marginal_tv``: this generation's ``sigma_k`` solved on its prompts for the annealed
+        ``target`` (:func:`ncgrpo.trainer.target.solve_target_sigma`)."""
+        from ncgrpo.trainer.target import solve_target_sigma
+
+        return solve_target_sigma(self, gen, target, prompt_ids, multimodal_fields)
+
     def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
         """``first_token_temperature_auto``'s T0 on this generation's prompts
         (:func:`ncgrpo.trainer.metrics.calibrate_first_token_t0`)."""

@@ -101,6 +101,7 @@ def noise_metrics(
     rel = gather(trainer.accelerator, gen.rel) if gen.rel is not None else torch.zeros(len(plans))
     method = trainer.nc_method
     metrics.update(method.metrics(trainer, gen))  # noise/sigma_k, image_noise/t, control/*: the method's own
+    metrics.update(target_metrics(gen))  # target_marginal_tv: the solve's target, TV, evaluations
     if method.uses_sigma and gen.rel is not None:
         # measured by the prefill hook (on vLLM: the trainer's measurement pass)
         metrics["noise/rel_perturbation"] = float(rel[noisy].mean())
@@ -127,6 +128,22 @@ def noise_metrics(
         if math.isfinite(value):
             metrics["noise/answer_agreement"] = value
     return rel
+
+
+def target_metrics(gen: _LocalGen) -> dict[str, float]:
+    """What the target schedule logs per generation (identical on every rank): the annealed target
+    (``noise/target_marginal_tv``), the batch TV at the solved sigma (``noise/target_achieved_tv``), the
+    solver's TV evaluations (``noise/target_solver_evals``) and whether ``sigma_max`` bound it
+    (``noise/sigma_at_max``); ``noise/sigma_k`` is the method's (:mod:`ncgrpo.trainer.target`). Empty without ``target_marginal_tv``."""
+    if gen.target_tv is None or gen.target_solve is None:
+        return {}
+    s = gen.target_solve
+    return {
+        "noise/target_marginal_tv": gen.target_tv,
+        "noise/target_achieved_tv": float(s.tv),
+        "noise/target_solver_evals": float(s.evals),
+        "noise/sigma_at_max": float(s.at_max),
+    }
 
 
 @dataclass
@@ -164,6 +181,8 @@ class _LocalGen:
     schedule_k: int = 0  # k of eq. (3) in `schedule_unit`
     image_t: int | None = None
     first_token_temperature: float | None = None  # the control's T_k
+    target_tv: float | None = None  # target_marginal_tv: this generation's annealed target
+    target_solve: object | None = None  # target_marginal_tv: the solver's SigmaSolve
     rel: torch.Tensor | None = None  # [L]
     branch_argmax: torch.Tensor | None = None  # [L] argmax of the logits at the branch point
     branch_marginal: torch.Tensor | None = None  # [L] TV(q, q_bar) on each group's first noisy row, else NaN
@@ -296,7 +315,6 @@ def branch_point_marginal(
     weights as a function), where ZeRO-3 has them gathered. Reads ``trainer.args``, ``.temperature``,
     ``.nc_method`` (its ``marginal``, ``noise_mode`` and steering vector)."""
     from ncgrpo.core.agreement import first_token_tv
-    from ncgrpo.core.marginal import branch_eps, marginal_keys, marginal_tv, noisy_probs
 
     a = trainer.args
     T = float(trainer.temperature)
@@ -320,21 +338,40 @@ def branch_point_marginal(
     if gen.sigma_k <= 0:
         out[[i for i, _ in pairs]] = 0.0
         return out
-    mode = method.noise_mode or "independent"  # first_token_marginal: latent noise's independent draws
-    steer = method.steer(trainer)
-    M = a.marginal_tv_draws
     noisy = [gen.plans[i] for i, _ in pairs]
-    # every pair's draws in one call: P * M keyed eps, through the head on the clean partners' states
-    keys = [k for p in noisy for k in marginal_keys(p.key.seed, p.key.step, p.prompt_id, M)]
-    eps = branch_eps(keys, states.shape[-1], mode)  # [P * M, d]
     cidx = torch.tensor([c for _, c in pairs])
-    h = states[cidx.to(states.device)].repeat_interleave(M, 0)  # [P * M, d]
-    draws = noisy_probs(head, h, eps, gen.sigma_k, temperature=T, steer=steer)  # [P * M, V]
-    clean = torch.softmax(logits[cidx.to(logits.device)].float() / T, -1)  # [P, V]
-    draws = draws.to(clean.device).view(len(pairs), M, -1)
-    tv = marginal_tv(clean, draws, bootstrap=32, seeds=[p.prompt_id for p in noisy])  # [P]
+    pids = [p.prompt_id for p in noisy]
+    curve = marginal_curve(trainer, head, states[cidx.to(states.device)], logits[cidx.to(logits.device)], pids, gen.step)
+    tv = curve(gen.sigma_k)  # [P]
     out[[i for i, _ in pairs]] = tv.float()
     return out
+
+
+def marginal_curve(trainer, head, h: torch.Tensor, logits: torch.Tensor, prompt_ids: list[int], step: int):
+    """``sigma -> TV(q, q_bar(sigma))`` per prompt (``prompt_ids``; their clean branch-point states ``h``
+    ``# [P, d]`` and logits ``# [P, V]``) at generation ``step`` (the optimizer step the noise keys
+    name), from ``marginal_tv_draws`` draws ``NoiseKey(seed, step, prompt_id, -1 - m)`` through the LM head ``head``, in the method's noise mode
+    (``independent`` for the ``first_token_marginal`` control) with its steering vector, bootstrap
+    bias-corrected (:func:`ncgrpo.core.marginal.marginal_tv_curve`). What ``noise/first_token_marginal_tv``
+    logs and what the target schedule solves on (:mod:`ncgrpo.trainer.target`), so the two agree. Reads
+    ``trainer.args``, ``.temperature``, ``.noise_base_seed``, ``.nc_method``."""
+    from ncgrpo.core.marginal import marginal_keys, marginal_tv_curve
+
+    method = trainer.nc_method
+    M = trainer.args.marginal_tv_draws
+    seed = trainer.noise_base_seed
+    keys = [k for pid in prompt_ids for k in marginal_keys(seed, step, pid, M)]
+    return marginal_tv_curve(
+        head,
+        h,
+        logits,
+        keys,
+        draws=M,
+        temperature=float(trainer.temperature),
+        seeds=list(prompt_ids),
+        mode=method.noise_mode or "independent",  # first_token_marginal: latent noise's independent draws
+        steer=method.steer(trainer),
+    )
 
 
 def branch_point_stats(

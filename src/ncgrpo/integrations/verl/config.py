@@ -68,6 +68,15 @@ def _get(config: Any, path: str, default: Any = None) -> Any:
 # --------------------------------------------------------------------------------------------------
 # the `ncgrpo:` block of verl's config
 # --------------------------------------------------------------------------------------------------
+#: Why the target schedule (``target_marginal_tv``) is refused on verl.
+VERL_TARGET_REFUSAL = (
+    "verl's rollout workers compute sigma_k from the step alone (NCGRPOVerlConfig.sigma_at, no model state), "
+    "while the target schedule solves it on the batch's branch-point states before its rollouts, which only "
+    "the actor's forward has; on verl, use ncgrpo probe --target_marginal_tv to find the sigma0 of a target TV "
+    "and set sigma0 to it (unset target_marginal_tv)"
+)
+
+
 @dataclass(frozen=True)
 class NCGRPOVerlConfig:
     """NC-GRPO's settings on verl: the top-level ``ncgrpo:`` block of verl's Hydra config.
@@ -94,6 +103,9 @@ class NCGRPOVerlConfig:
     """The run seed of every NoiseKey."""
     first_token_temperature: float = 2.0
     """T0 of the first-token-temperature control: T_k = T + (T0 - T) * sigma_k / sigma0."""
+    target_marginal_tv: float | None = None
+    """Refused on verl (:data:`VERL_TARGET_REFUSAL`): the target schedule solves sigma_k on each batch's
+    branch-point states before its rollouts."""
     noisy_importance_sampling: str = "exclude"
     """'exclude': refuse verl settings that reweight or drop the noisy rows (rollout_is, rollout_rs,
     bypass_mode), the paper's no-density-correction; 'apply': allow them."""
@@ -109,6 +121,8 @@ class NCGRPOVerlConfig:
             raise ValueError(
                 f"ncgrpo.rollout_method={self.rollout_method!r} is not supported on verl: {method.verl_refusal}"
             )
+        if self.target_marginal_tv is not None:
+            raise ValueError(f"ncgrpo.target_marginal_tv is not supported on verl: {VERL_TARGET_REFUSAL}")
         if not math.isfinite(self.sigma0) or self.sigma0 < 0:
             raise ValueError(f"ncgrpo.sigma0 must be a finite number >= 0, got {self.sigma0}")
         if self.schedule_total_steps is not None and int(self.schedule_total_steps) < 1:

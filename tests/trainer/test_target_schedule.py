@@ -1,0 +1,132 @@
+"""The target schedule (``target_marginal_tv``, issue 36): sigma_k solved per generation so that the
+batch's noise-averaged first-token TV is the annealed target, on two bases of different shape; the solve
+draws no random state and leaves the model as it was; refused where it cannot act."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_spec = importlib.util.spec_from_file_location(
+    "tiny_grpo", Path(__file__).parents[1] / "scripts" / "tiny_grpo.py"
+)
+tiny = sys.modules.get("tiny_grpo") or importlib.util.module_from_spec(_spec)
+if "tiny_grpo" not in sys.modules:
+    sys.modules["tiny_grpo"] = tiny
+    _spec.loader.exec_module(tiny)
+
+TARGET = 0.002
+#: two bases of another shape: the tiny VLM at hidden size 32 (seed 0) and at 128 (seed 2); at sigma0 = 0.2
+#: the first moves the first token by a noise-averaged TV of ~0.0010, the second by ~0.0015
+BASES = {"d32": dict(seed=0), "d128": dict(seed=2, hidden_size=128, intermediate_size=256)}
+
+
+def _trainer(tmp_path, base: str, **overrides):
+    from ncgrpo.trainer import NCGRPOTrainer
+
+    kw = dict(BASES[base])
+    seed = kw.pop("seed")
+    args = tiny.config(tmp_path / base, **{"max_steps": 3, "sigma0": 0.2, **overrides})
+    return NCGRPOTrainer(
+        model=tiny.tiny_qwen2_5_vl(processor=tiny.processor(), seed=seed, **kw),
+        reward_funcs=[tiny.hash_reward],
+        args=args,
+        train_dataset=tiny.dataset(8),
+        processing_class=tiny.processor(),
+    )
+
+
+def _logs(tr) -> list[dict]:
+    return [h for h in tr.state.log_history if "loss" in h]
+
+
+def test_one_sigma0_moves_two_bases_differently_and_the_target_schedule_holds_the_target_on_both(tmp_path):
+    fixed = {}
+    for base in BASES:
+        tr = _trainer(tmp_path / "fixed", base, sigma_schedule="constant")
+        tr.train()
+        fixed[base] = [log["noise/first_token_marginal_tv"] for log in _logs(tr)]
+    # the same sigma0 = 0.2 is another noise on each base: what the noisy half samples differs
+    ratio = fixed["d128"][0] / fixed["d32"][0]
+    assert ratio > 1.3, fixed
+
+    for base in BASES:
+        # the paper's sigmoid decay anneals the target: k_mid = 2 of 3 steps (decay 1.0, 0.5, ~0)
+        tr = _trainer(tmp_path / "target", base, target_marginal_tv=TARGET, schedule_k_mid=2.0)
+        tr.train()
+        logs = _logs(tr)
+        assert len(logs) == 3
+        for k, log in enumerate(logs, start=1):
+            target = tr.schedule.target(k, 3, TARGET)
+            assert log["noise/target_marginal_tv"] == pytest.approx(target)
+            assert log["noise/sigma_k"] == tr.nc_history[k - 1].sigma_k
+            assert 1 <= log["noise/target_solver_evals"] <= 12 and log["noise/sigma_at_max"] == 0.0
+            if target >= 0.25 * TARGET:  # before the anneal: the TV that generated the rollouts is the target's
+                assert abs(log["noise/target_achieved_tv"] - target) <= 0.02 * target, log
+                assert abs(log["noise/first_token_marginal_tv"] - target) <= 0.1 * target, log
+                assert 0 < log["noise/sigma_k"] <= 2.0
+        assert logs[0]["noise/target_marginal_tv"] == pytest.approx(TARGET, rel=1e-6)
+
+
+def test_the_solve_draws_no_random_state_and_leaves_the_model_unhooked(tmp_path):
+    from ncgrpo.trainer.metrics import _LocalGen
+
+    tr = _trainer(tmp_path, "d32", target_marginal_tv=TARGET, sigma_schedule="constant")
+    batch = next(iter(tr.get_train_dataloader()))
+    prompts = [tr.processing_class.apply_chat_template(x["prompt"], add_generation_prompt=True) for x in batch[:1]]
+    inputs = tr.processing_class(text=prompts, images=[x["images"] for x in batch[:1]], return_tensors="pt")
+    from ncgrpo.core.plan import plan_rows
+
+    plans = plan_rows(range(1), [7], num_generations=4, method=tr.nc_method, seed=0, step=1)
+    gen = _LocalGen(step=1, total_steps=3, sigma_k=0.0, plans=plans)
+    model = tr.accelerator.unwrap_model(tr.model)
+    hooks_before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    rng = torch.get_rng_state()
+    fields = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    found = tr.solve_target_sigma(gen, TARGET, [inputs["input_ids"][0].tolist()], fields)
+    assert torch.equal(rng, torch.get_rng_state())  # the sampling that follows is the one a fixed sigma gets
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == hooks_before
+    assert "generate" not in model.__dict__  # the shared-prefill patch is gone
+    assert gen.sigma_k == found.sigma > 0 and gen.target_tv == TARGET
+    assert abs(found.tv - TARGET) <= 0.02 * TARGET
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(target_marginal_tv=0.0), r"target_marginal_tv must be a total-variation distance in \(0, 1\]"),
+        (dict(target_marginal_tv=math.nan), "target_marginal_tv must be"),
+        (dict(target_marginal_tv=0.01, rollout_method="spsa"), "cannot set the noise of rollout_method='spsa'"),
+        (dict(target_marginal_tv=0.01, rollout_method="image"), "noise is in the pixels"),
+        (dict(target_marginal_tv=0.01, rollout_method="vanilla"), "no noisy half"),
+        (
+            dict(target_marginal_tv=0.01, rollout_method="first_token_temperature"),
+            "first-token temperature T_k",
+        ),
+        (dict(target_marginal_tv=0.01, noise_site="1"), "layer site"),
+        (dict(target_marginal_tv=0.01, marginal_tv_draws=1), "marginal_tv_draws=1"),
+        (dict(sigma_max=0.0), "sigma_max must be > 0"),
+        (dict(sigma_max=11.0), "sigma_max must be at most 10"),
+        (dict(sigma_schedule="target_marginal_tv"), "set target_marginal_tv to its value"),
+    ],
+)
+def test_refused_settings_name_the_field_and_what_to_do(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny.config(tmp_path, **overrides)
+
+
+@pytest.mark.parametrize("method", ["latent", "antithetic", "first_token_marginal"])
+def test_the_methods_it_sets_accept_it(tmp_path, method):
+    assert tiny.config(tmp_path, rollout_method=method, target_marginal_tv=0.01).target_marginal_tv == 0.01
+
+
+def test_verl_refuses_it_with_the_reason():
+    from ncgrpo.integrations.verl.config import NCGRPOVerlConfig
+
+    with pytest.raises(ValueError, match="target_marginal_tv is not supported on verl: .*rollout workers"):
+        NCGRPOVerlConfig.from_mapping({"rollout_method": "latent", "target_marginal_tv": 0.01})
