@@ -28,14 +28,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ncgrpo.eval.stats.mcnemar import ALPHA
 
-if TYPE_CHECKING:
-    from ncgrpo.eval.stats.seeds import SeedTTest
+
+class SeedTTestLike(Protocol):
+    """What :func:`seed_power` reads of a :class:`~ncgrpo.eval.stats.SeedTTest` (seeds.py imports this
+    module, so not the class itself)."""
+
+    n_seeds: int
+    mean_pp: float
+    sd_pp: float
+
 
 #: The power the MDD and the seeds needed are stated at.
 POWER = 0.8
@@ -219,7 +226,7 @@ class SeedPower:
 
 
 def seed_power(
-    ttest: SeedTTest,
+    ttest: SeedTTestLike,
     *,
     power: float = POWER,
     alpha: float = ALPHA,
