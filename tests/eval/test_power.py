@@ -164,8 +164,11 @@ def test_one_seed_says_no_seed_level_claim_and_uses_the_reference_sd() -> None:
         f"seed table), the observed difference of +3.0 pts would need {p.seeds_needed} seeds per arm for 80% "
         "power at alpha 0.05"
     )
-    assert "is 0: no number of seeds would detect it" in seed_power(paired_ttest([0.0])).note()
-    assert "more than 10,000 seeds per arm" in seed_power(paired_ttest([0.01])).note()
+    zero, small = seed_power(paired_ttest([0.0])), seed_power(paired_ttest([0.01]))
+    assert "is 0: no number of seeds would detect it" in zero.note()
+    assert zero.undefined == "one seed: no seed-to-seed spread; the mean difference is 0"
+    assert "more than 10,000 seeds per arm" in small.note()
+    assert small.undefined == "one seed: no seed-to-seed spread; more than 10,000 seeds"
 
 
 def test_pooled_sd() -> None:

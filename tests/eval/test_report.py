@@ -658,3 +658,18 @@ def test_compare_pairs_by_the_figure_not_only_the_text(tmp_path, capsys):
     (other / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert {r.image_hash for r in load_runs([other])[0].records} == {""}
     compare(load_runs([base, other]), "base")
+
+
+def test_seeds_needed_over_the_cap_in_every_renderer() -> None:
+    from ncgrpo.eval.report import Cell, Column, ComparisonTable, Row, Table
+
+    # per-seed differences +0.1/-5.0/+5.0 pts: a mean of +0.03 at an sd of 5 needs ~180,000 seeds
+    pairs = [outcomes(50.0, 50.0 + d, 100) for d in (0.1, -5.0, 5.0)]
+    level = seed_level(pairs)
+    assert level.power.seeds_needed is None and level.power.undefined == "more than 10,000 seeds"
+    columns = [Column("mdd_pp", MDD_LABEL, "mdd"), Column("seeds_needed", SEEDS_NEEDED_LABEL, "seeds_needed")]
+    cells = {"mdd_pp": Cell(seed_level=level), "seeds_needed": Cell(seed_level=level)}
+    ct = ComparisonTable("B", Table("T", columns, [Row("A", 3, cells)]), None, [])
+    assert md_rows(to_markdown(ct), "T")[2] == ["A", f"{level.power.mdd_pp:.1f}", ">10,000"]
+    assert f"A & {level.power.mdd_pp:.1f} & $>$10,000 \\\\" in to_latex(ct)
+    assert ct.to_json()["main"]["rows"][0]["cells"]["seeds_needed"] == {"seeds_needed": None}

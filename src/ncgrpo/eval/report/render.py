@@ -83,7 +83,7 @@ def _cells(table: Table, row: Row, style: str) -> list[str]:
             continue
         if col.kind in ("mdd", "seeds_needed"):
             text = _power_text(cell, col.kind)
-            out.append((text.replace(",", "{,}") if style == "latex" else text) or dash)
+            out.append((text.replace(">", "$>$") if style == "latex" else text) or dash)  # ">10,000"
             continue
         if cell.mean is None:
             out.append(dash)

@@ -242,11 +242,17 @@ def seed_power(
     _check_level("power", power, low=alpha)
     s, mean = ttest.n_seeds, ttest.mean_pp
     common = {"n_seeds": s, "mean_pp": mean, "power": power, "alpha": alpha, "cap": cap}
+
+    def why(need: int | None) -> str:  # why no count of seeds
+        if need is not None:
+            return ""
+        return "the mean difference is 0" if mean == 0 else f"more than {cap:,} seeds"
+
     if s < 2:
         need = seeds_needed(mean, reference_sd_pp, power=power, alpha=alpha, cap=cap)
         return SeedPower(
             **common, sd_pp=reference_sd_pp, sd_source="reference", mdd_pp=math.nan, seeds_needed=need,
-            undefined="one seed: no seed-to-seed spread",
+            undefined="; ".join(filter(None, ["one seed: no seed-to-seed spread", why(need)])),
         )  # fmt: skip
     if not ttest.sd_pp > 0:
         return SeedPower(
@@ -255,10 +261,7 @@ def seed_power(
         )  # fmt: skip
     sd = ttest.sd_pp
     need = seeds_needed(mean, sd, power=power, alpha=alpha, cap=cap)
-    why = (
-        "" if need is not None else ("the mean difference is 0" if mean == 0 else f"more than {cap:,} seeds")
-    )
     return SeedPower(
         **common, sd_pp=sd, sd_source="observed", mdd_pp=min_detectable_diff(sd, s, power=power, alpha=alpha),
-        seeds_needed=need, undefined=why,
+        seeds_needed=need, undefined=why(need),
     )  # fmt: skip
