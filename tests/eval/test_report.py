@@ -511,6 +511,11 @@ def test_seed_level_with_a_single_seed_configuration(three_seed_dirs, tmp_path):
     )
     table = to_markdown(ct).split("## Seed-level tests")[0]
     assert f"\n- {entry.note}\n" in table
+    from rich.console import Console
+
+    console = Console(width=100, record=True, color_system=None)
+    print_rich(ct, console)
+    assert entry.note in " ".join(console.export_text().split())  # the table's caption, wrapped
 
 
 def test_rich_output_has_the_seed_level_tests_and_notes(three_seed_dirs):

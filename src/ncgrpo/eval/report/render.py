@@ -331,7 +331,7 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
 
     out: list[Any] = [Text(ct.header, style="bold")] if ct.header else []
     for table in _tables(ct):
-        caption = "\n".join([_legend(ct, table), *single_seed_notes(ct, table)])
+        caption = "\n".join([_legend(ct, table), *map(escape, single_seed_notes(ct, table))])
         rt = RichTable(title=table.title, caption=caption, caption_justify="left")
         rows = [_cells(table, row, "rich") for row in table.rows]
         rt.add_column("Method", no_wrap=True)
