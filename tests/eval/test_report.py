@@ -12,10 +12,22 @@ import pytest
 from ncgrpo import cli
 from ncgrpo.eval.records import EvalRecord, RecordWriter
 from ncgrpo.eval.report import compare, format_p, latex_text, load_runs, print_rich, to_latex, to_markdown
-from ncgrpo.eval.stats import AlignmentError, mcnemar_exact, mcnemar_pooled, seed_level, seed_to_seed
+from ncgrpo.eval.stats import (
+    MDD_LABEL,
+    REFERENCE_SEED_SD_PP,
+    SEEDS_NEEDED_LABEL,
+    AlignmentError,
+    mcnemar_exact,
+    mcnemar_pooled,
+    min_detectable_diff,
+    seed_level,
+    seed_to_seed,
+    seeds_needed,
+)
 from ncgrpo.runs.folder import RECORDS_FILE, RUN_FILE, atomic_write_json
 
 N = 1000  # questions per benchmark
+POWER_LABELS = [MDD_LABEL, SEEDS_NEEDED_LABEL]  # the seed-level test's power columns, after its p
 MAIN = [
     ("geo3k", "in_domain"),
     ("hallusionbench", "ood"),
@@ -228,8 +240,8 @@ def test_seeds_mean_half_range_and_seed_pairing(tmp_path):
     assert nc.cells["mathvista"].test == direct and direct.n == 2 * N
     rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
     assert rows[2][1] == "51.9 ± 0.1"
-    # two seed pairs: the pooled column says what it is, and the seed-level test follows it
-    assert rows[0][-2:] == ["pooled p (question-level, pooled over seeds)", "seed-level p"]
+    # two seed pairs: the pooled column says what it is, the seed-level test and its power follow it
+    assert rows[0][-4:] == ["pooled p (question-level, pooled over seeds)", "seed-level p", *POWER_LABELS]
     assert nc.cells["seed_level"].seed_level.ttest.n_seeds == 2
     assert "$\\pm$" in to_latex(ct)
 
@@ -386,6 +398,8 @@ def test_seed_level_column_beside_the_question_level_pooled_test(three_seed_dirs
         "OOD avg",
         "pooled p (question-level, pooled over seeds)",
         "seed-level p",
+        "MDD at 80% power (pts)",
+        "seeds needed for the mean diff",
     ]
     pairs = {
         name: [(arrays[name][s], arrays["Vanilla"][s]) for s in range(3)]
@@ -421,24 +435,37 @@ def test_seed_level_markdown_latex_json(three_seed_dirs):
     ct = compare(load_runs(dirs), "Vanilla")
     md = to_markdown(ct)
     rows = md_rows(md, "Reasoning benchmarks")
-    assert rows[0][-2:] == ["pooled p (question-level, pooled over seeds)", "seed-level p"]
-    assert rows[2][-2:] == ["—", "—"]  # the baseline
+    assert rows[0][-4:] == ["pooled p (question-level, pooled over seeds)", "seed-level p", *POWER_LABELS]
+    assert rows[2][-4:] == ["—", "—", "—", "—"]  # the baseline
     same = next(r for r in rows if r[0] == "Same")
-    assert same[-2:] == ["p=1.00", "p=1.00 (+0.0 pp)"]
+    assert same[-4:] == ["p=1.00", "p=1.00 (+0.0 pp)", "n/a", "n/a"]  # no spread: nothing to size them with
     lucky = next(r for r in rows if r[0] == "Lucky")
-    p = ct.main.rows[1].cells["seed_level"].seed_level.p
-    assert lucky[-1] == f"p{format_p(p)} (+1.5 pp)"
+    level = ct.main.rows[1].cells["seed_level"].seed_level
+    assert lucky[-3] == f"p{format_p(level.p)} (+1.5 pp)"
+    # Lucky's per-seed differences +5.0/+0.5/-1.0: sd 3.12 over 3 seeds
+    sd = float(np.std([5.0, 0.5, -1.0], ddof=1))
+    assert lucky[-2:] == [f"{min_detectable_diff(sd, 3):.1f}", str(seeds_needed(1.5, sd))]
     section = md.split("## Seed-level tests")[1].split("## Paired tests")[0]
     assert "| Lucky | pooled OOD | 0/0, 1/1, 2/2 | +5.0/+0.5/-1.0 | +1.5 |" in section
     assert "Reference (pooled OOD): two seeds of Vanilla answer" in section
     assert "- Lucky (pooled OOD): question-level pooled McNemar p " in section
     assert md.index("## Seed-level tests") < md.index("## Paired tests")
     tex = to_latex(ct)
-    assert "seed-level p \\\\" in tex and "$p{=}1.00$ (+0.0 pp)" in tex
+    assert "seeds needed for the mean diff \\\\" in tex and "$p{=}1.00$ (+0.0 pp) & n/a & n/a" in tex
+    assert "MDD at 80\\% power (pts)" in tex
     data = json.loads(json.dumps(ct.to_json()), parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
     assert [t["configuration"] for t in data["seed_tests"]] == ["Lucky", "Steady", "Same"]
     assert data["seed_tests"][2]["ttest"]["p"] == 1.0 and data["seed_tests"][0]["note"].startswith("Lucky")
     assert data["seed_to_seed"]["pooled OOD"]["baseline"] == "Vanilla" and len(data["notes"]) == 2
+    power = data["seed_tests"][0]["power"]  # Lucky
+    assert power["mdd_pp"] == pytest.approx(min_detectable_diff(sd, 3)) and power["sd_source"] == "observed"
+    lucky_cells = data["main"]["rows"][1]["cells"]
+    assert lucky_cells["mdd_pp"] == {"mdd_pp": power["mdd_pp"]}
+    assert (
+        lucky_cells["seeds_needed"] == {"seeds_needed": power["seeds_needed"]} and power["seeds_needed"] > 3
+    )
+    assert data["main"]["rows"][3]["cells"]["mdd_pp"] == {"mdd_pp": None}  # Same: nan -> null
+    assert data["single_seed"] == []
 
 
 def test_one_seed_each_adds_no_seed_level_column(table1_dirs):
@@ -446,6 +473,17 @@ def test_one_seed_each_adds_no_seed_level_column(table1_dirs):
     assert [c.kind for c in ct.main.columns].count("seed") == 0 and ct.main.columns[-1].label == "pooled p"
     assert ct.seed_tests == [] and ct.seed_null == {} and ct.notes == []
     assert "Seed-level" not in to_markdown(ct) and "question-level" not in to_latex(ct)
+    # every configuration's note under its table: one seed per arm, no seed-level claim
+    assert [(e.configuration, e.scope) for e in ct.single_seed] == [
+        ("NC-GRPO σ0=0.2", "pooled OOD"),
+        ("NC-GRPO σ0=0.5", "pooled OOD"),
+    ]
+    for e in ct.single_seed:
+        assert e.power.n_seeds == 1 and e.power.seeds_needed == seeds_needed(
+            e.power.mean_pp, REFERENCE_SEED_SD_PP
+        )
+        assert f"- {e.note}" in to_markdown(ct) and latex_text(e.note) in to_latex(ct)
+    assert json.loads(json.dumps(ct.to_json()))["single_seed"][0]["note"] == ct.single_seed[0].note
 
 
 def test_seed_level_with_a_single_seed_configuration(three_seed_dirs, tmp_path):
@@ -455,8 +493,29 @@ def test_seed_level_with_a_single_seed_configuration(three_seed_dirs, tmp_path):
                                                  "mathvista": ("ood", arrays["Lucky"][0])})  # fmt: skip
     ct = compare(load_runs([*dirs, one]), "Vanilla")
     row = md_rows(to_markdown(ct), "Reasoning benchmarks")[-1]
-    assert row[0] == "One" and row[-2].startswith("p") and row[-1] == "—"
+    assert row[0] == "One" and row[-4].startswith("p") and row[-3:] == ["—", "—", "—"]
     assert "One" not in [t.configuration for t in ct.seed_tests]
+    # instead, a note under the table: its +5.0 pts at the embedded base's seed-to-seed sd
+    (entry,) = ct.single_seed
+    need = seeds_needed(5.0, REFERENCE_SEED_SD_PP)
+    assert (entry.configuration, entry.power.seeds_needed, entry.power.sd_source) == (
+        "One",
+        need,
+        "reference",
+    )
+    assert entry.note == (
+        "One (pooled OOD): one seed per arm: no seed-level claim can be made (no seed-to-seed spread to test "
+        f"against); if its per-seed difference varied across seeds as on ncgrpo's embedded base (sd "
+        f"{REFERENCE_SEED_SD_PP:.2f} pts, the README's seed table), the observed difference of +5.0 pts "
+        f"would need {need} seeds per arm for 80% power at alpha 0.05"
+    )
+    table = to_markdown(ct).split("## Seed-level tests")[0]
+    assert f"\n- {entry.note}\n" in table
+    from rich.console import Console
+
+    console = Console(width=100, record=True, color_system=None)
+    print_rich(ct, console)
+    assert entry.note in " ".join(console.export_text().split())  # the table's caption, wrapped
 
 
 def test_rich_output_has_the_seed_level_tests_and_notes(three_seed_dirs):
@@ -604,3 +663,18 @@ def test_compare_pairs_by_the_figure_not_only_the_text(tmp_path, capsys):
     (other / RECORDS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert {r.image_hash for r in load_runs([other])[0].records} == {""}
     compare(load_runs([base, other]), "base")
+
+
+def test_seeds_needed_over_the_cap_in_every_renderer() -> None:
+    from ncgrpo.eval.report import Cell, Column, ComparisonTable, Row, Table
+
+    # per-seed differences +0.1/-5.0/+5.0 pts: a mean of +0.03 at an sd of 5 needs ~180,000 seeds
+    pairs = [outcomes(50.0, 50.0 + d, 100) for d in (0.1, -5.0, 5.0)]
+    level = seed_level(pairs)
+    assert level.power.seeds_needed is None and level.power.undefined == "more than 10,000 seeds"
+    columns = [Column("mdd_pp", MDD_LABEL, "mdd"), Column("seeds_needed", SEEDS_NEEDED_LABEL, "seeds_needed")]
+    cells = {"mdd_pp": Cell(seed_level=level), "seeds_needed": Cell(seed_level=level)}
+    ct = ComparisonTable("B", Table("T", columns, [Row("A", 3, cells)]), None, [])
+    assert md_rows(to_markdown(ct), "T")[2] == ["A", f"{level.power.mdd_pp:.1f}", ">10,000"]
+    assert f"A & {level.power.mdd_pp:.1f} & $>$10,000 \\\\" in to_latex(ct)
+    assert ct.to_json()["main"]["rows"][0]["cells"]["seeds_needed"] == {"seeds_needed": None}

@@ -6,10 +6,12 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy.stats import binomtest, ttest_1samp, ttest_rel
 
 from ncgrpo.eval.records import EvalRecord
+from ncgrpo.eval.stats import REFERENCE_SEED_SD_PP, min_detectable_diff, seeds_needed
 from ncgrpo.toy.seed_table import EXPORT_FORMAT, OOD_FAMILIES, POPE, export, load_runs, main, seed_table
 
 GEO = "synthetic/geometry"
@@ -53,24 +55,31 @@ def test_table_numbers_match_the_records(tmp_path) -> None:
     assert lines[0] == (
         "| Method | in-domain % (seed 0/1) | p vs base (seed 0/1) | OOD avg % | POPE % | "
         "question-level pooled p vs vanilla (wins/losses) | seed-level p vs vanilla (mean diff, pts) | "
-        "differ from vanilla % (seed 0/1) | shortcut % |"
+        "MDD at 80% power (pts) | seeds needed for the mean diff | differ from vanilla % (seed 0/1) | shortcut % |"
     )
-    assert lines[1] == "|---|---|---|---:|---:|---:|---:|---|---:|"
-    assert lines[2] == "| Base model | 10.0 | | 100.0 | 100.0 | | | | 50 |"
+    assert lines[1] == "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|"
+    assert lines[2] == "| Base model | 10.0 | | 100.0 | 100.0 | | | | | | 50 |"
     p_v0 = binomtest(5, 5, 0.5).pvalue  # vanilla seed 0: 5 wins, 0 losses against the base
     p_v1 = binomtest(3, 3, 0.5).pvalue
-    assert lines[3] == f"| Vanilla GRPO | 60.0/40.0 | {p_v0:.2g}/{p_v1:.2g} | 50.0 | 50.0 | — | — | — | 0 |"
+    assert (
+        lines[3]
+        == f"| Vanilla GRPO | 60.0/40.0 | {p_v0:.2g}/{p_v1:.2g} | 50.0 | 50.0 | — | — | — | — | — | 0 |"
+    )
     # vanilla seed 0 vs seed 1: they differ on q4 and q5 (seed 0 right both times)
     assert lines[4] == (
-        f"| Vanilla seed-to-seed (seeds 0-1) | | | | | {binomtest(2, 2, 0.5).pvalue:.2g} (2/0) | | 20.0 | |"
+        f"| Vanilla seed-to-seed (seeds 0-1) | | | | | {binomtest(2, 2, 0.5).pvalue:.2g} (2/0) | | | | 20.0 | |"
     )
     p_m0, p_m1 = binomtest(6, 6, 0.5).pvalue, binomtest(6, 6, 0.5).pvalue
     pooled = binomtest(5, 6, 0.5).pvalue  # 2 + 3 wins, 1 + 0 losses
     # seed-level: the method is +10 and +30 points over vanilla in seeds 0 and 1
     seed_p = ttest_rel([70.0, 70.0], [60.0, 40.0]).pvalue
+    # and its power: the sd of +10/+30 is 14.1 pts; over 2 seeds the MDD is 11.55 sd (163.3 pts), and
+    # +20 pts (1.41 sd) needs 7 seeds (the noncentral t power: 0.79 at 6 seeds, 0.87 at 7)
+    sd = float(np.std([10.0, 30.0], ddof=1))
+    assert min_detectable_diff(sd, 2) == pytest.approx(163.3, abs=0.05) and seeds_needed(20.0, sd) == 7
     assert lines[5] == (
         f"| NC-GRPO σ0=0.2 | 70.0/70.0 | {p_m0:.2g}/{p_m1:.2g} | 100.0 | 100.0 | {pooled:.2g} (5/1) | "
-        f"{seed_p:.2g} (+20.0) | 30.0/30.0 | 0 |"
+        f"{seed_p:.2g} (+20.0) | 163.3 | 7 | 30.0/30.0 | 0 |"
     )
     assert len(lines) == 6  # both tests non-significant: no note
 
@@ -106,17 +115,25 @@ def test_notes_where_question_level_and_seed_level_disagree(tmp_path) -> None:
                           "antithetic-sigma0.2", "spsa-sigma0.2"]  # fmt: skip
     # vanilla's seeds answer alike here: the reference says 0% differ, p = 1
     assert rows["Vanilla seed-to-seed (seeds 0-1/1-2)"] == (
-        "| Vanilla seed-to-seed (seeds 0-1/1-2) | | | | | 1 (0/0) | | 0.0/0.0 | |"
+        "| Vanilla seed-to-seed (seeds 0-1/1-2) | | | | | 1 (0/0) | | | | 0.0/0.0 | |"
     )
     spsa_p = ttest_1samp([10.0, 10.0, 15.0], 0.0).pvalue
     spsa_pooled = binomtest(9, 11, 0.5).pvalue
     assert spsa_p < 0.05 < spsa_pooled
-    assert f"| {spsa_pooled:.2g} (9/2) | {spsa_p:.2g} (+11.7) | 20.0/10.0/25.0 |" in rows["spsa-sigma0.2"]
+    sd = float(np.std([10.0, 10.0, 15.0], ddof=1))
+    power = f"{min_detectable_diff(sd, 3):.1f} | {seeds_needed(35 / 3, sd)}"
+    assert (
+        f"| {spsa_pooled:.2g} (9/2) | {spsa_p:.2g} (+11.7) | {power} | 20.0/10.0/25.0 |"
+        in rows["spsa-sigma0.2"]
+    )
     image_p = ttest_1samp([50.0, 0.0, -5.0], 0.0).pvalue
     image_pooled = binomtest(10, 11, 0.5).pvalue
     assert image_pooled < 0.05 < image_p
-    assert f"| {image_pooled:.2g} (10/1) | {image_p:.2g} (+15.0) |" in rows["image"]
-    assert "| 1 (3/3) | 1 (+0.0) | 10.0/0.0/20.0 |" in rows["antithetic-sigma0.2"]
+    sd = float(np.std([50.0, 0.0, -5.0], ddof=1))
+    power = f"{min_detectable_diff(sd, 3):.1f} | {seeds_needed(15.0, sd)}"
+    assert f"| {image_pooled:.2g} (10/1) | {image_p:.2g} (+15.0) | {power} |" in rows["image"]
+    # no spread between the seeds: nothing to size the MDD or the seeds with
+    assert "| 1 (3/3) | 1 (+0.0) | n/a | n/a | 10.0/0.0/20.0 |" in rows["antithetic-sigma0.2"]
     assert notes.splitlines() == [
         f"- image: question-level pooled McNemar p = {image_pooled:.2g} is below 0.05 but seed-level "
         f"p = {image_p:.2g} (3 seeds) is not: these models differ on the questions, but not detectably "
@@ -130,7 +147,25 @@ def test_notes_where_question_level_and_seed_level_disagree(tmp_path) -> None:
 def test_seed_level_cell_when_the_t_test_is_undefined(tmp_path) -> None:
     folder = _three_seeds(tmp_path, {"spsa-sigma0.2": [(2, 0), (2, 0), (2, 0)]})  # +10 pts every seed
     row = seed_table([folder]).splitlines()[-1]
-    assert f"| {binomtest(6, 6, 0.5).pvalue:.2g} (6/0) | n/a (+10.0) |" in row
+    assert f"| {binomtest(6, 6, 0.5).pvalue:.2g} (6/0) | n/a (+10.0) | n/a | n/a |" in row
+
+
+def test_one_seed_rows_say_no_seed_level_claim_can_be_made(tmp_path) -> None:
+    folder = tmp_path / "S"
+    _write(folder, "base", "Base model", [False] * 20)
+    _write(folder, "grpo-seed0", "Vanilla GRPO", [True] * 10 + [False] * 10)
+    _write(folder, "spsa-sigma0.2-seed0", "SPSA (seed 0)", [True] * 11 + [False] * 9)  # +5 pts
+    table, notes = seed_table([folder]).split("\n\n")
+    assert table.splitlines()[-1].endswith(
+        f"| {binomtest(1, 1, 0.5).pvalue:.2g} (1/0) | n/a (+5.0) | n/a | n/a | 5.0 | 0 |"
+    )
+    need = seeds_needed(5.0, REFERENCE_SEED_SD_PP)
+    assert need == 5  # +5 pts at the reference sd of 2.5 pts: 2 sd, power 0.75 at 4 seeds, 0.91 at 5
+    assert notes.splitlines() == [
+        "- SPSA: one seed per arm: no seed-level claim can be made (no seed-to-seed spread to test against); "
+        "if its per-seed difference varied across seeds as on ncgrpo's embedded base (sd 2.50 pts, the README's "
+        f"seed table), the observed difference of +5.0 pts would need {need} seeds per arm for 80% power at alpha 0.05"
+    ]
 
 
 def test_folders_must_agree_and_pair(tmp_path) -> None:

@@ -16,9 +16,10 @@ DESCRIPTION = (
     "of one configuration (mean ± half-range). The McNemar tests pool the seed pairs (question-level: "
     "questions are their only source of variance); with several seeds a configuration also gets the "
     "seed-level test, a paired t-test over training seeds of its accuracy difference (with a hierarchical "
-    "bootstrap interval), beside the baseline's seed-to-seed difference as a reference and a note where the "
-    "two tests disagree. Prints the tables; with --output_dir also writes comparison.md, comparison.tex, "
-    "comparison.json."
+    "bootstrap interval), the difference that test detects with 80% power and the seeds the observed "
+    "difference would need, beside the baseline's seed-to-seed difference as a reference and a note where "
+    "the two tests disagree; with one seed, a note that no seed-level claim can be made. Prints the tables; "
+    "with --output_dir also writes comparison.md, comparison.tex, comparison.json."
 )
 
 

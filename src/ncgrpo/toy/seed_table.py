@@ -6,7 +6,10 @@ McNemar test against the untrained base model (did GRPO learn at all?), the shar
 questions whose outcome differs from vanilla's in the same seed (did the method change anything?),
 one question-level McNemar test pooled over the seeds against vanilla, the seed-level test against
 vanilla (a paired t-test over training seeds of the in-domain accuracy difference, the seeds being
-the unit of replication; ``ncgrpo.eval.stats.seed_ttest``), and the share of greedy answers that
+the unit of replication; ``ncgrpo.eval.stats.seed_ttest``) with what that test could detect
+(``ncgrpo.eval.stats.seed_power``: the minimum detectable difference at 80% power and alpha 0.05 given
+the seeds' observed spread, and the seeds the observed mean difference would need; a row with one
+seed gets a note instead: no seed-level claim), and the share of greedy answers that
 take the warm-up's image-blind shortcut (:func:`ncgrpo.toy.traces.shortcut_trace`). A "Vanilla
 seed-to-seed" row gives what two vanilla seeds already differ by, the reference for the "differ from
 vanilla" column; a note under the table names each row whose question-level and seed-level tests
@@ -42,7 +45,16 @@ from typing import Any
 
 from ncgrpo.eval.records import EvalRecord
 from ncgrpo.eval.report import load_run
-from ncgrpo.eval.stats import align, disagreement_note, mcnemar_pooled, seed_to_seed, seed_ttest
+from ncgrpo.eval.stats import (
+    MDD_LABEL,
+    SEEDS_NEEDED_LABEL,
+    align,
+    disagreement_note,
+    mcnemar_pooled,
+    seed_power,
+    seed_to_seed,
+    seed_ttest,
+)
 from ncgrpo.runs.folder import atomic_write_bytes, json_rows
 
 __all__ = [
@@ -334,12 +346,12 @@ def _render(base: list[TableRecord], runs: dict[str, MethodRows]) -> str:
     lines = [
         f"| Method | in-domain % {per_seed} | p vs base {per_seed} | OOD avg % | POPE % | "
         "question-level pooled p vs vanilla (wins/losses) | seed-level p vs vanilla (mean diff, pts) | "
-        f"differ from vanilla % {per_seed} | shortcut % |",
-        "|---|---|---|---:|---:|---:|---:|---|---:|",
+        f"{MDD_LABEL} | {SEEDS_NEEDED_LABEL} | differ from vanilla % {per_seed} | shortcut % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     ood = sum(_accuracy(base, f) for f in OOD_FAMILIES) / len(OOD_FAMILIES)
     lines.append(
-        f"| Base model | {_accuracy(base, IN_DOMAIN):.1f} | | {ood:.1f} | {_accuracy(base, POPE):.1f} | | | | "
+        f"| Base model | {_accuracy(base, IN_DOMAIN):.1f} | | {ood:.1f} | {_accuracy(base, POPE):.1f} | | | | | | "
         f"{_shortcut(base):.0f} |"
     )
     notes = []
@@ -361,11 +373,14 @@ def _render(base: list[TableRecord], runs: dict[str, MethodRows]) -> str:
             pooled_cell = f"{_p(pooled.p)} ({pooled.n10}/{pooled.n01})"
             seed_level = seed_ttest(pairs)
             seed_cell = f"{_p(seed_level.p)} ({seed_level.mean_pp:+.1f})"
+            power = seed_power(seed_level)  # with one seed: n/a, and a note that says what it would need
+            mdd_cell, need_cell = power.mdd_text, power.seeds_needed_text
             note = disagreement_note(pooled.p, seed_level.p, n_seeds=len(pairs), label=rows.name)
-            if note:
-                notes.append(note)
+            for n in (note, power.note(rows.name)):
+                if n:
+                    notes.append(n)
         else:
-            pooled_cell = seed_cell = "—"
+            pooled_cell = seed_cell = mdd_cell = need_cell = "—"
         ood = sum(_accuracy(rows.seeds[s], f) for s in seeds for f in OOD_FAMILIES) / (
             len(seeds) * len(OOD_FAMILIES)
         )
@@ -373,7 +388,7 @@ def _render(base: list[TableRecord], runs: dict[str, MethodRows]) -> str:
         shortcut = sum(_shortcut(rows.seeds[s]) for s in seeds) / len(seeds)
         lines.append(
             f"| {rows.name} | {'/'.join(acc)} | {'/'.join(vs_base)} | {ood:.1f} | {pope:.1f} | {pooled_cell} | "
-            f"{seed_cell} | {'/'.join(differ) or '—'} | {shortcut:.0f} |"
+            f"{seed_cell} | {mdd_cell} | {need_cell} | {'/'.join(differ) or '—'} | {shortcut:.0f} |"
         )
         if slug == VANILLA_SLUG and len(seeds) > 1:
             lines.append(_seed_to_seed_row(rows))
@@ -394,7 +409,9 @@ def _seed_to_seed_row(vanilla: MethodRows) -> str:
     differ = "/".join(f"{100.0 * d:.1f}" for d in null.differ)
     label = "/".join(f"{i}-{j}" for i, j in null.pairs)
     q = null.pooled
-    return f"| Vanilla seed-to-seed (seeds {label}) | | | | | {_p(q.p)} ({q.n10}/{q.n01}) | | {differ} | |"
+    return (
+        f"| Vanilla seed-to-seed (seeds {label}) | | | | | {_p(q.p)} ({q.n10}/{q.n01}) | | | | {differ} | |"
+    )
 
 
 # --- the committed form of the records ---------------------------------------------------------

@@ -22,6 +22,12 @@ paired t-test over seeds of the per-seed accuracy difference on the same pooled 
 baseline's own seed-to-seed difference (``stats.seed_to_seed``) is given as the reference, and a note
 says where the question-level and the seed-level test disagree at alpha (``notes``). The seed-level
 tests are not in the Holm/Bonferroni family, which stays the family of the paper's McNemar tests.
+Beside the seed-level p come the test's power columns (``stats.seed_power``): the minimum detectable
+difference at 80% power and alpha 0.05 given the seeds' observed spread ("MDD at 80% power (pts)"),
+and the seeds per arm the observed mean difference would need ("seeds needed for the mean diff"). A
+configuration with one seed pair gets a note under its table instead (``single_seed``): no
+seed-level claim can be made, and its difference would need so many seeds at the embedded base's
+seed-to-seed spread.
 
 Every test behind a star is also listed (``tests``) with n01/n10/p and Holm and Bonferroni flags over
 the family of all listed tests. Renderers: rich (terminal), Markdown, LaTeX (booktabs), JSON.
@@ -36,13 +42,23 @@ from ncgrpo.eval.report.render import (
     print_rich,
     seed_reference,
     seed_tests_markdown,
+    single_seed_notes,
     tests_markdown,
     to_latex,
     to_markdown,
     to_rich,
 )
 from ncgrpo.eval.report.runs import Run, load_run, load_runs, pair_seeds
-from ncgrpo.eval.report.table import Cell, Column, ComparisonTable, Row, SeedTestEntry, Table, TestEntry
+from ncgrpo.eval.report.table import (
+    Cell,
+    Column,
+    ComparisonTable,
+    Row,
+    SeedTestEntry,
+    SingleSeedEntry,
+    Table,
+    TestEntry,
+)
 
 __all__ = [
     "QUESTION_LEVEL",
@@ -53,6 +69,7 @@ __all__ = [
     "Row",
     "Run",
     "SeedTestEntry",
+    "SingleSeedEntry",
     "Table",
     "TestEntry",
     "benchmark_label",
@@ -65,6 +82,7 @@ __all__ = [
     "print_rich",
     "seed_reference",
     "seed_tests_markdown",
+    "single_seed_notes",
     "tests_markdown",
     "to_latex",
     "to_markdown",

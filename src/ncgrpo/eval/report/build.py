@@ -9,8 +9,19 @@ from typing import Any
 from ncgrpo.data.benchmarks import BENCHMARKS, known_benchmark
 from ncgrpo.eval.report.conditions import check_comparable, check_same_questions
 from ncgrpo.eval.report.runs import Run, _seed_key, pair_seeds
-from ncgrpo.eval.report.table import Cell, Column, ComparisonTable, Row, SeedTestEntry, Table, TestEntry
+from ncgrpo.eval.report.table import (
+    Cell,
+    Column,
+    ComparisonTable,
+    Row,
+    SeedTestEntry,
+    SingleSeedEntry,
+    Table,
+    TestEntry,
+)
 from ncgrpo.eval.stats import (
+    MDD_LABEL,
+    SEEDS_NEEDED_LABEL,
     AlignmentError,
     McNemarResult,
     SeedNull,
@@ -21,7 +32,9 @@ from ncgrpo.eval.stats import (
     mcnemar_pooled,
     mean_half_range,
     seed_level,
+    seed_power,
     seed_to_seed,
+    seed_ttest,
 )
 
 #: What a pooled McNemar column is, in its header, where seeds were pooled into it.
@@ -117,11 +130,13 @@ def _build(
     tests: list[TestEntry],
     seed_tests: list[SeedTestEntry],
     seed_null: dict[str, SeedNull],
+    single_seed: list[SingleSeedEntry],
 ) -> Table:
     """One table; ``tests`` and ``seed_tests`` collect every test made, ``seed_null`` the baseline's
-    seed-to-seed reference. The pooled test pools the OOD columns when ``with_avg`` (main table),
-    else all columns (general table). With several seed pairs in some row, the pooled column says it
-    is question-level and a seed-level column follows it."""
+    seed-to-seed reference, ``single_seed`` the configurations with one seed pair. The pooled test
+    pools the OOD columns when ``with_avg`` (main table), else all columns (general table). With
+    several seed pairs in some row, the pooled column says it is question-level and a seed-level
+    column follows it, then the seed-level test's MDD and the seeds its mean difference needs."""
     columns = [Column(bm, benchmark_label(bm), "benchmark", roles[bm]) for bm in bms]
     ood = [bm for bm in bms if roles[bm] == "ood"] if with_avg else bms
     rows: list[Row] = []
@@ -155,6 +170,9 @@ def _build(
                         name, pooled_scope, row.seed_pairs, seed_cell.seed_level, pooled_test, differ
                     )
                 )
+            else:
+                power = seed_power(seed_ttest(arrays))
+                single_seed.append(SingleSeedEntry(name, pooled_scope, row.seed_pairs, power))
         if with_avg:
             avg = row.cells["ood_avg"] = Cell(test=pooled_test)
             if ood and _covers(runs, ood):
@@ -162,6 +180,8 @@ def _build(
         row.cells["pooled"] = Cell(test=pooled_test)
         if seeds_pooled:
             row.cells["seed_level"] = seed_cell
+            row.cells["mdd_pp"] = Cell(seed_level=seed_cell.seed_level)
+            row.cells["seeds_needed"] = Cell(seed_level=seed_cell.seed_level)
         rows.append(row)
     if with_avg:
         columns.append(Column("ood_avg", "OOD avg", "avg"))
@@ -170,12 +190,14 @@ def _build(
     )
     if seeds_pooled:
         columns.append(Column("seed_level", seed_label, "seed"))
+        columns.append(Column("mdd_pp", MDD_LABEL, "mdd"))
+        columns.append(Column("seeds_needed", SEEDS_NEEDED_LABEL, "seeds_needed"))
     if ood and len(base_runs) > 1 and _covers(base_runs, ood):
         arrays = _aligned([(r, base_runs[0]) for r in base_runs], ood)  # one question order for all seeds
         seed_null[pooled_scope] = seed_to_seed(
             {r.seed: a for r, (a, _) in zip(base_runs, arrays, strict=True)}
         )
-    table = Table(title=title, columns=columns, rows=rows)
+    table = Table(title=title, columns=columns, rows=rows, scope=pooled_scope)
     _mark_bold(table)
     return table
 
@@ -210,6 +232,7 @@ def compare(
     tests: list[TestEntry] = []
     seed_tests: list[SeedTestEntry] = []
     seed_null: dict[str, SeedNull] = {}
+    single_seed: list[SingleSeedEntry] = []
     main_bms = [b for b in roles if roles[b] == "in_domain"] + [b for b in roles if roles[b] == "ood"]
     gen_bms = [b for b in roles if roles[b] == "general"]
     main = (
@@ -226,6 +249,7 @@ def compare(
             tests=tests,
             seed_tests=seed_tests,
             seed_null=seed_null,
+            single_seed=single_seed,
         )
         if main_bms
         else None
@@ -250,6 +274,7 @@ def compare(
             tests=tests,
             seed_tests=seed_tests,
             seed_null=seed_null,
+            single_seed=single_seed,
         )
     # the pairs tested above were checked by align; this covers the cells no test pairs
     check_same_questions(runs)
@@ -267,5 +292,6 @@ def compare(
         tests=tests,
         seed_tests=seed_tests,
         seed_null=seed_null,
+        single_seed=single_seed,
         differences=differences,
     )

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ncgrpo.eval.report.table import Cell, Column, ComparisonTable, Row, Table
-from ncgrpo.eval.stats import ALPHA, BOOTSTRAP_RESAMPLES
+from ncgrpo.eval.stats import ALPHA, BOOTSTRAP_RESAMPLES, MDD_LABEL, POWER, SEEDS_NEEDED_LABEL
 
 # --- rendering -------------------------------------------------------------------------------
 
@@ -57,6 +57,15 @@ def _seed_text(cell: Cell, *, latex: bool, minus: str) -> str:
     return f"p{format_p(level.p)} ({diff} pp)"
 
 
+def _power_text(cell: Cell, kind: str) -> str:
+    """The MDD (points) or the seeds needed of a seed-level test (``stats.seed_power``); "n/a" where
+    the seeds have no spread."""
+    if cell.seed_level is None:
+        return ""
+    power = cell.seed_level.power
+    return power.seeds_needed_text if kind == "seeds_needed" else power.mdd_text
+
+
 def _cells(table: Table, row: Row, style: str) -> list[str]:
     """Cell strings of one row: style "md" (Markdown), "latex" or "rich" (rich markup)."""
     dash = {"md": "—", "latex": "---", "rich": "—"}[style]
@@ -71,6 +80,10 @@ def _cells(table: Table, row: Row, style: str) -> list[str]:
         if col.kind == "seed":
             text = _seed_text(cell, latex=style == "latex", minus="$-$" if style == "latex" else "−")
             out.append(text or dash)
+            continue
+        if col.kind in ("mdd", "seeds_needed"):
+            text = _power_text(cell, col.kind)
+            out.append((text.replace(">", "$>$") if style == "latex" else text) or dash)  # ">10,000"
             continue
         if cell.mean is None:
             out.append(dash)
@@ -97,9 +110,21 @@ def _legend(ct: ComparisonTable, table: Table, *, latex: bool = False) -> str:
             f" Pooled {p} and the stars are question-level: McNemar tests over the questions of every seed "
             f"pair. Seed-level {p} (primary with several seeds, seeds being the unit of replication): paired "
             "t-test over training seeds of the per-seed accuracy difference on the same questions, with the "
-            "mean difference in points."
+            "mean difference in points. "
         )
+        power = (
+            f"{MDD_LABEL}: the smallest true mean difference that test detects with {POWER:.0%} probability "
+            f"at alpha {ALPHA}, given the seeds' observed spread; {SEEDS_NEEDED_LABEL}: the seeds per arm at "
+            "which the observed mean difference would reach that power (same spread)."
+        )
+        text += latex_text(power) if latex else power
     return text
+
+
+def single_seed_notes(ct: ComparisonTable, table: Table) -> list[str]:
+    """The notes of ``table``'s configurations with one seed pair: no seed-level claim can be made,
+    and the seeds their difference would need at the embedded base's seed-to-seed sd."""
+    return [e.note for e in ct.single_seed if e.scope == table.scope]
 
 
 def _legend_head(ct: ComparisonTable, pooled: bool, seeds: bool, *, latex: bool) -> str:
@@ -226,6 +251,9 @@ def to_markdown(ct: ComparisonTable, *, with_tests: bool = True) -> str:
         for row in table.rows:
             lines.append("| " + " | ".join([_md_escape(row.name)] + _cells(table, row, "md")) + " |")
         lines += ["", _md_escape(_legend(ct, table))]
+        notes = single_seed_notes(ct, table)
+        if notes:
+            lines += ["", *(f"- {_md_escape(n)}" for n in notes)]
         parts.append("\n".join(lines) + "\n")
     if ct.seed_tests or ct.seed_null:
         parts.append("## Seed-level tests\n\n" + seed_tests_markdown(ct))
@@ -283,7 +311,9 @@ def to_latex(ct: ComparisonTable) -> str:
         lines += [
             "    \\bottomrule",
             "  \\end{tabular}",
-            f"  \\caption{{\\textbf{{{latex_text(table.title)}.}} {diff}{_legend(ct, table, latex=True)}}}",
+            f"  \\caption{{\\textbf{{{latex_text(table.title)}.}} {diff}{_legend(ct, table, latex=True)}"
+            + "".join(f" {latex_text(n)}." for n in single_seed_notes(ct, table))
+            + "}",
             "\\end{table*}",
         ]
         blocks.append("\n".join(lines))
@@ -301,7 +331,8 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
 
     out: list[Any] = [Text(ct.header, style="bold")] if ct.header else []
     for table in _tables(ct):
-        rt = RichTable(title=table.title, caption=_legend(ct, table), caption_justify="left")
+        caption = "\n".join([_legend(ct, table), *map(escape, single_seed_notes(ct, table))])
+        rt = RichTable(title=table.title, caption=caption, caption_justify="left")
         rows = [_cells(table, row, "rich") for row in table.rows]
         rt.add_column("Method", no_wrap=True)
         for col in table.columns:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncgrpo.eval.stats import ALPHA, McNemarResult, SeedLevel, SeedNull, disagreement_note
+from ncgrpo.eval.stats import ALPHA, McNemarResult, SeedLevel, SeedNull, SeedPower, disagreement_note
 
 # --- the table model -------------------------------------------------------------------------
 
@@ -20,7 +20,7 @@ class Cell:
     half_range: float | None = None  # percent, only with > 1 seed
     test: McNemarResult | None = None
     bold: bool = False
-    seed_level: SeedLevel | None = None  # only in a "seed" column
+    seed_level: SeedLevel | None = None  # only in the "seed", "mdd" and "seeds_needed" columns
 
     @property
     def significant(self) -> bool:
@@ -29,9 +29,9 @@ class Cell:
 
 @dataclass
 class Column:
-    key: str  # benchmark id, "ood_avg", "pooled" or "seed_level"
+    key: str  # benchmark id, "ood_avg", "pooled", "seed_level", "mdd_pp" or "seeds_needed"
     label: str
-    kind: str  # "benchmark" | "avg" | "pooled" | "seed"
+    kind: str  # "benchmark" | "avg" | "pooled" | "seed" | "mdd" | "seeds_needed"
     role: str | None = None
 
 
@@ -48,6 +48,7 @@ class Table:
     title: str
     columns: list[Column]
     rows: list[Row]
+    scope: str = ""  # the pooled test's scope ("pooled OOD" / "pooled general")
 
 
 @dataclass
@@ -93,6 +94,22 @@ class SeedTestEntry:
         )
 
 
+@dataclass
+class SingleSeedEntry:
+    """A configuration with one seed pair on a pooled scope: no seed-level claim can be made; ``power``
+    (``stats.seed_power`` of its one per-seed difference) has the seeds that difference would need at
+    the embedded base's seed-to-seed sd."""
+
+    configuration: str
+    scope: str
+    seeds: list[tuple[Any, Any]]
+    power: SeedPower
+
+    @property
+    def note(self) -> str:
+        return self.power.note(f"{self.configuration} ({self.scope})") or ""
+
+
 def _nan_none(x: float) -> float | None:
     return None if isinstance(x, float) and math.isnan(x) else x
 
@@ -106,6 +123,20 @@ def _json_clean(obj: Any) -> Any:
     return _nan_none(obj)
 
 
+def _cell_json(key: str, c: Cell) -> dict[str, Any]:
+    """One cell in comparison.json; the power columns' cells hold their one number (the whole
+    seed-level result is in the "seed_level" cell beside them)."""
+    if key in ("mdd_pp", "seeds_needed"):
+        return {key: _json_clean(getattr(c.seed_level.power, key)) if c.seed_level else None}
+    return {
+        "mean": c.mean,
+        "half_range": c.half_range,
+        "bold": c.bold,
+        "test": c.test.to_dict() if c.test else None,
+        "seed_level": _json_clean(c.seed_level.to_dict()) if c.seed_level else None,
+    }
+
+
 @dataclass
 class ComparisonTable:
     baseline: str
@@ -114,6 +145,8 @@ class ComparisonTable:
     tests: list[TestEntry]
     seed_tests: list[SeedTestEntry] = field(default_factory=list)
     seed_null: dict[str, SeedNull] = field(default_factory=dict)  # scope -> the baseline's seed-to-seed
+    #: Configurations with one seed pair, whose note says no seed-level claim can be made.
+    single_seed: list[SingleSeedEntry] = field(default_factory=list)
     #: Conditions the runs differ in, allowed explicitly (``compare(allow_different=...)``): one line
     #: each, shown above the tables.
     differences: list[str] = field(default_factory=list)
@@ -142,16 +175,7 @@ class ComparisonTable:
                         "name": r.name,
                         "n_seeds": r.n_seeds,
                         "seed_pairs": r.seed_pairs,
-                        "cells": {
-                            k: {
-                                "mean": c.mean,
-                                "half_range": c.half_range,
-                                "bold": c.bold,
-                                "test": c.test.to_dict() if c.test else None,
-                                "seed_level": _json_clean(c.seed_level.to_dict()) if c.seed_level else None,
-                            }
-                            for k, c in r.cells.items()
-                        },
+                        "cells": {k: _cell_json(k, c) for k, c in r.cells.items()},
                     }
                     for r in t.rows
                 ],
@@ -191,6 +215,16 @@ class ComparisonTable:
             "seed_to_seed": {
                 scope: {"baseline": self.baseline, **null.to_dict()} for scope, null in self.seed_null.items()
             },
+            "single_seed": [
+                {
+                    "configuration": e.configuration,
+                    "scope": e.scope,
+                    "seed_pairs": e.seeds,
+                    "power": _json_clean(e.power.to_dict()),
+                    "note": e.note,
+                }
+                for e in self.single_seed
+            ],
             "notes": self.notes,
             "differences": self.differences,
         }

@@ -35,6 +35,12 @@ differently, as often as a method differs from vanilla. So beside the paper's te
   question-level McNemar; a method-vs-baseline "differ %" is read against it.
 - :func:`disagreement_note`: a one-line note when the question-level pooled test and the
   seed-level test fall on different sides of alpha.
+- :func:`seed_power` (:mod:`ncgrpo.eval.stats.power`): what the seed-level test could detect. With
+  two or more seeds, the minimum detectable difference at 80% power and alpha 0.05 given the observed
+  seed-to-seed sd (:func:`min_detectable_diff`, from the noncentral t power :func:`ttest_power`) and
+  the seeds the observed difference would need (:func:`seeds_needed`); with one seed per arm, that no
+  seed-level claim can be made, and the seeds the difference would need at the embedded base's
+  seed-to-seed sd (:data:`REFERENCE_SEED_SD_PP`).
 
 Plain numpy/scipy only: no torch, nothing from ncgrpo that imports torch.
 """
@@ -58,6 +64,19 @@ from ncgrpo.eval.stats.mcnemar import (
     pooled,
     pooled_over_seeds,
 )
+from ncgrpo.eval.stats.power import (
+    MDD_LABEL,
+    POWER,
+    REFERENCE_SEED_SD_PP,
+    SEEDS_NEEDED_CAP,
+    SEEDS_NEEDED_LABEL,
+    SeedPower,
+    min_detectable_diff,
+    pooled_sd,
+    seed_power,
+    seeds_needed,
+    ttest_power,
+)
 from ncgrpo.eval.stats.seeds import (
     BOOTSTRAP_RESAMPLES,
     BootstrapCI,
@@ -76,12 +95,18 @@ from ncgrpo.eval.stats.seeds import (
 __all__ = [
     "ALPHA",
     "BOOTSTRAP_RESAMPLES",
+    "MDD_LABEL",
+    "POWER",
+    "REFERENCE_SEED_SD_PP",
+    "SEEDS_NEEDED_CAP",
+    "SEEDS_NEEDED_LABEL",
     "AlignmentError",
     "BootstrapCI",
     "McNemarResult",
     "Paired",
     "SeedLevel",
     "SeedNull",
+    "SeedPower",
     "SeedTTest",
     "align",
     "align_seeds",
@@ -93,12 +118,17 @@ __all__ = [
     "mcnemar_exact",
     "mcnemar_pooled",
     "mean_half_range",
+    "min_detectable_diff",
     "paired_ttest",
     "per_benchmark",
     "pooled",
     "pooled_over_seeds",
+    "pooled_sd",
     "seed_differences",
     "seed_level",
+    "seed_power",
     "seed_to_seed",
     "seed_ttest",
+    "seeds_needed",
+    "ttest_power",
 ]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ncgrpo.eval.stats.mcnemar import ALPHA, McNemarResult, _as_bool, mcnemar_exact, mcnemar_pooled
+from ncgrpo.eval.stats.power import SeedPower, seed_power
 
 #: Resamples of :func:`hierarchical_bootstrap` unless told otherwise: the 2.5% and 97.5% quantiles
 #: of 10,000 resamples move by a few hundredths of a point between generator seeds.
@@ -201,10 +202,13 @@ def hierarchical_bootstrap(
 @dataclass(frozen=True)
 class SeedLevel:
     """The seed-level comparison of one method with the baseline: the primary paired t-test over
-    seeds and the hierarchical bootstrap interval of the same mean difference."""
+    seeds, the hierarchical bootstrap interval of the same mean difference, and the test's power
+    (:func:`~ncgrpo.eval.stats.seed_power`: its minimum detectable difference and the seeds the
+    observed difference would need)."""
 
     ttest: SeedTTest
     bootstrap: BootstrapCI
+    power: SeedPower
 
     @property
     def p(self) -> float:
@@ -215,18 +219,25 @@ class SeedLevel:
         return self.ttest.mean_pp
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ttest": self.ttest.to_dict(), "bootstrap": self.bootstrap.to_dict()}
+        return {
+            "ttest": self.ttest.to_dict(),
+            "bootstrap": self.bootstrap.to_dict(),
+            "power": self.power.to_dict(),
+        }
 
 
 def seed_level(
     seed_pairs: Iterable[tuple[Any, Any]], *, confidence: float = 0.95, **bootstrap: Any
 ) -> SeedLevel:
-    """:func:`seed_ttest` and :func:`hierarchical_bootstrap` of the same seed pairs at one ``confidence``;
-    ``bootstrap``: the bootstrap's own options (``n_resamples``, ``seed``), defaults and checks there."""
+    """:func:`seed_ttest`, :func:`hierarchical_bootstrap` and :func:`~ncgrpo.eval.stats.seed_power`
+    (at 80% power, alpha 0.05) of the same seed pairs at one ``confidence``; ``bootstrap``: the
+    bootstrap's own options (``n_resamples``, ``seed``), defaults and checks there."""
     pairs = _seed_pairs(seed_pairs)
+    ttest = seed_ttest(pairs, confidence=confidence)
     return SeedLevel(
-        ttest=seed_ttest(pairs, confidence=confidence),
+        ttest=ttest,
         bootstrap=hierarchical_bootstrap(pairs, confidence=confidence, **bootstrap),
+        power=seed_power(ttest),
     )
 
 
