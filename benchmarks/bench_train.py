@@ -118,7 +118,8 @@ def parse_args(argv=None):
         default="vanilla,latent,latent:noshare,image",
         help="comma-separated rollout methods (vanilla is always added as the baseline: TRL's path, one prefill "
         f"per row, no hook); any of {', '.join(ROLLOUT_METHODS)}, each optionally with ':noshare' "
-        "(share_prompt_prefill=False: one prefill per row, as TRL) or ':shareloss' (share_prompt_loss=True)",
+        "(share_prompt_prefill=False: one prefill per row, as TRL), ':shareloss' (share_prompt_loss=True) or "
+        "':target' (the target schedule at --target-tv: sigma_k solved every step)",
     )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (each runs every method once)")
@@ -132,6 +133,13 @@ def parse_args(argv=None):
     p.add_argument("--image-size", type=int, default=56, help="image side in pixels (56: tiny_grpo's images)")
     p.add_argument(
         "--sigma0", type=float, default=0.2, help="noise scale (constant schedule, so it is on every step)"
+    )
+    p.add_argument(
+        "--target-tv",
+        type=float,
+        default=0.002,
+        help="':target' runs: target_marginal_tv (constant; 0.002 is reached near sigma 0.3 on the random tiny "
+        "model), sigma_max 10",
     )
     p.add_argument(
         "--image-noise-step", type=int, default=500, help="image method's diffusion step t (constant)"
@@ -158,7 +166,7 @@ def parse_args(argv=None):
         p.error("--time-cap must be >= 0")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if split_method(m)[0] not in ROLLOUT_METHODS or m.count(":") > 1]
-    bad += [m for m in methods if ":" in m and m.partition(":")[2] not in ("noshare", "shareloss")]
+    bad += [m for m in methods if ":" in m and m.partition(":")[2] not in VARIANTS]
     if bad:
         p.error(f"--methods: unknown {bad}; use any of {', '.join(ROLLOUT_METHODS)}")
     if args.amp == "auto":
@@ -171,10 +179,14 @@ def parse_args(argv=None):
     return args
 
 
+#: a method's variants: ``method:variant``
+VARIANTS = ("noshare", "shareloss", "target")
+
+
 def split_method(spec: str) -> tuple[str, bool]:
     """``"latent"`` -> ``("latent", True)``; ``"latent:noshare"`` -> ``("latent", False)`` (share_prompt_prefill)."""
     name, _, flag = spec.partition(":")
-    if flag not in ("", "noshare", "shareloss"):
+    if flag not in ("", *VARIANTS):
         return name, True  # refused by parse_args
     return name, flag != "noshare"
 
@@ -343,6 +355,8 @@ def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Reco
                 image_noise_step=args.image_noise_step,
                 share_prompt_prefill=share,
                 share_prompt_loss=spec.endswith(":shareloss"),
+                target_marginal_tv=args.target_tv if spec.endswith(":target") else None,
+                sigma_max=10.0,
                 bf16=args.amp == "bf16",
                 fp16=args.amp == "fp16",
                 disable_tqdm=True,

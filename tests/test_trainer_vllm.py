@@ -130,6 +130,29 @@ def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:
     assert all(h.metrics["noise/first_token_tv"] < 1e-3 for h in tr.nc_history)
 
 
+def test_target_schedule_on_colocate_generates_at_the_solved_sigma(model_dir, tmp_path) -> None:
+    """target_marginal_tv on vLLM: the trainer solves sigma_k on its own model before the engine generates,
+    the plugin perturbs the noisy rows at that sigma, and the TV measured afterwards (the trainer's pass
+    under the same noise) is the target's."""
+    path, tok = model_dir
+    target = 0.05
+    args = _config(
+        tmp_path, rollout_method="latent", target_marginal_tv=target, sigma_max=10.0, sigma_schedule="constant"
+    )
+    with cpu_weight_sync():
+        tr = vllm_trainer(NCGRPOTrainer, path, tok, args)
+        before = perturbed_rows(tr.vllm_generation.llm)
+        tr.train()
+    assert perturbed_rows(tr.vllm_generation.llm) - before == 2 * (G // 2)
+    assert len(tr.nc_history) == 2
+    for h in tr.nc_history:
+        m = h.metrics
+        assert m["noise/sigma_k"] == h.sigma_k > 0 and m["noise/sigma_at_max"] == 0.0
+        assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target, m
+        assert abs(m["noise/first_token_marginal_tv"] - target) <= 0.1 * target, m
+        assert m["noise/rel_perturbation"] == pytest.approx(h.sigma_k, rel=0.3)  # the noise sent was sigma_k's
+
+
 def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:
     """SPSA on vLLM: the noisy half goes out as (+eps, -eps) rank-one pairs sharing a key, and after the first
     update the requests carry the trainer's mu as ``steer`` (eq. 6)."""

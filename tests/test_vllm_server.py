@@ -246,3 +246,36 @@ def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
     assert diff[:, 1:].abs().max() < tol, diff  # later tokens decode from a clean KV cache
     assert torch.equal(rec["ratio"][noisy], torch.ones_like(rec["ratio"][noisy]))
     assert hist.metrics["noise/first_token_tv"] > 0.3 and hist.metrics["noise/sigma_k"] == pytest.approx(8.0)
+
+
+def test_target_schedule_in_server_mode_sends_the_solved_sigma(model_dir, server, tmp_path, monkeypatch):
+    """target_marginal_tv with a vLLM server: sigma_k is solved on the trainer's model before the batch goes
+    to the server, whose plugin perturbs the noisy half at it; the TV measured afterwards is the target's."""
+    from trl.generation.vllm_client import VLLMClient
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    path, tok = model_dir
+    monkeypatch.setattr(VLLMClient, "init_communicator", lambda self, device=0: None)
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda self: None)
+    target = 0.05
+    args = vllm_trainer_config(
+        tmp_path,
+        num_generations=G,
+        max_steps=1,
+        vllm_mode="server",
+        vllm_server_base_url=server,
+        rollout_method="latent",
+        target_marginal_tv=target,
+        sigma_max=10.0,
+        sigma_schedule="constant",
+    )
+    tr = vllm_trainer(_Recording, path, tok, args, n_prompts=2)
+    tr.records = []
+    before = _perturbed(server)
+    tr.train()
+    assert _perturbed(server) - before == G // 2
+    (hist,) = tr.nc_history
+    m = hist.metrics
+    assert m["noise/sigma_k"] == hist.sigma_k > 0
+    assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target, m
+    assert abs(m["noise/first_token_marginal_tv"] - target) <= 0.1 * target, m

@@ -96,6 +96,26 @@ def test_roster_schedule_and_batch() -> None:
     assert [m.slug for m in DemoConfig(rollout_methods=["vanilla"]).methods()] == ["grpo"]
 
 
+def test_target_rows_replace_the_sigma0_rows_of_the_methods_the_target_schedule_sets() -> None:
+    cfg = DemoConfig(target_marginal_tv=[0.0066, 0.038])
+    assert [(m.name, m.slug, m.fields) for m in cfg.methods()[1:]] == [
+        ("NC-GRPO TV=0.0066", "ncgrpo-tv0.0066", {"sigma0": 0.2, "noise_site": "final_norm", "target_marginal_tv": 0.0066}),
+        ("NC-GRPO TV=0.038", "ncgrpo-tv0.038", {"sigma0": 0.2, "noise_site": "final_norm", "target_marginal_tv": 0.038}),
+    ]  # fmt: skip
+    everything = DemoConfig(target_marginal_tv=[0.0066], all_methods=True).methods()
+    by_method = {m.rollout_method: m for m in everything}
+    assert by_method["antithetic"].fields["target_marginal_tv"] == 0.0066  # at the first target
+    assert "target_marginal_tv" not in by_method["spsa"].fields  # refused by the schedule: at sigma0
+    assert by_method["spsa"].slug == "spsa-sigma0.2"
+    for bad, message in (
+        (dict(target_marginal_tv=[0.0]), r"a TV in \(0, 1\]"),
+        (dict(target_marginal_tv=[0.01, 0.01]), "lists a target twice"),
+        (dict(target_marginal_tv=[0.01], noise_site="1"), "layer site"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            DemoConfig(**bad)
+
+
 def test_first_per_family_keeps_order_and_limit() -> None:
     class Q:
         def __init__(self, benchmark, i):
