@@ -74,9 +74,13 @@ def solve_target_sigma(trainer, gen: _LocalGen, target: float, prompt_ids, multi
         return gen.target_solve
     model = unwrapped_model(trainer)
     clean = [nz.RowNoise()] * len(gen.plans)
+    # the forward the rows' branch point is measured in: the transformers engine's generate (shared
+    # prefill where on), vLLM's measurement pass (one prefill per row, measure_branch_point); the same
+    # computation gives the same states, so the logged TV reads back the solved one
+    shared = a.share_prompt_prefill and not getattr(trainer, "use_vllm", False)
     with (
         branch_point_hooks(model, clean, a, None, solve) as (_, point),
-        share_prompt_prefill(model, a.share_prompt_prefill),
+        share_prompt_prefill(model, shared),
     ):
         prefill_only(trainer, prompt_ids, multimodal_fields)
     found: SigmaSolve = point.extra
