@@ -210,25 +210,24 @@ class _Recording(NCGRPOTrainer):
         )
 
 
-def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
+def _one_server_step(model_dir, server, tmp_path, monkeypatch, **settings):
+    """A trainer of one step in server mode (latent, constant schedule, ``settings`` on top); NCCL weight
+    transfer cannot run on a CPU, and one step generated before any update needs no sync."""
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
     path, tok = model_dir
-    # NCCL weight transfer cannot run on a CPU; one step generated before any update needs no sync
     monkeypatch.setattr(VLLMClient, "init_communicator", lambda self, device=0: None)
     monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda self: None)
     args = vllm_trainer_config(
-        tmp_path,
-        num_generations=G,
-        max_steps=1,
-        vllm_mode="server",
-        vllm_server_base_url=server,
-        rollout_method="latent",
-        sigma0=8.0,
-        sigma_schedule="constant",
-    )
-    tr = vllm_trainer(_Recording, path, tok, args, n_prompts=2)
+        tmp_path, num_generations=G, max_steps=1, vllm_mode="server", vllm_server_base_url=server,
+        rollout_method="latent", sigma_schedule="constant", **settings,
+    )  # fmt: skip
+    return vllm_trainer(_Recording, path, tok, args, n_prompts=2)
+
+
+def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
+    tr = _one_server_step(model_dir, server, tmp_path, monkeypatch, sigma0=8.0)
     tr.records = []
     assert tr.nc_vllm_status and all(s["patched"] for s in tr.nc_vllm_status)
     before = _perturbed(server)
@@ -251,25 +250,10 @@ def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
 def test_target_schedule_in_server_mode_sends_the_solved_sigma(model_dir, server, tmp_path, monkeypatch):
     """target_marginal_tv with a vLLM server: sigma_k is solved on the trainer's model before the batch goes
     to the server, whose plugin perturbs the noisy half at it; the TV measured afterwards is the target's."""
-    from trl.generation.vllm_client import VLLMClient
-    from trl.generation.vllm_generation import VLLMGeneration
-
-    path, tok = model_dir
-    monkeypatch.setattr(VLLMClient, "init_communicator", lambda self, device=0: None)
-    monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda self: None)
     target = 0.05
-    args = vllm_trainer_config(
-        tmp_path,
-        num_generations=G,
-        max_steps=1,
-        vllm_mode="server",
-        vllm_server_base_url=server,
-        rollout_method="latent",
-        target_marginal_tv=target,
-        sigma_max=10.0,
-        sigma_schedule="constant",
+    tr = _one_server_step(
+        model_dir, server, tmp_path, monkeypatch, target_marginal_tv=target, sigma_max=10.0
     )
-    tr = vllm_trainer(_Recording, path, tok, args, n_prompts=2)
     tr.records = []
     before = _perturbed(server)
     tr.train()

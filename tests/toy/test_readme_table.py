@@ -1,9 +1,11 @@
-"""The README's several-seed table is what the seed-table tool prints from the committed records.
+"""The README's several-seed tables are what the seed-table tool prints from the committed records.
 
-The table sits in README.md between the lines ``<!-- seed-table:begin -->`` and
-``<!-- seed-table:end -->``; its records are committed under ``docs/records/seed-table/`` (written by
-``python -m ncgrpo.toy.seed_table --export docs/records/seed-table FOLDER...``). A row edited by hand,
-or left behind when the records or the statistics change, fails here.
+Each table sits in README.md between the lines ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``, its
+records committed under ``docs/records/NAME/`` (written by ``python -m ncgrpo.toy.seed_table --export
+docs/records/NAME FOLDER...``): ``seed-table`` (the methods of the paper and the controls) and
+``seed-table-target`` (issue 36's rows: the target schedule and the propagating site, each with the
+vanilla runs trained beside it). A row edited by hand, or left behind when the records or the statistics
+change, fails here.
 """
 
 from __future__ import annotations
@@ -21,15 +23,26 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 RECORDS = ROOT / "docs" / "records" / "seed-table"
 BEGIN, END = "<!-- seed-table:begin -->", "<!-- seed-table:end -->"
-REGENERATE = (
-    f"regenerate it with `python -m ncgrpo.toy.seed_table {RECORDS.relative_to(ROOT)}` and paste the output "
-    f"between the lines {BEGIN} and {END} (new runs: first `python -m ncgrpo.toy.seed_table --export "
-    f"{RECORDS.relative_to(ROOT)} FOLDER...`)"
-)
+#: every README table: its block name (the markers) -> its committed records
+BLOCKS = {"seed-table": RECORDS, "seed-table-target": ROOT / "docs" / "records" / "seed-table-target"}
 
 
-def readme_block(text: str, where: str = "README.md") -> str:
-    """The text between the marker lines (each alone on its line, once, begin before end)."""
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+
+
+def _regenerate(records: Path, name: str) -> str:
+    begin, end = _markers(name)
+    rel = records.relative_to(ROOT) if records.is_relative_to(ROOT) else records
+    return (
+        f"regenerate it with `python -m ncgrpo.toy.seed_table {rel}` and paste the output between the lines "
+        f"{begin} and {end} (new runs: first `python -m ncgrpo.toy.seed_table --export {rel} FOLDER...`)"
+    )
+
+
+def readme_block(text: str, where: str = "README.md", name: str = "seed-table") -> str:
+    """The text between the marker lines of table ``name`` (each alone on its line, once, begin before end)."""
+    BEGIN, END = _markers(name)
     lines = text.splitlines()
     begins = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
     ends = [i for i, line in enumerate(lines) if line.strip() == END]
@@ -41,9 +54,11 @@ def readme_block(text: str, where: str = "README.md") -> str:
     return "\n".join(lines[begins[0] + 1 : ends[0]]).strip("\n")
 
 
-def table_mismatch(readme_text: str, records: Path, where: str = "README.md") -> str | None:
-    """None when the README block equals the table of ``records``; else a message with the diff."""
-    block = readme_block(readme_text, where)
+def table_mismatch(
+    readme_text: str, records: Path, where: str = "README.md", name: str = "seed-table"
+) -> str | None:
+    """None when the README block ``name`` equals the table of ``records``; else a message with the diff."""
+    block = readme_block(readme_text, where, name)
     expected = seed_table([records]).strip("\n")
     if block == expected:
         return None
@@ -52,15 +67,14 @@ def table_mismatch(readme_text: str, records: Path, where: str = "README.md") ->
             block.splitlines(), expected.splitlines(), "README block", "from the records", lineterm=""
         )
     )
-    return f"{where}: the seed table is not what {records} gives; {REGENERATE}\n{diff}"
+    return f"{where}: the seed table {name} is not what {records} gives; {_regenerate(records, name)}\n{diff}"
 
 
-def test_readme_seed_table_regenerates_from_the_committed_records() -> None:
-    if not RECORDS.is_dir():
-        pytest.skip(
-            f"{RECORDS.relative_to(ROOT)} is not committed yet: no records to check the README table against"
-        )
-    message = table_mismatch(README.read_text(encoding="utf-8"), RECORDS)
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_readme_seed_table_regenerates_from_the_committed_records(name: str) -> None:
+    records = BLOCKS[name]
+    assert records.is_dir(), f"{records.relative_to(ROOT)} is not committed: no records for README's {name}"
+    message = table_mismatch(README.read_text(encoding="utf-8"), records, name=name)
     assert message is None, message
 
 

@@ -130,3 +130,13 @@ def test_verl_refuses_it_with_the_reason():
 
     with pytest.raises(ValueError, match="target_marginal_tv is not supported on verl: .*rollout workers"):
         NCGRPOVerlConfig.from_mapping({"rollout_method": "latent", "target_marginal_tv": 0.01})
+
+
+def test_fewer_draws_than_the_estimate_needs_is_warned(tmp_path):
+    with pytest.warns(UserWarning, match="reads a small TV high .* set marginal_tv_draws: 256"):
+        tiny.config(tmp_path, target_marginal_tv=0.01, marginal_tv_draws=32)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny.config(tmp_path, target_marginal_tv=0.01, marginal_tv_draws=256, sigma_schedule="constant")

@@ -20,6 +20,10 @@ from ncgrpo.methods import get_method, methods
 #: decodes from noise, not from the prompt (the paper uses 0.2 to 0.5; the tiny test models need up to 8 for
 #: a visible effect), and far above it the float32/bf16 states overflow (3e38 ended in an internal error).
 SIGMA0_MAX = 10.0
+#: draws per prompt the target schedule's estimate should have: the bias-corrected marginal TV of 32 draws
+#: reads 0.0100 where 256 read 0.0069 and 1,024 read 0.0066 (embedded base, sigma 0.2, 128 prompts,
+#: `ncgrpo probe --marginal_draws M`); below this the config warns
+TARGET_DRAWS = 256
 
 
 def sigma0_problem(value: object) -> str | None:
@@ -164,7 +168,8 @@ class NCGRPOConfig(GRPOConfig):
             "batch's branch-point states so that the batch's noise-averaged first-token TV(q, q_bar) (logged "
             "noise/first_token_marginal_tv) equals target_marginal_tv * decay_k (eq. 3's decay of sigma_schedule "
             "anneals the target); sigma0 is the solver's first guess. In (0, 1]; `ncgrpo probe` gives the TV a "
-            "sigma0 has on a model. None (default): sigma_k = sigma0 * decay_k, the paper."
+            "sigma0 has on a model. The TV held is the marginal_tv_draws-draw estimate, which reads small TVs high "
+            "below 256 draws (warned). None (default): sigma_k = sigma0 * decay_k, the paper."
         },
     )
     sigma_max: float = field(
@@ -478,7 +483,17 @@ class NCGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"target_marginal_tv solves sigma_k on marginal_tv_draws draws per prompt (with a bootstrap "
                 f"bias correction, which needs two or more); got marginal_tv_draws={self.marginal_tv_draws}. "
-                "Use 32 (the default) or more."
+                f"Use {TARGET_DRAWS} or more."
+            )
+        if self.marginal_tv_draws < TARGET_DRAWS:
+            warnings.warn(
+                f"target_marginal_tv={t:g} with marginal_tv_draws={self.marginal_tv_draws}: the solve holds the "
+                f"{self.marginal_tv_draws}-draw estimate of the TV, which reads a small TV high (on the embedded "
+                "base at sigma 0.2: 0.0100 from 32 draws, 0.0069 from 256, 0.0066 from 1,024), so the noise held "
+                f"is weaker than the target; set marginal_tv_draws: {TARGET_DRAWS} (each solver evaluation sends "
+                "that many rows per prompt through the LM head)",
+                UserWarning,
+                stacklevel=_caller_stacklevel(),
             )
 
     def _check_vllm(self, method) -> None:
