@@ -73,7 +73,8 @@ def test_one_sigma0_moves_two_bases_differently_and_the_target_schedule_holds_th
         assert logs[0]["noise/target_marginal_tv"] == pytest.approx(TARGET, rel=1e-6)
 
 
-def test_the_solve_draws_no_random_state_and_leaves_the_model_unhooked(tmp_path):
+def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_model_unhooked(tmp_path):
+    """vLLM and the first_token_marginal control solve in a clean pass before generating."""
     from ncgrpo.trainer.metrics import _LocalGen
 
     tr = _trainer(tmp_path, "d32", target_marginal_tv=TARGET, sigma_schedule="constant")
@@ -88,7 +89,8 @@ def test_the_solve_draws_no_random_state_and_leaves_the_model_unhooked(tmp_path)
     hooks_before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     rng = torch.get_rng_state()
     fields = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
-    found = tr.solve_target_sigma(gen, TARGET, [inputs["input_ids"][0].tolist()], fields)
+    gen.target_tv = TARGET
+    found = tr.solve_target_sigma(gen, [inputs["input_ids"][0].tolist()], fields)
     assert torch.equal(rng, torch.get_rng_state())  # the sampling that follows is the one a fixed sigma gets
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == hooks_before
     assert "generate" not in model.__dict__  # the shared-prefill patch is gone
@@ -140,3 +142,43 @@ def test_fewer_draws_than_the_estimate_needs_is_warned(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tiny.config(tmp_path, target_marginal_tv=0.01, marginal_tv_draws=256, sigma_schedule="constant")
+
+
+def test_hidden_noise_solves_in_the_generations_own_prefill_and_the_control_in_a_pass_of_its_own(
+    tmp_path, monkeypatch
+):
+    """latent: no forward beyond TRL's generate (the final-norm hook solves on the prefill's clean states
+    before perturbing); first_token_marginal (its hook is built before the prefill): a clean pass first.
+    Both hold the target."""
+    import ncgrpo.trainer.target as target_module
+
+    passes = []
+    real = target_module.prefill_only
+    monkeypatch.setattr(target_module, "prefill_only", lambda *a, **k: passes.append(1) or real(*a, **k))
+    for method, extra_passes in (("latent", 0), ("first_token_marginal", 2)):
+        passes.clear()
+        tr = _trainer(
+            tmp_path / method, "d32", rollout_method=method, target_marginal_tv=TARGET, sigma_schedule="constant",
+            max_steps=2,
+        )  # fmt: skip
+        tr.train()
+        assert len(passes) == extra_passes, method
+        for log in _logs(tr):
+            assert abs(log["noise/target_achieved_tv"] - TARGET) <= 0.02 * TARGET, (method, log)
+            assert abs(log["noise/first_token_marginal_tv"] - TARGET) <= 0.1 * TARGET, (method, log)
+
+
+def test_a_prefill_that_never_reaches_the_solve_is_an_error_not_sigma0(tmp_path, monkeypatch):
+    import ncgrpo.engines.transformers as engine
+
+    monkeypatch.setattr(engine.NoiseHook, "_set_rows", lambda self, rows: None)
+    real = engine.NoiseHook.__init__
+
+    def no_resolve(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.resolve = None  # as if the hook never saw the prefill
+
+    monkeypatch.setattr(engine.NoiseHook, "__init__", no_resolve)
+    tr = _trainer(tmp_path, "d32", target_marginal_tv=TARGET, sigma_schedule="constant", max_steps=1)
+    with pytest.raises(RuntimeError, match="did not reach the final-norm hook"):
+        tr.train()

@@ -166,8 +166,12 @@ class NoiseHook:
         steer: torch.Tensor | None,
         positions: Literal["auto", "all"],
         timing: bool,
+        resolve: Callable[[torch.Tensor], Sequence[RowNoise]] | None = None,
     ) -> None:
         self.rows = list(rows)
+        #: called once, at the final-norm site's prefill, with the clean branch-point states ``# [B, d]``
+        #: before any noise; returns the rows' noise (the target schedule's sigma_k, solved on them)
+        self.resolve = resolve
         self.layers = layers  # None: final-norm site
         self.scales = depth_decayed_sigmas(layers, layer_decay) if layers else {}
         self._layer_rows = {layer: _layer_rows(self.rows, layer) for layer in layers} if layers else {}
@@ -357,6 +361,9 @@ class NoiseHook:
         idx = _last_index(mask, B, T, h.device)
         new_output = None
         if self.layers is None:
+            if self.resolve is not None:  # the rows' noise decided on this prefill's own clean states
+                resolve, self.resolve = self.resolve, None
+                self._set_rows(resolve(_gather_last(h, idx)))
             k = self._keep(T)
             if not self.any_noisy:
                 h_new, rel = h, torch.zeros(B)
@@ -389,6 +396,14 @@ class NoiseHook:
             self._disarm()
         self._via_top = False
         return new_output
+
+    def _set_rows(self, rows: Sequence[RowNoise]) -> None:
+        rows = list(rows)
+        if len(rows) != len(self.rows) or not all(isinstance(r, RowNoise) for r in rows):
+            raise ValueError(f"prefill_noise's resolve returned {len(rows)} rows for {len(self.rows)}, or not RowNoise")
+        self.rows = rows
+        self.any_noisy = any(r.noisy for r in rows)
+        self._noisy = [b for b, r in enumerate(rows) if r.noisy]
 
     def _perturb_last(
         self, h: torch.Tensor, last_mask: torch.Tensor | None
@@ -467,6 +482,7 @@ def prefill_noise(
     steer: torch.Tensor | None = None,
     positions: Literal["auto", "all"] = "auto",
     timing: bool = False,
+    resolve: Callable[[torch.Tensor], Sequence[RowNoise]] | None = None,
 ) -> Iterator[NoiseHook]:
     """Perturb the prefill of ``model`` (eq. 2 at ``site``) for the rows flagged in ``rows``.
 
@@ -475,10 +491,16 @@ def prefill_noise(
     layer index / list of indices (propagating variant; the top-most gets ``sigma``, the next
     ``sigma * layer_decay`` ...). ``steer``: eq. (6)'s ``mu`` ``# [d]`` added to noisy rows.
     ``positions``: ``"auto"`` or ``"all"`` (final-norm site; see the module docstring).
-    ``timing``: measure the hook bodies and the prefill forward (synchronizes CUDA).
+    ``timing``: measure the hook bodies and the prefill forward (synchronizes CUDA). ``resolve``
+    (final-norm site): called once, at the prefill, with the clean branch-point states ``# [B, d]`` (the
+    last prompt position, before any noise); the rows it returns replace ``rows`` for that prefill (the
+    target schedule solves sigma_k there: :mod:`ncgrpo.trainer.target`). ``rows`` until then: the
+    left-padding check of noisy rows runs on them.
 
     Every hook handle is removed on exit, also when the body raises.
     """
+    if resolve is not None and site != "final_norm":
+        raise ValueError("prefill_noise: resolve decides the rows at the final-norm site only")
     if positions not in ("auto", "all"):
         raise ValueError(f"positions must be 'auto' or 'all', got {positions!r}")
     bad = [i for i, r in enumerate(rows) if not isinstance(r, RowNoise)]
@@ -492,7 +514,7 @@ def prefill_noise(
             "(exit the outer `with prefill_noise(...)` first, or give both row sets to one call)"
         )
     layers = _normalize_site(site, len(stack.layers))
-    hook = NoiseHook(rows, layers, layer_decay, steer, positions, timing)
+    hook = NoiseHook(rows, layers, layer_decay, steer, positions, timing, resolve)
     handles = []
     _HOOKED[top] = hook
     try:

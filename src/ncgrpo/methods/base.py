@@ -217,7 +217,11 @@ class RolloutMethod:
         if not self.uses_sigma:
             gen.sigma_k = 0.0
         elif tr.args.target_marginal_tv is not None:  # sigma_k solved for the annealed TV on this batch
-            tr.solve_target_sigma(gen, tr.schedule.target(k, K, tr.args.target_marginal_tv), prompt_ids, multimodal_fields)
+            gen.target_tv = tr.schedule.target(k, K, tr.args.target_marginal_tv)
+            if getattr(tr, "use_vllm", False) or not self.hidden_noise:  # a clean pass of its own, first
+                tr.solve_target_sigma(gen, prompt_ids, multimodal_fields)
+            else:  # in the generation's own prefill (NCGRPOTrainer._nc_generate): sigma0 until then
+                gen.sigma_k = float(tr.args.sigma0)
         else:
             gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0)
 

@@ -245,12 +245,13 @@ class NCGRPOTrainer(GRPOTrainer):
             gradient_accumulation_steps=self.args.gradient_accumulation_steps,
         )
 
-    def solve_target_sigma(self, gen, target: float, prompt_ids, multimodal_fields):
+    def solve_target_sigma(self, gen, prompt_ids, multimodal_fields):
         """``target_marginal_tv``: this generation's ``sigma_k`` solved on its prompts for the annealed
-        ``target`` (:func:`ncgrpo.trainer.target.solve_target_sigma`)."""
+        ``gen.target_tv`` in a pass of its own (:func:`ncgrpo.trainer.target.solve_target_sigma`; vLLM and
+        the ``first_token_marginal`` control; the hidden-noise methods solve in the generation's prefill)."""
         from ncgrpo.trainer.target import solve_target_sigma
 
-        return solve_target_sigma(self, gen, target, prompt_ids, multimodal_fields)
+        return solve_target_sigma(self, gen, prompt_ids, multimodal_fields)
 
     def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
         """``first_token_temperature_auto``'s T0 on this generation's prompts
@@ -305,14 +306,26 @@ class NCGRPOTrainer(GRPOTrainer):
         if fields is not multimodal_fields:
             gen.gen_pixel_values = fields.get("pixel_values")
         model = unwrapped_model(self)
+        resolve = None
+        if gen.target_tv is not None and gen.target_solve is None:  # target_marginal_tv: solved in the prefill
+            from ncgrpo.trainer.target import prefill_resolver
+
+            resolve = prefill_resolver(self, gen, model)
         with ExitStack() as stack:
             marginal = partial(branch_point_marginal, self, gen)
-            branch = stack.enter_context(branch_point_hooks(model, rows, a, method.steer(self), marginal))
+            branch = stack.enter_context(
+                branch_point_hooks(model, rows, a, method.steer(self), marginal, resolve=resolve)
+            )
             # one prefill per prompt (per half for the image method): TRL's generate goes through
             # ncgrpo.engines.shared_prefill.shared_prefill_generate; the hooks above act at its branch forward
             self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
             control = method.generation_hooks(self, gen, model, stack)
             completion_ids, logprobs = generate(fields)
+        if resolve is not None and gen.target_solve is None:  # never silently at the provisional sigma0
+            raise RuntimeError(
+                "target_marginal_tv: the generation's prefill did not reach the final-norm hook that solves "
+                "sigma_k (no prefill was detected in TRL's generate); the rows would have used sigma0"
+            )
         record_branch_point(gen, *branch, temperature=self.temperature, control=control)
         gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
         self._nc_gen = gen

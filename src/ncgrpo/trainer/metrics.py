@@ -254,7 +254,7 @@ def calibrate_first_token_t0(trainer, plans: list[RowPlan], prompt_ids, multimod
 
 
 @contextmanager
-def branch_point_hooks(model, rows: list, args, steer: torch.Tensor | None, on_branch=None):
+def branch_point_hooks(model, rows: list, args, steer: torch.Tensor | None, on_branch=None, resolve=None):
     """Around one prefill of ``model`` (``generate``'s first forward): eq. (2) on ``rows``
     (:func:`ncgrpo.engines.transformers.prefill_noise` with ``args``' site, positions and ``steer``, SPSA's ``mu``)
     and the last-position logits of that forward (the branch point), read by an ``lm_head`` hook
@@ -262,7 +262,8 @@ def branch_point_hooks(model, rows: list, args, steer: torch.Tensor | None, on_b
     Yields ``(hook, point)``: after the prefill ``point.logits`` holds ``[L, V]`` float32 logits and
     ``point.states`` the LM head's input at that position ``[L, d]`` (model dtype; the clean
     final-norm state on clean rows), and ``point.extra`` what ``on_branch(head, logits, states)`` returned
-    inside the head's forward; see :func:`ncgrpo.engines.branch_point.branch_point_capture`."""
+    inside the head's forward; see :func:`ncgrpo.engines.branch_point.branch_point_capture`. ``resolve``:
+    the rows' noise decided on the prefill's clean states (:func:`~ncgrpo.engines.transformers.prefill_noise`)."""
     from ncgrpo.engines.branch_point import branch_point_capture
     from ncgrpo.engines.transformers import prefill_noise
 
@@ -277,6 +278,7 @@ def branch_point_hooks(model, rows: list, args, steer: torch.Tensor | None, on_b
                 layer_decay=a.noise_layer_decay,
                 steer=steer,
                 positions=a.noise_positions,
+                resolve=resolve,
             )
         )
         yield hook, point

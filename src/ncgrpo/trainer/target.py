@@ -4,24 +4,32 @@ the noise-averaged first-token TV of the noisy half equals the annealed target.
 The paper's eq. (2) calibration fixes the perturbation's Euclidean size, ``sigma ||h||``; what the noisy
 half samples from is ``q_bar`` (Proposition M, :mod:`ncgrpo.core.marginal`), and ``TV(q, q_bar)`` at a
 fixed sigma differs between models and moves as RL changes the policy. With ``target_marginal_tv`` the
-trainer holds that distance instead: before each generation it runs one clean, no-grad prompt-only pass
-of the rank's rows (the trainer's own model, whatever engine then generates: transformers, vLLM colocate
-or server), and inside the LM head's forward (where ZeRO-3 has its weights gathered) solves
+trainer holds that distance instead: it solves
 
     mean over the batch's prompts of TV(q_i, q_bar_i(sigma)) = target_marginal_tv * decay_k
 
-for ``sigma`` in ``(0, sigma_max]`` (:func:`ncgrpo.core.marginal.solve_sigma_for_marginal_tv`). Each
-prompt counts once, on the rank that holds its group's first row; the TV is the logged metric's own
-estimator (:func:`ncgrpo.trainer.metrics.marginal_curve`: the same keyed draws
-``NoiseKey(seed, k, prompt_id, -1 - m)`` and bootstrap correction), and each evaluation sums the ranks'
-TVs over processes, so every rank runs the same evaluations and gets the same ``sigma_k``. No random
-state is drawn (greedy pass, keyed draws): a resumed run solves the same ``sigma_k`` from the same
-weights and batch, and the sampling that follows is unchanged.
+for ``sigma`` in ``(0, sigma_max]`` (:func:`ncgrpo.core.marginal.solve_sigma_for_marginal_tv`) on the
+batch's clean branch-point states, before any row is sampled:
+
+- **inside the generation's own prefill** (transformers engine, hidden-noise methods:
+  :func:`prefill_resolver`): the final-norm hook hands the prefill's clean last-position states to the
+  solve before it perturbs the noisy rows with the solved sigma (no extra forward);
+- **in a pass of its own** (:func:`solve_target_sigma`: vLLM, whose engine generates from the trainer's
+  solved sigma, and the ``first_token_marginal`` control, whose hook is built before the prefill): one
+  clean, no-grad prompt-only pass of the rank's rows, the solve inside the LM head's forward.
+
+Each prompt counts once, on the rank that holds its group's first row; the TV is the logged metric's own
+estimator (:func:`ncgrpo.trainer.metrics.marginal_curve`: the same keyed draws ``NoiseKey(seed, k,
+prompt_id, -1 - m)`` and bootstrap correction), and each evaluation sums the ranks' TVs over processes, so
+every rank runs the same evaluations and gets the same ``sigma_k``. No random state is drawn (keyed
+draws; the separate pass is greedy): a resumed run solves the same ``sigma_k`` from the same weights and
+batch, and the sampling that follows is unchanged.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -41,37 +49,75 @@ class SigmaAtMaxWarning(UserWarning):
     """The target schedule could not reach its target TV below ``sigma_max``."""
 
 
-def solve_target_sigma(trainer, gen: _LocalGen, target: float, prompt_ids, multimodal_fields) -> SigmaSolve:
-    """Set ``gen.sigma_k`` (and ``gen.target_tv``, ``gen.target_solve``) to the sigma whose batch-mean
-    noise-averaged first-token TV is ``target`` (see the module docstring). Collective: every process
-    calls it once per generation. Reads ``trainer.args`` (``sigma0``: the first guess, ``sigma_max``,
-    ``marginal_tv_draws``, ``share_prompt_prefill``), ``.nc_method``, ``.accelerator``; runs
-    :func:`~ncgrpo.trainer.metrics.prefill_only`."""
-    from ncgrpo.engines.shared_prefill import share_prompt_prefill
-
+def _solve(trainer, gen: _LocalGen, head, states: torch.Tensor, logits: torch.Tensor) -> SigmaSolve:
+    """The solve on one rank's clean branch-point ``states`` ``# [L, d]`` and ``logits`` ``# [L, V]`` (its
+    local rows), a collective: each TV evaluation is summed over processes."""
     a = trainer.args
     owners = [i for i, p in enumerate(gen.plans) if p.branch == 0]  # each group's first row: one per prompt
-    pids = [gen.plans[i].prompt_id for i in owners]
+    curve = None
+    if owners:
+        idx = torch.tensor(owners)
+        h, z = states[idx.to(states.device)], logits[idx.to(logits.device)]
+        curve = marginal_curve(trainer, head, h, z, [gen.plans[i].prompt_id for i in owners], gen.step)
 
-    def solve(head, logits, states) -> SigmaSolve:  # inside the LM head's forward (ZeRO-3)
-        curve = None
-        if owners:
-            idx = torch.tensor(owners)
-            h, z = states[idx.to(states.device)], logits[idx.to(logits.device)]
-            curve = marginal_curve(trainer, head, h, z, pids, gen.step)
+    def batch_tv(sigma: float) -> float:
+        local = curve(sigma).double() if curve is not None else torch.zeros(0, dtype=torch.float64)
+        both = gather(trainer.accelerator, torch.stack([local.sum(), torch.tensor(float(len(owners)))])[None])
+        total = both.sum(0)  # [sum of TVs, prompts] over processes, summed in rank order on every rank
+        return float(total[0] / total[1])
 
-        def batch_tv(sigma: float) -> float:
-            local = curve(sigma).double() if curve is not None else torch.zeros(0, dtype=torch.float64)
-            both = gather(trainer.accelerator, torch.stack([local.sum(), torch.tensor(float(len(owners)))])[None])
-            total = both.sum(0)  # [sum of TVs, prompts] over processes, summed in rank order on every rank
-            return float(total[0] / total[1])
+    return solve_sigma_for_marginal_tv(batch_tv, gen.target_tv, start=a.sigma0, sigma_max=a.sigma_max)
 
-        return solve_sigma_for_marginal_tv(batch_tv, target, start=a.sigma0, sigma_max=a.sigma_max)
 
-    gen.target_tv = float(target)
-    if target <= 0:  # annealed away: no pass needed
-        gen.target_solve, gen.sigma_k = SigmaSolve(0.0, 0.0, 0), 0.0
+def _record(trainer, gen: _LocalGen, found: SigmaSolve) -> None:
+    """``gen.sigma_k`` / ``gen.target_solve`` from the solve; warns once per run where ``sigma_max`` bound it."""
+    gen.target_solve, gen.sigma_k = found, float(found.sigma)
+    if found.at_max and not getattr(trainer, "_nc_warned_sigma_max", False):
+        trainer._nc_warned_sigma_max = True
+        if trainer.accelerator.is_main_process:
+            warnings.warn(
+                f"target_marginal_tv: at step {gen.step} the batch's noise-averaged first-token TV is {found.tv:.4g} "
+                f"at sigma_max={trainer.args.sigma_max:g}, below the annealed target {gen.target_tv:.4g}; "
+                "generating at sigma_max (noise/sigma_at_max = 1). Raise sigma_max or lower the target (said "
+                "once per run).",
+                SigmaAtMaxWarning,
+                stacklevel=3,
+            )
+
+
+def prefill_resolver(trainer, gen: _LocalGen, model) -> Callable[[torch.Tensor], list]:
+    """The ``resolve`` of :func:`~ncgrpo.engines.transformers.prefill_noise` for this generation: given the
+    prefill's clean branch-point states ``# [L, d]``, solve sigma_k for ``gen.target_tv`` (the clean
+    logits through the LM head's weights, gathered for generation under ZeRO-3), record it on ``gen`` and
+    return the rows' noise at it. Reads ``trainer.nc_method`` (``row_noise``)."""
+    from ncgrpo.engines.branch_point import find_text_stack, head_function
+
+    def resolve(states: torch.Tensor) -> list:
+        head = head_function(
+            find_text_stack(model)[0].lm_head,
+            "target_marginal_tv (the solve of sigma_k at the prefill)",
+            "or unset target_marginal_tv",
+        )
+        with torch.no_grad():
+            found = _solve(trainer, gen, head, states, head(states).float())
+        _record(trainer, gen, found)
+        return [trainer.nc_method.row_noise(p, found.sigma) for p in gen.plans]
+
+    return resolve
+
+
+def solve_target_sigma(trainer, gen: _LocalGen, prompt_ids, multimodal_fields) -> SigmaSolve:
+    """Set ``gen.sigma_k`` (and ``gen.target_solve``) to the sigma whose batch-mean noise-averaged
+    first-token TV is ``gen.target_tv``, in a clean prompt-only pass of its own (see the module docstring).
+    Collective: every process calls it once per generation. Reads ``trainer.args`` (``sigma0``: the first
+    guess, ``sigma_max``, ``marginal_tv_draws``, ``share_prompt_prefill``), ``.nc_method``,
+    ``.accelerator``; runs :func:`~ncgrpo.trainer.metrics.prefill_only`."""
+    from ncgrpo.engines.shared_prefill import share_prompt_prefill
+
+    if gen.target_tv <= 0:  # annealed away: no pass needed
+        _record(trainer, gen, SigmaSolve(0.0, 0.0, 0))
         return gen.target_solve
+    a = trainer.args
     model = unwrapped_model(trainer)
     clean = [nz.RowNoise()] * len(gen.plans)
     # the forward the rows' branch point is measured in: the transformers engine's generate (shared
@@ -79,21 +125,9 @@ def solve_target_sigma(trainer, gen: _LocalGen, target: float, prompt_ids, multi
     # computation gives the same states, so the logged TV reads back the solved one
     shared = a.share_prompt_prefill and not getattr(trainer, "use_vllm", False)
     with (
-        branch_point_hooks(model, clean, a, None, solve) as (_, point),
+        branch_point_hooks(model, clean, a, None, lambda head, z, h: _solve(trainer, gen, head, h, z)) as (_, point),
         share_prompt_prefill(model, shared),
     ):
         prefill_only(trainer, prompt_ids, multimodal_fields)
-    found: SigmaSolve = point.extra
-    gen.target_solve, gen.sigma_k = found, float(found.sigma)
-    if found.at_max and not getattr(trainer, "_nc_warned_sigma_max", False):
-        trainer._nc_warned_sigma_max = True
-        if trainer.accelerator.is_main_process:
-            warnings.warn(
-                f"target_marginal_tv: at step {gen.step} the batch's noise-averaged first-token TV is {found.tv:.4g} "
-                f"at sigma_max={a.sigma_max:g}, below the annealed target {target:.4g}; generating at sigma_max "
-                "(noise/sigma_at_max = 1). Raise sigma_max or lower the target (said once per run).",
-                SigmaAtMaxWarning,
-                stacklevel=2,
-            )
-    return found
-
+    _record(trainer, gen, point.extra)
+    return gen.target_solve
