@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.window < 1:
         ap.error("--window must be >= 1")
-    print("| run | set by | steps before the anneal | marginal TV by window (mean sigma_k) | max abs(TV/target - 1) |")
+    print(
+        "| run | set by | steps before the anneal | marginal TV by window (mean sigma_k) | max abs(TV/target - 1) |"
+    )
     print("|---|---|---:|---|---:|")
     for run in a.runs:
         s = summarize(run, a.window)

@@ -66,7 +66,9 @@ def _finished(out: Path) -> bool:
 
 
 def _run_to_end(out: Path, model: Path, data: Path, method: tuple[str, ...] = SPSA) -> None:
-    r = subprocess.run(_cmd(out, model, data, method), env=_env(), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        _cmd(out, model, data, method), env=_env(), capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 

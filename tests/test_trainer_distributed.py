@@ -63,7 +63,9 @@ def test_target_schedule_solves_one_sigma_on_every_process_as_one_process_does(t
     for k, (a, b, s) in enumerate(zip(r0["history"], r1["history"], one["history"], strict=True)):
         assert a["sigma_k"] == b["sigma_k"] > 0
         assert a["metrics"]["noise/target_solver_evals"] == b["metrics"]["noise/target_solver_evals"]
-        if k == 0:  # the same weights and batch: the one-process sigma_k (step 2's weights differ by rounding)
+        if (
+            k == 0
+        ):  # the same weights and batch: the one-process sigma_k (step 2's weights differ by rounding)
             assert a["sigma_k"] == pytest.approx(s["sigma_k"], rel=1e-4)
         for m in (a["metrics"], s["metrics"]):  # the batch's TV at the solved sigma is the annealed target
             target = m["noise/target_marginal_tv"]

@@ -137,7 +137,11 @@ def test_target_schedule_on_colocate_generates_at_the_solved_sigma(model_dir, tm
     path, tok = model_dir
     target = 0.05
     args = _config(
-        tmp_path, rollout_method="latent", target_marginal_tv=target, sigma_max=10.0, sigma_schedule="constant"
+        tmp_path,
+        rollout_method="latent",
+        target_marginal_tv=target,
+        sigma_max=10.0,
+        sigma_schedule="constant",
     )
     with cpu_weight_sync():
         tr = vllm_trainer(NCGRPOTrainer, path, tok, args)
@@ -150,7 +154,9 @@ def test_target_schedule_on_colocate_generates_at_the_solved_sigma(model_dir, tm
         assert m["noise/sigma_k"] == h.sigma_k > 0 and m["noise/sigma_at_max"] == 0.0
         assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target, m
         assert abs(m["noise/first_token_marginal_tv"] - target) <= 0.1 * target, m
-        assert m["noise/rel_perturbation"] == pytest.approx(h.sigma_k, rel=0.3)  # the noise sent was sigma_k's
+        assert m["noise/rel_perturbation"] == pytest.approx(
+            h.sigma_k, rel=0.3
+        )  # the noise sent was sigma_k's
 
 
 def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:

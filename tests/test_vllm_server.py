@@ -251,9 +251,7 @@ def test_target_schedule_in_server_mode_sends_the_solved_sigma(model_dir, server
     """target_marginal_tv with a vLLM server: sigma_k is solved on the trainer's model before the batch goes
     to the server, whose plugin perturbs the noisy half at it; the TV measured afterwards is the target's."""
     target = 0.05
-    tr = _one_server_step(
-        model_dir, server, tmp_path, monkeypatch, target_marginal_tv=target, sigma_max=10.0
-    )
+    tr = _one_server_step(model_dir, server, tmp_path, monkeypatch, target_marginal_tv=target, sigma_max=10.0)
     tr.records = []
     before = _perturbed(server)
     tr.train()

@@ -66,7 +66,9 @@ def test_one_sigma0_moves_two_bases_differently_and_the_target_schedule_holds_th
             assert log["noise/target_marginal_tv"] == pytest.approx(target)
             assert log["noise/sigma_k"] == tr.nc_history[k - 1].sigma_k
             assert 1 <= log["noise/target_solver_evals"] <= 12 and log["noise/sigma_at_max"] == 0.0
-            if target >= 0.25 * TARGET:  # before the anneal: the TV that generated the rollouts is the target's
+            if (
+                target >= 0.25 * TARGET
+            ):  # before the anneal: the TV that generated the rollouts is the target's
                 assert abs(log["noise/target_achieved_tv"] - target) <= 0.02 * target, log
                 assert abs(log["noise/first_token_marginal_tv"] - target) <= 0.1 * target, log
                 assert 0 < log["noise/sigma_k"] <= 2.0
@@ -79,7 +81,9 @@ def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_mod
 
     tr = _trainer(tmp_path, "d32", target_marginal_tv=TARGET, sigma_schedule="constant")
     batch = next(iter(tr.get_train_dataloader()))
-    prompts = [tr.processing_class.apply_chat_template(x["prompt"], add_generation_prompt=True) for x in batch[:1]]
+    prompts = [
+        tr.processing_class.apply_chat_template(x["prompt"], add_generation_prompt=True) for x in batch[:1]
+    ]
     inputs = tr.processing_class(text=prompts, images=[x["images"] for x in batch[:1]], return_tensors="pt")
     from ncgrpo.core.plan import plan_rows
 
@@ -103,7 +107,10 @@ def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_mod
     [
         (dict(target_marginal_tv=0.0), r"target_marginal_tv must be a total-variation distance in \(0, 1\]"),
         (dict(target_marginal_tv=math.nan), "target_marginal_tv must be"),
-        (dict(target_marginal_tv=0.01, rollout_method="spsa"), "cannot set the noise of rollout_method='spsa'"),
+        (
+            dict(target_marginal_tv=0.01, rollout_method="spsa"),
+            "cannot set the noise of rollout_method='spsa'",
+        ),
         (dict(target_marginal_tv=0.01, rollout_method="image"), "noise is in the pixels"),
         (dict(target_marginal_tv=0.01, rollout_method="vanilla"), "no noisy half"),
         (

@@ -400,7 +400,9 @@ class NoiseHook:
     def _set_rows(self, rows: Sequence[RowNoise]) -> None:
         rows = list(rows)
         if len(rows) != len(self.rows) or not all(isinstance(r, RowNoise) for r in rows):
-            raise ValueError(f"prefill_noise's resolve returned {len(rows)} rows for {len(self.rows)}, or not RowNoise")
+            raise ValueError(
+                f"prefill_noise's resolve returned {len(rows)} rows for {len(self.rows)}, or not RowNoise"
+            )
         self.rows = rows
         self.any_noisy = any(r.noisy for r in rows)
         self._noisy = [b for b, r in enumerate(rows) if r.noisy]

@@ -17,7 +17,8 @@ from ncgrpo.methods.base import RolloutMethod, read_state, register_method
 class FirstTokenTemperature(RolloutMethod):
     name = "first_token_temperature"
     target_refusal = (
-        "the control's noisy half is set by its first-token temperature T_k, not by a sigma (match T0 to a TV with ncgrpo probe's matched T0)"
+        "the control's noisy half is set by its first-token temperature T_k, not by a sigma (match T0 to a "
+        "TV with ncgrpo probe's matched T0)"
     )
     summary = "control: the noisy half samples its first token at an annealed higher temperature"
     label = "First-token"

@@ -19,7 +19,8 @@ from ncgrpo.methods.base import RolloutMethod, register_method
 class Image(RolloutMethod):
     name = "image"
     target_refusal = (
-        "its noise is in the pixels (NoisyRollout's diffusion step t), whose effect on the first token the LM head alone cannot measure"
+        "its noise is in the pixels (NoisyRollout's diffusion step t), whose effect on the first token the "
+        "LM head alone cannot measure"
     )
     summary = "NoisyRollout: the noisy half generates from diffused copies of the images"
     label = "NoisyRollout (image)"

@@ -19,7 +19,8 @@ from ncgrpo.methods.base import read_state, register_method
 class Spsa(Antithetic):
     name = "spsa"
     target_refusal = (
-        "SPSA's update (eq. 6) divides by sigma_k and stops below spsa_min_sigma_ratio * sigma0, so a solved sigma_k would change what the steering vector learns; untested, so refused"
+        "SPSA's update (eq. 6) divides by sigma_k and stops below spsa_min_sigma_ratio * sigma0, so a "
+        "solved sigma_k would change what the steering vector learns; untested, so refused"
     )
     summary = "antithetic rank-one noise plus a steering vector mu learned by SPSA (eq. 6)"
     label = "SPSA"

@@ -307,7 +307,9 @@ class NCGRPOTrainer(GRPOTrainer):
             gen.gen_pixel_values = fields.get("pixel_values")
         model = unwrapped_model(self)
         resolve = None
-        if gen.target_tv is not None and gen.target_solve is None:  # target_marginal_tv: solved in the prefill
+        if (
+            gen.target_tv is not None and gen.target_solve is None
+        ):  # target_marginal_tv: solved in the prefill
             from ncgrpo.trainer.target import prefill_resolver
 
             resolve = prefill_resolver(self, gen, model)

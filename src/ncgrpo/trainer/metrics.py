@@ -343,7 +343,9 @@ def branch_point_marginal(
     noisy = [gen.plans[i] for i, _ in pairs]
     cidx = torch.tensor([c for _, c in pairs])
     pids = [p.prompt_id for p in noisy]
-    curve = marginal_curve(trainer, head, states[cidx.to(states.device)], logits[cidx.to(logits.device)], pids, gen.step)
+    curve = marginal_curve(
+        trainer, head, states[cidx.to(states.device)], logits[cidx.to(logits.device)], pids, gen.step
+    )
     tv = curve(gen.sigma_k)  # [P]
     out[[i for i, _ in pairs]] = tv.float()
     return out

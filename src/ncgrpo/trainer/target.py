@@ -125,7 +125,10 @@ def solve_target_sigma(trainer, gen: _LocalGen, prompt_ids, multimodal_fields) -
     # computation gives the same states, so the logged TV reads back the solved one
     shared = a.share_prompt_prefill and not getattr(trainer, "use_vllm", False)
     with (
-        branch_point_hooks(model, clean, a, None, lambda head, z, h: _solve(trainer, gen, head, h, z)) as (_, point),
+        branch_point_hooks(model, clean, a, None, lambda head, z, h: _solve(trainer, gen, head, h, z)) as (
+            _,
+            point,
+        ),
         share_prompt_prefill(model, shared),
     ):
         prefill_only(trainer, prompt_ids, multimodal_fields)
