@@ -189,3 +189,18 @@ def test_a_prefill_that_never_reaches_the_solve_is_an_error_not_sigma0(tmp_path,
     tr = _trainer(tmp_path, "d32", target_marginal_tv=TARGET, sigma_schedule="constant", max_steps=1)
     with pytest.raises(RuntimeError, match="did not reach the final-norm hook"):
         tr.train()
+
+
+def test_an_unreachable_target_generates_at_sigma_max_and_says_so_once(tmp_path):
+    from ncgrpo.trainer.target import SigmaAtMaxWarning
+
+    tr = _trainer(
+        tmp_path, "d32", target_marginal_tv=0.5, sigma_max=0.3, sigma_schedule="constant", max_steps=2,
+        marginal_tv_draws=256,
+    )  # fmt: skip
+    with pytest.warns(SigmaAtMaxWarning, match="below the annealed target 0.5") as caught:
+        tr.train()
+    assert sum(isinstance(w.message, SigmaAtMaxWarning) for w in caught) == 1  # once per run
+    for log in _logs(tr):
+        assert log["noise/sigma_k"] == 0.3 and log["noise/sigma_at_max"] == 1.0
+        assert log["noise/target_achieved_tv"] < 0.5
