@@ -13,24 +13,25 @@ A fixed-sigma run (``sigma0``) shows whether the TV drifts as RL changes the pol
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 
 def _rows(run: Path) -> list[dict]:
+    """The training steps of ``RUN/metrics.jsonl`` that logged ``noise/sigma_k`` (read as the project
+    reads every JSONL file: :func:`ncgrpo.runs.folder.iter_json_lines`, a torn tail skipped)."""
+    from ncgrpo.runs.folder import iter_json_lines
+
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"noise_drift: error: {path} does not exist (a training run's folder?)")
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise SystemExit(f"noise_drift: error: {path}:{i} is not JSON") from None
-        if "loss" in row and "noise/sigma_k" in row:
-            rows.append(row)
+    try:
+        rows = [
+            row for _, row in iter_json_lines(path, "metrics row") if "loss" in row and "noise/sigma_k" in row
+        ]
+    except ValueError as e:
+        raise SystemExit(f"noise_drift: error: {e}") from None
     if not rows:
         raise SystemExit(f"noise_drift: error: {path} has no training step with noise/sigma_k")
     return rows

@@ -45,4 +45,4 @@ def test_a_folder_without_metrics_is_named(tmp_path: Path) -> None:
     _run(tmp_path / "torn", [{"step": 1}])
     (tmp_path / "torn" / "metrics.jsonl").write_text('{"step": 1, "loss"\n')
     r = _call(tmp_path / "torn")
-    assert r.returncode != 0 and "metrics.jsonl:1 is not JSON" in r.stderr
+    assert r.returncode != 0 and "metrics.jsonl:1: not valid JSON" in r.stderr

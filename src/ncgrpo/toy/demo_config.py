@@ -426,15 +426,14 @@ class DemoConfig:
                 continue
             if self.rollout_methods and rollout.name not in self.rollout_methods:
                 continue
-            runs = [
-                rollout.demo_run(self, s)
-                for s in (self.sigma0 if rollout.in_demo_by_default else self.sigma0[:1])
-            ]
             if self.target_marginal_tv and not rollout.target_refusal:  # one run per target instead
                 targets = (
                     self.target_marginal_tv if rollout.in_demo_by_default else self.target_marginal_tv[:1]
                 )
                 runs = [rollout.demo_run(self, self.sigma0[0], target=t) for t in targets]
+            else:
+                sigmas = self.sigma0 if rollout.in_demo_by_default else self.sigma0[:1]
+                runs = [rollout.demo_run(self, s) for s in sigmas]
             for run in runs:
                 if run is not None:
                     name, slug, settings = run
