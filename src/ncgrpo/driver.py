@@ -51,6 +51,10 @@ def _questions(
 ):
     from ncgrpo.data.geometry3k import load_geometry3k
 
+    if name not in ("geo3k", "synthetic"):  # a built-in text benchmark (gsm8k, math500): its own loader
+        from ncgrpo.data.benchmarks import load_benchmark
+
+        return load_benchmark(name, path, split=split, limit=limit)
     if name == "synthetic" and path is None:
         folder = output_dir / "synthetic-data"
         if not (folder / "data").is_dir():

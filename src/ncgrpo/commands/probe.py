@@ -26,7 +26,7 @@ class ProbeArgs:
         default="synthetic",
         metadata=_h(
             "where the prompts come from: 'synthetic' (the embedded suite, generated) or a benchmark name "
-            "`ncgrpo eval` knows (geo3k, mathvista, ...) read from --data"
+            "`ncgrpo eval` knows (geo3k, mathvista, gsm8k, math500, ...) read from --data"
         ),
     )
     data: Path | None = field(

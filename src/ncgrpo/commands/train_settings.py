@@ -34,7 +34,7 @@ __all__ = [
 
 # ------------------------------------------------------------------------------ train settings
 #: ``dataset_name`` values: the real Geometry3K and the synthetic suite exported in its schema.
-DATA_NAMES = ("geo3k", "synthetic")
+DATA_NAMES = ("geo3k", "synthetic", "gsm8k", "math500")
 #: ``reward_funcs`` entries: reward functions of :mod:`ncgrpo.rewards`.
 REWARD_NAMES = ("math_reward", "math_reward_mathruler", "accuracy_reward", "format_reward")
 _SYNTHETIC_SPLITS = ("train", "validation", "test")
