@@ -55,6 +55,9 @@ def _grade_free(pred: str, gold: str) -> bool:
             return False
         if _key(p) == _key(g):
             return True
+    based = _grade_base(p, g)
+    if based is not None:
+        return based
     if "=" not in g:
         structured = _grade_structured(p, g)
         if structured is not None:
@@ -70,6 +73,22 @@ def _grade_free(pred: str, gold: str) -> bool:
     if not (_is_math(g) and _is_math(p)):
         return False  # text ("increase" / "decrease") is compared as text only
     return _grade_symbolic(p, g, gl)
+
+
+#: A number written in a base: ``4210_{5}``, ``52_8`` (MATH); math-verify drops the subscript.
+_BASE_NUMBER_RE = re.compile(r"(\d[0-9A-Za-z]*)\s*_\s*\{?\s*(\d+)\s*\}?")
+
+
+def _grade_base(p: str, g: str) -> bool | None:
+    """A number in a base (``4210_{5}``) on either side: the same digits, and the same base where the
+    prediction writes one (``4210`` answers "in base 5" too; ``4210_{4}`` does not); None when
+    neither side is one."""
+    gb, pb = _BASE_NUMBER_RE.fullmatch(g), _BASE_NUMBER_RE.fullmatch(p)
+    if gb is None and pb is None:
+        return None
+    g_digits, g_base = gb.groups() if gb else (g, "10")
+    p_digits, p_base = pb.groups() if pb else (p, g_base)
+    return p_digits.casefold() == g_digits.casefold() and int(p_base) == int(g_base)
 
 
 def _grade_structured(p: str, g: str) -> bool | None:
