@@ -293,13 +293,24 @@ def structure_wrong(gold: str) -> list[tuple[str, str]]:
         rows = [r.strip() for r in m.group(1).split("\\\\")]
         cells = [[c.strip() for c in r.split("&")] for r in rows]
         if len(rows) > 1:
-            out.append(("matrix: a row dropped", "\\begin{pmatrix}" + "\\\\".join(rows[:-1]) + "\\end{pmatrix}"))
-            out.append(("matrix: another entry added", "\\begin{pmatrix}" + "\\\\".join([*rows, "0" if cells[-1] != ["0"] else "1"]) + "\\end{pmatrix}"))
+            out.append(
+                ("matrix: a row dropped", "\\begin{pmatrix}" + "\\\\".join(rows[:-1]) + "\\end{pmatrix}")
+            )
+            out.append(
+                (
+                    "matrix: another entry added",
+                    "\\begin{pmatrix}"
+                    + "\\\\".join([*rows, "0" if cells[-1] != ["0"] else "1"])
+                    + "\\end{pmatrix}",
+                )
+            )
         if all(len(c) == 1 for c in cells):
             out.append(("matrix: a row vector", "\\begin{pmatrix}" + " & ".join(rows) + "\\end{pmatrix}"))
             out.append(("matrix: a tuple", "(" + ", ".join(rows) + ")"))
         if len(set(rows)) > 1:
-            out.append(("matrix: rows reversed", "\\begin{pmatrix}" + "\\\\".join(rows[::-1]) + "\\end{pmatrix}"))
+            out.append(
+                ("matrix: rows reversed", "\\begin{pmatrix}" + "\\\\".join(rows[::-1]) + "\\end{pmatrix}")
+            )
         return out
     body = re.sub(r"\\(?:left|right)(?![A-Za-z])\s*", "", gold).strip()
     tuple_m = re.fullmatch(r"([(\[])(.*)([)\]])", body, re.DOTALL)
@@ -308,7 +319,9 @@ def structure_wrong(gold: str) -> list[tuple[str, str]]:
     if len(parts) >= 2 and all(parts) and not re.fullmatch(r"\d{1,3}(,\s*\\!?\s*\d{3})+", inner):
         o, c = (tuple_m.group(1), tuple_m.group(3)) if tuple_m else ("", "")
         out.append(("tuple: an entry dropped", f"{o}{', '.join(parts[:-1])}{c}"))
-        out.append(("tuple: an entry added", f"{o}{', '.join([*parts, '0' if parts[-1] != '0' else '1'])}{c}"))
+        out.append(
+            ("tuple: an entry added", f"{o}{', '.join([*parts, '0' if parts[-1] != '0' else '1'])}{c}")
+        )
         if tuple_m and len(set(parts)) > 1:
             out.append(("tuple: entries reversed", f"{o}{', '.join(parts[::-1])}{c}"))
         if tuple_m and o + c in ("(]", "[)", "[]", "()") and len(parts) == 2 and "infty" not in inner:

@@ -14,8 +14,14 @@ from ncgrpo import cli
 from ncgrpo.eval.records import read_records
 
 GSM8K_ROWS = [  # the layout of openai/grade-school-math's test.jsonl
-    {"question": "Janet has 16 eggs and eats 3. How many are left?", "answer": "16 - 3 = <<16-3=13>>13\n#### 13"},
-    {"question": "A house costs $80,000 and repairs $50,000. Total?", "answer": "<<80000+50000=130000>>\n#### 130,000"},
+    {
+        "question": "Janet has 16 eggs and eats 3. How many are left?",
+        "answer": "16 - 3 = <<16-3=13>>13\n#### 13",
+    },
+    {
+        "question": "A house costs $80,000 and repairs $50,000. Total?",
+        "answer": "<<80000+50000=130000>>\n#### 130,000",
+    },
 ]
 PROMPT_ROWS = [  # TRL's layouts: a string prompt, and conversational ones
     {"prompt": "What is 2 + 3?", "answer": "5"},
@@ -36,8 +42,26 @@ def test_eval_gsm8k_golds_and_a_prompt_column(tmp_path, monkeypatch):
     base = save_tiny_vl(tmp_path / "base")
     gsm8k = _jsonl(tmp_path / "test.jsonl", GSM8K_ROWS)
     mine = _jsonl(tmp_path / "mine.jsonl", PROMPT_ROWS)
-    argv = ["eval", "--model_name_or_path", str(base), "--max_new_tokens", "2", "--device", "cpu", "--no_progress"]
-    argv += ["--benchmarks", "gsm8k", "mine", "--data", f"gsm8k={gsm8k}", f"mine={mine}", "--output_dir", "out"]
+    argv = [
+        "eval",
+        "--model_name_or_path",
+        str(base),
+        "--max_new_tokens",
+        "2",
+        "--device",
+        "cpu",
+        "--no_progress",
+    ]
+    argv += [
+        "--benchmarks",
+        "gsm8k",
+        "mine",
+        "--data",
+        f"gsm8k={gsm8k}",
+        f"mine={mine}",
+        "--output_dir",
+        "out",
+    ]
     assert cli.main(argv) == 0
     records = read_records(tmp_path / "out" / "records.jsonl")
     got = {(r.benchmark, r.question_id): (r.gold, r.role) for r in records}

@@ -106,7 +106,9 @@ def _grade_structured(p: str, g: str) -> bool | None:
         if pm is None or pm.kind != gm.kind or [len(r) for r in pm.rows] != [len(r) for r in gm.rows]:
             return False
         return all(
-            _grade_free(a, b) for pr, gr in zip(pm.rows, gm.rows, strict=True) for a, b in zip(pr, gr, strict=True)
+            _grade_free(a, b)
+            for pr, gr in zip(pm.rows, gm.rows, strict=True)
+            for a, b in zip(pr, gr, strict=True)
         )
     gs = _sequence(g)
     if gs is None:

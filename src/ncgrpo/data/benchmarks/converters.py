@@ -113,7 +113,9 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
     if custom and "problem" not in row:
         text_field = next((f for f in ("question", "prompt") if f in row), "problem")
         if text_field == "problem":
-            raise ctx.error(i, "field 'problem' is missing (the question goes in 'problem', 'question' or 'prompt')")
+            raise ctx.error(
+                i, "field 'problem' is missing (the question goes in 'problem', 'question' or 'prompt')"
+            )
     problem = ctx.prompt(row, i) if text_field == "prompt" else ctx.text(row, i, text_field)
     answer = ctx.text(row, i, "answer")
     n_marks = problem.count(IMAGE_PLACEHOLDER)
@@ -453,7 +455,9 @@ def _gsm8k_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
     """``openai/gsm8k`` (and the GitHub ``test.jsonl``): ``question``, and ``answer`` = the worked
     solution ending ``#### N``; the gold is N (:func:`gsm8k_gold`), the solution kept in metadata. A
     row whose ``answer`` is already a plain number (a converted copy) takes it, commas removed."""
-    question = ctx.prompt(row, i) if "question" not in row and "prompt" in row else ctx.text(row, i, "question")
+    question = (
+        ctx.prompt(row, i) if "question" not in row and "prompt" in row else ctx.text(row, i, "question")
+    )
     solution = ctx.text(row, i, "answer")
     gold = gsm8k_gold(solution)
     if gold is None:

@@ -71,7 +71,6 @@ class RowContext:
             raise self.error(index, f"field '{name}' should be a list of images, got {type(value).__name__}")
         return [decode_image(v, self, index, f"{name}[{k}]") for k, v in enumerate(value)]
 
-
     def prompt(self, row: dict[str, Any], index: int, name: str = "prompt") -> str:
         """The question a TRL ``prompt`` column holds: a string, or chat messages (``[{"role": "user",
         "content": ...}]``, the content a string or a list of ``{"type": "text"|"image"}`` parts; an
@@ -88,7 +87,9 @@ class RowContext:
         roles = []
         for k, message in enumerate(value):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise self.error(index, f"field '{name}' message {k} should be {{'role': ..., 'content': ...}}")
+                raise self.error(
+                    index, f"field '{name}' message {k} should be {{'role': ..., 'content': ...}}"
+                )
             roles.append(str(message["role"]))
         if "system" in roles:
             raise self.error(
@@ -114,7 +115,8 @@ class RowContext:
                     pieces.append(IMAGE_PLACEHOLDER)
                 else:
                     raise self.error(
-                        index, f"field '{name}' user content part {k} should be a text or image part, got {part!r}"
+                        index,
+                        f"field '{name}' user content part {k} should be a text or image part, got {part!r}",
                     )
             text = "".join(pieces)
         else:
