@@ -572,3 +572,25 @@ def test_own_benchmark_takes_trls_prompt_column(tmp_path):
     _jsonl(tmp_path / "bad.jsonl", [{"text": "Q?", "answer": "1"}])
     with pytest.raises(BenchmarkDataError, match=r"row 0: field 'problem' is missing \(.*'prompt'\)"):
         load_benchmark("mine", tmp_path / "bad.jsonl")
+
+
+def test_train_data_can_be_gsm8k_or_math500(tmp_path):
+    """``ncgrpo train --dataset_name gsm8k|math500`` builds its TRL dataset with the benchmark's loader
+    (text-only prompts, the benchmark's gold in ``answer``)."""
+    from ncgrpo.commands.train_settings import ScriptArguments
+    from ncgrpo.driver import build_datasets
+
+    for name, path, answers in [
+        ("gsm8k", FIXTURES / "gsm8k", ["13", "130000", "-3"]),
+        ("math500", FIXTURES / "math500", ["\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{14}{3}"]),
+    ]:
+        args = ScriptArguments(dataset_name=name, dataset_path=str(path), dataset_train_split="test")
+        train, evals = build_datasets(args, tmp_path, seed=0)
+        assert evals is None and train["answer"][: len(answers)] == answers
+        assert set(train["benchmark"]) == {name} and all(images == [] for images in train["images"])
+        user = train[0]["prompt"][-1]
+        assert user["role"] == "user" and [p["type"] for p in user["content"]] == ["text"]
+    with pytest.raises(BenchmarkDataError, match=r"no 'train' data"):
+        build_datasets(
+            ScriptArguments(dataset_name="math500", dataset_path=str(FIXTURES / "math500")), tmp_path
+        )

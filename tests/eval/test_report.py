@@ -692,7 +692,9 @@ def test_gsm8k_and_math500_join_the_seed_tables_with_their_role_and_label(tmp_pa
             "math500": ("ood", outcomes(20, 20, 0)[1]),
         }
         dirs.append(write_run(tmp_path, "Vanilla", seed, cols))
-        cols = {bm: (role, outcomes(50 if bm == "geo3k" else 30, 52, 10)[0]) for bm, (role, _) in cols.items()}
+        cols = {
+            bm: (role, outcomes(50 if bm == "geo3k" else 30, 52, 10)[0]) for bm, (role, _) in cols.items()
+        }
         dirs.append(write_run(tmp_path, "NC", seed, cols))
     ct = compare(load_runs(dirs), "Vanilla")
     assert [(c.label, c.role) for c in ct.main.columns if c.role] == [
