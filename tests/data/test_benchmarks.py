@@ -497,6 +497,11 @@ def test_gsm8k_gold_is_the_number_after_the_hashes(tmp_path):
     ]
     assert qs[0].metadata["solution"] == "1,000 apples.\n#### 1,000" and qs[0].problem == "Q1?"
     assert load_benchmark("gsm8k", tmp_path, limit=1)[0].answer == "1000"  # the folder's test.jsonl
+    # a TRL-style copy: the question in `prompt`
+    trl = _jsonl(
+        tmp_path / "trl.jsonl", [{"prompt": [{"role": "user", "content": "Q4?"}], "answer": "#### 4"}]
+    )
+    assert [(q.problem, q.answer) for q in load_benchmark("gsm8k", trl)] == [("Q4?", "4")]
     _jsonl(tmp_path / "bad.jsonl", [rows[0], {"question": "Q3?", "answer": "It is 5 apples."}])
     with pytest.raises(
         BenchmarkDataError, match=r"bad.jsonl row 1: field 'answer' has no final answer '#### N'"
