@@ -179,7 +179,10 @@ def test_continue_warns_and_records_only_what_changed(monkeypatch, tmp_path: Pat
 def test_the_same_dirty_tree_is_said_but_not_recorded_twice(monkeypatch, tmp_path: Path) -> None:
     now = _p(dirty=True)
     monkeypatch.setattr(prov, "provenance", lambda: dict(now))
-    with pytest.warns(ProvenanceWarning, match="uncommitted changes to the source, the same then and now"):
+    with pytest.warns(
+        ProvenanceWarning,
+        match=r"resume with uncommitted changes to the ncgrpo source \(the same as recorded",
+    ):
         keys = continue_provenance({"provenance": now}, event="resume", where=tmp_path)
     assert keys == {"provenance": now}
     with warnings.catch_warnings():
@@ -254,3 +257,40 @@ def test_a_resume_that_starts_over_records_only_this_process(tmp_path: Path, geo
         plan = _prepare(out, geo3k, resume=True)  # no checkpoint: nothing of the old run is kept
     plan.release()
     assert plan.run_info["provenance"] == provenance() and "provenance_history" not in plan.run_info
+
+
+# --- a demo continuing its folder ----------------------------------------------------------------------
+def test_a_demo_root_records_what_made_it_and_each_continuation_under_other_code(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from ncgrpo.toy.demo import _record_provenance
+
+    clean = _p(commit="c" * 40)  # this process, clean (the checkout the tests run in may not be)
+    monkeypatch.setattr(prov, "provenance", lambda: json.loads(json.dumps(clean)))
+
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "run.json").write_text('{"kind": "demo"}')  # as claim_folder leaves a new folder
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProvenanceWarning)
+        _record_provenance(new)
+        _record_provenance(new)  # continued under the same code: nothing to say
+    assert json.loads((new / "run.json").read_text()) == {"kind": "demo", "provenance": clean}
+
+    (new / "train").mkdir()
+    (new / "run.json").write_text(json.dumps({"kind": "demo", "provenance": _p(commit="0" * 40)}))
+    with pytest.warns(
+        ProvenanceWarning, match=r"continue under other code .*commit 000000000000 -> cccccccccccc"
+    ):
+        _record_provenance(new)
+    info = json.loads((new / "run.json").read_text())
+    assert info["provenance"]["commit"] == "0" * 40
+    assert [h["event"] for h in info["provenance_history"]] == ["continue"]
+    assert info["provenance_history"][0]["provenance"] == clean
+
+    old = tmp_path / "old"  # a demo folder from before provenance was recorded
+    (old / "eval").mkdir(parents=True)
+    (old / "run.json").write_text('{"kind": "demo"}')
+    with pytest.warns(ProvenanceWarning, match="no provenance recorded"):
+        _record_provenance(old)
+    assert "provenance" not in json.loads((old / "run.json").read_text())

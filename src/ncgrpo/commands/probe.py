@@ -249,18 +249,15 @@ def check_output_file(path: Path) -> None:
 
 
 def write_result(result, path: Path) -> None:
-    """The probe's JSON (``kind: probe``, and ``provenance``: what made it), atomically; under the folder's lock where the folder is a
+    """The probe's JSON (``kind: probe``), atomically; under the folder's lock where the folder is a
     command's (it has a lock file), so it never lands mid-write of another command's output."""
     import contextlib
     import json
 
     from ncgrpo.runs.folder import LOCK_FILE, FolderLock, atomic_write_text
-    from ncgrpo.runs.provenance import provenance
 
     check_output_file(path)  # again: the probe may have run for hours
-    # provenance: what made the numbers (commit, package versions: ncgrpo.runs.provenance)
-    data = {**result.to_dict(), "kind": "probe", "provenance": provenance()}
-    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    text = json.dumps({**result.to_dict(), "kind": "probe"}, indent=1, sort_keys=True) + "\n"
     locked = (path.parent / LOCK_FILE).exists()
     with FolderLock(path.parent, "ncgrpo probe") if locked else contextlib.nullcontext():
         atomic_write_text(path, text)

@@ -247,10 +247,13 @@ def continue_provenance(
     if history:
         out["provenance_history"] = [dict(h) for h in history]
     if changes and warn:
-        warnings.warn(
-            f"{where}: {event} under other code or packages than the run's recorded ones: {'; '.join(changes)} "
-            "(recorded in run.json's provenance_history; docs/cli.md, 'What made a run')",
-            ProvenanceWarning,
-            stacklevel=2,
-        )
+        if latest != now:
+            said = f"{event} under other code or packages than its run.json records: {'; '.join(changes)}"
+            said += " (recorded in run.json's provenance_history"
+        else:  # the same uncommitted source as recorded: nothing new to record, but the commit says too little
+            said = (
+                f"{event} with uncommitted changes to the ncgrpo source (the same as recorded, digest "
+                f"{now.get('dirty_digest')}): the commit alone does not say what made this run (commit them"
+            )
+        warnings.warn(f"{where}: {said}; docs/cli.md, 'What made a run')", ProvenanceWarning, stacklevel=2)
     return out
