@@ -84,3 +84,13 @@ def test_an_old_folder_without_provenance_is_appended_to_and_says_so(model, suit
     written = json.loads((out / RUN_FILE).read_text())
     assert "provenance" not in written  # unknown stays unknown
     assert written["provenance_history"][0]["provenance"] == provenance()
+
+
+def test_records_whose_run_json_was_lost_are_not_claimed_by_this_process(model, suite_dir, tmp_path) -> None:
+    out = tmp_path / "eval"
+    assert _eval(model, suite_dir, out, 1) == 0
+    (out / RUN_FILE).unlink()
+    with pytest.warns(ProvenanceWarning, match="no provenance recorded"):
+        assert _eval(model, suite_dir, out, 2) == 0
+    written = json.loads((out / RUN_FILE).read_text())
+    assert "provenance" not in written and written["provenance_history"][0]["event"] == "append"

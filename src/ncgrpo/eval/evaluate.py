@@ -281,13 +281,16 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
 
     Display fields (``name``, ``method``) given on a rerun are merged in; ``batch_size`` is the
     last one used. A new folder records what made it (``provenance``: :mod:`ncgrpo.runs.provenance`),
-    which is not part of its identity. Returns the folder's run.json as written.
+    which is not part of its identity (records whose run.json was lost: unknown, not this process).
+    Returns the folder's run.json as written.
     """
     old = check_folder(out_dir, run)
     if old is None:
         from ncgrpo.runs.provenance import provenance
 
-        new = {**run, "name": run["name"] or run["model"], "provenance": provenance()}
+        new = {**run, "name": run["name"] or run["model"]}
+        if not (out_dir / RECORDS_FILE).exists():  # records without a run.json: what made them is unknown
+            new["provenance"] = provenance()
         atomic_write_json(out_dir / RUN_FILE, new)
         return new
     merged = {**old, **{k: v for k, v in run.items() if v is not None}}
@@ -681,7 +684,7 @@ def _evaluate_locked(
     progress: bool,
 ) -> EvalSummary:
     records_path = out / RECORDS_FILE
-    fresh = not (out / RUN_FILE).exists()
+    fresh = not (out / RUN_FILE).exists() and not records_path.exists()
     folder = _check_run_file(out, run_info)
     decoding = {**settings.to_dict(), "engine": run_info["engine"]}
     uids = [(q.benchmark, q.question_id) for q in questions]
