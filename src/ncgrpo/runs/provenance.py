@@ -218,6 +218,7 @@ def continue_provenance(
     event: str,
     where: str | os.PathLike,
     warn: bool = True,
+    recorded: bool = True,
     **details: Any,
 ) -> dict[str, Any]:
     """The provenance keys of a ``run.json`` written now into a folder whose ``run.json`` was
@@ -230,6 +231,7 @@ def continue_provenance(
     naming ``where`` and each change is raised (``warn``; not on the processes that write nothing) and
     an entry ``{"event", "provenance", "changes", **details}`` is appended to the history. Nothing is
     refused: the folder's identity, which decides whether its parts may be mixed, is checked elsewhere.
+    ``recorded=False``: the caller writes nothing now (a dry run); the warning says the run will record it.
     """
     now = provenance()
     if previous is None:
@@ -249,7 +251,11 @@ def continue_provenance(
     if changes and warn:
         if latest != now:
             said = f"{event} under other code or packages than its run.json records: {'; '.join(changes)}"
-            said += " (recorded in run.json's provenance_history"
+            said += (
+                " (recorded in run.json's provenance_history"
+                if recorded
+                else " (the run will record it in run.json's provenance_history"
+            )
         else:  # the same uncommitted source as recorded: nothing new to record, but the commit says too little
             said = (
                 f"{event} with uncommitted changes to the ncgrpo source (the same as recorded, digest "
