@@ -429,8 +429,16 @@ def test_records_without_provenance_or_manifest_say_the_commit_is_unknown(tmp_pa
     made = seed_table([one, two]).split("\n\n")[-1]
     assert (
         made
-        == "Made by: ncgrpo commit aaaaaaaaaaaa; python 3.11.7, torch 2.9.0, TRL 1.16.0; 4 of 5 runs recorded none (unknown).\n"
+        == "Made by: ncgrpo commit aaaaaaaaaaaa; python 3.11.7, torch 2.9.0, TRL 1.16.0; unknown in part for 4 of 5 "
+        "runs (a training or evaluation run.json without provenance).\n"
     )
+    # evaluated under a known commit, but trained before provenance was recorded: unknown in part
+    (two / "train" / "ncgrpo-sigma0.2-seed0").mkdir(parents=True)
+    (two / "train" / "ncgrpo-sigma0.2-seed0" / "run.json").write_text('{"kind": "train", "finished": true}')
+    assert "unknown in part for 5 of 5 runs" in seed_table([one, two])
+    (two / "train" / "ncgrpo-sigma0.2-seed0" / "run.json").unlink()
+    (two / "train" / "ncgrpo-sigma0.2-seed0").rmdir()
+    (two / "train").rmdir()
     dest = tmp_path / "records"
     export([one, two], dest)
     (dest / "manifest.json").unlink()  # as the records exported before manifests

@@ -574,7 +574,8 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
 def _runs_provenance(where: dict[tuple[str, int | None], Path]) -> dict[str, dict[str, Any] | None]:
     """``{run: {"train": ..., "eval": ...} or None}`` for each run of the table (``base``,
     ``<slug>-seed<N>``), read where the table read it: a demo folder's ``eval/<run>/run.json`` and
-    ``train/<run>/run.json`` (:func:`_folder_provenance`), an export's manifest (None where it has none)."""
+    ``train/<run>/run.json`` (:func:`_folder_provenance`; None for a folder whose run.json records
+    none), an export's manifest (None where it has none)."""
     out: dict[str, dict[str, Any] | None] = {}
     manifests: dict[Path, dict[str, Any] | None] = {}
     for (slug, seed), folder in sorted(
@@ -587,7 +588,7 @@ def _runs_provenance(where: dict[tuple[str, int | None], Path]) -> dict[str, dic
                 for kind in ("train", "eval")
                 if (folder / kind / run).is_dir()
             }
-            out[run] = {k: v for k, v in parts.items() if v} or None
+            out[run] = parts or None  # a part None: that run.json records no provenance
         else:
             if folder not in manifests:
                 manifests[folder] = _read_manifest(folder)
@@ -622,14 +623,16 @@ def _made(p: dict[str, Any]) -> str:
 
 def made_by(runs: dict[str, dict[str, Any] | None]) -> str:
     """One line under the table: the commit(s) that made the runs' records (training and evaluation,
-    a resume's or an append's too) and their package versions, as the runs' run.json recorded them;
-    the runs that recorded nothing are counted as unknown."""
+    a resume's or an append's too) and their package versions, as the runs' run.json recorded them.
+    A run is counted as unknown in part when its training or its evaluation recorded no provenance, or
+    only for a later resume or append (what made its first part is unknown)."""
     commits: dict[str, None] = {}
     versions: dict[str, dict[str, None]] = {}
     unknown = 0
     for entry in runs.values():
         provs = []
-        for part in (entry or {}).values():
+        parts = list((entry or {}).values()) or [None]
+        for part in parts:
             if not isinstance(part, dict):
                 continue
             if isinstance(part.get("provenance"), dict):
@@ -639,7 +642,7 @@ def made_by(runs: dict[str, dict[str, Any] | None]) -> str:
                 for h in part.get("provenance_history") or []
                 if isinstance(h, dict) and isinstance(h.get("provenance"), dict)
             ]
-        if not provs:
+        if any(not isinstance(part, dict) or not isinstance(part.get("provenance"), dict) for part in parts):
             unknown += 1
         for p in provs:
             commits[_made(p)] = None
@@ -656,7 +659,10 @@ def made_by(runs: dict[str, dict[str, Any] | None]) -> str:
     if versions:
         text += "; " + ", ".join(f"{names.get(k, k)} {'/'.join(v)}" for k, v in versions.items())
     if unknown:
-        text += f"; {unknown} of {len(runs)} runs recorded none (unknown)"
+        text += (
+            f"; unknown in part for {unknown} of {len(runs)} runs (a training or evaluation run.json "
+            "without provenance)"
+        )
     return text + "."
 
 
