@@ -104,6 +104,9 @@ def test_probe_json_and_table(live_model, tok, tmp_path):
     d = json.loads(r.to_json(tmp_path / "p.json"))
     assert d["verdict"] == r.verdict and d["rows"][0]["sigma"] == 0.5 and d["rollouts"] == 2
     assert json.loads((tmp_path / "p.json").read_text()) == d
+    from ncgrpo.runs.provenance import provenance
+
+    assert d["provenance"] == provenance()  # issue 42: what made the numbers (commit, package versions)
     console = Console(record=True, width=220)
     console.print(format_probe(r))
     text = console.export_text()

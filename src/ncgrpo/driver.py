@@ -283,7 +283,8 @@ def train_run(
     The main process holds the folder's lock (:class:`ncgrpo.runs.folder.FolderLock`, kind ``train``)
     throughout: a folder of another kind (an evaluation, a demo's root, a saved model) or one another
     process is writing is refused before anything is written. Writes ``run.json`` (``run_info`` plus
-    ``kind: train`` and ``finished: false``) before training, appends every log
+    ``kind: train``, ``finished: false`` and, where ``run_info`` has none, this process's ``provenance``:
+    :mod:`ncgrpo.runs.provenance`) before training, appends every log
     call to ``metrics.jsonl`` (:class:`MetricsCallback`), trains (from ``resume_from_checkpoint`` if
     given), saves the final model and processor to the folder and rewrites ``run.json`` with
     ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
@@ -317,6 +318,17 @@ def _train_locked(
     from ncgrpo.trainer import NCGRPOTrainer
 
     info = {**run_info, "kind": "train", "output_dir": str(out), "finished": False}
+    if "provenance" not in info and "provenance_history" not in info:  # not ncgrpo train's (prepare_run's)
+        from ncgrpo.runs.folder import read_run_json
+        from ncgrpo.runs.provenance import continue_provenance
+
+        resumed = resume_from_checkpoint is not None and main_process
+        info.update(
+            continue_provenance(
+                read_run_json(out) if resumed else None, event="resume", where=out, warn=main_process,
+                **({"checkpoint": Path(resume_from_checkpoint).name} if resumed else {}),
+            )
+        )  # fmt: skip
     if main_process:
         atomic_write_json(out / RUN_FILE, info)
     trainer = NCGRPOTrainer(

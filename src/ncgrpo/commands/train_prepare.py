@@ -173,6 +173,25 @@ def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
     return changed
 
 
+def _provenance_keys(output_dir: Path, previous, checkpoint: str | None, dry_run: bool) -> dict[str, Any]:
+    """run.json's ``provenance`` (what made the run: :mod:`ncgrpo.runs.provenance`) and, for a resume
+    from ``checkpoint``, its ``provenance_history``: a resume under another commit, other package
+    versions or uncommitted source is a ``ProvenanceWarning`` (the main process; a dry run warns as the
+    resume would) and a history entry; a run started over gets this process's alone."""
+    from ncgrpo.runs.provenance import continue_provenance
+
+    if checkpoint is None:
+        return continue_provenance(None, event="start", where=output_dir)
+    return continue_provenance(
+        previous,
+        event="resume",
+        where=output_dir,
+        warn=os.environ.get("RANK", "0") == "0",
+        recorded=not dry_run,
+        checkpoint=Path(checkpoint).name,
+    )
+
+
 def prepare_run(
     parsed,
     *,
@@ -313,6 +332,8 @@ def prepare_run(
     }
     if forced_changes:
         run_info["forced_changes"] = forced_changes  # --force: the steps before and after differ in these
+    # what made the run (commit, package versions): a resume under others warns and is recorded, not refused
+    run_info.update(_provenance_keys(output_dir, previous, checkpoint, dry_run))
     # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
     # say what that run was, finished or not); into a new folder it writes the resolved config
     keep = dry_run and (previous is not None or bool(any_checkpoint))

@@ -83,6 +83,7 @@ from ncgrpo.eval.probe_result import TARGET_SIGMA_MAX, ProbeResult, SigmaProbe, 
 from ncgrpo.methods import RolloutMethod, get_method, methods
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import math_reward
+from ncgrpo.runs.provenance import provenance
 from ncgrpo.trainer.prefix import prefix_completions, with_branch_prefix
 
 __all__ = ["probe"]
@@ -548,4 +549,5 @@ def probe(
         result.target_marginal_tv = target_marginal_tv
         result.target_sigma = run.target_sigma(logits_all, target_marginal_tv)
     result.wall_s = round(time.perf_counter() - t0, 2)
+    result.provenance = provenance()
     return result
