@@ -21,7 +21,10 @@ __all__ = ["IMAGE_PLACEHOLDER", "build_messages", "image_hash", "prompt_hash", "
 IMAGE_PLACEHOLDER = "<image>"
 #: The help of the one prompt-template setting ``ncgrpo train`` (``ScriptArguments.math_prompt``) and
 #: ``ncgrpo eval`` (``--math_prompt``) share: same name, default and meaning.
-MATH_PROMPT_HELP = "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT)"
+MATH_PROMPT_HELP = (
+    "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT; a prompt a data file "
+    "gives in its prompt column is used as written, nothing appended, unless this is set)"
+)
 
 
 def prompt_text(q: Question, math_prompt: str = MATH_PROMPT) -> str:
