@@ -139,7 +139,12 @@ class DataFile:
                 raise DataFileError(f"{self.where(i)} {state} {column!r} ({what}); its columns: {have}")
 
     def questions(
-        self, benchmark: str, *, answer_column: str | None = None, limit: int | None = None
+        self,
+        benchmark: str,
+        *,
+        answer_column: str | None = None,
+        limit: int | None = None,
+        answer_text: bool = False,
     ) -> list[Question]:
         """The rows as :class:`~ncgrpo.data.types.Question` objects (text only) for the probe and the
         evaluator: the prompt's messages in ``metadata["messages"]`` (rendered as written), the last user
@@ -152,7 +157,7 @@ class DataFile:
         for i, row in enumerate(rows):
             msgs = self.messages(i)
             users = [m["content"] for m in msgs if m["role"] == "user"]
-            answer = row.get(col)
+            answer = row.get(col)  # the question's own answer: what the probe's records show
             out.append(
                 Question(
                     benchmark=benchmark,
@@ -160,9 +165,25 @@ class DataFile:
                     problem=users[-1] if users else msgs[-1]["content"],
                     answer="" if answer is None else str(answer),
                     role="in_domain",
-                    metadata={"messages": msgs, "source": self.where(i)},
+                    metadata={
+                        "messages": msgs,
+                        "source": self.where(i),
+                        "row": self._reward_row(row, answer_column, answer_text),
+                    },
                 )
             )
+        return out
+
+    def _reward_row(
+        self, row: dict[str, Any], answer_column: str | None, answer_text: bool
+    ) -> dict[str, Any]:
+        """A row's columns as the reward functions get them (the prompt's excluded; ``answer`` from
+        ``answer_column``, as text with ``answer_text``), as :meth:`to_trl_dataset` passes them."""
+        out = {k: v for k, v in row.items() if k != self.prompt_column}
+        if answer_column is not None and answer_column != "answer":
+            out["answer"] = row.get(answer_column)
+        if answer_text and out.get("answer") is not None and not isinstance(out["answer"], str):
+            out["answer"] = str(out["answer"])
         return out
 
 

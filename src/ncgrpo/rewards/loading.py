@@ -19,7 +19,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["BUILTIN_REWARDS", "TRL_REWARD_KWARGS", "check_reward_signature", "resolve_reward"]
+__all__ = [
+    "BUILTIN_REWARDS",
+    "TRL_REWARD_KWARGS",
+    "check_reward_signature",
+    "question_columns",
+    "question_rewards",
+    "resolve_reward",
+]
 
 #: The built-in reward functions of :mod:`ncgrpo.rewards`, by name.
 BUILTIN_REWARDS = ("math_reward", "math_reward_mathruler", "accuracy_reward", "format_reward")
@@ -118,3 +125,39 @@ def check_reward_signature(
             "column; write it as def reward(prompts, completions, **kwargs) -> list[float] (columns it reads "
             "named before **kwargs)"
         ) from None
+
+
+def question_columns(question: Any) -> dict[str, Any]:
+    """The dataset columns a question's reward reads, as the trainer passes them: a data file's row
+    (its every column but the prompt, ``metadata["row"]``), else the built-in questions' ``answer``,
+    ``choices`` and ``answer_type``."""
+    row = question.metadata.get("row") if isinstance(question.metadata, dict) else None
+    if row is not None:
+        return dict(row)
+    return {"answer": question.answer, "choices": question.choices, "answer_type": question.answer_type}
+
+
+def question_rewards(
+    funcs: Sequence[Callable[..., Any]], questions: Sequence[Any], texts: Sequence[str]
+) -> list[float]:
+    """The summed reward of each completion ``texts[i]`` of ``questions[i]``, each function called as
+    TRL's trainer calls it on conversational data (``prompts`` the messages, ``completions`` one
+    assistant message each, the columns of :func:`question_columns` as keywords); a None reward counts 0."""
+    from ncgrpo.data.prompts import build_messages
+
+    n = len(texts)
+    prompts = [build_messages(q) for q in questions]
+    completions = [[{"role": "assistant", "content": t}] for t in texts]
+    rows = [question_columns(q) for q in questions]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    kwargs = {k: [r.get(k) for r in rows] for k in keys}
+    extra = {"completion_ids": [[] for _ in range(n)], "trainer_state": None}
+    extra["log_extra"] = extra["log_metric"] = lambda *a, **k: None
+    total = [0.0] * n
+    for func in funcs:
+        out = list(func(prompts=prompts, completions=completions, **extra, **kwargs))
+        if len(out) != n:
+            name = getattr(func, "__qualname__", repr(func))
+            raise ValueError(f"reward function {name} returned {len(out)} rewards for {n} completions")
+        total = [t + (0.0 if r is None else float(r)) for t, r in zip(total, out, strict=True)]
+    return total
