@@ -72,7 +72,7 @@ def _data_source(name: str, value: str | None) -> str | None:
     near = difflib.get_close_matches(str(value), DATA_NAMES, n=1)
     hint = f" (did you mean '{near[0]}'?)" if near else ""
     raise ValueError(
-        f"{name} {value!r}: not a built-in dataset{hint} ({', '.join(DATA_NAMES)}) nor a data file "
+        f"{name} {value!r}{hint}: not a built-in dataset ({', '.join(DATA_NAMES)}) nor a data file "
         f"(a path ending in {', '.join(DATA_FILE_SUFFIXES)})"
     )
 
@@ -415,7 +415,9 @@ def recorded_identity(output_dir: str | os.PathLike) -> tuple[dict[str, Any] | N
 
 # ------------------------------------------------------------------------ --smoke, derived settings
 #: What ``--smoke`` sets (each unless given on the command line): the embedded base and the synthetic
-#: suite instead of the recipe's model and data, one prompt's group per micro-batch, two rollout
+#: suite instead of the recipe's model and data (a text recipe, one whose data is a data file: the
+#: embedded base's language model as a text-only Qwen2 and addition word problems in the recipe's
+#: prompt / answer columns, :mod:`ncgrpo.toy.text_base`), one prompt's group per micro-batch, two rollout
 #: batches, 48-token answers, float32 on the transformers engine, and ``branch_prefix '<think>'`` (on the
 #: embedded base the first token after the generation prompt is ``<think>`` with probability ~1, which
 #: leaves the paper's final-norm noise inert; the prefix moves the branch point to the first reasoning
@@ -480,11 +482,20 @@ def smoke_settings(parsed) -> dict[str, Any]:
     the run), a layer ``noise_site`` past the embedded base's layers moved to its middle layer, and
     ``run_name`` + ``-smoke`` (so the default output folder is not the full run's)."""
     from ncgrpo.core.noise import parse_noise_site
+    from ncgrpo.data.files import is_data_file
     from ncgrpo.models import text_layers
     from ncgrpo.toy.base_model import ensure_base_model
 
-    base = ensure_base_model()
     out = dict(SMOKE_SETTINGS)
+    if is_data_file(parsed.get("dataset_name")):
+        # a text recipe: text-only on both sides, the recipe's columns kept (ncgrpo.toy.text_base)
+        from ncgrpo.toy.text_base import ensure_text_base_model, ensure_text_smoke_data
+
+        base = ensure_text_base_model()
+        prompt_column, answer_column = parsed.get("prompt_column"), parsed.get("answer_column")
+        out["dataset_name"] = str(ensure_text_smoke_data(prompt_column or "prompt", answer_column))
+    else:
+        base = ensure_base_model()
     out["model_name_or_path"] = str(base)
     g = int(parsed.get("num_generations") or 2)
     ga = int(parsed.get("gradient_accumulation_steps") or 1)
@@ -532,10 +543,17 @@ def apply_smoke(parsed, given: set[str]) -> tuple[list[str], set[str]]:
                 else "scaled with max_steps"
             )
             notes.append(f"--smoke: {key} {before} -> {value} ({why})")
+    text = settings["dataset_name"] != "synthetic"
     notes.append(
-        f"--smoke: {parsed.get('rollout_method')} on the embedded base ({settings['model_name_or_path']}), "
-        f"{parsed.get('max_steps')} steps, G={parsed.get('num_generations')}, "
-        f"branch_prefix {parsed.get('branch_prefix')!r}, the synthetic suite"
+        f"--smoke: {parsed.get('rollout_method')} on the embedded base"
+        + ("'s language model (text-only)" if text else "")
+        + f" ({settings['model_name_or_path']}), {parsed.get('max_steps')} steps, "
+        f"G={parsed.get('num_generations')}, branch_prefix {parsed.get('branch_prefix')!r}, "
+        + (
+            f"addition word problems in the recipe's columns ({settings['dataset_name']})"
+            if text
+            else "the synthetic suite"
+        )
     )
     return notes, applied
 
