@@ -146,7 +146,7 @@ def test_data_file_settings_are_read_as_trl_reads_them(tmp_path: Path) -> None:
         ('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": 2\n', [], "data.jsonl line 3: not valid JSON"),
         ('{"question": "a", "answer": "1"}\n', [], "data.jsonl line 1 has no prompt column 'prompt' (its columns: question, answer); name the column holding the prompt with --prompt_column"),
         ('{"prompt": "a", "answer": "1"}\n{"prompt": "  ", "answer": "1"}\n', [], "data.jsonl line 2: the prompt column 'prompt' is empty"),
-        ('{"prompt": [{"content": "a"}], "answer": "1"}\n', [], "data.jsonl line 1: message 0 of 'prompt' must be"),
+        ('{"prompt": [{"content": "a"}], "answer": "1"}\n', [], "data.jsonl line 1: the prompt column 'prompt' has a message (0) that is not"),
         ('{"prompt": "a", "solution": "1"}\n', [], "data.jsonl line 1 has no column 'answer' (the gold answer that math_reward reads; name the column holding it with --answer_column)"),
         ('{"prompt": "a", "solution": "1"}\n', ["--answer_column", "final"], "data.jsonl line 1 has no column 'final'"),
         ('{"prompt": "a", "answer": "1", "images": []}\n', [], "column 'images' is the trainer's own"),
@@ -262,3 +262,33 @@ def test_probe_refuses_bad_own_data_before_the_model_loads(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("ncgrpo probe: error: ") and message in err, err
+
+
+def test_eval_on_own_jsonl_with_trl_prompt_column(text_model, workdir, capsys) -> None:
+    """ncgrpo eval reads the same file: TRL's prompt column (a string or messages) rendered as written,
+    graded against its answer column; a bad prompt is refused naming the file, row and field."""
+    from ncgrpo.data.prompts import prompt_hash
+
+    rows = [{"prompt": "What is 1 + 1?", "answer": "2"},
+            {"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}]  # fmt: skip
+    (workdir / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = workdir / "eval"
+    argv = ["eval", "--model_name_or_path", str(text_model), "--data", "mine=test.jsonl", "--output_dir", str(out),
+            "--max_new_tokens", "4", "--device", "cpu", "--no_progress"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["benchmark"] for r in records] == ["mine", "mine"] and [r["gold"] for r in records] == [
+        "2",
+        "4",
+    ]
+    # as written: one user message each, no math prompt appended
+    assert [r["prompt_hash"] for r in records] == [
+        prompt_hash([{"role": "user", "content": "What is 1 + 1?"}]),
+        prompt_hash([{"role": "user", "content": "What is 2 + 2?"}]),
+    ]
+    (workdir / "bad.jsonl").write_text('{"prompt": "", "answer": "1"}\n')
+    argv = ["eval", "--model_name_or_path", str(text_model), "--data", "bad=bad.jsonl", "--output_dir",
+            str(workdir / "eval2"), "--device", "cpu", "--no_progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl" in err and "row 0" in err and "field 'prompt' is empty" in err, err

@@ -32,6 +32,7 @@ __all__ = [
     "DataFileError",
     "file_sha256",
     "is_data_file",
+    "prompt_messages",
     "read_data_file",
 ]
 
@@ -83,10 +84,7 @@ class DataFile:
         message; ``math_prompt`` (if given) is appended to the last user message after a space, as the
         built-in datasets append theirs; ``system_prompt`` (if given) opens the conversation unless the
         row has its own system message."""
-        value = self.rows[i][self.prompt_column]
-        msgs = [{"role": "user", "content": value}] if isinstance(value, str) else [dict(m) for m in value]
-        for m in msgs:
-            m["content"] = _content_text(m["content"])
+        msgs = prompt_messages(self.rows[i][self.prompt_column])
         if math_prompt:
             users = [m for m in msgs if m["role"] == "user"]
             if users:
@@ -187,6 +185,34 @@ class DataFile:
         return out
 
 
+def prompt_messages(value: Any) -> list[dict[str, str]]:
+    """A TRL prompt (a string, or chat messages with text contents) as messages with string contents;
+    a ``ValueError`` says what is wrong with it."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("is empty")
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"must be a string or a non-empty list of chat messages, got {value!r:.60}")
+    out = []
+    for k, m in enumerate(value):
+        content = m.get("content") if isinstance(m, dict) else None
+        text_parts = isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type", "text") == "text" for p in content
+        )
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not (isinstance(content, str) or text_parts)
+        ):
+            raise ValueError(
+                f'has a message ({k}) that is not {{"role": ..., "content": text}} (text parts only: no '
+                f"images in a text prompt): {m!r:.80}"
+            )
+        out.append({"role": m["role"], "content": _content_text(content)})
+    return out
+
+
 def _content_text(content: Any) -> str:
     """A message's content as a string: a string as is, a list of text parts joined."""
     if isinstance(content, str):
@@ -283,25 +309,7 @@ def read_data_file(
 
 
 def _check_prompt(data: DataFile, i: int, value: Any) -> None:
-    col = data.prompt_column
-    if isinstance(value, str):
-        if not value.strip():
-            raise DataFileError(f"{data.where(i)}: the prompt column {col!r} is empty")
-        return
-    if not isinstance(value, list) or not value:
-        raise DataFileError(
-            f"{data.where(i)}: the prompt column {col!r} must be a string or a non-empty list of chat "
-            f"messages, got {value!r:.60}"
-        )
-    for k, m in enumerate(value):
-        ok = isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
-        content = m.get("content") if isinstance(m, dict) else None
-        parts_ok = isinstance(content, str) or (
-            isinstance(content, list)
-            and all(isinstance(p, dict) and p.get("type", "text") == "text" for p in content)
-        )
-        if not ok or not parts_ok:
-            raise DataFileError(
-                f'{data.where(i)}: message {k} of {col!r} must be {{"role": ..., "content": text}} '
-                f"(text parts only: a text data file carries no images), got {m!r:.80}"
-            )
+    try:
+        prompt_messages(value)
+    except ValueError as e:
+        raise DataFileError(f"{data.where(i)}: the prompt column {data.prompt_column!r} {e}") from None
