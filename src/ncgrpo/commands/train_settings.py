@@ -135,10 +135,7 @@ class ScriptArguments:
     eval_dataset_limit: int | None = field(
         default=None, metadata={"help": "first N rows of each evaluation split (null: all)"}
     )
-    system_prompt: str | None = field(
-        default=None,
-        metadata={"help": "system message of every prompt (a data file's row with its own keeps that)"},
-    )
+    system_prompt: str | None = field(default=None, metadata={"help": "system message of every prompt"})
     math_prompt: str | None = field(
         default=None,
         metadata={"help": MATH_PROMPT_HELP},
