@@ -292,3 +292,20 @@ def test_eval_on_own_jsonl_with_trl_prompt_column(text_model, workdir, capsys) -
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl" in err and "row 0" in err and "field 'prompt' is empty" in err, err
+
+
+def test_an_own_eval_file_is_one_evaluation_set(text_model, workdir, capsys) -> None:
+    """--eval_dataset_name FILE: the whole file is evaluated during training (no splits); splits with it,
+    or with a training data file, are refused naming what to do."""
+    (workdir / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(3)))
+    reward = f"{_module(workdir)}.exact"
+    argv = _train_argv(text_model, workdir / "run", "--dataset_name", "data.jsonl", "--reward_funcs", reward,
+                       "--eval_dataset_name", "val.jsonl", "--eval_strategy", "steps", "--eval_steps", "1",
+                       "--per_device_eval_batch_size", "4")  # fmt: skip
+    assert main([*argv, "--dry-run"]) == 0, capsys.readouterr().err
+    assert "8 training prompts, 3 eval prompts" in capsys.readouterr().out
+    assert main([*argv, "--eval_dataset_splits", "validation", "--dry-run"]) == 2
+    assert "eval_dataset_name val.jsonl is a data file, evaluated whole" in capsys.readouterr().err
+    argv = _train_argv(text_model, workdir / "run2", "--dataset_name", "data.jsonl", "--reward_funcs", reward)
+    assert main([*argv, "--eval_dataset_splits", "validation", "--dry-run"]) == 2
+    assert "evaluate on a file of your own with --eval_dataset_name FILE" in capsys.readouterr().err
