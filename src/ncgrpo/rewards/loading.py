@@ -142,7 +142,8 @@ def question_rewards(
 ) -> list[float]:
     """The summed reward of each completion ``texts[i]`` of ``questions[i]``, each function called as
     TRL's trainer calls it on conversational data (``prompts`` the messages, ``completions`` one
-    assistant message each, the columns of :func:`question_columns` as keywords); a None reward counts 0."""
+    assistant message each, the columns of :func:`question_columns` as keywords; ``completion_ids`` empty
+    lists and ``trainer_state`` None, as there is no trainer); a None reward counts 0."""
     from ncgrpo.data.prompts import build_messages
 
     n = len(texts)
