@@ -1,7 +1,7 @@
 """Text-only, from the command line: vanilla GRPO against NC-GRPO on your own JSONL and your own reward,
 over several seeds, with the seed-level statistics.
 
-    python examples/text_cli_vanilla_vs_ncgrpo.py --output_dir runs/text-cli          # about 3-5 min on a CPU
+    python examples/text_cli_vanilla_vs_ncgrpo.py --output_dir runs/text-cli          # about 1.5-3 min on a CPU
     python examples/text_cli_vanilla_vs_ncgrpo.py --output_dir runs/text-cli --seeds 5 --max_steps 24
 
 What a new user of a text-only model does, at a size a CPU trains in minutes:
@@ -10,7 +10,10 @@ What a new user of a text-only model does, at a size a CPU trains in minutes:
    the ``answer`` their reward reads) and a reward function of their own, TRL's convention
    (``OUTPUT/side_rewards.py``: ``def side(prompts, completions, answer, **kwargs)``);
 2. ``ncgrpo train --dataset_name train.jsonl --reward_funcs side_rewards.side`` for each method and seed
-   (vanilla, and NC-GRPO's latent noise at sigma0 0.2 with ``branch_prefix '<think>'``);
+   (vanilla, and NC-GRPO's latent noise with ``branch_prefix '<think>'``, its size held by
+   ``--target_marginal_tv 0.02``: on this model and prompt the first reasoning token is near-certain, and
+   ``ncgrpo probe --data sizes=OUTPUT/data/test.jsonl --branch_prefix '<think>' --sigma0 0 0.2 0.5 1
+   --target_marginal_tv 0.02`` finds sigma0 0.2 inert (marginal TV 0.0003) and TV 0.02 at sigma ~0.6);
 3. ``ncgrpo eval --data sizes=test.jsonl`` of every trained model (and of the base) on held-out prompts;
 4. the seed-level comparison: per seed, NC-GRPO's accuracy minus vanilla's, and a paired t-test over
    seeds (``ncgrpo.eval.stats.seeds.paired_ttest``), the unit of replication being the training seed.
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
         return accuracy(folder)
 
     results: dict = {"base": evaluate(model, "base", None), "runs": {}}
-    methods = {"vanilla": [], "latent": ["--sigma0", "0.2"]}
+    methods = {"vanilla": [], "latent": ["--target_marginal_tv", "0.02", "--sigma0", "0.6"]}
     for seed in range(args.seeds):
         for method, extra in methods.items():
             folder = out / "runs" / f"{method}-seed{seed}"
