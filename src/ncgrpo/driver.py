@@ -68,6 +68,33 @@ def _questions(
     return load_geometry3k(path, split, limit=limit)
 
 
+def _file_dataset(path: str, script_args: Any, limit: int | None, what: str):
+    """A data file's rows (the first ``limit``) as TRL's conversational dataset; a built-in reward's
+    ``answer`` column checked in every row."""
+    from ncgrpo.data.files import read_data_file
+    from ncgrpo.rewards.loading import BUILTIN_REWARDS
+
+    s = script_args
+    data = read_data_file(path, s.prompt_column, what=what)
+    if limit is not None:
+        data.rows = data.rows[:limit]
+        data.lines = data.lines[:limit] if data.lines is not None else None
+    answer = s.answer_column or "answer"
+    builtin = [r for r in s.reward_funcs if r in BUILTIN_REWARDS and r != "format_reward"]
+    if builtin:
+        data.check_column(
+            answer,
+            what=f"the gold answer that {', '.join(builtin)} reads"
+            + ("" if s.answer_column else "; name the column holding it with --answer_column"),
+        )
+    return data.to_trl_dataset(
+        system_prompt=s.system_prompt,
+        math_prompt=s.math_prompt,
+        answer_column=s.answer_column,
+        answer_text=bool(builtin),
+    )
+
+
 def build_datasets(
     script_args: Any,  # ScriptArguments
     output_dir: str | os.PathLike,
@@ -79,7 +106,11 @@ def build_datasets(
 
     ``synthetic(folder, seed)`` writes the synthetic suite (geo3k layout) into ``folder``; it is called
     when ``dataset_name`` is synthetic and no path is given (``ncgrpo train`` passes the toy suite's).
+    A data file of one's own (``dataset_name`` / ``eval_dataset_name`` ending in .jsonl, .json or
+    .parquet) is read by :func:`ncgrpo.data.files.read_data_file`: TRL's conversational prompts from
+    ``prompt_column``, every other column kept for the reward functions.
     """
+    from ncgrpo.data.files import is_data_file
     from ncgrpo.data.geometry3k import to_trl_dataset
 
     out = Path(output_dir)
@@ -88,14 +119,21 @@ def build_datasets(
         kwargs["math_prompt"] = script_args.math_prompt
 
     def build(name, path, split, limit):
+        if is_data_file(name):
+            return _file_dataset(name, script_args, limit, what)
         return to_trl_dataset(_questions(name, path, split, limit, seed, out, synthetic), **kwargs)
 
     s = script_args
+    what = "dataset_name"
     train = build(s.dataset_name, s.dataset_path, s.dataset_train_split, s.dataset_train_limit)
-    evals = {
-        f"{s.eval_name}_{split}": build(s.eval_name, s.eval_path, split, s.eval_dataset_limit)
-        for split in dict.fromkeys(s.eval_dataset_splits)
-    }
+    what = "eval_dataset_name"
+    if s.eval_dataset_name is not None and is_data_file(s.eval_dataset_name):
+        evals = {Path(s.eval_dataset_name).stem: build(s.eval_dataset_name, None, None, s.eval_dataset_limit)}
+    else:
+        evals = {
+            f"{s.eval_name}_{split}": build(s.eval_name, s.eval_path, split, s.eval_dataset_limit)
+            for split in dict.fromkeys(s.eval_dataset_splits)
+        }
     if not evals:
         return train, None
     return train, (next(iter(evals.values())) if len(evals) == 1 else evals)
@@ -400,9 +438,11 @@ def _finish_from_checkpoint(trainer, checkpoint: str, out: Path, main_process: b
 
 # ------------------------------------------------------------------------------------ execution
 def reward_functions(names: Sequence[str]) -> list:
-    from ncgrpo import rewards
+    """The reward functions ``names`` stand for: built-in names of :mod:`ncgrpo.rewards` or dotted
+    import paths of one's own (:func:`ncgrpo.rewards.loading.resolve_reward`)."""
+    from ncgrpo.rewards.loading import resolve_reward
 
-    return [getattr(rewards, name) for name in names]
+    return [resolve_reward(name) for name in names]
 
 
 def load_model(model_args: ModelConfig) -> tuple[Any, Any]:

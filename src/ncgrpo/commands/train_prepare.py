@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ncgrpo.commands.train_settings import (
+    DATA_HASH_KEY,
     ModelArguments,
     ScriptArguments,
     _file_values,
@@ -97,6 +98,12 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
                 "use_vllm=true, but vLLM is not installed here: pip install -e '.[vllm]' (a GPU wheel), "
                 "or --use_vllm false for the transformers engine"
             )
+    if script_args is not None:  # each reward takes TRL's call with this data's columns as keywords
+        from ncgrpo.rewards.loading import check_reward_signature, resolve_reward
+
+        columns = [c for c in train_dataset.column_names if c != "prompt"]
+        for reward in script_args.reward_funcs:
+            check_reward_signature(resolve_reward(reward), reward, columns)
     if script_args is not None and a.reward_weights is not None:
         if len(a.reward_weights) != len(script_args.reward_funcs):
             raise ValueError(
@@ -162,7 +169,8 @@ def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
     if old is None:
         return []
     new = run_identity(parsed)
-    changed = changed_identity(old, new, new)
+    # a record without the data file's hash (config.yaml alone) compares the settings only
+    changed = changed_identity(old, new, [k for k in new if k != DATA_HASH_KEY or k in old])
     if changed and not force:
         raise ValueError(
             f"--resume of {output_dir} with settings that change the run (as recorded in {where} -> as given "

@@ -109,14 +109,20 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
         images = [ctx.image(row, i, "image")]
     else:
         images = []
-    text_field = "problem"
-    if custom and "problem" not in row:
-        text_field = next((f for f in ("question", "prompt") if f in row), "problem")
-        if text_field == "problem":
-            raise ctx.error(
-                i, "field 'problem' is missing (the question goes in 'problem', 'question' or 'prompt')"
-            )
-    problem = ctx.prompt(row, i) if text_field == "prompt" else ctx.text(row, i, text_field)
+    text_field = "question" if custom and "problem" not in row and "question" in row else "problem"
+    messages = None
+    if custom and "problem" not in row and "question" not in row and "prompt" in row:
+        # TRL's prompt column (a string or chat messages), as ncgrpo train reads a data file: as written
+        from ncgrpo.data.files import prompt_messages
+
+        try:
+            messages = prompt_messages(row["prompt"])
+        except ValueError as e:
+            raise ctx.error(i, f"field 'prompt' {e}") from None
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        text_field, problem = "prompt", users[-1] if users else messages[-1]["content"]
+    else:
+        problem = ctx.text(row, i, text_field)
     answer = ctx.text(row, i, "answer")
     n_marks = problem.count(IMAGE_PLACEHOLDER)
     if n_marks and n_marks != len(images):
@@ -172,6 +178,7 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
             "choices": hub_choices or None,
             "ground_truth": ground_truth,
             **({"family": family} if family else {}),
+            **({"messages": messages} if messages else {}),
         },
     )
 
