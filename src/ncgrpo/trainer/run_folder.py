@@ -14,7 +14,6 @@ dynamics`` and ``ncgrpo compare`` as one trained by the command (its name, metho
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import warnings
@@ -139,7 +138,7 @@ def library_run_info(trainer: Any) -> dict[str, Any]:
     model = _model_of(trainer)
     model_name = str(getattr(model.config, "_name_or_path", "") or "") or None
     dtype = getattr(model, "dtype", None)
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name not in ("hub_token",)}
+    values = args.to_dict()  # as TrainingArguments serialises itself: enums as values, tokens hidden
     values["model_name_or_path"] = model_name
     values["dtype"] = None if dtype is None else str(dtype).removeprefix("torch.")
     identity = {k: _plain(values.get(k)) for k in run_identity_keys((type(args),))}
