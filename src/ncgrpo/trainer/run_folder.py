@@ -176,32 +176,34 @@ def _check_fresh_start(out: Path, previous: Mapping[str, Any] | None) -> None:
 
 @contextlib.contextmanager
 def recorded_train(trainer: Any, resume_from_checkpoint: Any = None) -> Iterator[None]:
-    """``run.json`` around one ``train`` call of a library run (main process; the other processes do
-    nothing): the output folder's lock taken (:class:`~ncgrpo.runs.folder.FolderLock`; a folder another
-    process writes, or one of another kind, an evaluation or a demo's root, is refused), ``run.json``
+    """``run.json`` around one ``train`` call of a library run: the output folder's lock taken
+    (:class:`~ncgrpo.runs.folder.FolderLock`; a folder another process writes is refused), ``run.json``
     written with ``finished: false`` before training and rewritten with ``global_step`` and ``finished:
     true`` when ``train`` returns (the weights are the caller's ``save_model``'s, as in TRL's scripts).
+    Only the main process writes; every process makes the read-only checks, so a refusal stops them
+    all rather than leaving the others waiting in the first collective.
 
-    Started from scratch, a folder holding a finished run or checkpoints is refused. Resumed
-    (``resume_from_checkpoint`` given), the settings that make the run (``identity``) are compared with the
-    ones ``run.json`` records: a difference is a warning naming each setting and is kept in
-    ``forced_changes`` (as ``ncgrpo train --resume --force`` keeps it)."""
+    Refused: a folder of another kind (an evaluation, a demo's root; a saved model, an earlier TRL run's
+    final save, is written over as TRL does); started from scratch, a folder holding a finished run or
+    checkpoints. Resumed (``resume_from_checkpoint`` given), the settings that make the run
+    (``identity``) are compared with the ones ``run.json`` records: a difference is a warning naming
+    each setting and is kept in ``forced_changes`` (as ``ncgrpo train --resume --force`` keeps it)."""
+    out = Path(trainer.args.output_dir)
+    what = "NCGRPOTrainer.train"
+    if folder_kind(out) != "model":
+        check_folder_kind(out, "train", what)
+    if not _resuming(resume_from_checkpoint):
+        _check_fresh_start(out, read_run_json(out, hint="move it away or fix it"))
     if not trainer.is_world_process_zero():
         yield
         return
-    out = Path(trainer.args.output_dir)
-    what = "NCGRPOTrainer.train"
-    if (
-        folder_kind(out) != "model"
-    ):  # a saved model (an earlier TRL run's final save) is written over as TRL does
-        check_folder_kind(out, "train", what)
     lock = FolderLock(out, what)
     lock.acquire()
     try:
         previous = read_run_json(out, hint="move it away or fix it")
         info = library_run_info(trainer)
         if not _resuming(resume_from_checkpoint):
-            _check_fresh_start(out, previous)
+            _check_fresh_start(out, previous)  # again under the lock: another process may have written
         elif previous is not None:
             forced = list(previous.get("forced_changes") or [])
             old = previous.get("identity")
