@@ -211,9 +211,13 @@ def _usage(trainer: Any, base_id: str, folder: str) -> str:
 
 
 def _ncgrpo_version() -> str:
-    from ncgrpo import __version__
+    """The installed ncgrpo's version (the package metadata ``ncgrpo.__version__`` equals)."""
+    import importlib.metadata as md
 
-    return __version__
+    try:
+        return md.version("ncgrpo")
+    except md.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _versions() -> str:
