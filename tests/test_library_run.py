@@ -69,6 +69,7 @@ def test_library_run_writes_run_json_and_metrics(library_run) -> None:
     assert info["kind"] == "train" and info["finished"] is True and info["global_step"] == 1
     assert (info["name"], info["method"], info["seed"]) == ("lib-latent", "latent", 5)
     assert info["model"] == str(BASE) and info["trained_with"] == "NCGRPOTrainer"
+    assert info["provenance"]["ncgrpo_version"] and "versions" in info["provenance"]  # what made it
     ident = info["identity"]
     assert ident["rollout_method"] == "latent" and ident["seed"] == 5 and ident["sigma0"] == 0.2
     assert ident["model_name_or_path"] == str(BASE) and ident["dtype"] == "float32"

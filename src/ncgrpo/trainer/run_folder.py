@@ -200,11 +200,17 @@ def recorded_train(trainer: Any, resume_from_checkpoint: Any = None) -> Iterator
     lock = FolderLock(out, what)
     lock.acquire()
     try:
+        from ncgrpo.runs.provenance import continue_provenance
+
         previous = read_run_json(out, hint="move it away or fix it")
         info = library_run_info(trainer)
-        if not _resuming(resume_from_checkpoint):
+        resumed = _resuming(resume_from_checkpoint)
+        if not resumed:
             _check_fresh_start(out, previous)  # again under the lock: another process may have written
-        elif previous is not None:
+        # what made the run (ncgrpo's commit and the packages' versions), as ncgrpo train records it; a
+        # resume under other code or packages is warned and kept in provenance_history
+        info.update(continue_provenance(previous if resumed else None, event="resume", where=out))
+        if resumed and previous is not None:
             forced = list(previous.get("forced_changes") or [])
             old = previous.get("identity")
             changed = (
