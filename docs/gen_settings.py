@@ -127,7 +127,57 @@ def stale() -> str | None:
     return None
 
 
-# ------------------------------------------------------------------------------ MkDocs hook
+# ------------------------------------------------------------------------------ the API page's table
+#: ``<!-- ncgrpo-fields: ncgrpo.trainer.NCGRPOConfig -->`` on a page: replaced by that dataclass's fields
+FIELDS_MARKER = re.compile(r"^<!-- ncgrpo-fields: ([\w.]+) -->$", re.M)
+
+
+def _html_text(help_text: str) -> str:
+    """A help string as HTML: escaped, its `code` spans as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(help_text, quote=False))
+
+
+def fields_table(dotted: str) -> str:
+    """The fields a dataclass declares (``NCGRPOConfig``: ncgrpo's own, by ``help_groups`` topic) as HTML
+    tables of name, type, default and help, each row anchored ``<dotted>.<name>`` (the id mkdocstrings
+    gave each attribute), instead of mkdocstrings' rendering of each ``field(default=..., metadata=...)``
+    call as source."""
+    import importlib
+
+    module, _, name = dotted.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    groups = getattr(cls, "help_groups", None) or {"Fields": [f.name for f in dataclasses.fields(cls)]}
+    out: list[str] = []
+    for title, members in groups.items():
+        out += [f"### {title.replace('NC-GRPO: ', '').capitalize()}", ""]
+        rows = [
+            "<tr>"
+            f'<td id="{dotted}.{n}"><code>{n}</code></td>'
+            f"<td><code>{html.escape(_type_name(hints[n]))}</code></td>"
+            f"<td><code>{html.escape(_default(fields[n]))}</code></td>"
+            f"<td>{_html_text(fields[n].metadata.get('help', '')) or '(no help text)'}</td>"
+            "</tr>"
+            for n in members
+        ]
+        out += [
+            '<table class="ncgrpo-fields">',
+            "<thead><tr><th>Name</th><th>Type</th><th>Default</th><th>Help</th></tr></thead>",
+            "<tbody>",
+            *rows,
+            "</tbody>",
+            "</table>",
+            "",
+        ]
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------------------ MkDocs hooks
+def on_page_markdown(markdown, page, config, files):  # noqa: ANN001 (MkDocs' hook signature)
+    return FIELDS_MARKER.sub(lambda m: fields_table(m.group(1)), markdown)
+
+
 def on_pre_build(config):  # noqa: ANN001 (MkDocs' hook signature)
     from mkdocs.exceptions import PluginError
 

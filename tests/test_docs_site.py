@@ -6,6 +6,7 @@ public functions users call)."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import importlib.util
 import os
 import re
@@ -128,15 +129,53 @@ def test_site_builds_strict_and_lists_every_setting(tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    settings = (site / "reference" / "settings" / "index.html").read_text(encoding="utf-8")
-    api = (site / "reference" / "api" / "trainer" / "index.html").read_text(encoding="utf-8")
+    settings = (site / "reference" / "settings.html").read_text(encoding="utf-8")
+    api = (site / "reference" / "api" / "trainer.html").read_text(encoding="utf-8")
     for name in _own_fields():
         assert f'id="{name}"' in settings, f"settings page has no entry for {name}"
-        assert f'id="ncgrpo.trainer.NCGRPOConfig.{name}"' in api, f"NCGRPOConfig's API page lacks {name}"
+        assert f'<td id="ncgrpo.trainer.NCGRPOConfig.{name}"><code>{name}</code></td>' in api, name
+    # the fields as a table, not as the source of their field(default=..., metadata=...) calls
+    assert 'class="ncgrpo-fields"' in api and "metadata" not in api
     for page, anchors in API.items():
-        html = (site / page / "index.html").read_text(encoding="utf-8")
+        html = (site / f"{page}.html").read_text(encoding="utf-8")
         for anchor in anchors:
             assert f'id="{anchor}"' in html, f"{page} does not document {anchor}"
+    # read from disk (issue 44): pages are page.html and links name them (a folder link opens a listing
+    # from file://), search reads its index from a script, the file:// worker shim is the site's own
+    guide = (site / "guides" / "own-model-and-data.html").read_text(encoding="utf-8")
+    links = re.findall(r'href="([^"#:]+)"', guide)
+    assert links and not [x for x in links if x.endswith("/")], [x for x in links if x.endswith("/")]
+    assert '"../evaluation.html"' not in guide and 'href="evaluation.html"' in guide
+    assert (site / "search" / "search_index.js").read_text(encoding="utf-8").startswith("var __index = ")
+    assert '<script src="../javascripts/iframe-worker-shim.js"' in guide and "unpkg.com" not in guide
+    # the guide's code is on the page, and code blocks wrap
+    assert "NCGRPOTrainer" in guide and "last_number_reward" in guide and "<code>" in guide
+    assert 'href="../stylesheets/extra.css"' in guide
+    assert "white-space: pre-wrap" in (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+
+
+def test_config_fields_render_as_a_table_of_name_type_default_and_help() -> None:
+    """The API page's NCGRPOConfig fields (issue 44: mkdocstrings showed each as the source of its
+    field(default=..., metadata={"help": ...}) call in a horizontal scroller)."""
+    table = _gen().fields_table("ncgrpo.trainer.NCGRPOConfig")
+    for name in _own_fields():
+        f = NCGRPOConfig.__dataclass_fields__[name]
+        row = next(line for line in table.splitlines() if f'id="ncgrpo.trainer.NCGRPOConfig.{name}"' in line)
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        assert len(cells) == 4 and cells[0] == f"<code>{name}</code>", row
+        if f.default is not dataclasses.MISSING:
+            assert cells[2] == f"<code>{html.escape(repr(f.default))}</code>", row
+        assert cells[3] and "(no help text)" not in cells[3], row
+    assert "<th>Name</th><th>Type</th><th>Default</th><th>Help</th>" in table
+    assert "metadata" not in table and "field(" not in table
+    row = next(line for line in table.splitlines() if "NCGRPOConfig.target_marginal_tv" in line)
+    assert (
+        "<code>float | None</code>" in row
+        and "<code>None</code>" in row
+        and "<code>ncgrpo probe</code>" in row
+    )
+    page = "text\n<!-- ncgrpo-fields: ncgrpo.trainer.NCGRPOConfig -->\nmore"
+    assert _gen().on_page_markdown(page, None, None, None) == f"text\n{table}\nmore"
 
 
 def _hooks():

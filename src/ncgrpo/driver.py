@@ -12,14 +12,12 @@ settings ``dtype``, ``freeze_vision_tower``, ``min_pixels``, ``max_pixels``) and
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
 from trl import ModelConfig
 
 from ncgrpo.runs.folder import (
@@ -27,11 +25,10 @@ from ncgrpo.runs.folder import (
     METRICS_FILE,
     RUN_FILE,
     FolderLock,
-    _complete_part,
     atomic_write_json,
     atomic_write_text,
-    iter_json_lines,
 )
+from ncgrpo.trainer.run_folder import MetricsCallback, write_train_run_json
 
 __all__ = [
     "MetricsCallback",
@@ -250,58 +247,6 @@ def _folder_state(output_dir: Path) -> tuple[bytes | None, tuple[str, ...]]:
 
 
 # ------------------------------------------------------------------------------ metrics and the driver
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return str(v)
-
-
-class MetricsCallback(TrainerCallback):
-    """Append each log call to ``path`` (``metrics.jsonl``) as one JSON line with ``"step"`` (main process).
-
-    Each line is written, flushed and fsync'ed on its own, so a killed run leaves at most one torn
-    last line, which is cut at the next start. On resume, lines logged after the checkpoint's step
-    (work the restart repeats) are dropped so every step appears once.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            self._repair(state.global_step)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        row = {"step": int(state.global_step)}
-        if state.epoch is not None:
-            row["epoch"] = float(state.epoch)
-        row.update({k: _jsonable(v) for k, v in logs.items()})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row, sort_keys=False, allow_nan=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _repair(self, resumed_step: int) -> None:
-        """Cut a torn last line and the lines logged after ``resumed_step``."""
-        if not self.path.exists():
-            return
-        data, torn = _complete_part(self.path.read_bytes())
-        lines = data.decode("utf-8", errors="replace").splitlines(keepends=True)
-        keep = [
-            lines[i - 1]
-            for i, row in iter_json_lines(self.path, "metrics line")
-            if int(row.get("step", 0)) <= resumed_step
-        ]
-        if torn or len(keep) != len(lines):
-            atomic_write_text(self.path, "".join(keep))
-
-
 def train_run(
     args,
     model,
@@ -322,8 +267,9 @@ def train_run(
     throughout: a folder of another kind (an evaluation, a demo's root, a saved model) or one another
     process is writing is refused before anything is written. Writes ``run.json`` (``run_info`` plus
     ``kind: train``, ``finished: false`` and, where ``run_info`` has none, this process's ``provenance``:
-    :mod:`ncgrpo.runs.provenance`) before training, appends every log
-    call to ``metrics.jsonl`` (:class:`MetricsCallback`), trains (from ``resume_from_checkpoint`` if
+    :mod:`ncgrpo.runs.provenance`; :func:`~ncgrpo.trainer.run_folder.write_train_run_json`, the trainer's
+    own record switched off) before training; the trainer's own :class:`MetricsCallback` appends every
+    log call to ``metrics.jsonl``; trains (from ``resume_from_checkpoint`` if
     given), saves the final model and processor to the folder and rewrites ``run.json`` with
     ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
     complete model. Only the main process writes. ``console_logs=False`` removes TRL's per-step
@@ -355,7 +301,7 @@ def _train_locked(
 
     from ncgrpo.trainer import NCGRPOTrainer
 
-    info = {**run_info, "kind": "train", "output_dir": str(out), "finished": False}
+    info = dict(run_info)
     if "provenance" not in info and "provenance_history" not in info:  # not ncgrpo train's (prepare_run's)
         from ncgrpo.runs.folder import read_run_json
         from ncgrpo.runs.provenance import continue_provenance
@@ -368,7 +314,7 @@ def _train_locked(
             )
         )  # fmt: skip
     if main_process:
-        atomic_write_json(out / RUN_FILE, info)
+        write_train_run_json(out, info, finished=False)
     trainer = NCGRPOTrainer(
         model=model,
         reward_funcs=list(reward_funcs),
@@ -376,9 +322,10 @@ def _train_locked(
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=processor,
-        callbacks=[MetricsCallback(out / METRICS_FILE), *callbacks],
+        callbacks=list(callbacks),  # the trainer's own MetricsCallback writes metrics.jsonl, first
         peft_config=peft_config,
     )
+    trainer.nc_record_run = False  # run.json is this driver's: the recipe, the command's identity
     if not console_logs:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
@@ -403,9 +350,7 @@ def _train_locked(
             raise
         raise error from e
     if main_process:
-        atomic_write_json(
-            out / RUN_FILE, {**info, "global_step": int(trainer.state.global_step), "finished": True}
-        )
+        write_train_run_json(out, info, finished=True, global_step=int(trainer.state.global_step))
     # README.md: the method as run, the base model, the paper (main process only); after `finished`, which
     # speaks of the model: a card that cannot be written must not make a complete run look cut short
     trainer.create_model_card()

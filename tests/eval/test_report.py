@@ -708,3 +708,38 @@ def test_gsm8k_and_math500_join_the_seed_tables_with_their_role_and_label(tmp_pa
     assert ct.general is None or not ct.general.columns
     rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
     assert "GSM8K" in rows[0] and "MATH-500" in rows[0]
+
+
+def test_the_base_model_is_a_fixed_row_beside_seeded_runs(tmp_path, capsys):
+    """Issue 44: the base model (an eval with no seed) beside seeded runs: paired with every seed, as
+    the baseline (each seed's run vs. the one base) and as a row (the base vs. each baseline seed).
+    Before: "cannot pair seeds [None] of 'base' with seeds [0, 1, 2]"."""
+    rng = np.random.default_rng(1)
+    base = rng.random(N) < 0.5
+    dirs = [write_run(tmp_path, "base", None, {"mathvista": ("ood", base)})]
+    arrays = {}
+    for seed in (0, 1, 2):
+        arrays[seed] = (rng.random(N) < 0.55 + 0.02 * seed, rng.random(N) < 0.52)
+        dirs.append(write_run(tmp_path, "NC", seed, {"mathvista": ("ood", arrays[seed][0])}))
+        dirs.append(write_run(tmp_path, "Vanilla", seed, {"mathvista": ("ood", arrays[seed][1])}))
+    runs = load_runs(dirs)
+
+    ct = compare(runs, "base")
+    rows = {r.name: r for r in ct.main.rows}
+    van, nc = rows["Vanilla"], rows["NC"]
+    assert nc.seed_pairs == [(0, None), (1, None), (2, None)] and van.seed_pairs == nc.seed_pairs
+    level = nc.cells["seed_level"].seed_level
+    expected = [100 * (arrays[s][0].mean() - base.mean()) for s in (0, 1, 2)]
+    assert level.ttest.n_seeds == 3 and level.ttest.diffs_pp == pytest.approx(expected)
+    direct = mcnemar_exact(np.concatenate([arrays[s][0] for s in (0, 1, 2)]), np.concatenate([base] * 3))
+    assert nc.cells["pooled"].test == direct
+    assert "0/–, 1/–, 2/–" in to_markdown(ct)
+
+    ct = compare(runs, "Vanilla")
+    row = next(r for r in ct.main.rows if r.name == "base")
+    assert row.seed_pairs == [(None, 0), (None, 1), (None, 2)] and row.n_seeds == 1
+    expected = [100 * (base.mean() - arrays[s][1].mean()) for s in (0, 1, 2)]
+    assert row.cells["seed_level"].seed_level.ttest.diffs_pp == pytest.approx(expected)
+
+    assert cli.main(["compare", "--runs", *map(str, dirs), "--baseline", "base"]) == 0
+    assert "NC" in capsys.readouterr().out

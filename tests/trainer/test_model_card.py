@@ -80,3 +80,60 @@ def test_ncgrpo_train_leaves_the_card_in_the_run_folder(tmp_path) -> None:
     assert main(argv + ["--max_steps", "1", "--schedule_k_mid", "1"]) == 0
     card = (out / "README.md").read_text()
     assert "NC-GRPO (Noise-Contrastive GRPO" in card and f"`{BASE}`" in card and "jerge2027perturb" in card
+    # the data as ncgrpo train recorded it (run.json's identity), and how to load the full weights
+    assert "- Data: `synthetic`, split `train`" in card and "training prompts)" in card
+    assert f'Qwen2_5_VLForConditionalGeneration.from_pretrained("{out}")' in card
+
+
+def test_a_lora_target_schedule_card_says_what_made_it_and_how_to_load_it(tmp_path) -> None:
+    """Issue 44: the card of a target-schedule LoRA run named only "sigma0 0.5, schedule constant" and
+    called the adapter-only folder usable "as any checkpoint of its base architecture"."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig
+
+    model, processor = load_model_and_processor(BASE, device=None, freeze_vision=True)
+    out = tmp_path / "run"
+    args = NCGRPOConfig(
+        output_dir=str(out),
+        rollout_method="latent",
+        sigma0=0.5,
+        sigma_schedule="constant",
+        target_marginal_tv=0.05,
+        marginal_tv_draws=256,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        bf16=False,
+        gradient_checkpointing=False,
+    )
+    lora = LoraConfig(
+        task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+        exclude_modules=r"model\.visual(\..*)?",
+    )  # fmt: skip
+    trainer = NCGRPOTrainer(
+        model=model,
+        reward_funcs=math_reward,
+        args=args,
+        train_dataset=_dataset(3),
+        processing_class=processor,
+        peft_config=lora,
+    )
+    trainer.train()
+    trainer.save_model()
+    trainer.create_model_card()
+    card = (out / "README.md").read_text()
+    assert "target_marginal_tv 0.05" in card and "schedule constant" in card
+    assert "sigma0 0.5 the solver's first guess" in card and "noise site `final_norm`" in card
+    assert "- Rewards: `math_reward` (weight 1)" in card
+    assert "- Data: 3 training prompts" in card
+    assert "library_name: peft" in card and "- Weights: LoRA adapter (r 4, lora_alpha 8)" in card
+    assert "**LoRA adapter only**" in card and "target modules ['q_proj', 'v_proj']" in card
+    assert f'base = Qwen2_5_VLForConditionalGeneration.from_pretrained("{BASE}")' in card
+    assert f'PeftModel.from_pretrained(base, "{out}")' in card
+    assert "as any checkpoint of its base architecture" not in card
+    from ncgrpo import __version__
+
+    assert f"- ncgrpo {__version__}" in card and f"- ncgrpo: {__version__}" in card
+    assert (out / "adapter_config.json").is_file() and not (out / "config.json").is_file()  # what it says

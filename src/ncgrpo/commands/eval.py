@@ -38,7 +38,8 @@ class EvalArgs:
 
     model_name_or_path: str = field(
         metadata=_h(
-            "model folder (save_pretrained layout), cached hub id, or an ncgrpo train run folder (or one of its "
+            "model folder (save_pretrained layout), cached hub id, or a training run's folder (ncgrpo train's or "
+            "NCGRPOTrainer's, or one of its "
             "checkpoint-N folders): its name, method and seed are then the defaults of --name, "
             "--rollout_method and --seed"
         )

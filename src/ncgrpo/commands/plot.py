@@ -54,8 +54,8 @@ def training_dirs(values: list[str], flag: str = "--train_dirs") -> list[str]:
         elif not (Path(v) / METRICS_FILE).is_file():
             what = f" ({kind})" if kind else ""
             raise UsageError(
-                f"{flag}: {v}{what} has no {METRICS_FILE}; give a folder written by ncgrpo train (or a demo's "
-                "folder)"
+                f"{flag}: {v}{what} has no {METRICS_FILE}; give a folder written by ncgrpo train or "
+                "NCGRPOTrainer (or a demo's folder)"
             )
         else:
             out.append(v)

@@ -3,7 +3,8 @@
 Every command writes its outputs into one folder; this module is the one place that knows the layout:
 
 - ``run.json`` (:data:`RUN_FILE`): what the folder holds, written atomically (:func:`atomic_write_json`),
-  read back by :func:`read_run_json`. A training run (``ncgrpo train``, the demo) records ``name``,
+  read back by :func:`read_run_json`. A training run (``ncgrpo train``, the demo, ``NCGRPOTrainer``:
+  :func:`ncgrpo.trainer.run_folder.write_train_run_json`) records ``name``,
   ``method``, ``seed``, ``model``, ``recipe``, ``output_dir``, ``finished`` (and ``global_step`` once
   finished); an evaluation (``ncgrpo eval``) records its identity (``model``, ``checkpoint``, ``seed``,
   ``split``, ``benchmarks``, ``decoding``) plus ``name``, ``method`` and the last ``batch_size``. Every
@@ -79,7 +80,7 @@ STATE_FILE = "ncgrpo_state.pt"
 
 #: What each folder kind holds (``run.json``'s ``kind``), as messages name it.
 KINDS: dict[str, str] = {
-    "train": "a training run (ncgrpo train, or one of a demo's runs)",
+    "train": "a training run (ncgrpo train, NCGRPOTrainer, or one of a demo's runs)",
     "eval": "an evaluation (ncgrpo eval: run.json + records.jsonl)",
     "demo": "a demo's output folder (ncgrpo demo)",
     "pretrain": "a base model built by ncgrpo pretrain",

@@ -96,6 +96,7 @@ from ncgrpo.core.advantages import group_advantages
 from ncgrpo.core.plan import plan_rows, prompt_id_for
 from ncgrpo.methods import get_method
 from ncgrpo.processors import image_only_processor
+from ncgrpo.runs.folder import METRICS_FILE
 from ncgrpo.trainer.checkpoints import (
     checkpoint_write_failed,
     load_nc_state,
@@ -125,8 +126,22 @@ from ncgrpo.trainer.metrics import (
 )
 from ncgrpo.trainer.model_card import create_model_card as _model_card
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
+from ncgrpo.trainer.run_folder import MetricsCallback, recorded_train
 from ncgrpo.trainer.shared_loss import check_share_prompt_loss, shared_logps_and_entropies
 from ncgrpo.trainer.vllm import check_vllm_plugin, generate_vllm
+
+#: GRPOTrainer's positional arguments after (model, reward_funcs, args): callbacks is the 5th
+_CALLBACKS_AT = 5
+
+
+def _with_callback(callback, rest: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(rest, kwargs)`` of ``GRPOTrainer.__init__`` with ``callback`` first in ``callbacks``, given by
+    keyword or by position."""
+    if len(rest) >= _CALLBACKS_AT:
+        rest = list(rest)
+        rest[_CALLBACKS_AT - 1] = [callback, *(rest[_CALLBACKS_AT - 1] or [])]
+        return tuple(rest), kwargs
+    return rest, {**kwargs, "callbacks": [callback, *(kwargs.get("callbacks") or [])]}
 
 
 class NCGRPOTrainer(GRPOTrainer):
@@ -159,6 +174,12 @@ class NCGRPOTrainer(GRPOTrainer):
         if isinstance(model, str) and len(rest) < 3 and kwargs.get("processing_class") is None:
             # a hub Qwen VL checkpoint without torchvision: TRL's AutoProcessor would raise; None: TRL loads it
             kwargs["processing_class"] = image_only_processor(model)
+        #: the run's metrics.jsonl writer (ncgrpo train's), first among the caller's callbacks
+        self.nc_metrics = MetricsCallback(os.path.join(args.output_dir, METRICS_FILE))
+        rest, kwargs = _with_callback(self.nc_metrics, rest, kwargs)
+        #: whether :meth:`train` writes run.json (:func:`~ncgrpo.trainer.run_folder.recorded_train`);
+        #: ncgrpo train's and the demo's driver writes its own and sets this False
+        self.nc_record_run = True
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         # share_prompt_loss: refused where the packed forward is not exact
         check_share_prompt_loss(self)
@@ -424,6 +445,19 @@ class NCGRPOTrainer(GRPOTrainer):
     # ==============================================================================================
     #: ``GRPOTrainer.create_model_card``: names NC-GRPO, the base model and the paper (TRL's: "GRPO", "[None]")
     create_model_card = _model_card
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """``Trainer.train``, with the run folder ``ncgrpo train`` writes: ``run.json`` (name, method, seed,
+        identity; ``finished`` once it returns) around TRL's ``train``
+        (:func:`~ncgrpo.trainer.run_folder.recorded_train`), beside the ``metrics.jsonl`` the trainer's
+        :class:`~ncgrpo.trainer.run_folder.MetricsCallback` writes, so ``ncgrpo eval``, ``plot dynamics``
+        and ``compare`` read a library run as one of ``ncgrpo train``. A driver that records the folder
+        itself (``ncgrpo train``, the demo) sets ``nc_record_run = False``."""
+        train = partial(super().train, resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        if not self.nc_record_run:
+            return train()
+        with recorded_train(self, resume_from_checkpoint):
+            return train()
 
     def _generate_and_score_completions(self, inputs):
         """``GRPOTrainer._generate_and_score_completions``: NC-GRPO's generation (training, non-vanilla)

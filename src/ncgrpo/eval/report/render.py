@@ -43,6 +43,12 @@ def _pooled_text(cell: Cell, *, latex: bool, minus: str) -> str:
     return text
 
 
+def _seed_pairs_text(pairs: Any) -> str:
+    """ "1/1, 2/2": the (configuration seed, baseline seed) pairs; a run without a seed (the base model,
+    paired with every seed) is "–"."""
+    return ", ".join("/".join("–" if s is None else str(s) for s in pair) for pair in pairs)
+
+
 def _seed_text(cell: Cell, *, latex: bool, minus: str) -> str:
     """ "p=0.015 (+1.2 pp)": the seed-level p and the mean per-seed difference; "n/a" where the
     t-test is undefined (see ``stats.paired_ttest``)."""
@@ -172,7 +178,7 @@ def tests_markdown(ct: ComparisonTable) -> str:
     ]
     for t in ct.tests:
         r = t.result
-        seeds = ", ".join(f"{a}/{b}" for a, b in t.seeds)
+        seeds = _seed_pairs_text(t.seeds)
         lines.append(
             f"| {_md_escape(t.configuration)} | {_md_escape(t.scope)} | {seeds} | {r.n} | {r.n10} | {r.n01} | "
             f"{r.diff_pp:+.1f} | {r.p:.3g} | {'reject' if t.holm_reject else '—'} (p={t.holm_p:.3g}) | "
@@ -222,7 +228,7 @@ def seed_tests_markdown(ct: ComparisonTable) -> str:
         ]
         for t in ct.seed_tests:
             tt, bs = t.result.ttest, t.result.bootstrap
-            seeds = ", ".join(f"{a}/{b}" for a, b in t.seeds)
+            seeds = _seed_pairs_text(t.seeds)
             p = "n/a" if math.isnan(tt.p) else f"{tt.p:.3g}"
             lines.append(
                 f"| {_md_escape(t.configuration)} | {_md_escape(t.scope)} | {seeds} | "

@@ -38,6 +38,12 @@ class Run:
         """benchmark -> role (of its first record)."""
         return {bm: recs[0].role for bm, recs in self.by_benchmark.items()}
 
+    @property
+    def fixed(self) -> bool:
+        """A model no training seed made, the base model: an evaluation with no ``seed`` (``ncgrpo eval`` of
+        a model that is not a training run), or one whose ``method`` is ``base`` (the demo's)."""
+        return self.seed is None or self.info.get("method") == "base"
+
     def subset(self, benchmarks: Iterable[str]) -> list[EvalRecord]:
         return [r for bm in benchmarks for r in self.by_benchmark.get(bm, [])]
 
@@ -87,9 +93,16 @@ def _seed_key(seed: Any) -> tuple[int, Any]:
 def pair_seeds(method: Sequence[Run], baseline: Sequence[Run]) -> list[tuple[Run, Run]]:
     """Seed i of the method with seed i of the baseline.
 
-    Seeds present on both sides pair by value; with no seed value in common but equally many seeds,
-    they pair in sorted order (e.g. single runs with different seeds).
+    A side that is one fixed run (:attr:`Run.fixed`: the base model, which no seed made) pairs with every
+    run of the other side: a fixed row beside seeded runs, each seed's run compared with the one base
+    model (so the seed-level test vs. the base is over the other side's seeds). Otherwise seeds present
+    on both sides pair by value; with no seed value in common but equally many seeds, they pair in
+    sorted order (e.g. single runs with different seeds).
     """
+    if len(baseline) == 1 and baseline[0].fixed:
+        return [(r, baseline[0]) for r in sorted(method, key=lambda r: _seed_key(r.seed))]
+    if len(method) == 1 and method[0].fixed:
+        return [(method[0], r) for r in sorted(baseline, key=lambda r: _seed_key(r.seed))]
     by_a = {r.seed: r for r in method}
     by_b = {r.seed: r for r in baseline}
     common = sorted(by_a.keys() & by_b.keys(), key=_seed_key)
@@ -105,5 +118,6 @@ def pair_seeds(method: Sequence[Run], baseline: Sequence[Run]) -> list[tuple[Run
         )
     raise ValueError(
         f"cannot pair seeds {sorted(by_a, key=_seed_key)} of {method[0].name!r} with seeds "
-        f"{sorted(by_b, key=_seed_key)} of {baseline[0].name!r}"
+        f"{sorted(by_b, key=_seed_key)} of {baseline[0].name!r}: give each configuration the same seeds, "
+        "or one run without a seed (the base model, paired with every seed)"
     )
