@@ -160,7 +160,15 @@ def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
     Returns the differences (``[]``: none, or nothing recorded)."""
     old, where = recorded_identity(output_dir)
     if old is None:
-        return []
+        # run.json's identity and config.yaml both gone: nothing to compare with, so nothing is
+        # assumed (a resume with changed settings would pass unseen)
+        if force:
+            return ["identity unknown: run.json's identity and config.yaml were missing"]
+        raise ValueError(
+            f"--resume of {output_dir}: neither {RUN_FILE} (with its identity) nor {CONFIG_FILE} is there, so "
+            "the settings given now cannot be compared with the run's; restore one of them from a copy, or "
+            "pass --force to resume with the settings given now (recorded in run.json's forced_changes)"
+        )
     new = run_identity(parsed)
     changed = changed_identity(old, new, new)
     if changed and not force:
@@ -256,18 +264,19 @@ def prepare_run(
         )
     seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
-    if any_checkpoint and not resume and not overwrite and not dry_run:
+    # a dry run refuses what the real command would (it used to pass a finished run's folder)
+    if any_checkpoint and not resume and not overwrite:
         raise ValueError(
             f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
             "--overwrite to start it again from scratch, or another --output_dir"
         )
     previous = read_run_json(output_dir, hint="move it away or fix it")
-    if previous is not None and previous.get("overwriting") and not overwrite and not dry_run:
+    if previous is not None and previous.get("overwriting") and not overwrite:
         raise ValueError(
             f"{output_dir}: an --overwrite was cut short while it removed the old run's files; pass "
             "--overwrite again (or use another --output_dir)"
         )
-    if previous is not None and previous.get("finished") and not overwrite and not dry_run:
+    if previous is not None and previous.get("finished") and not overwrite:
         raise ValueError(
             f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
             "use another --output_dir, or --overwrite to train it again from scratch"
