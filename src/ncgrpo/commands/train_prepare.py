@@ -32,7 +32,7 @@ from ncgrpo.runs.folder import (
 if TYPE_CHECKING:  # the driver imports transformers: ncgrpo --help imports every command module
     from ncgrpo.driver import RunPlan
 
-__all__ = ["check_model_source", "prepare_run"]
+__all__ = ["check_model_source", "check_report_to", "prepare_run"]
 
 
 # --------------------------------------------------------------------- checks before the model
@@ -52,6 +52,44 @@ def _model_config(name: str):
     except Exception as e:  # noqa: BLE001 - any reason it does not load is the user's to see, named
         where = "folder" if Path(name).is_dir() else "hub id (not a local folder)"
         raise ValueError(f"model_name_or_path {name}: its config does not load as a {where}: {e}") from None
+
+
+#: ``report_to`` integrations: the transformers availability check's name and the install command
+#: (transformers' ``INTEGRATION_TO_CALLBACK``; its callback raises only once the model has loaded).
+_REPORTERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("is_tensorboard_available", "pip install tensorboard"),
+    "wandb": ("is_wandb_available", "pip install wandb"),
+    "trackio": ("is_trackio_available", "pip install trackio"),
+    "mlflow": ("is_mlflow_available", "pip install mlflow"),
+    "comet_ml": ("is_comet_available", "pip install comet_ml"),
+    "neptune": ("is_neptune_available", "pip install neptune"),
+    "clearml": ("is_clearml_available", "pip install clearml"),
+    "codecarbon": ("is_codecarbon_available", "pip install codecarbon"),
+    "azure_ml": ("is_azureml_available", "pip install azureml-core"),
+    "dagshub": ("is_dagshub_available", "pip install dagshub mlflow"),
+    "dvclive": ("is_dvclive_available", "pip install dvclive"),
+    "swanlab": ("is_swanlab_available", "pip install swanlab"),
+    "flyte": ("is_flytekit_available", "pip install flytekit flytekitplugins-deck-standard"),
+    "kubeflow": ("is_kubeflow_available", "pip install kubeflow"),
+}
+
+
+def check_report_to(report_to) -> None:
+    """Every ``report_to`` integration's package is installed (``none`` and ``all``, which transformers
+    resolves to the installed ones, need nothing): a missing one is an error naming the install
+    command, before the model loads (transformers' callback raises only then) and in a dry run."""
+    from transformers.integrations import integration_utils
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    for name in names:
+        if name in ("none", "all") or name not in _REPORTERS:
+            continue  # an unknown name: transformers' own check refuses it when the config is built
+        check, install = _REPORTERS[name]
+        available = getattr(integration_utils, check, None)
+        if available is not None and not available():
+            raise ValueError(
+                f"report_to {name}: the {name} package is not installed here: {install} (or --report_to none)"
+            )
 
 
 def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset, script_args=None) -> None:
@@ -305,6 +343,7 @@ def prepare_run(
                 forced_changes = [*((previous or {}).get("forced_changes") or []), *forced]
 
     training_args = _trainer_config(parsed)
+    check_report_to(training_args.report_to)  # before the data: a missing package costs no suite
     # initialise the distributed state with the config's settings (backend, timeout) before the
     # PartialState below shares it
     _ = training_args.device
