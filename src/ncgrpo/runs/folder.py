@@ -49,6 +49,8 @@ __all__ = [
     "FolderLock",
     "check_folder_kind",
     "claim_folder",
+    "claim_script_folder",
+    "finish_script_folder",
     "disk_full_error",
     "clear_train_outputs",
     "folder_kind",
@@ -771,6 +773,55 @@ def claim_folder(lock: FolderLock) -> FolderLock:
         lock.release()
         raise
     return lock
+
+
+def claim_script_folder(folder: str | os.PathLike, script: str, kind: str) -> FolderLock:
+    """The output folder of a script that is no ncgrpo command (``examples/*.py``), claimed as every
+    command claims its own: refused (``ValueError``, the message names the folder and what to do) when
+    the path is empty (an unset shell variable), a file, a folder of another kind
+    (:func:`check_folder_kind`), one another process writes, or a folder that holds anything but this
+    script's own earlier output (``run.json``'s ``script``): a finished ``ncgrpo train`` run, say, whose
+    weights the script would replace. Takes the lock and writes ``run.json`` (``kind``, ``script``,
+    ``finished: false``); :func:`finish_script_folder` marks it finished. Returns the lock, held (the
+    process's exit releases it)."""
+    if not str(folder).strip():
+        raise ValueError(
+            f"--output_dir is empty ({str(folder)!r}; an unset shell variable?): give a new folder path"
+        )
+    lock = FolderLock(folder, script, kind=kind)
+    lock.check()  # a file, another kind, another writer
+    info = read_run_json(lock.folder, hint="move it away or fix it") if lock.folder.is_dir() else None
+    if lock.folder.is_dir() and (info or {}).get("script") != script:
+        found = sorted(p.name for p in lock.folder.iterdir() if p.name != LOCK_FILE)
+        if found:
+            what = (
+                f"a finished run ({info.get('name') or info.get('script')!r})"
+                if (info or {}).get("finished")
+                else "files " + ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+            )
+            raise ValueError(
+                f"{lock.folder} already holds {what}, which {script} did not write; it writes a new folder "
+                "(or its own earlier output): pass another --output_dir"
+            )
+    lock.acquire()
+    try:
+        atomic_write_json(
+            lock.folder / RUN_FILE, {"kind": kind, "script": script, "name": script, "finished": False}
+        )
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def finish_script_folder(lock: FolderLock, **extra: Any) -> None:
+    """Mark a :func:`claim_script_folder` folder's ``run.json`` finished (with ``extra``: e.g.
+    ``global_step``) and release its lock."""
+    try:
+        info = read_run_json(lock.folder) or {}
+        atomic_write_json(lock.folder / RUN_FILE, {**info, **extra, "finished": True})
+    finally:
+        lock.release()
 
 
 def _holder_text(what: str) -> str:
