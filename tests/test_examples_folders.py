@@ -85,9 +85,8 @@ def test_an_example_may_write_its_own_earlier_output_again(tmp_path: Path) -> No
 
 
 def test_ncgrpo_train_refuses_a_finished_example_run(tmp_path: Path, capsys) -> None:
-    from test_train_cli import MODEL, TINY_RECIPE
-
     from ncgrpo.cli import main
+    from test_train_cli import MODEL, TINY_RECIPE
 
     out = tmp_path / "out"
     finish_script_folder(claim_script_folder(out, "examples/lora.py", kind="train"), global_step=4)

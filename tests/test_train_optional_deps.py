@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_train_cli import MODEL, _args, write_geo3k_parquet
 
 from ncgrpo.cli import main
+from test_train_cli import MODEL, _args, write_geo3k_parquet
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_train_cli import MODEL, _args, _fake_complete_checkpoint, write_geo3k_parquet
 
 from ncgrpo.cli import main
+from test_train_cli import MODEL, _args, _fake_complete_checkpoint, write_geo3k_parquet
 
 
 @pytest.fixture(scope="module")

@@ -302,7 +302,7 @@ def register_method(cls: type[RolloutMethod]) -> type[RolloutMethod]:
     if not name or not isinstance(name, str) or not name.isidentifier():
         raise ValueError(
             f"{cls.__qualname__}: a rollout method needs a class attribute name that is a Python identifier "
-            f"(e.g. name = \"my_method\"), got {name!r}"
+            f'(e.g. name = "my_method"), got {name!r}'
         )
     if cls.key_rule not in ("row", "pair", "prompt", "none"):
         raise ValueError(f"{name}: key_rule must be 'row', 'pair', 'prompt' or 'none', got {cls.key_rule!r}")
