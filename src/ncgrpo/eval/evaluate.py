@@ -466,6 +466,19 @@ def adapter_base(path: str | Path) -> str | None:
     return str(base)
 
 
+def check_adapter_base(path: str | Path) -> None:
+    """A PEFT adapter folder whose base model is a path that is not there (moved or deleted since the
+    adapter was trained) is a ``ValueError`` naming the base and ``adapter_config.json``; anything else
+    passes (a hub id is left to the load)."""
+    base = adapter_base(path)
+    if base is not None and base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():
+        raise ValueError(
+            f"{path}: the adapter's base model {base} (base_model_name_or_path in {Path(path) / ADAPTER_CONFIG}) "
+            "does not exist here; put the base model back there, or set base_model_name_or_path to where it "
+            "is now"
+        )
+
+
 def load_adapter(
     path: str | Path, base: str, *, dtype: str = "auto", device: str = "auto"
 ) -> tuple[Any, Any]:
@@ -482,8 +495,7 @@ def load_adapter(
         raise ValueError(
             f"{path} is a PEFT adapter folder; loading it needs peft: pip install 'ncgrpo[peft]'"
         ) from None
-    if base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():  # a path, not a hub id
-        raise ValueError(f"{path}: the adapter's base model {base} (adapter_config.json) does not exist here")
+    check_adapter_base(path)
     model, processor = load_model_and_processor(base, dtype=dtype, device=device)
     model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     model.eval()
