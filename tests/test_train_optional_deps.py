@@ -50,3 +50,24 @@ def test_report_to_none_and_an_installed_integration_pass(tmp_path: Path, geo3k:
     monkeypatch.setattr(integration_utils, "is_tensorboard_available", lambda: True)
     check_report_to(["tensorboard"])
     assert main(_args(tmp_path / "run", geo3k, MODEL, "--report_to", "none", "--dry-run")) == 0
+
+
+def test_an_unknown_report_to_name_is_refused_in_the_dry_run(tmp_path: Path, geo3k: Path, capsys) -> None:
+    """transformers refuses it only once the model has loaded."""
+    out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL, "--report_to", "tensorbord", "--dry-run")) == 2
+    err = capsys.readouterr().err
+    assert "report_to 'tensorbord' is not an integration" in err and "did you mean 'tensorboard'" in err, err
+    assert not out.exists()
+
+
+def test_an_eval_strategy_without_an_evaluation_split_is_refused_before_the_model(
+    tmp_path: Path, geo3k: Path, capsys
+) -> None:
+    """The Trainer refused it after the model had loaded and run.json/config.yaml were written."""
+    out = tmp_path / "run"
+    for dry in (["--dry-run"], []):
+        assert main(_args(out, geo3k, MODEL, "--eval_strategy", "steps", "--eval_steps", "1", *dry)) == 2
+        err = capsys.readouterr().err
+        assert "no evaluation split is set" in err and "--eval_dataset_splits" in err, err
+        assert not out.exists()

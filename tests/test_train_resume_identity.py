@@ -152,3 +152,16 @@ def test_a_forced_resume_that_loads_records_its_changes(tmp_path: Path, capsys) 
     assert run["finished"] and run["global_step"] == 2
     assert any(c.startswith("max_steps: 1 -> 2") for c in run["forced_changes"]), run["forced_changes"]
     assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 2
+
+
+def test_a_finished_run_with_checkpoints_says_finished_not_pass_resume(tmp_path: Path, geo3k: Path, capsys):
+    """It said "already holds checkpoint-1; pass --resume", and --resume then said the run finished."""
+    out = tmp_path / "run"
+    _run_with_checkpoint(out, geo3k)
+    run = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps({**run, "finished": True, "global_step": 1}))
+    capsys.readouterr()
+    for flags in ([], ["--dry-run"]):
+        assert main(_args(out, geo3k, MODEL, *flags)) == 2
+        err = capsys.readouterr().err
+        assert "holds a finished run" in err and "pass --resume" not in err, err

@@ -82,8 +82,15 @@ def check_report_to(report_to) -> None:
 
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
     for name in names:
-        if name in ("none", "all") or name not in _REPORTERS:
-            continue  # an unknown name: transformers' own check refuses it when the config is built
+        if name in ("none", "all"):
+            continue
+        if name not in _REPORTERS:  # transformers refuses it only once the model has loaded
+            from ncgrpo.commands.config_file import suggest
+
+            raise ValueError(
+                f"report_to {name!r} is not an integration transformers knows{suggest(name, _REPORTERS)}; use "
+                f"one of none, all, {', '.join(_REPORTERS)}"
+            )
         check, install = _REPORTERS[name]
         available = getattr(integration_utils, check, None)
         if available is not None and not available():
@@ -92,7 +99,9 @@ def check_report_to(report_to) -> None:
             )
 
 
-def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset, script_args=None) -> None:
+def _check_before_the_model(
+    plan_args, model_args: ModelArguments, train_dataset, script_args=None, eval_dataset: Any = ...
+) -> None:
     """Checks that need no weights, the ones the trainer would otherwise make after the model loads:
     the model's config (its source is checked first, by the caller: :func:`check_model_source`), the
     noise site against its layers (:func:`ncgrpo.models.check_noise_site`), the
@@ -118,6 +127,12 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
             f"{prompts_needed} (per_device_train_batch_size {a.per_device_train_batch_size} x "
             f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
             f"{a.num_generations}); use more data or a smaller batch"
+        )
+    if eval_dataset is None and str(getattr(a.eval_strategy, "value", a.eval_strategy)) != "no":
+        raise ValueError(
+            f"eval_strategy {getattr(a.eval_strategy, 'value', a.eval_strategy)} evaluates during training, "
+            "but no evaluation split is set: name one with --eval_dataset_splits (e.g. validation), or set "
+            "--eval_strategy no"
         )
     if model_args.use_peft:
         _check_lora_targets(_lora_config(model_args), config.model_type)
@@ -255,7 +270,8 @@ def prepare_run(
     - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
     - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
       lookup), a config that does not load, a noise site past the model's layers, a training set
-      smaller than one generation batch, what the trainer's constructor refuses.
+      smaller than one generation batch, what the trainer's constructor refuses (an ``eval_strategy``
+      without an evaluation split), a ``report_to`` integration that is not installed.
 
     ``resume`` continues from the newest COMPLETE checkpoint
     (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
@@ -302,12 +318,6 @@ def prepare_run(
         )
     seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
-    # a dry run refuses what the real command would (it used to pass a finished run's folder)
-    if any_checkpoint and not resume and not overwrite:
-        raise ValueError(
-            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
-            "--overwrite to start it again from scratch, or another --output_dir"
-        )
     previous = read_run_json(output_dir, hint="move it away or fix it")
     if previous is not None and previous.get("overwriting") and not overwrite:
         raise ValueError(
@@ -318,6 +328,12 @@ def prepare_run(
         raise ValueError(
             f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
             "use another --output_dir, or --overwrite to train it again from scratch"
+        )
+    # a dry run refuses what the real command would (it used to pass a finished run's folder)
+    if any_checkpoint and not resume and not overwrite:
+        raise ValueError(
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
+            "--overwrite to start it again from scratch, or another --output_dir"
         )
     checkpoint = None
     forced_changes = list((previous or {}).get("forced_changes") or []) if resume else []
@@ -375,7 +391,7 @@ def prepare_run(
     try:
         check_model_source(model_args.model_name_or_path)  # before the data: a typo costs no suite
         train_ds, eval_ds = build_datasets(script_args, data_dir, seed=seed, synthetic=synthetic)
-        _check_before_the_model(training_args, model_args, train_ds, script_args)
+        _check_before_the_model(training_args, model_args, train_ds, script_args, eval_ds)
     except BaseException:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

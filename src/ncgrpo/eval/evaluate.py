@@ -437,8 +437,26 @@ def load_for_eval(
     from ncgrpo.models import load_model_and_processor
 
     if base is not None:
-        return load_adapter(path, base, dtype=dtype, device=device)
-    return load_model_and_processor(path, dtype=dtype, device=device)
+        model, processor = load_adapter(path, base, dtype=dtype, device=device)
+    else:
+        model, processor = load_model_and_processor(path, dtype=dtype, device=device)
+    check_finite_weights(model, path)
+    return model, processor
+
+
+def check_finite_weights(model: Any, path: str | Path) -> None:
+    """A model (an adapter merged into its base included) whose weights hold a NaN or inf is a
+    ``ValueError`` naming the first such parameter: it would answer every question with the same
+    token and be scored as a model that knows nothing."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                raise ValueError(
+                    f"{path}: the model's weights hold non-finite values (NaN or inf in {name}); a diverged or "
+                    "damaged checkpoint: evaluate an earlier one"
+                )
 
 
 #: What ``save_pretrained`` of a PEFT model writes beside the adapter weights.
