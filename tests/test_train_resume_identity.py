@@ -165,3 +165,16 @@ def test_a_finished_run_with_checkpoints_says_finished_not_pass_resume(tmp_path:
         assert main(_args(out, geo3k, MODEL, *flags)) == 2
         err = capsys.readouterr().err
         assert "holds a finished run" in err and "pass --resume" not in err, err
+
+
+def test_a_folder_of_other_files_is_refused(tmp_path: Path, geo3k: Path, capsys) -> None:
+    """A run wrote its model card over a README.md it found there (the folder had no kind)."""
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    for flags in ([], ["--dry-run"]):
+        assert main(_args(out, geo3k, MODEL, *flags)) == 2
+        err = capsys.readouterr().err
+        assert "holds files no ncgrpo run wrote (README.md)" in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["README.md"]
+    assert (out / "README.md").read_text() == "my notes"

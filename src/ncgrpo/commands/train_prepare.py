@@ -183,6 +183,27 @@ def _check_before_the_model(
         )
 
 
+def _refuse_foreign_files(output_dir: Path) -> None:
+    """A folder no ncgrpo command wrote (:func:`~ncgrpo.runs.folder.folder_kind` None) that holds files is
+    refused: the run would write its model card (README.md), weights, tokenizer and processor files over
+    any of the same name."""
+    from ncgrpo.runs.folder import folder_kind
+
+    if not output_dir.is_dir() or folder_kind(output_dir) is not None:
+        return
+    # hidden names (the lock, a suite copy or an atomic write cut short) and the generated suite are a
+    # run's own leftovers, and no file a run writes is hidden
+    found = sorted(
+        p.name for p in output_dir.iterdir() if not p.name.startswith(".") and p.name != "synthetic-data"
+    )
+    if found:
+        shown = ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+        raise ValueError(
+            f"{output_dir} holds files no ncgrpo run wrote ({shown}); a run writes its model card (README.md), "
+            "weights and tokenizer files there, over any of the same name: pass a new or empty --output_dir"
+        )
+
+
 def _trainer_config(parsed):
     """``NCGRPOConfig`` from the parsed settings, as the real run builds it (in a dry run too)."""
     from ncgrpo.trainer import NCGRPOConfig
@@ -309,6 +330,7 @@ def prepare_run(
     lock = FolderLock(output_dir, "ncgrpo train", kind="train")
     if os.environ.get("RANK", "0") == "0":  # the main process (PartialState is made below, once configured)
         lock.check()  # a file, another kind, another writer: refused before any other check reads it
+        _refuse_foreign_files(output_dir)
 
     if overwrite and resume:
         raise ValueError(
