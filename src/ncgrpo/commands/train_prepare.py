@@ -281,13 +281,16 @@ def prepare_run(
       holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
       :func:`ncgrpo.runs.folder.folder_kind`);
     - ``resume`` with ``overwrite`` (pick one);
-    - a folder holding ``checkpoint-*`` without ``resume`` or ``overwrite`` (not in a dry run, which
-      writes no run);
-    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem); ``overwrite``
+    - a folder of files no ncgrpo run wrote (the run's model card, weights and tokenizer would go over
+      them);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite``; ``overwrite``
       starts the run again there: once the folder's lock is held, its checkpoints, metrics and final
       weights are removed (:meth:`ncgrpo.driver.RunPlan.write_folder`);
+    - a folder holding ``checkpoint-*`` without ``resume`` or ``overwrite`` (a dry run refuses each of
+      these as the run does, issue 43);
     - ``resume`` with settings that change the run (:func:`~ncgrpo.commands.train_settings.run_identity`,
-      compared with the one ``run.json`` records, else ``config.yaml``'s) unless ``force``;
+      compared with the one ``run.json`` records, a setting it lacks with ``config.yaml``'s) unless
+      ``force``; with neither file there, ``resume`` is refused unless ``force``;
     - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
     - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
       lookup), a config that does not load, a noise site past the model's layers, a training set

@@ -21,6 +21,7 @@ Every folder a command writes has a kind (:data:`KINDS`), recorded as ``run.json
 --output_dir``, ``plot --output_dir``). A writer claims its folder with ``FolderLock(folder, what, kind=...)``: a folder
 of another kind (:func:`folder_kind`, which also infers the kind of folders written before kinds were
 recorded) or one another process holds is refused before anything is written, naming what was found.
+A script that is no command (``examples/*.py``) claims its folder by :func:`claim_script_folder`.
 
 A run's identity (what must not change when a folder is resumed or appended to) is compared by
 :func:`changed_identity`.
