@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ncgrpo.runs.folder import claim_script_folder, finish_script_folder
+
 TRAIN_SETTINGS = """\
 # shared by both runs; the method comes on the command line
 model_name_or_path: {base}
@@ -49,16 +51,21 @@ seed: 0
 
 def ncgrpo(*args: str) -> None:
     print("$ ncgrpo", " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "ncgrpo", *args], check=True)
+    rc = subprocess.run([sys.executable, "-m", "ncgrpo", *args]).returncode
+    if rc != 0:  # its own message is above; no traceback of this script under it
+        sys.exit(f"examples/evaluate_and_compare.py: ncgrpo {args[0]} failed (exit code {rc}), see above")
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--output_dir", required=True)
     parser.add_argument("--questions", type=int, default=6, help="test questions per family (6 families)")
     args = parser.parse_args(argv)
-    out = args.output_dir.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # a new folder (or this script's own earlier output), locked while the script writes it
+        lock = claim_script_folder(args.output_dir, "examples/evaluate_and_compare.py", kind="demo")
+    except ValueError as e:
+        parser.error(str(e))
+    out = lock.folder.resolve()
 
     import torch
 
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> Path:
         "--baseline", "vanilla",
         "--output_dir", str(out / "tables"),
     )  # fmt: skip
+    finish_script_folder(lock)
     return out / "tables" / "comparison.json"  # comparison.md / .tex: the same table, printed above
 
 

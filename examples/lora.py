@@ -20,16 +20,21 @@ from peft import LoraConfig, PeftModel
 from ncgrpo.data.geometry3k import to_trl_dataset
 from ncgrpo.models import load_model_and_processor
 from ncgrpo.rewards import math_reward
+from ncgrpo.runs.folder import claim_script_folder, finish_script_folder
 from ncgrpo.toy.base_model import ensure_base_model
 from ncgrpo.toy.suite import build_suite
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--output_dir", required=True, help="where the adapter and processor are saved")
     parser.add_argument("--max_steps", type=int, default=4)
     args = parser.parse_args(argv)
+    try:  # a new folder (or this script's own earlier output), locked while the script writes it
+        lock = claim_script_folder(args.output_dir, "examples/lora.py", kind="train")
+    except ValueError as e:
+        parser.error(str(e))
 
     base = ensure_base_model()  # your model: its folder or hub id
     model, processor = load_model_and_processor(base, dtype="float32", device=None, freeze_vision=True)
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainer.save_model(args.output_dir)  # adapter_config.json + adapter_model.safetensors
     processor.save_pretrained(args.output_dir)
 
+    finish_script_folder(lock, global_step=int(trainer.state.global_step))
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     last = trainer.nc_history[-1].metrics

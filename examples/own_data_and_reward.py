@@ -28,6 +28,7 @@ from PIL import Image
 from ncgrpo import NCGRPOConfig, NCGRPOTrainer
 from ncgrpo.models import load_model_and_processor
 from ncgrpo.rewards import completion_text
+from ncgrpo.runs.folder import claim_script_folder, finish_script_folder
 
 
 def last_integer_reward(completions, answer, **kwargs) -> list[float]:
@@ -72,15 +73,19 @@ def write_example_data(path: Path, n: int = 16) -> Path:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--output_dir", required=True)
     parser.add_argument(
         "--data", type=Path, help="JSON lines with question and answer (default: a written example)"
     )
     parser.add_argument("--model_name_or_path", help="hub id or folder (default: the embedded tiny base)")
     parser.add_argument("--max_steps", type=int, default=4)
     args = parser.parse_args(argv)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    try:  # a new folder (or this script's own earlier output), locked while the script writes it
+        lock = claim_script_folder(args.output_dir, "examples/own_data_and_reward.py", kind="train")
+    except ValueError as e:
+        parser.error(str(e))
+    args.output_dir = lock.folder
 
     data = args.data or write_example_data(args.output_dir / "example.jsonl")
     dataset = load_jsonl(data)
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"step {h['step']}: reward {h['reward']:.3f} (clean {h['reward/clean']:.3f}, noisy "
             f"{h['reward/noisy']:.3f}), noise-averaged first-token TV {h['noise/first_token_marginal_tv']:.4f}"
         )
+    finish_script_folder(lock, global_step=int(trainer.state.global_step))
     return logs
 
 

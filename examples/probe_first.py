@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.console import Console
 
@@ -28,6 +27,7 @@ from ncgrpo.data.types import Question
 from ncgrpo.eval.probe import probe
 from ncgrpo.eval.probe_result import format_probe
 from ncgrpo.models import load_model_and_processor
+from ncgrpo.runs.folder import claim_script_folder, finish_script_folder
 
 
 def my_questions(n: int) -> list[Question]:
@@ -39,14 +39,18 @@ def my_questions(n: int) -> list[Question]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--output_dir", required=True)
     parser.add_argument("--model_name_or_path", help="hub id or folder (default: the embedded tiny base)")
     parser.add_argument("--prompts", type=int, default=8, help="128 for a decision on a real model")
     parser.add_argument("--sigma0", type=float, nargs="+", default=[0.0, 0.2, 0.5])
     parser.add_argument("--branch_prefixes", nargs="+", default=["", "<think>"])
     args = parser.parse_args(argv)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    try:  # a new folder (or this script's own earlier output), locked while the script writes it
+        lock = claim_script_folder(args.output_dir, "examples/probe_first.py", kind="report")
+    except ValueError as e:
+        parser.error(str(e))
+    args.output_dir = lock.folder
 
     path = args.model_name_or_path
     if path is None:
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     (args.output_dir / "suggested.json").write_text(json.dumps(suggested, indent=1) + "\n")
     print(json.dumps(suggested, indent=1))
+    finish_script_folder(lock)
     return suggested
 
 

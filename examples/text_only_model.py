@@ -23,6 +23,7 @@ from datasets import Dataset
 from ncgrpo import NCGRPOConfig, NCGRPOTrainer
 from ncgrpo.models import load_model_and_processor
 from ncgrpo.rewards import math_reward
+from ncgrpo.runs.folder import claim_script_folder, finish_script_folder
 
 
 def build_tiny_text_model(folder: Path) -> Path:
@@ -52,14 +53,18 @@ def build_tiny_text_model(folder: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--output_dir", required=True)
     parser.add_argument(
         "--model_name_or_path", help="a text model's hub id or folder (default: build a tiny one)"
     )
     parser.add_argument("--max_steps", type=int, default=3)
     args = parser.parse_args(argv)
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    try:  # a new folder (or this script's own earlier output), locked while the script writes it
+        lock = claim_script_folder(args.output_dir, "examples/text_only_model.py", kind="demo")
+    except ValueError as e:
+        parser.error(str(e))
+    args.output_dir = lock.folder
 
     path = args.model_name_or_path or build_tiny_text_model(args.output_dir / "base")
     model, tokenizer = load_model_and_processor(path)  # a text checkpoint: (model, tokenizer)
@@ -102,6 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{h['reward/clean']:.3f} / noisy {h['reward/noisy']:.3f}, noise-averaged first-token TV "
             f"{h['noise/first_token_marginal_tv']:.4f}"
         )
+    finish_script_folder(lock)
     return logs
 
 

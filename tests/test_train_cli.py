@@ -149,7 +149,10 @@ def test_a_dry_run_into_a_finished_run_leaves_its_files_as_they_were(
     (out / "run.json").write_text(json.dumps({**run, "finished": True, "global_step": 2}))
     before = {f: (out / f).read_bytes() for f in ("run.json", "config.yaml")}
     capsys.readouterr()
-    assert main(_args(out, geo3k, MODEL, "--dry-run", "--seed", "8", "--sigma0", "0.4")) == 0
+    # refused, as the real command refuses it (issue 43); with --overwrite it passes, writing nothing
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--seed", "8", "--sigma0", "0.4")) == 2
+    assert "holds a finished run" in capsys.readouterr().err
+    assert main(_args(out, geo3k, MODEL, "--dry-run", "--seed", "8", "--sigma0", "0.4", "--overwrite")) == 0
     assert "holds a run" in capsys.readouterr().err
     assert {f: (out / f).read_bytes() for f in before} == before
 
@@ -443,7 +446,9 @@ def _fake_complete_checkpoint(folder: Path) -> None:
     import torch
 
     folder.mkdir(parents=True)
-    (folder / "trainer_state.json").write_text("{}")
+    # the keys a resume reads (runs.folder.TRAINER_STATE_KEYS); "{}" is an incomplete checkpoint
+    state = {"global_step": 1, "max_steps": 2, "train_batch_size": 2, "epoch": 0.5, "log_history": []}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))  # a whole (tiny) weights file
@@ -495,6 +500,7 @@ def test_resume_skips_an_incomplete_newest_checkpoint(tmp_path: Path, geo3k: Pat
     from ncgrpo.commands.train_settings import train_dataclasses
 
     out = tmp_path / "run"
+    assert main(_args(out, geo3k, MODEL, "--dry-run")) == 0  # the run's run.json and config.yaml
     _fake_complete_checkpoint(out / "checkpoint-2")
     (out / "checkpoint-3").mkdir()  # a kill while transformers was writing it
     parsed = ConfigParser(train_dataclasses).parse_args(_args(out, geo3k, MODEL)[1:]).parsed_config

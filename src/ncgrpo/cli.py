@@ -28,10 +28,32 @@ _MODULES = (demo, train, eval_command, compare, plot, pretrain, probe)
 COMMANDS: tuple[str, ...] = tuple(m.__name__.rsplit(".", 1)[1] for m in _MODULES)
 
 
+class _TopParser(argparse.ArgumentParser):
+    """The ``ncgrpo`` parser: no flag is matched by a prefix of its name (``--deb`` is not ``--debug``),
+    and an unknown flag or command gets the nearest known one."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(**kwargs)
+
+    def error(self, message: str):
+        import re
+
+        from ncgrpo.commands.config_file import suggest
+
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m:
+            message += suggest(m.group(1), COMMANDS)
+        m = re.match(r"unrecognized arguments: (\S+)", message)
+        if m and m.group(1).startswith("-"):
+            message += suggest(m.group(1).split("=", 1)[0], self._option_string_actions)
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ncgrpo import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _TopParser(
         prog="ncgrpo",
         description="NC-GRPO: noise-contrastive GRPO with latent-space rollout diversification.",
     )
@@ -98,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             if not recording:
                 warnings.showwarning = _warning_printer(name)
+            for tok in argv[: argv.index(name) if name else len(argv)]:
+                # ncgrpo's own flags stand before the command; argparse would let the command's parser
+                # fail first (its required flags) and never name an unknown one here
+                if tok.startswith("-") and tok.split("=", 1)[0] not in parser._option_string_actions:
+                    parser.error(f"unrecognized arguments: {tok}")
             args = parser.parse_args(argv)
             if getattr(args, "func", None) is None:
                 parser.print_help()

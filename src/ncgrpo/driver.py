@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
 from trl import ModelConfig
 
 from ncgrpo.runs.folder import (
@@ -191,8 +192,9 @@ class RunPlan:
                         shutil.rmtree(partial, ignore_errors=True)
                         shutil.move(str(self.staging / "synthetic-data"), str(partial))
                         os.replace(partial, target)
-                atomic_write_text(self.output_dir / CONFIG_FILE, self.config_text)
-                atomic_write_json(self.output_dir / RUN_FILE, self.run_info)
+                if not self.resuming:
+                    self.write_settings()
+                    atomic_write_json(self.output_dir / RUN_FILE, self.run_info)
         except BaseException:
             self.release()
             raise
@@ -200,6 +202,19 @@ class RunPlan:
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
+
+    @property
+    def resuming(self) -> bool:
+        """A real run resumed from a checkpoint: its ``config.yaml`` and ``run.json`` still describe the
+        checkpoint's run until the checkpoint has loaded into this run's model (:func:`train_run`'s
+        ``on_loaded``), so a resume that fails to load it (``--force`` with a changed ``lora_r``, a
+        dropped ``use_peft``) leaves the run's own settings recorded."""
+        return self.checkpoint is not None and not self.dry_run
+
+    def write_settings(self) -> None:
+        """Write the resolved ``config.yaml`` (the main process, under the folder's lock)."""
+        if self.main_process:
+            atomic_write_text(self.output_dir / CONFIG_FILE, self.config_text)
 
     def _clear(self) -> None:
         """``--overwrite``, under the lock: mark ``run.json`` (``overwriting``: a kill part way leaves a
@@ -260,6 +275,7 @@ def train_run(
     resume_from_checkpoint: str | None = None,
     console_logs: bool = True,
     peft_config=None,
+    on_loaded: Callable[[], None] | None = None,
 ):
     """One training run into ``args.output_dir``, the same for ``ncgrpo train`` and the demo.
 
@@ -274,7 +290,11 @@ def train_run(
     ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
     complete model. Only the main process writes. ``console_logs=False`` removes TRL's per-step
     printing (a caller with its own progress display). ``peft_config``: given to the trainer (TRL wraps
-    the model; the folder then holds the adapter). Returns the trainer.
+    the model; the folder then holds the adapter). With ``resume_from_checkpoint``, ``run.json`` is
+    written (and ``on_loaded`` called: ``ncgrpo train`` writes its ``config.yaml`` there) only once the
+    checkpoint has loaded into the model (its weights, optimizer, trainer state and NC-GRPO state); a
+    checkpoint that does not load is a ``ValueError`` saying so, with the folder's files unchanged.
+    Returns the trainer.
     """
     from accelerate import PartialState
 
@@ -288,6 +308,7 @@ def train_run(
             args, model, processor, train_dataset, out=out, main_process=state.is_main_process,
             reward_funcs=reward_funcs, run_info=run_info, eval_dataset=eval_dataset, callbacks=callbacks,
             resume_from_checkpoint=resume_from_checkpoint, console_logs=console_logs, peft_config=peft_config,
+            on_loaded=on_loaded,
         )  # fmt: skip
     finally:
         lock.release()
@@ -295,7 +316,7 @@ def train_run(
 
 def _train_locked(
     args, model, processor, train_dataset, *, out: Path, main_process: bool, reward_funcs, run_info,
-    eval_dataset, callbacks, resume_from_checkpoint, console_logs, peft_config=None,
+    eval_dataset, callbacks, resume_from_checkpoint, console_logs, peft_config=None, on_loaded=None,
 ):  # fmt: skip
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -313,8 +334,9 @@ def _train_locked(
                 **({"checkpoint": Path(resume_from_checkpoint).name} if resumed else {}),
             )
         )  # fmt: skip
-    if main_process:
-        write_train_run_json(out, info, finished=False)
+    loaded = _Loaded(out, info, main_process, on_loaded)
+    if resume_from_checkpoint is None:
+        loaded.write()
     trainer = NCGRPOTrainer(
         model=model,
         reward_funcs=list(reward_funcs),
@@ -322,17 +344,27 @@ def _train_locked(
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
         processing_class=processor,
-        callbacks=list(callbacks),  # the trainer's own MetricsCallback writes metrics.jsonl, first
+        callbacks=[loaded, *callbacks],  # the trainer's own MetricsCallback writes metrics.jsonl, first
         peft_config=peft_config,
     )
     trainer.nc_record_run = False  # run.json is this driver's: the recipe, the command's identity
     if not console_logs:
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
-    if _at_max_steps(args, resume_from_checkpoint):
-        _finish_from_checkpoint(trainer, resume_from_checkpoint, out, main_process)
-    else:
-        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    try:
+        if _at_max_steps(args, resume_from_checkpoint):
+            _finish_from_checkpoint(trainer, resume_from_checkpoint, out, main_process)
+            loaded.write()
+        else:
+            trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+    except (RuntimeError, ValueError, KeyError) as e:
+        if loaded.done or resume_from_checkpoint is None:
+            raise
+        raise ValueError(
+            f"{resume_from_checkpoint} does not load into the model as now set up ({type(e).__name__}: "
+            f"{_first_lines(e)}); {out}'s {RUN_FILE} and {CONFIG_FILE} are left as they were: resume with "
+            "the run's own settings (a changed lora_r, use_peft, model or dtype cannot load its weights)"
+        ) from e
     try:
         trainer.save_model(str(out))
         if main_process:
@@ -355,6 +387,33 @@ def _train_locked(
     # speaks of the model: a card that cannot be written must not make a complete run look cut short
     trainer.create_model_card()
     return trainer
+
+
+class _Loaded(TrainerCallback):
+    """Writes a run's ``run.json`` (and calls ``on_loaded``) once: at once for a new run, at
+    ``on_train_begin`` for a resumed one (the Trainer has loaded the checkpoint's weights, optimizer,
+    scheduler, trainer state and NC-GRPO's state by then)."""
+
+    def __init__(self, out: Path, info: dict[str, Any], main_process: bool, on_loaded=None):
+        self.out, self.info, self.main_process, self.on_loaded = out, info, main_process, on_loaded
+        self.done = False
+
+    def write(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.main_process:
+            if self.on_loaded is not None:
+                self.on_loaded()
+            write_train_run_json(self.out, self.info, finished=False)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.write()
+
+
+def _first_lines(e: BaseException, limit: int = 600) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def _at_max_steps(args, checkpoint: str | None) -> bool:
@@ -484,6 +543,7 @@ def execute_run(plan: RunPlan):
             eval_dataset=plan.eval_dataset,
             resume_from_checkpoint=plan.checkpoint,
             peft_config=peft_config,
+            on_loaded=plan.write_settings if plan.resuming else None,
         )
     except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
         from ncgrpo.runs.folder import DiskFullError, disk_full_error

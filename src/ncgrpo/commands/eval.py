@@ -342,6 +342,7 @@ def run(args: EvalArgs) -> int:
 
     from ncgrpo.eval.evaluate import (
         DecodingSettings,
+        check_adapter_base,
         check_folder,
         check_images,
         check_records,
@@ -362,6 +363,7 @@ def run(args: EvalArgs) -> int:
         math_prompt=MATH_PROMPT if args.math_prompt is None else args.math_prompt,
         grader=args.grader,
     )
+    check_adapter_base(args.model_name_or_path)  # its id hashes the base: a missing one is named first
     model_id = model_id_of(args.model_name_or_path)
     identity = dict(
         model_id=model_id, checkpoint=args.checkpoint, seed=args.seed, name=args.name, method=args.rollout_method,

@@ -107,9 +107,10 @@ class ConfigParser(TrlParser):
         if callable(dataclass_types) and not isinstance(dataclass_types, type):
             pending, dataclass_types = dataclass_types, None
         self.configurable = dataclass_types is not None or pending is not None
+        # never a flag matched by a prefix of its name: --learning would silently mean --learning_rate
+        kwargs.setdefault("allow_abbrev", False)
         if self.configurable:
             kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
-            kwargs.setdefault("allow_abbrev", False)  # --learning would silently mean --learning_rate
         else:
             kwargs.setdefault("formatter_class", argparse.HelpFormatter)
         super().__init__(None, **kwargs)
@@ -278,6 +279,7 @@ class ConfigParser(TrlParser):
         }
         negated = {old: new for old, new in NEGATED.items() if new in fields and old not in fields}
         argv = self._rename_flags(argv, renamed)
+        self._refuse_unknown_flags(argv)
         self._refuse_repeated_lists(argv)
         loaded = ConfigFile()
         if config:
@@ -407,6 +409,16 @@ class ConfigParser(TrlParser):
                 value = not value
             loaded.values[new] = value
             loaded.origin[new] = where
+
+    def _refuse_unknown_flags(self, argv: Sequence[str]) -> None:
+        """An unknown ``--flag`` is an error naming the nearest known one, before argparse's own checks
+        (which would first say "the following arguments are required: --runs" for ``--run``)."""
+        for tok in argv:
+            if tok == "--":
+                return
+            flag = tok.split("=", 1)[0]
+            if tok.startswith("--") and flag not in self._option_string_actions:
+                raise ConfigError(f"unknown option {flag}{suggest(flag, self._option_string_actions)}")
 
     def _refuse_repeated_lists(self, argv: Sequence[str]) -> None:
         """A list option given twice (``--data a=x --data b=y``) would keep only the last list: refuse."""

@@ -118,6 +118,12 @@ class ProbeArgs:
             problem = sigma0_problem(s)
             if problem is not None:
                 raise UsageError(f"--sigma0: every noise scale {problem}")
+        repeated = sorted({s for s in self.sigma0 if self.sigma0.count(s) > 1})
+        if repeated:
+            raise UsageError(
+                f"--sigma0 gives {repeated[0]:g} twice ({' '.join(f'{s:g}' for s in self.sigma0)}); each noise "
+                "scale is probed once: give every value once, e.g. --sigma0 0 0.2 0.5"
+            )
         site = parse_noise_site(self.noise_site)
         probed = ", ".join(sorted(m.name for m in methods() if not m.probe_refusal))
         try:

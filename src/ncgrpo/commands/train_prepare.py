@@ -33,7 +33,7 @@ from ncgrpo.runs.folder import (
 if TYPE_CHECKING:  # the driver imports transformers: ncgrpo --help imports every command module
     from ncgrpo.driver import RunPlan
 
-__all__ = ["check_model_source", "prepare_run"]
+__all__ = ["check_model_source", "check_report_to", "prepare_run"]
 
 
 # --------------------------------------------------------------------- checks before the model
@@ -55,7 +55,54 @@ def _model_config(name: str):
         raise ValueError(f"model_name_or_path {name}: its config does not load as a {where}: {e}") from None
 
 
-def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset, script_args=None) -> None:
+#: ``report_to`` integrations: the transformers availability check's name and the install command
+#: (transformers' ``INTEGRATION_TO_CALLBACK``; its callback raises only once the model has loaded).
+_REPORTERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("is_tensorboard_available", "pip install tensorboard"),
+    "wandb": ("is_wandb_available", "pip install wandb"),
+    "trackio": ("is_trackio_available", "pip install trackio"),
+    "mlflow": ("is_mlflow_available", "pip install mlflow"),
+    "comet_ml": ("is_comet_available", "pip install comet_ml"),
+    "neptune": ("is_neptune_available", "pip install neptune"),
+    "clearml": ("is_clearml_available", "pip install clearml"),
+    "codecarbon": ("is_codecarbon_available", "pip install codecarbon"),
+    "azure_ml": ("is_azureml_available", "pip install azureml-core"),
+    "dagshub": ("is_dagshub_available", "pip install dagshub mlflow"),
+    "dvclive": ("is_dvclive_available", "pip install dvclive"),
+    "swanlab": ("is_swanlab_available", "pip install swanlab"),
+    "flyte": ("is_flytekit_available", "pip install flytekit flytekitplugins-deck-standard"),
+    "kubeflow": ("is_kubeflow_available", "pip install kubeflow"),
+}
+
+
+def check_report_to(report_to) -> None:
+    """Every ``report_to`` integration's package is installed (``none`` and ``all``, which transformers
+    resolves to the installed ones, need nothing): a missing one is an error naming the install
+    command, before the model loads (transformers' callback raises only then) and in a dry run."""
+    from transformers.integrations import integration_utils
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    for name in names:
+        if name in ("none", "all"):
+            continue
+        if name not in _REPORTERS:  # transformers refuses it only once the model has loaded
+            from ncgrpo.commands.config_file import suggest
+
+            raise ValueError(
+                f"report_to {name!r} is not an integration transformers knows{suggest(name, _REPORTERS)}; use "
+                f"one of none, all, {', '.join(_REPORTERS)}"
+            )
+        check, install = _REPORTERS[name]
+        available = getattr(integration_utils, check, None)
+        if available is not None and not available():
+            raise ValueError(
+                f"report_to {name}: the {name} package is not installed here: {install} (or --report_to none)"
+            )
+
+
+def _check_before_the_model(
+    plan_args, model_args: ModelArguments, train_dataset, script_args=None, eval_dataset: Any = ...
+) -> None:
     """Checks that need no weights, the ones the trainer would otherwise make after the model loads:
     the model's config (its source is checked first, by the caller: :func:`check_model_source`), the
     noise site against its layers (:func:`ncgrpo.models.check_noise_site`), the
@@ -81,6 +128,12 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
             f"{prompts_needed} (per_device_train_batch_size {a.per_device_train_batch_size} x "
             f"{a.world_size} processes x steps_per_generation {a.steps_per_generation} / num_generations "
             f"{a.num_generations}); use more data or a smaller batch"
+        )
+    if eval_dataset is None and str(getattr(a.eval_strategy, "value", a.eval_strategy)) != "no":
+        raise ValueError(
+            f"eval_strategy {getattr(a.eval_strategy, 'value', a.eval_strategy)} evaluates during training, "
+            "but no evaluation split is set: name one with --eval_dataset_splits (e.g. validation), or set "
+            "--eval_strategy no"
         )
     if model_args.use_peft:
         _check_lora_targets(_lora_config(model_args), config.model_type)
@@ -137,6 +190,27 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
         )
 
 
+def _refuse_foreign_files(output_dir: Path) -> None:
+    """A folder no ncgrpo command wrote (:func:`~ncgrpo.runs.folder.folder_kind` None) that holds files is
+    refused: the run would write its model card (README.md), weights, tokenizer and processor files over
+    any of the same name."""
+    from ncgrpo.runs.folder import folder_kind
+
+    if not output_dir.is_dir() or folder_kind(output_dir) is not None:
+        return
+    # hidden names (the lock, a suite copy or an atomic write cut short) and the generated suite are a
+    # run's own leftovers, and no file a run writes is hidden
+    found = sorted(
+        p.name for p in output_dir.iterdir() if not p.name.startswith(".") and p.name != "synthetic-data"
+    )
+    if found:
+        shown = ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+        raise ValueError(
+            f"{output_dir} holds files no ncgrpo run wrote ({shown}); a run writes its model card (README.md), "
+            "weights and tokenizer files there, over any of the same name: pass a new or empty --output_dir"
+        )
+
+
 def _trainer_config(parsed):
     """``NCGRPOConfig`` from the parsed settings, as the real run builds it (in a dry run too)."""
     from ncgrpo.trainer import NCGRPOConfig
@@ -167,7 +241,15 @@ def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
     Returns the differences (``[]``: none, or nothing recorded)."""
     old, where = recorded_identity(output_dir)
     if old is None:
-        return []
+        # run.json's identity and config.yaml both gone: nothing to compare with, so nothing is
+        # assumed (a resume with changed settings would pass unseen)
+        if force:
+            return ["identity unknown: run.json's identity and config.yaml were missing"]
+        raise ValueError(
+            f"--resume of {output_dir}: neither {RUN_FILE} (with its identity) nor {CONFIG_FILE} is there, so "
+            "the settings given now cannot be compared with the run's; restore one of them from a copy, or "
+            "pass --force to resume with the settings given now (recorded in run.json's forced_changes)"
+        )
     new = run_identity(parsed)
     # a record without the data file's hash (config.yaml alone) compares the settings only
     changed = changed_identity(old, new, [k for k in new if k != DATA_HASH_KEY or k in old])
@@ -226,17 +308,21 @@ def prepare_run(
       holder), a file, or a folder of another kind (an evaluation, a demo's root, a saved model:
       :func:`ncgrpo.runs.folder.folder_kind`);
     - ``resume`` with ``overwrite`` (pick one);
-    - a folder holding ``checkpoint-*`` without ``resume`` or ``overwrite`` (not in a dry run, which
-      writes no run);
-    - a folder whose ``run.json`` says the run finished, unless ``overwrite`` (idem); ``overwrite``
+    - a folder of files no ncgrpo run wrote (the run's model card, weights and tokenizer would go over
+      them);
+    - a folder whose ``run.json`` says the run finished, unless ``overwrite``; ``overwrite``
       starts the run again there: once the folder's lock is held, its checkpoints, metrics and final
       weights are removed (:meth:`ncgrpo.driver.RunPlan.write_folder`);
+    - a folder holding ``checkpoint-*`` without ``resume`` or ``overwrite`` (a dry run refuses each of
+      these as the run does, issue 43);
     - ``resume`` with settings that change the run (:func:`~ncgrpo.commands.train_settings.run_identity`,
-      compared with the one ``run.json`` records, else ``config.yaml``'s) unless ``force``;
+      compared with the one ``run.json`` records, a setting it lacks with ``config.yaml``'s) unless
+      ``force``; with neither file there, ``resume`` is refused unless ``force``;
     - trainer settings ``NCGRPOConfig`` rejects (TRL's batch arithmetic, bf16 without a GPU, ...);
     - the checks of :func:`_check_before_the_model`: a model path that is not there (at once, no hub
       lookup), a config that does not load, a noise site past the model's layers, a training set
-      smaller than one generation batch, what the trainer's constructor refuses.
+      smaller than one generation batch, what the trainer's constructor refuses (an ``eval_strategy``
+      without an evaluation split), a ``report_to`` integration that is not installed.
 
     ``resume`` continues from the newest COMPLETE checkpoint
     (:func:`ncgrpo.runs.folder.last_complete_checkpoint`); newer incomplete ones are named in the notes.
@@ -274,6 +360,7 @@ def prepare_run(
     lock = FolderLock(output_dir, "ncgrpo train", kind="train")
     if os.environ.get("RANK", "0") == "0":  # the main process (PartialState is made below, once configured)
         lock.check()  # a file, another kind, another writer: refused before any other check reads it
+        _refuse_foreign_files(output_dir)
 
     if overwrite and resume:
         raise ValueError(
@@ -283,21 +370,22 @@ def prepare_run(
         )
     seen = _folder_state(output_dir)  # what the checks below read; write_folder compares it under the lock
     any_checkpoint = sorted(output_dir.glob("checkpoint-*")) if output_dir.is_dir() else []
-    if any_checkpoint and not resume and not overwrite and not dry_run:
-        raise ValueError(
-            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
-            "--overwrite to start it again from scratch, or another --output_dir"
-        )
     previous = read_run_json(output_dir, hint="move it away or fix it")
-    if previous is not None and previous.get("overwriting") and not overwrite and not dry_run:
+    if previous is not None and previous.get("overwriting") and not overwrite:
         raise ValueError(
             f"{output_dir}: an --overwrite was cut short while it removed the old run's files; pass "
             "--overwrite again (or use another --output_dir)"
         )
-    if previous is not None and previous.get("finished") and not overwrite and not dry_run:
+    if previous is not None and previous.get("finished") and not overwrite:
         raise ValueError(
             f"{output_dir} holds a finished run ({previous.get('name')!r}, {previous.get('global_step')} steps); "
             "use another --output_dir, or --overwrite to train it again from scratch"
+        )
+    # a dry run refuses what the real command would (it used to pass a finished run's folder)
+    if any_checkpoint and not resume and not overwrite:
+        raise ValueError(
+            f"{output_dir} already holds {any_checkpoint[-1].name}; pass --resume to continue that run, "
+            "--overwrite to start it again from scratch, or another --output_dir"
         )
     checkpoint = None
     forced_changes = list((previous or {}).get("forced_changes") or []) if resume else []
@@ -323,6 +411,7 @@ def prepare_run(
                 forced_changes = [*((previous or {}).get("forced_changes") or []), *forced]
 
     training_args = _trainer_config(parsed)
+    check_report_to(training_args.report_to)  # before the data: a missing package costs no suite
     # initialise the distributed state with the config's settings (backend, timeout) before the
     # PartialState below shares it
     _ = training_args.device
@@ -356,7 +445,7 @@ def prepare_run(
     try:
         check_model_source(model_args.model_name_or_path)  # before the data: a typo costs no suite
         train_ds, eval_ds = build_datasets(script_args, data_dir, seed=seed, synthetic=synthetic)
-        _check_before_the_model(training_args, model_args, train_ds, script_args)
+        _check_before_the_model(training_args, model_args, train_ds, script_args, eval_ds)
     except BaseException:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

@@ -375,40 +375,58 @@ def _identity_defaults() -> dict[str, Any]:
     return run_identity(ConfigParser(train_dataclasses).parse_args([]).parsed_config)
 
 
-def recorded_identity(output_dir: str | os.PathLike) -> tuple[dict[str, Any] | None, str]:
-    """``(identity, where it was read)`` of the run in ``output_dir``: ``run.json``'s ``identity``,
-    else its ``config.yaml`` (explicit values, the rest at their defaults), else ``(None, "")``. A
-    setting the record lacks (one added to ncgrpo or TRL since) is taken at its default. A record
-    that does not parse is a ``ValueError`` naming the file."""
+def _config_yaml_settings(path: Path) -> dict[str, Any] | None:
+    """A run's ``config.yaml`` as a mapping of settings (``env`` left out), or None where there is none;
+    a file that does not parse is a ``ValueError`` naming it."""
     import yaml
 
+    if not path.is_file():
+        return None
+    try:
+        recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ValueError(
+            f"{path}: cannot read the run's settings to compare ({e}); move the folder away or fix the file"
+        ) from None
+    if not isinstance(recorded, dict):
+        raise ValueError(f"{path}: holds no mapping of settings; move the folder away or fix the file")
+    recorded.pop("env", None)
+    return recorded
+
+
+def recorded_identity(output_dir: str | os.PathLike) -> tuple[dict[str, Any] | None, str]:
+    """``(identity, where it was read)`` of the run in ``output_dir``: ``run.json``'s ``identity``, a
+    setting it lacks read from ``config.yaml`` (explicit values, the rest at their defaults), else
+    ``(None, "")`` where neither file records the run. A setting neither records (one added to ncgrpo
+    or TRL since) is taken at its default. A record that does not parse is a ``ValueError`` naming the
+    file."""
     from ncgrpo.runs.folder import CONFIG_FILE, RUN_FILE, read_run_json
 
     out = Path(output_dir)
     info = read_run_json(out, hint="move it away or fix it") or {}
     recorded = info.get("identity")
-    where = str(out / RUN_FILE)
     if not isinstance(recorded, dict):
-        path = out / CONFIG_FILE
-        if not path.is_file():
-            return None, ""
-        try:
-            recorded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise ValueError(
-                f"{path}: cannot read the run's settings to compare ({e}); move the folder away or fix the file"
-            ) from None
-        if not isinstance(recorded, dict):
-            raise ValueError(f"{path}: holds no mapping of settings; move the folder away or fix the file")
-        recorded.pop("env", None)
-        where = str(path)
+        recorded = None
     defaults = _identity_defaults()
-    # the data file's hash only where recorded (run.json): config.yaml holds settings, not the hash
-    return {
-        k: _plain(recorded[k]) if k in recorded else defaults[k]
-        for k in defaults
-        if k != DATA_HASH_KEY or k in recorded
-    }, where
+    config = None
+    if recorded is None or any(k not in recorded for k in defaults):
+        config = _config_yaml_settings(out / CONFIG_FILE)
+    if recorded is None and config is None:
+        return None, ""
+    where = [str(out / RUN_FILE)] if recorded is not None else []
+    if config is not None and (recorded is None or any(k in config for k in defaults if k not in recorded)):
+        where.append(str(out / CONFIG_FILE))
+    identity = {}
+    for k, default in defaults.items():
+        if k == DATA_HASH_KEY and (recorded is None or k not in recorded):
+            continue  # the data file's hash only where recorded (run.json): config.yaml holds settings
+        if recorded is not None and k in recorded:
+            identity[k] = _plain(recorded[k])
+        elif config is not None and k in config:
+            identity[k] = _plain(config[k])
+        else:
+            identity[k] = default
+    return identity, " and ".join(where)
 
 
 # ------------------------------------------------------------------------ --smoke, derived settings

@@ -456,8 +456,26 @@ def load_for_eval(
     from ncgrpo.models import load_model_and_processor
 
     if base is not None:
-        return load_adapter(path, base, dtype=dtype, device=device)
-    return load_model_and_processor(path, dtype=dtype, device=device)
+        model, processor = load_adapter(path, base, dtype=dtype, device=device)
+    else:
+        model, processor = load_model_and_processor(path, dtype=dtype, device=device)
+    check_finite_weights(model, path)
+    return model, processor
+
+
+def check_finite_weights(model: Any, path: str | Path) -> None:
+    """A model (an adapter merged into its base included) whose weights hold a NaN or inf is a
+    ``ValueError`` naming the first such parameter: it would answer every question with the same
+    token and be scored as a model that knows nothing."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                raise ValueError(
+                    f"{path}: the model's weights hold non-finite values (NaN or inf in {name}); a diverged or "
+                    "damaged checkpoint: evaluate an earlier one"
+                )
 
 
 #: What ``save_pretrained`` of a PEFT model writes beside the adapter weights.
@@ -485,6 +503,19 @@ def adapter_base(path: str | Path) -> str | None:
     return str(base)
 
 
+def check_adapter_base(path: str | Path) -> None:
+    """A PEFT adapter folder whose base model is a path that is not there (moved or deleted since the
+    adapter was trained) is a ``ValueError`` naming the base and ``adapter_config.json``; anything else
+    passes (a hub id is left to the load)."""
+    base = adapter_base(path)
+    if base is not None and base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():
+        raise ValueError(
+            f"{path}: the adapter's base model {base} (base_model_name_or_path in {Path(path) / ADAPTER_CONFIG}) "
+            "does not exist here; put the base model back there, or set base_model_name_or_path to where it "
+            "is now"
+        )
+
+
 def load_adapter(
     path: str | Path, base: str, *, dtype: str = "auto", device: str = "auto"
 ) -> tuple[Any, Any]:
@@ -501,8 +532,7 @@ def load_adapter(
         raise ValueError(
             f"{path} is a PEFT adapter folder; loading it needs peft: pip install 'ncgrpo[peft]'"
         ) from None
-    if base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():  # a path, not a hub id
-        raise ValueError(f"{path}: the adapter's base model {base} (adapter_config.json) does not exist here")
+    check_adapter_base(path)
     model, processor = load_model_and_processor(base, dtype=dtype, device=device)
     model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     model.eval()

@@ -193,6 +193,12 @@ def _check_settings(
     sigmas = [float(s) for s in sigmas]
     if any(not (math.isfinite(s) and s >= 0) for s in sigmas):
         raise ValueError(f"probe: every sigma must be a finite number >= 0, got {sigmas}")
+    repeated = sorted({s for s in sigmas if sigmas.count(s) > 1})
+    if repeated:
+        raise ValueError(
+            f"probe: sigma {repeated[0]:g} is given twice ({', '.join(f'{s:g}' for s in sigmas)}); each sigma is "
+            "probed once: give every value once"
+        )
     if not temperature > 0:
         raise ValueError(f"probe: temperature must be > 0, got {temperature}")
     if marginal_draws < 2:

@@ -286,10 +286,24 @@ def read_state(path: str) -> dict[str, Any] | None:
 
 
 def register_method(cls: type[RolloutMethod]) -> type[RolloutMethod]:
-    """Class decorator: register one instance of ``cls`` under ``cls.name`` (refused if taken)."""
+    """Class decorator: register one instance of ``cls`` under ``cls.name`` (refused if taken). ``cls``
+    must be a subclass of :class:`RolloutMethod` with a class attribute ``name``."""
+    if not isinstance(cls, type):
+        raise TypeError(
+            f"register_method takes a RolloutMethod subclass (use it as a class decorator: @register_method "
+            f"above 'class MyMethod(RolloutMethod): name = \"my_method\"'), got the {type(cls).__name__} {cls!r}"
+        )
+    if not issubclass(cls, RolloutMethod):
+        raise TypeError(
+            f"register_method: {cls.__qualname__} is not a RolloutMethod subclass; derive it from "
+            "ncgrpo.methods.RolloutMethod (docs/extending.md), which gives the trainer the hooks it calls"
+        )
     name = getattr(cls, "name", "")
     if not name or not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"a rollout method needs a name that is a Python identifier, got {name!r}")
+        raise ValueError(
+            f"{cls.__qualname__}: a rollout method needs a class attribute name that is a Python identifier "
+            f'(e.g. name = "my_method"), got {name!r}'
+        )
     if cls.key_rule not in ("row", "pair", "prompt", "none"):
         raise ValueError(f"{name}: key_rule must be 'row', 'pair', 'prompt' or 'none', got {cls.key_rule!r}")
     if name in _REGISTRY and type(_REGISTRY[name]) is not cls:

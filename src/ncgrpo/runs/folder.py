@@ -24,6 +24,7 @@ Every folder a command writes has a kind (:data:`KINDS`), recorded as ``run.json
 --output_dir``, ``plot --output_dir``). A writer claims its folder with ``FolderLock(folder, what, kind=...)``: a folder
 of another kind (:func:`folder_kind`, which also infers the kind of folders written before kinds were
 recorded) or one another process holds is refused before anything is written, naming what was found.
+A script that is no command (``examples/*.py``) claims its folder by :func:`claim_script_folder`.
 
 A run's identity (what must not change when a folder is resumed or appended to) is compared by
 :func:`changed_identity`.
@@ -52,6 +53,8 @@ __all__ = [
     "FolderLock",
     "check_folder_kind",
     "claim_folder",
+    "claim_script_folder",
+    "finish_script_folder",
     "disk_full_error",
     "clear_train_outputs",
     "folder_kind",
@@ -447,18 +450,66 @@ def _safetensors_problem(path: str) -> str | None:
     return None
 
 
+#: What a checkpoint's ``trainer_state.json`` must hold for ``Trainer.train(resume_from_checkpoint=...)``
+#: to resume from it (``TrainerState.load_from_json`` fills a missing key with its default, ``None`` for
+#: ``train_batch_size``, and the resume then dies in arithmetic on it): key -> (types, what it is).
+TRAINER_STATE_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "global_step": ((int,), "a step count"),
+    "max_steps": ((int,), "a step count"),
+    "train_batch_size": ((int,), "a batch size"),
+    "epoch": ((int, float), "a number"),
+    "log_history": ((list,), "a list"),
+}
+
+
+def _trainer_state_problem(state: Any) -> str | None:
+    """Why a parsed ``trainer_state.json`` cannot be resumed from (:data:`TRAINER_STATE_KEYS`), or None."""
+    if not isinstance(state, dict):
+        return f"holds no JSON object (a {type(state).__name__})"
+    missing = [k for k in TRAINER_STATE_KEYS if k not in state]
+    if missing:
+        return f"lacks {', '.join(missing)} (a trainer state written by Trainer holds them)"
+    for key, (types, what) in TRAINER_STATE_KEYS.items():
+        value = state[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            return f"has {key} {value!r}, not {what}"
+    if state["global_step"] < 0:
+        return f"has global_step {state['global_step']}, below 0"
+    return None
+
+
+def _nonfinite_problem(path: str) -> str | None:
+    """Why a safetensors file's floating-point tensors are not all finite (a NaN or inf: a diverged or
+    damaged adapter, which a resume would train from and the noise hook then refuse), or None. Read one
+    tensor at a time."""
+    try:
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open is no mapping
+                t = f.get_tensor(key)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return f"{path} holds non-finite values (NaN or inf in {key})"
+    except Exception as e:  # noqa: BLE001 - a file safetensors cannot read is not whole either
+        return f"{path} is unreadable ({type(e).__name__})"
+    return None
+
+
 def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) -> str | None:
     """Why ``checkpoint`` cannot be resumed from, or ``None`` if it is complete.
 
     Complete means every file a resume reads is there and whole: ``trainer_state.json`` parses
-    (transformers writes it after the model, optimizer, scheduler and RNG state), the model weights
+    (transformers writes it after the model, optimizer, scheduler and RNG state) and holds the keys a
+    resume reads (:data:`TRAINER_STATE_KEYS`), the model weights
     exist (a safetensors file or index; a PEFT run's adapter weights), ``optimizer.pt`` unless the
     state says nothing was saved beyond the model, and, with ``nc_state`` (a run of a two-pass method:
     every NC-GRPO method, not vanilla), ``ncgrpo_state.pt`` loads (it is written first, atomically).
     Every file in it is checked, not only for being there (issue 35: a torn ``optimizer.pt`` made
     ``--resume`` die loading it): each ``.pt`` / ``.pth`` / ``.bin`` (optimizer, scheduler, RNG state,
     ``torch.save`` zip archives) reads back with every member's CRC intact, each ``.safetensors`` file's
-    header parses and its tensors end within the file, each ``.json`` file parses. Checking the files
+    header parses and its tensors end within the file (an adapter's, ``adapter_model.safetensors``, also
+    holds only finite values), each ``.json`` file parses. Checking the files
     themselves, rather than a manifest written last, needs no change to how transformers writes a
     checkpoint and holds for checkpoints written before; it costs one read of the newest checkpoint's
     state files (those over :data:`CRC_CHECK_MAX_BYTES` get the cheaper structural check only).
@@ -468,9 +519,12 @@ def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) ->
     state_path = os.path.join(ckpt, "trainer_state.json")
     try:
         with open(state_path, encoding="utf-8") as f:
-            json.load(f)
+            state = json.load(f)
     except (OSError, ValueError) as e:
         return f"{state_path} is missing or torn ({type(e).__name__})"
+    problem = _trainer_state_problem(state)
+    if problem:
+        return f"{state_path} {problem}"
     # a PEFT run's checkpoints hold the adapter (adapter_model.*), which is what its resume loads
     other = ("pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
     try:
@@ -495,6 +549,8 @@ def checkpoint_problem(checkpoint: str | os.PathLike, nc_state: bool = False) ->
             problem = _zip_problem(path)
         elif name.endswith(".safetensors"):
             problem = _safetensors_problem(path)
+            if problem is None and name.startswith("adapter_model"):
+                problem = _nonfinite_problem(path)
         elif name.endswith(".json"):
             try:
                 with open(path, encoding="utf-8") as f:
@@ -721,6 +777,55 @@ def claim_folder(lock: FolderLock) -> FolderLock:
         lock.release()
         raise
     return lock
+
+
+def claim_script_folder(folder: str | os.PathLike, script: str, kind: str) -> FolderLock:
+    """The output folder of a script that is no ncgrpo command (``examples/*.py``), claimed as every
+    command claims its own: refused (``ValueError``, the message names the folder and what to do) when
+    the path is empty (an unset shell variable), a file, a folder of another kind
+    (:func:`check_folder_kind`), one another process writes, or a folder that holds anything but this
+    script's own earlier output (``run.json``'s ``script``): a finished ``ncgrpo train`` run, say, whose
+    weights the script would replace. Takes the lock and writes ``run.json`` (``kind``, ``script``,
+    ``finished: false``); :func:`finish_script_folder` marks it finished. Returns the lock, held (the
+    process's exit releases it)."""
+    if not str(folder).strip():
+        raise ValueError(
+            f"--output_dir is empty ({str(folder)!r}; an unset shell variable?): give a new folder path"
+        )
+    lock = FolderLock(folder, script, kind=kind)
+    lock.check()  # a file, another kind, another writer
+    info = read_run_json(lock.folder, hint="move it away or fix it") if lock.folder.is_dir() else None
+    if lock.folder.is_dir() and (info or {}).get("script") != script:
+        found = sorted(p.name for p in lock.folder.iterdir() if p.name != LOCK_FILE)
+        if found:
+            what = (
+                f"a finished run ({info.get('name') or info.get('script')!r})"
+                if (info or {}).get("finished")
+                else "files " + ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+            )
+            raise ValueError(
+                f"{lock.folder} already holds {what}, which {script} did not write; it writes a new folder "
+                "(or its own earlier output): pass another --output_dir"
+            )
+    lock.acquire()
+    try:
+        atomic_write_json(
+            lock.folder / RUN_FILE, {"kind": kind, "script": script, "name": script, "finished": False}
+        )
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def finish_script_folder(lock: FolderLock, **extra: Any) -> None:
+    """Mark a :func:`claim_script_folder` folder's ``run.json`` finished (with ``extra``: e.g.
+    ``global_step``) and release its lock."""
+    try:
+        info = read_run_json(lock.folder) or {}
+        atomic_write_json(lock.folder / RUN_FILE, {**info, **extra, "finished": True})
+    finally:
+        lock.release()
 
 
 def _holder_text(what: str) -> str:

@@ -26,13 +26,17 @@ SIGMA0_MAX = 10.0
 TARGET_DRAWS = 256
 
 
-def sigma0_problem(value: object) -> str | None:
-    """Why ``value`` is not a noise scale ``sigma0`` in [0, :data:`SIGMA0_MAX`] (None: it is one)."""
+def sigma0_problem(value: object, *, bound: str | None = None) -> str | None:
+    """Why ``value`` is not a noise scale ``sigma0`` in [0, :data:`SIGMA0_MAX`] (None: it is one).
+    ``bound``: the value is a bound on the noise scale (``sigma_max``), which must be above 0; the text
+    says what it bounds."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not (math.isfinite(value) and value >= 0)
+        or not (math.isfinite(value) and (value > 0 if bound else value >= 0))
     ):
+        if bound:
+            return f"must be a finite number > 0 ({bound}), got {value!r}"
         return f"must be a finite number >= 0 (0 disables the noise), got {value!r}"
     if value > SIGMA0_MAX:
         return (
@@ -453,9 +457,7 @@ class NCGRPOConfig(GRPOConfig):
         """``target_marginal_tv``: a TV in (0, 1], a ``sigma_max`` in (0, 10], a method whose noisy half is set
         by a sigma whose first-token marginal the LM head measures (the method's ``target_refusal``), the
         final-norm site and at least 2 ``marginal_tv_draws``."""
-        problem = sigma0_problem(self.sigma_max)
-        if problem is None and not self.sigma_max > 0:
-            problem = f"must be > 0 (the target schedule's bound on sigma_k), got {self.sigma_max!r}"
+        problem = sigma0_problem(self.sigma_max, bound="the target schedule's bound on sigma_k")
         if problem is not None:
             raise ValueError(f"sigma_max {problem}")
         t = self.target_marginal_tv
