@@ -22,7 +22,6 @@ def save_nc_state(trainer, checkpoint_dir: str) -> None:
     ``trainer.method``, ``.nc_method``, ``.state.global_step``."""
     os.makedirs(checkpoint_dir, exist_ok=True)
     path = os.path.join(checkpoint_dir, STATE_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
     state = {
         "rollout_method": trainer.method,
         "global_step": trainer.state.global_step,
@@ -159,7 +158,9 @@ def load_rollout_batch(trainer, checkpoint: str) -> None:
     path = rollout_file(checkpoint, a.process_index, a.num_processes)
     if not os.path.isfile(path):
         if (g * ga) % every != 0:
-            raise _refuse(checkpoint, f"{where} and holds no {os.path.basename(path)} (the rollout batch in flight)")
+            raise _refuse(
+                checkpoint, f"{where} and holds no {os.path.basename(path)} (the rollout batch in flight)"
+            )
         return  # a boundary: the next micro-step generates, as the uninterrupted run's does
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("format") != ROLLOUT_FORMAT:
