@@ -31,6 +31,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tiny_models import same_state
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPE = ROOT / "recipes" / "tiny_cpu_latent.yaml"
 BASE = ROOT / "src" / "ncgrpo" / "toy" / "assets" / "base"
@@ -119,27 +121,6 @@ def _load(path: Path):
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def _same(a, b) -> bool:
-    """Bit-equal nested states (tensors, numpy arrays, lists, dicts, numbers)."""
-    import numpy as np
-
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
-        )
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return (
-            isinstance(b, (list, tuple))
-            and len(a) == len(b)
-            and all(_same(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return a == b
-
-
 def _check_same_as_uninterrupted(out: Path, ref: Path) -> None:
     a, b = load_file(str(out / "model.safetensors")), load_file(str(ref / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -149,8 +130,8 @@ def _check_same_as_uninterrupted(out: Path, ref: Path) -> None:
     assert _step_rows(out) == _step_rows(ref)  # every logged metric (loss, reward, sigma_k, ...), bit for bit
     last = f"checkpoint-{STEPS}"
     # the RNG state (python, numpy, torch) and the rollout state of the last checkpoint
-    assert _same(_load(out / last / "rng_state.pth"), _load(ref / last / "rng_state.pth"))
-    assert _same(_load(out / last / "rollout_batch.pt"), _load(ref / last / "rollout_batch.pt"))
+    assert same_state(_load(out / last / "rng_state.pth"), _load(ref / last / "rng_state.pth"))
+    assert same_state(_load(out / last / "rollout_batch.pt"), _load(ref / last / "rollout_batch.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +258,7 @@ def test_rollout_batch_round_trip_restores_the_batch_step_metrics_and_pending_lo
     resumed = _fake_trainer(step=0, global_step=2)
     load_rollout_batch(resumed, str(tmp_path))
     assert resumed._step == 2
-    assert _same(resumed._buffered_inputs, saved._buffered_inputs)  # values, dtypes, None and lists
+    assert same_state(resumed._buffered_inputs, saved._buffered_inputs)  # values, dtypes, None and lists
     assert [b["pixel_values"].dtype for b in resumed._buffered_inputs] == [torch.bfloat16] * 4
     assert dict(resumed._metrics["train"]) == {"reward": [0.25]}
     resumed._metrics["train"]["loss"].append(1.0)  # still a defaultdict, as TRL's
