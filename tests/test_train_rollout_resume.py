@@ -48,6 +48,8 @@ TARGET = (
     "--target_marginal_tv", "0.005", "--sigma_schedule", "constant", "--steps_per_generation", "4",
     "--gradient_accumulation_steps", "2", "--num_iterations", "2", "--logging_steps", "2",
 )  # fmt: skip
+#: TRL's own GRPO (no NC-GRPO state file): the rollout batch is TRL's, kept all the same
+VANILLA = ("--rollout_method", "vanilla", "--steps_per_generation", "4", "--gradient_accumulation_steps", "1")
 #: wall-clock fields of a log line: never equal between two runs
 TIMINGS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
 
@@ -103,7 +105,7 @@ def _interrupt_after_checkpoint(out: Path, variant: tuple[str, ...], step: int) 
     for later in _checkpoints(out):
         if later > step:
             shutil.rmtree(out / f"checkpoint-{later}")
-    ckpt, _ = last_complete_checkpoint(out, nc_state=True)
+    ckpt, _ = last_complete_checkpoint(out, nc_state=variant is not VANILLA)  # vanilla: no ncgrpo_state.pt
     assert ckpt is not None and Path(ckpt).name == f"checkpoint-{step}"
 
 
@@ -202,7 +204,7 @@ def test_a_checkpoint_inside_a_rollout_batch_without_its_batch_is_refused(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", [SIGMOID, TARGET], ids=["sigmoid", "target"])
+@pytest.mark.parametrize("variant", [SIGMOID, TARGET, VANILLA], ids=["sigmoid", "target", "vanilla"])
 @pytest.mark.parametrize("step", range(1, UPDATES + 1))
 def test_sigint_after_each_checkpoint_of_a_fresh_run_resumes_exactly(
     tmp_path: Path, references, variant: tuple[str, ...], step: int

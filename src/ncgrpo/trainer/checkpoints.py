@@ -141,7 +141,7 @@ def load_rollout_batch(trainer, checkpoint: str) -> None:
     gradient_accumulation_steps`` batches of the dataloader, whose every batch is one micro-step (TRL's
     ``RepeatSampler`` repeats a rollout batch's prompts ``steps_per_generation * num_iterations`` times),
     so it resumes at micro-step ``global_step * gradient_accumulation_steps`` of the run, which must be
-    ``_step``; that is checked. A checkpoint cut inside a rollout batch whose batch cannot be restored (no
+    ``_step`` inside a batch; that is checked. A checkpoint cut inside a rollout batch whose batch cannot be restored (no
     ``rollout_batch.pt``: written by an ncgrpo before it kept one; another batch layout, a forced resume;
     another format) is refused with a ValueError naming it; at a boundary, TRL generates anew, as the
     uninterrupted run does."""
@@ -174,7 +174,7 @@ def load_rollout_batch(trainer, checkpoint: str) -> None:
             f"{k} {state['layout'].get(k)} -> {v}" for k, v in layout.items() if state["layout"].get(k) != v
         )
         raise _refuse(checkpoint, f"was saved inside a rollout batch under another batch layout ({changed})")
-    if step != g * ga:
+    if inside and step != g * ga:
         raise _refuse(
             checkpoint,
             f"was saved at TRL micro-step {step}, while the Trainer resumes its data at micro-step {g * ga} "

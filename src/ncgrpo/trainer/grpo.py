@@ -519,6 +519,8 @@ class NCGRPOTrainer(GRPOTrainer):
             if self.nc_method.two_pass and self.args.should_save:
                 save_nc_state(self, path)
             save_rollout_batch(self, path)  # every process, every method: TRL's rollout batch in flight
+            if self.accelerator.num_processes > 1:  # every rank's file is whole before trainer_state.json
+                self.accelerator.wait_for_everyone()
             super()._save_checkpoint(model, trial)
         except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
             error = checkpoint_write_failed(e, path, self.args.should_save)
