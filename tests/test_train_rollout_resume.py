@@ -299,3 +299,52 @@ def test_rollout_batch_refusals_name_the_checkpoint_and_why(tmp_path: Path) -> N
         load_rollout_batch(_fake_trainer(0, 3, ga=2, iterations=2), str(tmp_path))
     # one file per process, named as transformers names its RNG state files
     assert rollout_file(tmp_path, 1, 2) == str(tmp_path / "rollout_batch_1.pt")
+
+
+@pytest.mark.slow
+def test_two_processes_interrupted_inside_a_rollout_batch_resume_exactly(tmp_path: Path) -> None:
+    """Two CPU processes (torchrun + gloo), each with its own share of the rollout batch
+    (``rollout_batch_0.pt``, ``rollout_batch_1.pt``): SIGINT to the process group after checkpoint 2,
+    resume, and the weights, log lines, and each rank's RNG and rollout state match the uninterrupted
+    two-process run."""
+    from tiny_models import free_port
+
+    def cmd(out: Path) -> list[str]:
+        one = _cmd(out, SIGMOID)
+        one[one.index("--per_device_train_batch_size") + 1] = "2"  # 2 processes x 2 rows = one process's 4
+        torchrun = [str(Path(sys.executable).parent / "torchrun"), "--nproc_per_node", "2"]
+        return [*torchrun, "--master_port", str(free_port()), *one[one.index("-m") :]]
+
+    ref = tmp_path / "ref"
+    r = subprocess.run(cmd(ref), env=_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        cmd(out), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while p.poll() is None and not (out / "checkpoint-2" / "trainer_state.json").is_file():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert p.poll() is None
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches every process of the terminal's group
+        p.wait(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    for later in _checkpoints(out):
+        if later > 2:
+            shutil.rmtree(out / f"checkpoint-{later}")
+    assert {"rollout_batch_0.pt", "rollout_batch_1.pt"} <= {f.name for f in (out / "checkpoint-2").iterdir()}
+    r = subprocess.run(cmd(out), env=_env(), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(ref / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _step_rows(out) == _step_rows(ref) and _generation_steps(out) == [1, 5]
+    for name in ("rng_state_0.pth", "rng_state_1.pth", "rollout_batch_0.pt", "rollout_batch_1.pt"):
+        assert same_state(
+            _load(out / f"checkpoint-{STEPS}" / name), _load(ref / f"checkpoint-{STEPS}" / name)
+        )
