@@ -125,8 +125,8 @@ def save_rollout_batch(trainer, checkpoint_dir: str) -> None:
 def _refuse(checkpoint: str, why: str) -> ValueError:
     return ValueError(
         f"resume: {checkpoint} {why}; resuming from it would train another run than the one it was cut "
-        "from. Resume from a checkpoint at a rollout-batch boundary (move the later checkpoint-N folders out of the "
-        "run folder), or start again with --overwrite"
+        "from. Resume from a checkpoint at a rollout-batch boundary (move the later checkpoint-N folders "
+        "out of the run folder), or start again with --overwrite"
     )
 
 
