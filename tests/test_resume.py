@@ -124,18 +124,25 @@ def test_only_complete_checkpoints_are_resumed_from(tmp_path) -> None:
 
 
 def test_nc_state_is_written_before_the_checkpoint_counts_as_complete(tmp_path, monkeypatch) -> None:
-    """ncgrpo_state.pt is in the folder before transformers writes trainer_state.json (and rotates)."""
+    """ncgrpo_state.pt and rollout_batch.pt are in the folder before transformers writes
+    trainer_state.json (and rotates)."""
     from trl import GRPOTrainer
 
     seen = []
 
     def fake_save(self, model, trial):
         ckpt = tmp_path / "run" / f"checkpoint-{self.state.global_step}"
-        seen.append(((ckpt / STATE_FILE).exists(), (ckpt / "trainer_state.json").exists()))
+        seen.append(
+            (
+                (ckpt / STATE_FILE).exists(),
+                (ckpt / "rollout_batch.pt").exists(),
+                (ckpt / "trainer_state.json").exists(),
+            )
+        )
 
     monkeypatch.setattr(GRPOTrainer, "_save_checkpoint", fake_save)
     tr = tiny.trainer(
         tmp_path / "run", rollout_method="spsa", max_steps=1, save_strategy="steps", save_steps=1
     )
     tr.train()
-    assert seen == [(True, False)]
+    assert seen == [(True, True, False)]

@@ -86,7 +86,15 @@ def _tear(path: Path, keep: float = 0.5) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "model.safetensors", "ncgrpo_state.pt"]
+    "name",
+    [
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "model.safetensors",
+        "ncgrpo_state.pt",
+        "rollout_batch.pt",
+    ],
 )
 def test_a_torn_file_in_the_newest_checkpoint_makes_resume_fall_back_to_the_one_before(
     tmp_path: Path, two_checkpoints: Path, name: str

@@ -24,6 +24,7 @@ from ncgrpo.trainer.metrics import IS_RATIO_USED  # noqa: E402
 from tiny_models import (  # noqa: E402
     perturbed_rows,
     run_torchrun,
+    same_state,
     save_peaked_vllm_text_model,
     vllm_trainer,
     vllm_trainer_config,
@@ -255,3 +256,80 @@ def test_latent_colocate_tensor_parallel_2(model_dir, tmp_path) -> None:
         assert all(d > 1.0 for d, n in zip(r["first_diff"], noisy, strict=True) if n), r["first_diff"]
         assert all(d < TOL for d, n in zip(r["first_diff"], noisy, strict=True) if not n), r["first_diff"]
         assert r["tv"] > 0.3
+
+
+@pytest.mark.parametrize("variant", ["sigmoid", "target"])
+def test_sigint_inside_a_rollout_batch_resumes_exactly_on_colocate(model_dir, tmp_path, variant) -> None:
+    """Issue 43 on vLLM colocate: a run making 4 optimizer steps per rollout batch, interrupted with a
+    real SIGINT right after checkpoint 1, its resume after checkpoint 2, that resume after checkpoint 3
+    (each offset inside the first batch, whose buffer holds vLLM's generations), then resumed to the end,
+    ends in the uninterrupted run's weights, log lines (timings aside), RNG state and rollout state,
+    bit for bit; ``sigmoid``: the schedule annealing between the two batches, ``target``:
+    target_marginal_tv with num_iterations 2 (tests/scripts/vllm_resume_train.py)."""
+    import json
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from ncgrpo.runs.folder import last_complete_checkpoint
+
+    script = Path(__file__).parent / "scripts" / "vllm_resume_train.py"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+
+    def cmd(out: Path, resume: bool) -> list[str]:
+        return [
+            sys.executable,
+            str(script),
+            model_dir[0],
+            str(out),
+            variant,
+            *(["--resume"] if resume else []),
+        ]
+
+    ref = tmp_path / "ref"
+    r = subprocess.run(cmd(ref, False), env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "run"
+    for step in (1, 2, 3):
+        p = subprocess.Popen(cmd(out, step > 1), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 900
+            while p.poll() is None and not (out / f"checkpoint-{step}" / "trainer_state.json").is_file():
+                assert time.monotonic() < deadline, f"checkpoint-{step} not written"
+                time.sleep(0.005)
+            assert p.poll() is None, p.stderr.read().decode()[-3000:]
+            os.kill(p.pid, signal.SIGINT)
+            p.communicate(timeout=300)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode != 0
+        for later in out.glob("checkpoint-*"):  # resume from checkpoint-{step}, as if interrupted at once
+            if int(later.name.split("-")[1]) > step:
+                shutil.rmtree(later)
+        assert last_complete_checkpoint(out, nc_state=True)[0] == str(out / f"checkpoint-{step}")
+    r = subprocess.run(cmd(out, True), env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(ref / "model.safetensors"))
+    differ = [k for k in a if not torch.equal(a[k], b[k])]
+    assert a.keys() == b.keys() and not differ, f"{len(differ)} of {len(a)} weight tensors differ"
+    timings = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+    def logs(run: Path) -> list[dict]:
+        history = json.loads((run / "checkpoint-6" / "trainer_state.json").read_text())["log_history"]
+        return [{k: v for k, v in row.items() if k not in timings} for row in history]
+
+    assert logs(out) == logs(ref)  # loss, rewards, noise/sigma_k, ... of every step
+    assert sum("noise/sigma_k" in row for row in logs(ref)) == 2  # two rollout batches
+    for name in ("rng_state.pth", "rollout_batch.pt"):
+        x, y = (torch.load(run / "checkpoint-6" / name, weights_only=False) for run in (out, ref))
+        assert same_state(x, y), name

@@ -390,6 +390,26 @@ def vllm_trainer_config(output_dir, *, num_generations: int = 4, **kw):
     return NCGRPOConfig(**base)
 
 
+def same_state(a, b) -> bool:
+    """Bit-equal nested states (tensors of the same dtype and shape, numpy arrays, dicts, lists, numbers):
+    what a checkpoint's ``rng_state.pth`` or ``rollout_batch.pt`` holds."""
+    import numpy as np
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+        )
+    return a == b
+
+
 # --- launching processes
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for torchrun's master or a server)."""

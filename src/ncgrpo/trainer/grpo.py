@@ -101,7 +101,10 @@ from ncgrpo.trainer.checkpoints import (
     checkpoint_write_failed,
     load_nc_state,
     load_renamed_checkpoint,
+    load_rollout_batch,
+    restore_pending_loss,
     save_nc_state,
+    save_rollout_batch,
 )
 from ncgrpo.trainer.checks import (
     check_peft,
@@ -208,6 +211,8 @@ class NCGRPOTrainer(GRPOTrainer):
         #: first_token_temperature_auto: the calibrated T0 (None until the first generation)
         self.first_token_t0: float | None = None
         self._nc_inputs: list[dict] | None = None
+        #: after a resume: transformers' loss since its last log line, put back at the first micro-step
+        self._nc_pending_loss: tuple | None = None
         self._nc_gen: _LocalGen | None = None
         self._nc_rewards_per_func: torch.Tensor | None = None
         self._nc_answers: list[str | None] | None = None
@@ -532,7 +537,9 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         """``GRPOTrainer._save_checkpoint``: NC-GRPO's state
-        (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`) goes in FIRST: transformers writes trainer_state.json after the model and optimizer and only then
+        (:func:`~ncgrpo.trainer.checkpoints.save_nc_state`) and TRL's rollout batch in flight, with where the
+        run is inside it (:func:`~ncgrpo.trainer.checkpoints.save_rollout_batch`, each process its own) go in
+        FIRST: transformers writes trainer_state.json after the model and optimizer and only then
         deletes older checkpoints (save_total_limit), so a checkpoint whose trainer state is valid is
         complete, and the last complete one is never deleted early. A write that runs out of room (a full
         disk, a file-size limit) removes the checkpoint it cut short and is a
@@ -545,6 +552,9 @@ class NCGRPOTrainer(GRPOTrainer):
         try:
             if self.nc_method.two_pass and self.args.should_save:
                 save_nc_state(self, path)
+            save_rollout_batch(self, path)  # every process, every method: TRL's rollout batch in flight
+            if self.accelerator.num_processes > 1:  # every rank's file is whole before trainer_state.json
+                self.accelerator.wait_for_everyone()
             super()._save_checkpoint(model, trial)
         except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
             error = checkpoint_write_failed(e, path, self.args.should_save)
@@ -562,7 +572,17 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         """``GRPOTrainer._load_optimizer_and_scheduler``: on resume, also NC-GRPO's state (SPSA's ``mu``, the
-        calibrated T0; :func:`~ncgrpo.trainer.checkpoints.load_nc_state`)."""
+        calibrated T0; :func:`~ncgrpo.trainer.checkpoints.load_nc_state`) and TRL's rollout batch in flight
+        (:func:`~ncgrpo.trainer.checkpoints.load_rollout_batch`: a checkpoint inside a rollout batch resumes
+        that batch, or is refused where it cannot)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             load_nc_state(self, checkpoint)
+            load_rollout_batch(self, checkpoint)
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        """``GRPOTrainer.training_step``: the first micro-step after a resume first puts back transformers'
+        loss since its last log line, which the Trainer resets after loading a checkpoint
+        (:func:`~ncgrpo.trainer.checkpoints.restore_pending_loss`)."""
+        restore_pending_loss(self)
+        return super().training_step(model, inputs, num_items_in_batch)
