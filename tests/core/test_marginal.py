@@ -15,16 +15,12 @@ from scipy import stats
 from ncgrpo.core.marginal import (
     MarginalCurve,
     antithetic_eps,
-    branch_eps,
     closest_temperature,
-    estimate_marginal_tv,
     marginal_estimate,
     marginal_keys,
     marginal_tv_curve,
     noisy_probs,
     pool_keys,
-    second_order_mean,
-    second_order_term,
     solve_sigma_for_marginal_tv,
 )
 from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps, perturb_rows
@@ -221,8 +217,12 @@ def test_marginal_tv_curve_is_the_per_prompt_estimate_and_grows_with_sigma():
     curve = MarginalCurve(head, h, z, keys, temperature=1.0)
     for i, pid in enumerate((11, 12, 13)):  # prompt i's TV is its own antithetic draws' plug-in TV(q, q_bar)
         eps = antithetic_eps(marginal_keys(0, 2, pid, 32), h.shape[1])
-        one = marginal_estimate(torch.softmax(z[i], -1), noisy_probs(head, h[i], eps, 0.5), paired=True, correct=False)
-        assert float(curve(0.5).plugin[i]) == pytest.approx(one.tv, rel=1e-6)  # a lambda head: no control variate
+        one = marginal_estimate(
+            torch.softmax(z[i], -1), noisy_probs(head, h[i], eps, 0.5), paired=True, correct=False
+        )
+        assert float(curve(0.5).plugin[i]) == pytest.approx(
+            one.tv, rel=1e-6
+        )  # a lambda head: no control variate
     tvs = [curve(s).mean for s in (0.05, 0.1, 0.2, 0.4, 0.8)]
     assert tvs == sorted(tvs) and tvs[0] > 0
     assert torch.equal(curve(0.3).tv, curve(0.3).tv)  # common random numbers: a deterministic function

@@ -92,7 +92,11 @@ def test_second_order_term_is_softmax_taylor_term():
 
     def residual(t):
         lin = p[:, None] * (t * d - t * pd)
-        return (torch.softmax(z[:, None] + t * d, -1) - p[:, None] - lin - second_order_term(p, t * d)).abs().max()
+        return (
+            (torch.softmax(z[:, None] + t * d, -1) - p[:, None] - lin - second_order_term(p, t * d))
+            .abs()
+            .max()
+        )
 
     # what is left is third order: halving the step divides it by ~8
     assert 6.5 < float(residual(1e-2) / residual(5e-3)) < 9.5
@@ -124,9 +128,7 @@ def test_bias_at_the_default_draws_is_within_5_percent_and_the_plain_mean_is_not
     for rep in range(10):
         eps = branch_eps(marginal_keys(rep, 1, rep, 32 * h.shape[0]), h.shape[1]).view(h.shape[0], 32, -1)
         q = torch.softmax(head(perturb(h[:, None].expand_as(eps), eps, s)), -1)
-        plain.append(
-            float(estimate_marginal_tv(torch.softmax(z, -1), q).tv.mean())
-        )
+        plain.append(float(estimate_marginal_tv(torch.softmax(z, -1), q).tv.mean()))
     assert sum(plain) / len(plain) > 1.1 * refs[s][0]
 
 
