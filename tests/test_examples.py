@@ -100,6 +100,24 @@ def test_evaluate_and_compare(tmp_path) -> None:
 
 
 @pytest.mark.slow
+def test_text_cli_vanilla_vs_ncgrpo(tmp_path) -> None:
+    """Own JSONL + own reward through ncgrpo train and eval, both methods, two seeds, the seed-level test."""
+    out = tmp_path / "text-cli"
+    stdout = _run(
+        "text_cli_vanilla_vs_ncgrpo.py", out, "--seeds", "2", "--max_steps", "2", "--test_prompts", "8"
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert [len(results["runs"][m]) for m in ("vanilla", "latent")] == [2, 2]
+    assert results["nc_minus_vanilla"]["n_seeds"] == 2 and "NC-GRPO - vanilla over 2 seeds" in stdout
+    for method in ("vanilla", "latent"):
+        run = json.loads((out / "runs" / f"{method}-seed1" / "run.json").read_text())
+        assert run["finished"] and run["method"] == method and run["identity"]["dataset_sha256"]
+        metrics = (out / "runs" / f"{method}-seed1" / "metrics.jsonl").read_text()
+        assert "rewards/side/mean" in metrics  # the user's reward, by import path
+        assert len((out / "evals" / f"{method}-seed1" / "records.jsonl").read_text().splitlines()) == 8
+
+
+@pytest.mark.slow
 def test_probe_first(tmp_path) -> None:
     out = tmp_path / "probe"
     _run("probe_first.py", out, "--prompts", "4")
@@ -117,7 +135,13 @@ def test_probe_first(tmp_path) -> None:
         p.name
         for p in EXAMPLES
         if p.name
-        not in {"own_data_and_reward.py", "text_only_model.py", "evaluate_and_compare.py", "probe_first.py"}
+        not in {
+            "own_data_and_reward.py",
+            "text_only_model.py",
+            "evaluate_and_compare.py",
+            "probe_first.py",
+            "text_cli_vanilla_vs_ncgrpo.py",
+        }
     ],
 )
 def test_other_examples_run(tmp_path, script) -> None:

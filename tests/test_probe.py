@@ -104,6 +104,9 @@ def test_probe_json_and_table(live_model, tok, tmp_path):
     d = json.loads(r.to_json(tmp_path / "p.json"))
     assert d["verdict"] == r.verdict and d["rows"][0]["sigma"] == 0.5 and d["rollouts"] == 2
     assert json.loads((tmp_path / "p.json").read_text()) == d
+    from ncgrpo.runs.provenance import provenance
+
+    assert d["provenance"] == provenance()  # issue 42: what made the numbers (commit, package versions)
     console = Console(record=True, width=220)
     console.print(format_probe(r))
     text = console.export_text()
@@ -468,3 +471,25 @@ def test_probe_writes_its_json_atomically_with_its_kind_and_replaces_only_its_ow
     with pytest.raises(UsageError, match="not a probe result"):
         write_result(Result(), tmp_path / "x.json")
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_probe_reads_gsm8k_and_math500_prompts_from_data(tmp_path):
+    """Issue 44: --benchmark gsm8k / math500 with --data reads the built-in loaders (GSM8K's gold is the
+    number after '#### '), text-only questions, as eval does."""
+    import json
+
+    from ncgrpo.commands.probe import ProbeArgs, _questions
+
+    gsm8k = tmp_path / "test.jsonl"
+    gsm8k.write_text(json.dumps({"question": "What is 1,000 + 1?", "answer": "1000 + 1\n#### 1,001"}) + "\n")
+    math500 = tmp_path / "math500.jsonl"
+    math500.write_text(json.dumps({"prompt": "Compute $1+1$.\nPlease reason step by step, and put your "
+                                   "final answer within \\boxed{}.", "answer": "2"}) + "\n")  # fmt: skip
+    for name, path, gold, problem in [
+        ("gsm8k", gsm8k, "1001", "What is 1,000 + 1?"),
+        ("math500", math500, "2", "Compute $1+1$."),
+    ]:
+        qs = _questions(ProbeArgs(benchmark=name, data=path, prompts=1, device="cpu"))
+        assert [(q.benchmark, q.answer, q.problem, q.images, q.role) for q in qs] == [
+            (name, gold, problem, [], "ood")
+        ]

@@ -503,7 +503,6 @@ def test_error_in_base_names_the_base_file(tmp_path: Path) -> None:
         ("max_steps: 1.5", r"r\.yaml: 'max_steps': invalid int value 1.5"),
         ("bf16: [1]", r"r\.yaml: 'bf16' takes one value"),
         ("dtype: int8", r"r\.yaml: 'dtype' must be one of auto, bfloat16, float16, float32; got 'int8'"),
-        ("dataset_name: mnist", r"r\.yaml: 'dataset_name' must be one of geo3k, synthetic"),
         ("save_strategy: no", r"r\.yaml: 'save_strategy' is not a true/false field.*quote it"),
         ("max_steps: null", r"r\.yaml: 'max_steps' cannot be null"),
     ],
@@ -529,6 +528,11 @@ def test_dataclass_validation(tmp_path: Path) -> None:
         ValueError, match=r"unknown reward function 'math_rewards' \(did you mean 'math_reward'\?\)"
     ):
         parse(p, "--reward_funcs", "math_rewards").build(ScriptArguments)
+    # dataset_name: a built-in name or a data file of one's own (issue 44), so no argparse choices
+    with pytest.raises(ValueError, match=r"dataset_name 'mnist': not a built-in dataset \(geo3k, synthetic\)"):
+        parse(p, "--dataset_name", "mnist").build(ScriptArguments)
+    with pytest.raises(ValueError, match=r"dataset_name 'geo4k' \(did you mean 'geo3k'\?\): not a built-in dataset"):
+        parse(p, "--dataset_name", "geo4k").build(ScriptArguments)
     with pytest.raises(ValueError, match="dataset_train_limit must be a positive"):
         parse(p, "--dataset_train_limit", "0").build(ScriptArguments)
     with pytest.raises(ValueError, match="synthetic suite has splits train, validation, test"):

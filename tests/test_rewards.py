@@ -431,6 +431,117 @@ def test_near_misses_stay_wrong(pred, gold, choices, answer_type):
     assert grade(pred, gold, choices=choices, answer_type=answer_type) is False
 
 
+# Issue 44: MATH-500's matrices, tuples, intervals, lists of answers and numbers in a base, and GSM8K's
+# numbers, entry by entry with the free-form rules. (pred, gold, correct)
+STRUCTURED_CASES = [
+    # a matrix gold written with or without spaces, as bmatrix, an array in brackets, entries in any notation
+    (r"\begin{pmatrix}-2\\-14\\-7\end{pmatrix}", r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}", True),
+    (r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}", r"\begin{pmatrix}-2\\-14\\-7\end{pmatrix}", True),
+    (
+        r"\begin{bmatrix} -2 \\ -14 \\ -7 \end{bmatrix}",
+        r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}",
+        True,
+    ),
+    (
+        r"\left(\begin{array}{c} -2 \\ -14 \\ -7 \end{array}\right)",
+        r"\begin{pmatrix}-2\\-14\\-7\end{pmatrix}",
+        True,
+    ),
+    (
+        r"\begin{pmatrix}-\dfrac{1}{3}\\\frac23\\\frac{5}{3}\end{pmatrix}",
+        r"\begin{pmatrix} -1/3 \\ 2/3 \\ 5/3 \end{pmatrix}",
+        True,
+    ),
+    (r"\begin{pmatrix}-1&0\\0&-1\end{pmatrix}", r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", True),
+    (r"\begin{pmatrix}-1&0\\0&-1\\\end{pmatrix}", r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", True),
+    # ... an entry that differs, another shape, a determinant, a tuple: wrong
+    (
+        r"\begin{pmatrix} -2 \\ -14 \\ -8 \end{pmatrix}",
+        r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}",
+        False,
+    ),
+    (r"\begin{pmatrix}-2&-14&-7\end{pmatrix}", r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}", False),
+    (r"\begin{pmatrix} -2 \\ -14 \end{pmatrix}", r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}", False),
+    (
+        r"\begin{pmatrix} -2 \\ -14 \\ -7 \\ 0 \end{pmatrix}",
+        r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}",
+        False,
+    ),
+    (
+        r"\begin{vmatrix} -2 \\ -14 \\ -7 \end{vmatrix}",
+        r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}",
+        False,
+    ),
+    ("(-2, -14, -7)", r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}", False),
+    (
+        r"\begin{pmatrix}-0.333\\0.667\\1.667\end{pmatrix}",
+        r"\begin{pmatrix} -1/3 \\ 2/3 \\ 5/3 \end{pmatrix}",
+        False,
+    ),
+    (
+        r"\begin{pmatrix}1/3\\2/3\\5/3\end{pmatrix}",
+        r"\begin{pmatrix} -1/3 \\ 2/3 \\ 5/3 \end{pmatrix}",
+        False,
+    ),
+    (r"\begin{pmatrix}-1&0\\0&1\end{pmatrix}", r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", False),
+    (r"\begin{pmatrix}0&-1\\-1&0\end{pmatrix}", r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", False),
+    (r"\begin{pmatrix}-1&0&0&-1\end{pmatrix}", r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", False),
+    # tuples and intervals: entries in order, each by the scorer's rules; the brackets are the answer
+    ("(1,2)", "(1, 2)", True),
+    (r"(\frac{3}{2},-13)", r"\left( \frac{3}{2}, -13 \right)", True),
+    ("(1.5, -13)", r"\left( \frac{3}{2}, -13 \right)", True),
+    (r"(3,\frac{\pi}{2})", r"\left( 3, \frac{\pi}{2} \right)", True),
+    (r"(2\sqrt3, 1)", r"(\sqrt{12}, 1)", True),
+    (r"(-\infty,0]", r"(-\infty, 0]", True),
+    ("(2,1)", "(1, 2)", False),
+    ("[1,2)", "(1, 2)", False),
+    ("(3,4)", "(3,4]", False),
+    (r"(-\infty,0)", r"(-\infty, 0]", False),
+    ("(1.4,-13)", r"\left( \frac{3}{2}, -13 \right)", False),
+    ("(3,1.5708)", r"\left( 3, \frac{\pi}{2} \right)", False),  # a decimal of pi/2 is not it
+    ("(3.4641, 1)", r"(2\sqrt{3}, 1)", False),
+    ("(1,-16,-4)", "(1,-16,-4,43)", False),
+    ("(1,-16,-4,43,0)", "(1,-16,-4,43)", False),
+    ("3, 5", r"\left( 3, 5 \right)", False),  # a point without its brackets (MATH's grader: wrong too)
+    # a list of all the solutions: the same answers in any order, bare or as a set
+    ("-2,1", "1,-2", True),
+    (r"\{1,-2\}", "1,-2", True),
+    ("7,5,3", "3, 5, 7", True),
+    ("3,5", "3, 5, 7", False),
+    ("3,5,5", "3, 5, 7", False),
+    ("3,5,7,9", "3, 5, 7", False),
+    ("1,2", "1,-2", False),
+    ("5, 6", "5", False),  # two answers for one
+    # a number in a base: the same digits, and the base where one is written
+    ("4210_5", r"4210_{5}", True),
+    ("4210", r"4210_{5}", True),
+    (r"4210_{4}", r"4210_{5}", False),
+    (r"4211_{5}", r"4210_{5}", False),
+    ("52_8", "52", False),
+    # MATH's thousands "10,\!080" and GSM8K's golds: commas, dollars and cents are presentation
+    ("10,080", r"10,\!080", True),
+    ("10080", r"10,\!080", True),
+    ("10081", r"10,\!080", False),
+    ("11,111,111,100", r"11,\! 111,\! 111,\! 100", True),
+    (r"\$32,348", r"\$32,\!348", True),
+    ("1000", "1,000", True),
+    (r"\$1000", "1000", True),
+    ("$1,000", "1000", True),
+    ("1000.00", "1000", True),
+    ("1000.5", "1000", False),
+    ("100", "1000", False),
+    ("10000", "1000", False),
+    ("-1000", "1000", False),
+    ("1000 or 1001", "1000", False),
+]
+
+
+@pytest.mark.parametrize(("pred", "gold", "expected"), STRUCTURED_CASES)
+def test_matrices_tuples_lists_and_bases_entry_by_entry(pred, gold, expected):
+    assert grade(pred, gold) is expected
+    assert score(f"<think>x</think> \\boxed{{{pred}}}", gold).correct is expected
+
+
 def test_letter_text_options_keep_their_letters():
     # with letter-text options the position letters keep working, with or without the option's text
     for pred in ("D", "(D)", "D. (b)", "(D) (b)", "Option D"):

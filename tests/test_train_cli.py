@@ -123,6 +123,9 @@ def test_dry_run_resolves_config_and_builds_dataset(tmp_path: Path, geo3k: Path,
     run = json.loads((out / "run.json").read_text())
     identity = run.pop("identity")  # every setting but what may change on resume (issue 35)
     assert identity["sigma0"] == 0.5 and identity["seed"] == 7 and "output_dir" not in identity
+    from ncgrpo.runs.provenance import provenance
+
+    assert run.pop("provenance") == provenance()  # what made the run (issue 42), beside its identity
     assert run == {
         "kind": "train",
         "name": "tiny-latent",

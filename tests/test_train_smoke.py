@@ -202,3 +202,71 @@ def test_smoke_with_eval_during_training_passes_the_dry_run(suite: Path, tmp_pat
     ]
     assert main(argv) == 0, capsys.readouterr().err
     assert _parse(out / "config.yaml").get("per_device_eval_batch_size") == 12
+
+
+# ------------------------------------------------------------------------------ text recipes (issue 44)
+TEXT_RECIPES = sorted((RECIPES / "text").glob("*.yaml"))
+TEXT_LATENT = RECIPES / "text" / "qwen2_5_math_1_5b_gsm8k_latent_sigma0.2.yaml"
+
+
+def test_the_text_recipes_are_there() -> None:
+    stems = {p.stem for p in TEXT_RECIPES}
+    for model in ("qwen2_5_math_1_5b", "qwen2_5_math_7b"):
+        for data in ("gsm8k", "math"):
+            for method in ("vanilla", "latent_sigma0.2"):
+                assert f"{model}_{data}_{method}" in stems
+    assert {"qwen3_1_7b_thinking_math_vanilla", "qwen3_1_7b_thinking_math_latent_sigma0.2"} <= stems
+    for path in TEXT_RECIPES:
+        full = _parse(path)
+        assert full.get("num_generations") == 8 and full.get("temperature") == 1.0, path.name
+        assert full.get("max_completion_length") >= 3072 and full.get("dataset_name").endswith(".jsonl")
+        if "qwen3" in path.stem:
+            assert full.get("branch_prefix") == "<think>"
+
+
+@pytest.mark.parametrize("recipe", TEXT_RECIPES, ids=lambda p: p.stem)
+def test_every_text_recipe_smoke_form_passes_the_dry_run(recipe: Path, tmp_path: Path, capsys) -> None:
+    """A text recipe's smoke form is text on both sides: the embedded base's language model as a text-only
+    Qwen2 and addition problems written in the recipe's own columns (prompt_column / answer_column kept)."""
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(recipe), "--smoke", "--output_dir", str(out), "--dry-run"]) == 0, (
+        capsys.readouterr().err
+    )
+    assert "language model (text-only)" in capsys.readouterr().err
+    full, smoke = _parse(recipe), _parse(out / "config.yaml")
+    for key in ("rollout_method", "sigma0", "num_generations", "reward_funcs", "prompt_column", "answer_column",
+                "system_prompt", "math_prompt", "learning_rate", "beta", "seed"):  # fmt: skip
+        assert smoke.get(key) == full.get(key), key
+    config = json.loads((Path(smoke.get("model_name_or_path")) / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and "vision_config" not in config
+    first = json.loads(Path(smoke.get("dataset_name")).read_text().splitlines()[0])
+    assert {full.get("prompt_column"), full.get("answer_column") or "answer"} <= set(first)
+    assert smoke.get("use_vllm") is False and smoke.get("max_steps") == 2
+
+
+def test_the_text_latent_recipe_smoke_run_trains(tmp_path: Path, capsys) -> None:
+    """The 1.5B GSM8K NC-GRPO recipe's smoke form trains from the command line, text-only: its two
+    rollout batches are logged with their reward and a live noise (marginal TV above the inert line)."""
+    from ncgrpo.trainer.inert import INERT_MARGINAL_THRESHOLD
+
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(TEXT_LATENT), "--smoke", "--output_dir", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
+    generations = [r for r in _rows(out) if "reward" in r]
+    assert len(generations) == 2 and "rewards/accuracy_reward/mean" in generations[0]
+    assert generations[0]["noise/first_token_marginal_tv"] > INERT_MARGINAL_THRESHOLD
+    run = json.loads((out / "run.json").read_text())
+    assert run["finished"] and run["global_step"] == 2 and run["method"] == "latent"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", TEXT_RECIPES, ids=lambda p: p.stem)
+def test_every_text_recipe_smoke_run_trains(recipe: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(recipe), "--smoke", "--output_dir", str(out)]) == 0, (
+        capsys.readouterr().err
+    )
+    generations = [r for r in _rows(out) if "reward" in r]
+    assert len(generations) == 2 and all(r["reward"] >= 0 for r in generations)
+    assert json.loads((out / "run.json").read_text())["finished"]

@@ -51,6 +51,10 @@ def _questions(
 ):
     from ncgrpo.data.geometry3k import load_geometry3k
 
+    if name not in ("geo3k", "synthetic"):  # a built-in text benchmark (gsm8k, math500): its own loader
+        from ncgrpo.data.benchmarks import load_benchmark
+
+        return load_benchmark(name, path, split=split, limit=limit)
     if name == "synthetic" and path is None:
         folder = output_dir / "synthetic-data"
         if not (folder / "data").is_dir():
@@ -64,6 +68,33 @@ def _questions(
     return load_geometry3k(path, split, limit=limit)
 
 
+def _file_dataset(path: str, script_args: Any, limit: int | None, what: str):
+    """A data file's rows (the first ``limit``) as TRL's conversational dataset; a built-in reward's
+    ``answer`` column checked in every row."""
+    from ncgrpo.data.files import read_data_file
+    from ncgrpo.rewards.loading import BUILTIN_REWARDS
+
+    s = script_args
+    data = read_data_file(path, s.prompt_column, what=what)
+    if limit is not None:
+        data.rows = data.rows[:limit]
+        data.lines = data.lines[:limit] if data.lines is not None else None
+    answer = s.answer_column or "answer"
+    builtin = [r for r in s.reward_funcs if r in BUILTIN_REWARDS and r != "format_reward"]
+    if builtin:
+        data.check_column(
+            answer,
+            what=f"the gold answer that {', '.join(builtin)} reads"
+            + ("" if s.answer_column else "; name the column holding it with --answer_column"),
+        )
+    return data.to_trl_dataset(
+        system_prompt=s.system_prompt,
+        math_prompt=s.math_prompt,
+        answer_column=s.answer_column,
+        answer_text=bool(builtin),
+    )
+
+
 def build_datasets(
     script_args: Any,  # ScriptArguments
     output_dir: str | os.PathLike,
@@ -75,7 +106,11 @@ def build_datasets(
 
     ``synthetic(folder, seed)`` writes the synthetic suite (geo3k layout) into ``folder``; it is called
     when ``dataset_name`` is synthetic and no path is given (``ncgrpo train`` passes the toy suite's).
+    A data file of one's own (``dataset_name`` / ``eval_dataset_name`` ending in .jsonl, .json or
+    .parquet) is read by :func:`ncgrpo.data.files.read_data_file`: TRL's conversational prompts from
+    ``prompt_column``, every other column kept for the reward functions.
     """
+    from ncgrpo.data.files import is_data_file
     from ncgrpo.data.geometry3k import to_trl_dataset
 
     out = Path(output_dir)
@@ -84,14 +119,21 @@ def build_datasets(
         kwargs["math_prompt"] = script_args.math_prompt
 
     def build(name, path, split, limit):
+        if is_data_file(name):
+            return _file_dataset(name, script_args, limit, what)
         return to_trl_dataset(_questions(name, path, split, limit, seed, out, synthetic), **kwargs)
 
     s = script_args
+    what = "dataset_name"
     train = build(s.dataset_name, s.dataset_path, s.dataset_train_split, s.dataset_train_limit)
-    evals = {
-        f"{s.eval_name}_{split}": build(s.eval_name, s.eval_path, split, s.eval_dataset_limit)
-        for split in dict.fromkeys(s.eval_dataset_splits)
-    }
+    what = "eval_dataset_name"
+    if s.eval_dataset_name is not None and is_data_file(s.eval_dataset_name):
+        evals = {Path(s.eval_dataset_name).stem: build(s.eval_dataset_name, None, None, s.eval_dataset_limit)}
+    else:
+        evals = {
+            f"{s.eval_name}_{split}": build(s.eval_name, s.eval_path, split, s.eval_dataset_limit)
+            for split in dict.fromkeys(s.eval_dataset_splits)
+        }
     if not evals:
         return train, None
     return train, (next(iter(evals.values())) if len(evals) == 1 else evals)
@@ -279,7 +321,8 @@ def train_run(
     The main process holds the folder's lock (:class:`ncgrpo.runs.folder.FolderLock`, kind ``train``)
     throughout: a folder of another kind (an evaluation, a demo's root, a saved model) or one another
     process is writing is refused before anything is written. Writes ``run.json`` (``run_info`` plus
-    ``kind: train`` and ``finished: false``) before training, appends every log
+    ``kind: train``, ``finished: false`` and, where ``run_info`` has none, this process's ``provenance``:
+    :mod:`ncgrpo.runs.provenance`) before training, appends every log
     call to ``metrics.jsonl`` (:class:`MetricsCallback`), trains (from ``resume_from_checkpoint`` if
     given), saves the final model and processor to the folder and rewrites ``run.json`` with
     ``global_step`` and ``finished: true`` last, so a folder whose ``run.json`` says finished holds a
@@ -313,6 +356,17 @@ def _train_locked(
     from ncgrpo.trainer import NCGRPOTrainer
 
     info = {**run_info, "kind": "train", "output_dir": str(out), "finished": False}
+    if "provenance" not in info and "provenance_history" not in info:  # not ncgrpo train's (prepare_run's)
+        from ncgrpo.runs.folder import read_run_json
+        from ncgrpo.runs.provenance import continue_provenance
+
+        resumed = resume_from_checkpoint is not None and main_process
+        info.update(
+            continue_provenance(
+                read_run_json(out) if resumed else None, event="resume", where=out, warn=main_process,
+                **({"checkpoint": Path(resume_from_checkpoint).name} if resumed else {}),
+            )
+        )  # fmt: skip
     if main_process:
         atomic_write_json(out / RUN_FILE, info)
     trainer = NCGRPOTrainer(
@@ -384,9 +438,11 @@ def _finish_from_checkpoint(trainer, checkpoint: str, out: Path, main_process: b
 
 # ------------------------------------------------------------------------------------ execution
 def reward_functions(names: Sequence[str]) -> list:
-    from ncgrpo import rewards
+    """The reward functions ``names`` stand for: built-in names of :mod:`ncgrpo.rewards` or dotted
+    import paths of one's own (:func:`ncgrpo.rewards.loading.resolve_reward`)."""
+    from ncgrpo.rewards.loading import resolve_reward
 
-    return [getattr(rewards, name) for name in names]
+    return [resolve_reward(name) for name in names]
 
 
 def load_model(model_args: ModelConfig) -> tuple[Any, Any]:

@@ -17,4 +17,7 @@ PUBLISHED_ROWS: dict[str, dict[str, int]] = {
     "ai2d": {"test": 3088},
     "realworldqa": {"test": 765},
     "chartqa": {"test": 2500, "val": 1920, "train": 28299},
+    # checked against the real test files (tests/data/test_real_annotations.py)
+    "gsm8k": {"test": 1319, "train": 7473},
+    "math500": {"test": 500},
 }

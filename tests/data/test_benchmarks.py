@@ -78,7 +78,19 @@ EXPECTED: dict[str, tuple[int, dict[str, tuple[str, str, list[str] | None]]]] = 
             "3": ("23%", "number", None),
         },
     ),
+    # the gold is the number after "#### ", commas removed (GSM8K's own extract_answer)
+    "gsm8k": (3, {"0": ("13", "number", None), "1": ("130000", "number", None), "2": ("-3", "number", None)}),
+    "math500": (
+        4,
+        {
+            "test/precalculus/807.json": ("\\left( 3, \\frac{\\pi}{2} \\right)", "free", None),
+            "test/algebra/2584.json": ("\\frac{14}{3}", "free", None),
+            "test/algebra/1.json": ("2", "number", None),
+        },
+    ),
 }
+#: Benchmarks whose questions have no image.
+TEXT_ONLY = {"gsm8k", "math500"}
 
 # name -> (row, field) of the defect make_fixtures.py planted in malformed/<name>.parquet
 MALFORMED = {
@@ -93,6 +105,8 @@ MALFORMED = {
     "ai2d": (0, "options"),
     "realworldqa": (2, "image"),
     "chartqa": (1, "label"),
+    "gsm8k": (1, "answer"),
+    "math500": (2, "answer"),
 }
 
 
@@ -106,6 +120,8 @@ def test_registry_entries_are_consistent():
     assert roles["geo3k"] == "in_domain"
     assert {roles[n] for n in ("hallusionbench", "mathvista", "mathverse", "mathvision", "wemath")} == {"ood"}
     assert {roles[n] for n in ("pope", "mmstar", "ai2d", "realworldqa", "chartqa")} == {"general"}
+    assert {roles[n] for n in ("gsm8k", "math500")} == {"ood"}  # text math, for a model trained on Geo3K
+    assert [n for n, spec in BENCHMARKS.items() if not spec.in_paper] == ["gsm8k", "math500"]
     for name, spec in BENCHMARKS.items():
         assert spec.name == name
         assert re.fullmatch(r"[\w.-]+/[\w.-]+", spec.hub_id), spec.hub_id
@@ -127,8 +143,11 @@ def test_loader_reads_hub_layout(name):
         assert (q.answer, q.answer_type, q.choices) == (answer, answer_type, choices), qid
     for q in questions:
         assert q.benchmark == name and q.role == spec.role
-        assert q.images and all(isinstance(im, Image.Image) for im in q.images)
-        assert q.images[0].size == (32, 32)
+        if name in TEXT_ONLY:
+            assert q.images == [] and spec.image_columns == ()
+        else:
+            assert q.images and all(isinstance(im, Image.Image) for im in q.images)
+            assert q.images[0].size == (32, 32)
         assert q.problem.strip()
         marks = q.problem.count("<image>")
         assert marks in (0, len(q.images))
@@ -347,7 +366,7 @@ def test_hallusionbench_paper_split_keeps_the_last_row_of_each_noisyrollout_id(t
 
 
 def test_default_ood_splits_give_the_papers_count():
-    ood = [spec for spec in BENCHMARKS.values() if spec.role == "ood"]
+    ood = [spec for spec in BENCHMARKS.values() if spec.role == "ood" and spec.in_paper]
     assert sum(PUBLISHED_ROWS[spec.name][spec.default_split] for spec in ood) == 10038
 
 
@@ -447,3 +466,136 @@ def test_bad_own_benchmarks_name_the_problem(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"id": "x", "problem": "What?"}) + "\n")
     with pytest.raises(BenchmarkDataError, match=r"shapes .*bad.jsonl row 0: field 'answer' is missing"):
         load_benchmark("shapes", bad)
+
+
+# --- GSM8K and MATH-500, text-only (issue 44) -------------------------------------------------------
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_gsm8k_gold_is_the_number_after_the_hashes(tmp_path):
+    """GSM8K's own evaluation (grade-school-math's extract_answer): the number after '#### ', commas
+    removed. Before, a GSM8K file passed as one's own benchmark took the whole solution as the gold."""
+    from ncgrpo.data.benchmarks.converters import gsm8k_gold
+
+    assert gsm8k_gold("She has 3 + 4 = <<3+4=7>>7.\n#### 7") == "7"
+    assert gsm8k_gold("80,000 + 50,000\n#### 130,000") == "130000"
+    assert gsm8k_gold("4 - 7 = -3\n#### -3") == "-3"
+    assert gsm8k_gold("no final answer") is None
+    # the GitHub layout (test.jsonl) read by load_benchmark: gold, solution kept, text-only, ood
+    rows = [
+        {"question": "Q1?", "answer": "1,000 apples.\n#### 1,000"},
+        {"question": "Q2?", "answer": "18"},  # a copy that stores the number only
+    ]
+    qs = load_benchmark("gsm8k", _jsonl(tmp_path / "test.jsonl", rows))
+    assert [(q.question_id, q.answer, q.answer_type, q.role, q.images) for q in qs] == [
+        ("0", "1000", "number", "ood", []),
+        ("1", "18", "number", "ood", []),
+    ]
+    assert qs[0].metadata["solution"] == "1,000 apples.\n#### 1,000" and qs[0].problem == "Q1?"
+    assert load_benchmark("gsm8k", tmp_path, limit=1)[0].answer == "1000"  # the folder's test.jsonl
+    # a TRL-style copy: the question in `prompt`
+    trl = _jsonl(
+        tmp_path / "trl.jsonl", [{"prompt": [{"role": "user", "content": "Q4?"}], "answer": "#### 4"}]
+    )
+    assert [(q.problem, q.answer) for q in load_benchmark("gsm8k", trl)] == [("Q4?", "4")]
+    _jsonl(tmp_path / "bad.jsonl", [rows[0], {"question": "Q3?", "answer": "It is 5 apples."}])
+    with pytest.raises(
+        BenchmarkDataError, match=r"bad.jsonl row 1: field 'answer' has no final answer '#### N'"
+    ):
+        load_benchmark("gsm8k", tmp_path / "bad.jsonl")
+
+
+def test_math500_both_layouts_give_the_same_questions(tmp_path):
+    """MATH-500's canonical layout (problem/solution/answer/subject/level/unique_id) and the
+    prompt/answer copy (the problem with an instruction line appended) give the same problem text and
+    gold; the copy's instruction line is dropped (the run's --math_prompt asks for the box)."""
+    from ncgrpo.data.benchmarks.converters import MATH500_PROMPT_SUFFIX
+
+    canonical = load_benchmark("math500", FIXTURES / "math500")
+    rows = [{"answer": q.answer, "prompt": f"{q.problem}\n{MATH500_PROMPT_SUFFIX}"} for q in canonical]
+    copy = load_benchmark("math500", _jsonl(tmp_path / "math500.jsonl", rows))
+    assert [(q.problem, q.answer, q.answer_type) for q in copy] == [
+        (q.problem, q.answer, q.answer_type) for q in canonical
+    ]
+    assert [q.question_id for q in copy] == ["0", "1", "2", "3"]
+    assert canonical[0].metadata["subject"] == "Precalculus" and canonical[0].metadata["level"] == 2
+    assert copy[0].metadata["instruction"] == MATH500_PROMPT_SUFFIX
+    assert load_benchmark("math500", tmp_path, limit=2)[1].answer == "\\frac{14}{3}"  # math500.jsonl
+
+
+def test_own_benchmark_takes_trls_prompt_column(tmp_path):
+    """TRL's datasets hold the question in ``prompt`` (text, or chat messages); ncgrpo eval --data
+    mine=FILE read only ``problem``/``question`` before."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "fig.png")
+    rows = [
+        {"prompt": "What is 2 + 3?", "answer": "5"},
+        {"prompt": [{"role": "user", "content": "What is 4 + 4?"}], "answer": "8"},
+        {
+            "prompt": [
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many sides?"}]}
+            ],
+            "images": ["fig.png"],
+            "answer": "4",
+        },
+    ]
+    qs = load_benchmark("mine", _jsonl(tmp_path / "mine.jsonl", rows))
+    assert [(q.problem, q.answer, len(q.images)) for q in qs] == [
+        ("What is 2 + 3?", "5", 0),
+        ("What is 4 + 4?", "8", 0),
+        ("<image>How many sides?", "4", 1),
+    ]
+    bad = {
+        "a system message": (
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"}],
+            r"row 0: field 'prompt' holds a system message.*--system_prompt",
+        ),
+        "two turns": (
+            [
+                {"role": "user", "content": "Q?"},
+                {"role": "assistant", "content": "A"},
+                {"role": "user", "content": "Q2?"},
+            ],
+            r"row 0: field 'prompt' holds the turns \['user', 'assistant', 'user'\]; each row is one question",
+        ),
+        "a number": (7, r"row 0: field 'prompt' should be text or a list of chat messages, got int"),
+        "an image without its file": (
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q?"}]}],
+            r"row 0: field 'prompt' has 1 '<image>' placeholders but the row has 0 image",
+        ),
+    }
+    for what, (prompt, message) in bad.items():
+        _jsonl(tmp_path / "bad.jsonl", [{"prompt": prompt, "answer": "1"}])
+        with pytest.raises(BenchmarkDataError, match=message):
+            load_benchmark("mine", tmp_path / "bad.jsonl")
+        assert what
+    _jsonl(tmp_path / "bad.jsonl", [{"text": "Q?", "answer": "1"}])
+    with pytest.raises(BenchmarkDataError, match=r"row 0: field 'problem' is missing \(.*'prompt'\)"):
+        load_benchmark("mine", tmp_path / "bad.jsonl")
+
+
+def test_train_data_can_be_gsm8k_or_math500(tmp_path):
+    """``ncgrpo train --dataset_name gsm8k|math500`` builds its TRL dataset with the benchmark's loader
+    (text-only prompts, the benchmark's gold in ``answer``)."""
+    from ncgrpo.commands.train_settings import ScriptArguments
+    from ncgrpo.driver import build_datasets
+
+    for name, path, answers in [
+        ("gsm8k", FIXTURES / "gsm8k", ["13", "130000", "-3"]),
+        ("math500", FIXTURES / "math500", ["\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{14}{3}"]),
+    ]:
+        args = ScriptArguments(dataset_name=name, dataset_path=str(path), dataset_train_split="test")
+        train, evals = build_datasets(args, tmp_path, seed=0)
+        assert evals is None and train["answer"][: len(answers)] == answers
+        assert set(train["benchmark"]) == {name} and all(images == [] for images in train["images"])
+        user = train[0]["prompt"][-1]
+        assert user["role"] == "user" and [p["type"] for p in user["content"]] == ["text"]
+    with pytest.raises(BenchmarkDataError, match=r"no 'train' data"):
+        build_datasets(
+            ScriptArguments(dataset_name="math500", dataset_path=str(FIXTURES / "math500")), tmp_path
+        )

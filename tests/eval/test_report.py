@@ -678,3 +678,33 @@ def test_seeds_needed_over_the_cap_in_every_renderer() -> None:
     assert md_rows(to_markdown(ct), "T")[2] == ["A", f"{level.power.mdd_pp:.1f}", ">10,000"]
     assert f"A & {level.power.mdd_pp:.1f} & $>$10,000 \\\\" in to_latex(ct)
     assert ct.to_json()["main"]["rows"][0]["cells"]["seeds_needed"] == {"seeds_needed": None}
+
+
+def test_gsm8k_and_math500_join_the_seed_tables_with_their_role_and_label(tmp_path):
+    """Issue 44: the text benchmarks' records go into `ncgrpo compare`'s several-seed table like any
+    built-in benchmark: role ood (the main table and its OOD average), the labels GSM8K and MATH-500,
+    after the paper's columns."""
+    dirs = []
+    for seed in (1, 2):
+        cols = {
+            "geo3k": ("in_domain", outcomes(50, 50, 0)[1]),
+            "gsm8k": ("ood", outcomes(40 + seed, 40 + seed, 0)[1]),
+            "math500": ("ood", outcomes(20, 20, 0)[1]),
+        }
+        dirs.append(write_run(tmp_path, "Vanilla", seed, cols))
+        cols = {
+            bm: (role, outcomes(50 if bm == "geo3k" else 30, 52, 10)[0]) for bm, (role, _) in cols.items()
+        }
+        dirs.append(write_run(tmp_path, "NC", seed, cols))
+    ct = compare(load_runs(dirs), "Vanilla")
+    assert [(c.label, c.role) for c in ct.main.columns if c.role] == [
+        ("Geo3K", "in_domain"),
+        ("GSM8K", "ood"),
+        ("MATH-500", "ood"),
+    ]
+    van = ct.main.rows[0]
+    assert van.cells["gsm8k"].mean == pytest.approx(41.5) and van.cells["math500"].mean == pytest.approx(20)
+    assert van.cells["ood_avg"].mean == pytest.approx((41.5 + 20) / 2)
+    assert ct.general is None or not ct.general.columns
+    rows = md_rows(to_markdown(ct), "Reasoning benchmarks")
+    assert "GSM8K" in rows[0] and "MATH-500" in rows[0]

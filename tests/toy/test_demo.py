@@ -348,6 +348,14 @@ def test_demo_end_to_end_then_rerun_skips_finished_runs(micro_model, tmp_path) -
     assert {"pooled OOD", "synthetic/geometry", "synthetic/pope"} <= tests
     summary = json.loads(result.files["summary"].read_text())
     assert summary["wall_time_s"] > 0 and summary["config"]["max_steps"] == 2
+    # issue 42: every folder says what made it (commit, package versions), outside its identity
+    from ncgrpo.runs.provenance import provenance
+
+    made = provenance()
+    assert summary["provenance"] == made and json.loads((out / "run.json").read_text())["provenance"] == made
+    for r in result.runs:
+        for d in (r.train_dir, r.eval_dir):
+            assert json.loads((d / "run.json").read_text())["provenance"] == made, d
 
     # 6. rerun: nothing retrained or re-evaluated, same records, same table
     again = run_demo(cfg)

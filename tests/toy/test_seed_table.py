@@ -81,7 +81,8 @@ def test_table_numbers_match_the_records(tmp_path) -> None:
         f"| NC-GRPO σ0=0.2 | 70.0/70.0 | {p_m0:.2g}/{p_m1:.2g} | 100.0 | 100.0 | {pooled:.2g} (5/1) | "
         f"{seed_p:.2g} (+20.0) | 163.3 | 7 | 30.0/30.0 | 0 |"
     )
-    assert len(lines) == 6  # both tests non-significant: no note
+    assert len(lines) == 8  # both tests non-significant: no note; then what made the records
+    assert lines[6] == "" and lines[7].startswith("Made by: unknown")
 
 
 def _three_seeds(tmp_path: Path, method: dict[str, list[tuple[int, int]]]) -> Path:
@@ -109,7 +110,8 @@ def test_notes_where_question_level_and_seed_level_disagree(tmp_path) -> None:
         },
     )
     text = seed_table([folder])
-    table, notes = text.split("\n\n")
+    table, notes, made = text.split("\n\n")
+    assert made.startswith("Made by: unknown")  # hand-made run.json: no provenance
     rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
     assert list(rows) == ["Base model", "Vanilla GRPO", "Vanilla seed-to-seed (seeds 0-1/1-2)", "image",
                           "antithetic-sigma0.2", "spsa-sigma0.2"]  # fmt: skip
@@ -146,7 +148,7 @@ def test_notes_where_question_level_and_seed_level_disagree(tmp_path) -> None:
 
 def test_seed_level_cell_when_the_t_test_is_undefined(tmp_path) -> None:
     folder = _three_seeds(tmp_path, {"spsa-sigma0.2": [(2, 0), (2, 0), (2, 0)]})  # +10 pts every seed
-    row = seed_table([folder]).splitlines()[-1]
+    row = seed_table([folder]).split("\n\n")[0].splitlines()[-1]
     assert f"| {binomtest(6, 6, 0.5).pvalue:.2g} (6/0) | n/a (+10.0) | n/a | n/a |" in row
 
 
@@ -155,7 +157,7 @@ def test_one_seed_rows_say_no_seed_level_claim_can_be_made(tmp_path) -> None:
     _write(folder, "base", "Base model", [False] * 20)
     _write(folder, "grpo-seed0", "Vanilla GRPO", [True] * 10 + [False] * 10)
     _write(folder, "spsa-sigma0.2-seed0", "SPSA (seed 0)", [True] * 11 + [False] * 9)  # +5 pts
-    table, notes = seed_table([folder]).split("\n\n")
+    table, notes, _ = seed_table([folder]).split("\n\n")
     assert table.splitlines()[-1].endswith(
         f"| {binomtest(1, 1, 0.5).pvalue:.2g} (1/0) | n/a (+5.0) | n/a | n/a | 5.0 | 0 |"
     )
@@ -229,7 +231,7 @@ def test_export_prints_the_same_table(tmp_path) -> None:
     dest = tmp_path / "records"
     written, removed = export([one, two], dest)
     assert sorted(p.name for p in written) == sorted(p.name for p in dest.iterdir()) == [
-        "base.jsonl.gz", "grpo-seed0.jsonl.gz", "grpo-seed1.jsonl.gz",
+        "base.jsonl.gz", "grpo-seed0.jsonl.gz", "grpo-seed1.jsonl.gz", "manifest.json",
         "ncgrpo-sigma0.2-seed0.jsonl.gz", "ncgrpo-sigma0.2-seed1.jsonl.gz"]  # fmt: skip
     assert removed == []
     assert seed_table([dest]) == seed_table([one, two])
@@ -259,8 +261,9 @@ def test_export_bytes_are_deterministic_and_stale_runs_go(tmp_path) -> None:
     export([one, two], a)
     export([one, two], b)
     for f in a.iterdir():
-        assert f.read_bytes() == (b / f.name).read_bytes(), f.name
-        assert f.read_bytes()[3:8] == bytes(5)  # gzip header: no flags (no file name), mtime 0
+        assert f.read_bytes() == (b / f.name).read_bytes(), f.name  # manifest.json too: no time stamp
+        if f.name != "manifest.json":
+            assert f.read_bytes()[3:8] == bytes(5)  # gzip header: no flags (no file name), mtime 0
     # a run no longer given is removed from DEST; files that are not exports are left alone
     (b / "spsa-sigma0.2-seed3.jsonl.gz").write_bytes((b / "grpo-seed0.jsonl.gz").read_bytes())
     (b / "NOTES.md").write_text("keep me")
@@ -301,7 +304,7 @@ def test_export_command_line(tmp_path, capsys) -> None:
     dest = tmp_path / "records"
     assert main(["--export", str(dest), str(one), str(two)]) == 0
     out, err = capsys.readouterr()
-    assert out == seed_table([one, two]) and f"wrote 5 files to {dest}" in err
+    assert out == seed_table([one, two]) and f"wrote 6 files to {dest}" in err
     assert main([str(dest)]) == 0 and capsys.readouterr().out == out
     assert main(["--export", str(dest)]) == 2
     assert "--export needs DEST and at least one FOLDER" in capsys.readouterr().err
@@ -356,3 +359,91 @@ def test_runs_decoded_otherwise_are_refused(tmp_path) -> None:
     export([one], dest)
     with pytest.raises(ValueError, match="max_new_tokens is 8"):
         seed_table([dest, two])
+
+
+# --- what made the records (issue 42) -----------------------------------------------------------
+
+
+def _stamp(folder: Path, run: str, kind: str, prov: dict, history: list | None = None) -> None:
+    d = folder / kind / run
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "run.json"
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    info["provenance"] = prov
+    if history:
+        info["provenance_history"] = history
+    path.write_text(json.dumps(info))
+
+
+def _prov(commit: str, torch: str = "2.9.0", dirty: bool = False) -> dict:
+    p = {"commit": commit, "dirty": dirty, "versions": {"python": "3.11.7", "torch": torch, "trl": "1.16.0"}}
+    return {**p, "dirty_digest": "abcdef123456"} if dirty else p
+
+
+def test_export_writes_a_manifest_and_the_table_names_the_commit_that_made_the_runs(tmp_path, capsys) -> None:
+    from ncgrpo.runs.provenance import provenance
+
+    one, two = _folders(tmp_path)
+    for folder in (one, two):
+        for run in [p.name for p in (folder / "eval").iterdir()]:
+            _stamp(folder, run, "eval", _prov("a" * 40))
+            if run != "base":
+                _stamp(folder, run, "train", _prov("a" * 40))
+    # one run resumed under another commit and torch, with uncommitted changes
+    resumed = {
+        "event": "resume",
+        "provenance": _prov("b" * 40, torch="2.10.0", dirty=True),
+        "changes": ["..."],
+    }
+    _stamp(two, "ncgrpo-sigma0.2-seed1", "train", _prov("a" * 40), [resumed])
+    live = seed_table([one, two])
+    made = live.split("\n\n")[-1]
+    assert made == (
+        "Made by: ncgrpo commits aaaaaaaaaaaa, bbbbbbbbbbbb with uncommitted changes (abcdef123456); "
+        "python 3.11.7, torch 2.9.0/2.10.0, TRL 1.16.0.\n"
+    )
+    dest = tmp_path / "records"
+    assert main(["--export", str(dest), str(one), str(two)]) == 0
+    assert capsys.readouterr().out == live  # the export's table says the same
+    assert seed_table([dest]) == live
+    manifest = json.loads((dest / "manifest.json").read_text())
+    now = provenance()
+    assert manifest["command"] == f"python -m ncgrpo.toy.seed_table --export {dest} {one} {two}"
+    assert manifest["folders"] == [str(one), str(two)]
+    assert manifest["commit"] == now["commit"] and manifest["dirty"] == now["dirty"]
+    assert manifest["versions"] == now["versions"]  # what exported them
+    assert manifest["runs"]["base"] == {"eval": {"provenance": _prov("a" * 40)}}
+    assert manifest["runs"]["ncgrpo-sigma0.2-seed1"]["train"]["provenance_history"] == [resumed]
+    assert set(manifest["runs"]) == {"base", "grpo-seed0", "grpo-seed1", "ncgrpo-sigma0.2-seed0",
+                                     "ncgrpo-sigma0.2-seed1"}  # fmt: skip
+    # an export of the export keeps the runs' provenance
+    again = tmp_path / "again"
+    export([dest], again)
+    assert json.loads((again / "manifest.json").read_text())["runs"] == manifest["runs"]
+    assert seed_table([again]) == live
+
+
+def test_records_without_provenance_or_manifest_say_the_commit_is_unknown(tmp_path) -> None:
+    one, two = _folders(tmp_path)
+    _stamp(two, "ncgrpo-sigma0.2-seed0", "eval", _prov("a" * 40))
+    made = seed_table([one, two]).split("\n\n")[-1]
+    assert (
+        made
+        == "Made by: ncgrpo commit aaaaaaaaaaaa; python 3.11.7, torch 2.9.0, TRL 1.16.0; unknown in part for 4 of 5 "
+        "runs (a training or evaluation run.json without provenance).\n"
+    )
+    # evaluated under a known commit, but trained before provenance was recorded: unknown in part
+    (two / "train" / "ncgrpo-sigma0.2-seed0").mkdir(parents=True)
+    (two / "train" / "ncgrpo-sigma0.2-seed0" / "run.json").write_text('{"kind": "train", "finished": true}')
+    assert "unknown in part for 5 of 5 runs" in seed_table([one, two])
+    (two / "train" / "ncgrpo-sigma0.2-seed0" / "run.json").unlink()
+    (two / "train" / "ncgrpo-sigma0.2-seed0").rmdir()
+    (two / "train").rmdir()
+    dest = tmp_path / "records"
+    export([one, two], dest)
+    (dest / "manifest.json").unlink()  # as the records exported before manifests
+    made = seed_table([dest]).split("\n\n")[-1]
+    assert made.startswith("Made by: unknown (no commit or package versions recorded")
+    (dest / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"manifest.json: not a JSON manifest"):
+        seed_table([dest])

@@ -47,7 +47,8 @@ class EvalArgs:
         default_factory=list,
         metadata=_h(
             "benchmark names, space-separated (geo3k hallusionbench mathvista mathverse mathvision wemath "
-            "pope mmstar ai2d realworldqa chartqa), synthetic (an exported synthetic suite, see --data), or "
+            "pope mmstar ai2d realworldqa chartqa; text-only: gsm8k math500), synthetic (an exported synthetic "
+            "suite, see --data), or "
             "a name of your own that --data gives a file; none: the names --data gives"
         ),
     )
@@ -67,7 +68,7 @@ class EvalArgs:
             "data per benchmark as NAME=PATH[:ROLE], space-separated (overrides --data_dir). A NAME that is "
             "not built in is a benchmark of your own, labelled NAME in records, tables and figures: PATH a "
             ".jsonl, .json or .parquet file (or a folder with <split>.jsonl ...) of rows with problem (or "
-            "question) and answer, and optionally images (a list) or image (file paths relative to the file, "
+            "question, or TRL's prompt: text or one user message) and answer, and optionally images (a list) or image (file paths relative to the file, "
             "or image structs; none: text-only), choices, answer_type, id. ROLE: in-domain (the default for "
             "your own), ood or general, the table and pooled test it joins"
         ),

@@ -25,12 +25,34 @@ class ProbeArgs:
     benchmark: str = field(
         default="synthetic",
         metadata=_h(
-            "where the prompts come from: 'synthetic' (the embedded suite, generated) or a benchmark name "
-            "`ncgrpo eval` knows (geo3k, mathvista, ...) read from --data"
+            "where the prompts come from: 'synthetic' (the embedded suite, generated), a benchmark name "
+            "`ncgrpo eval` knows (geo3k, mathvista, gsm8k, math500, ...) read from --data, or a name of your own "
+            "for a data file --data gives"
         ),
     )
-    data: Path | None = field(
-        default=None, metadata=_h("data folder of --benchmark (not needed for synthetic)")
+    data: str | None = field(
+        default=None,
+        metadata=_h(
+            "data of --benchmark: a built-in benchmark's folder or file, or a data file of your own "
+            "(.jsonl, .json, .parquet) whose --prompt_column holds each prompt, as ncgrpo train reads it; "
+            "NAME=FILE names it (else --benchmark, else the file's stem). Not needed for synthetic"
+        ),
+    )
+    prompt_column: str = field(
+        default="prompt",
+        metadata=_h("a data file of your own: the column holding each prompt (a string or chat messages)"),
+    )
+    answer_column: str | None = field(
+        default=None,
+        metadata=_h("a data file of your own: the column the built-in rewards read as answer (null: answer)"),
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_reward"],
+        metadata=_h(
+            "reward functions of the reward columns (summed), as ncgrpo train's: built-in names or dotted "
+            "import paths of your own (my_rewards.exact), called as TRL calls them, a data file's "
+            "columns as keyword arguments"
+        ),
     )
     split: str | None = field(
         default=None, metadata=_h("split (null: train for synthetic, the benchmark's own else)")
@@ -132,12 +154,75 @@ class ProbeArgs:
         check_device(self.device)  # before the model loads
         if self.model_name_or_path is not None:
             self.model_name_or_path = _model_path(self.model_name_or_path)
+        self._own_file = None
         if self.data is not None:
-            self.data = Path(self.data)
+            self._resolve_data(str(self.data))
         self._check_questions()
+        self._check_rewards()
         if self.output_file is not None:
             self.output_file = Path(self.output_file)
             check_output_file(self.output_file)
+
+    def _resolve_data(self, text: str) -> None:
+        """``--data [NAME=]PATH``: a data file of one's own (not a built-in benchmark's) is read and
+        checked now (:func:`ncgrpo.data.files.read_data_file`), and names the benchmark: NAME, else
+        ``--benchmark`` if it is not synthetic, else the file's stem."""
+        import os
+
+        from ncgrpo.data.benchmarks import BENCHMARKS
+        from ncgrpo.data.files import DataFileError, is_data_file, read_data_file
+
+        name = None
+        if "=" in text and not Path(os.path.expanduser(text)).exists():
+            name, text = text.split("=", 1)
+            if not name.strip():
+                raise UsageError(f"--data {self.data!r}: NAME=FILE needs a name before '='")
+            if self.benchmark not in ("synthetic", name):
+                raise UsageError(
+                    f"--benchmark {self.benchmark!r} and --data {name}=...: two names for one benchmark; give one"
+                )
+            self.benchmark = name
+        path = Path(os.path.expanduser(text))
+        self.data = str(path)
+        if self.benchmark in BENCHMARKS or not is_data_file(text):
+            return  # a built-in benchmark's data, or the synthetic suite's folder: their loaders read it
+        if name is None and self.benchmark == "synthetic":
+            self.benchmark = path.stem
+        try:
+            self._own_file = read_data_file(path, self.prompt_column, what="--data")
+        except DataFileError as e:
+            raise UsageError(str(e)) from None
+
+    def _check_rewards(self) -> None:
+        """Each reward function imports and takes TRL's call with the data's columns (a data file's
+        columns; the built-in questions' answer, choices, answer_type); a built-in reward's answer column
+        is in every row of a data file."""
+        from ncgrpo.rewards.loading import BUILTIN_REWARDS, check_reward_signature, resolve_reward
+
+        self.reward_funcs = list(self.reward_funcs or [])
+        if not self.reward_funcs:
+            raise UsageError("--reward_funcs is empty; name at least one, e.g. math_reward")
+        own = self._own_file
+        columns = ["answer", "choices", "answer_type"]
+        if own is not None:
+            columns = [c for c in own.columns if c != own.prompt_column]
+            if self.answer_column:
+                columns.append("answer")
+            builtin = [r for r in self.reward_funcs if r in BUILTIN_REWARDS and r != "format_reward"]
+            if builtin:
+                col = self.answer_column or "answer"
+                hint = "" if self.answer_column else "; name the column holding it with --answer_column"
+                try:
+                    own.check_column(col, what=f"the gold answer that {', '.join(builtin)} reads{hint}")
+                except ValueError as e:
+                    raise UsageError(str(e)) from None
+        for name in self.reward_funcs:
+            try:
+                check_reward_signature(
+                    resolve_reward(name, what="--reward_funcs"), name, columns, what="--reward_funcs"
+                )
+            except ValueError as e:
+                raise UsageError(str(e)) from None
 
     def _check_questions(self) -> None:
         """The benchmark, split and family exist, and ``--prompts`` is no more than they hold (the
@@ -145,9 +230,13 @@ class ProbeArgs:
         from ncgrpo.data.benchmarks import BENCHMARKS
         from ncgrpo.toy.synthetic import DEFAULT_SIZES, FAMILIES, SPLITS
 
+        if self._own_file is not None:
+            return  # read and checked: _questions takes its first --prompts rows
         if self.benchmark != "synthetic" and self.benchmark not in BENCHMARKS:
             raise UsageError(
-                f"--benchmark {self.benchmark!r}: unknown; known: synthetic, {', '.join(BENCHMARKS)}"
+                f"--benchmark {self.benchmark!r}: unknown; known: synthetic, {', '.join(BENCHMARKS)}; a "
+                f"benchmark of your own needs its data file: --data {self.benchmark}=FILE.jsonl (rows with a "
+                "prompt column, as ncgrpo train reads them)"
             )
         if self.benchmark != "synthetic" or self.data is not None:
             return  # read from data: load_questions stops at --prompts rows
@@ -287,6 +376,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _questions(args: ProbeArgs) -> list:
+    own = getattr(args, "_own_file", None)
+    if own is not None:
+        import sys
+
+        from ncgrpo.rewards.loading import BUILTIN_REWARDS
+
+        builtin = any(r in BUILTIN_REWARDS for r in args.reward_funcs)
+        qs = own.questions(
+            args.benchmark, answer_column=args.answer_column, limit=args.prompts, answer_text=builtin
+        )
+        if len(qs) < args.prompts:
+            print(
+                f"ncgrpo probe: note: {args.data} has {len(qs)} rows; probing those, not --prompts {args.prompts}",
+                file=sys.stderr,
+            )
+        return qs
     if args.benchmark == "synthetic" and args.data is None:
         from ncgrpo.toy.suite import build_suite
 
@@ -302,7 +407,8 @@ def _questions(args: ProbeArgs) -> list:
 
     from ncgrpo.eval.questions import load_questions
 
-    qs = load_questions([args.benchmark], {args.benchmark: args.data}, args.split, args.prompts)
+    data = Path(args.data) if args.data is not None else None
+    qs = load_questions([args.benchmark], {args.benchmark: data}, args.split, args.prompts)
     if len(qs) < args.prompts:
         print(
             f"ncgrpo probe: note: {args.benchmark} has {len(qs)} questions in {args.data or 'the datasets cache'}"
@@ -331,6 +437,13 @@ def run(args: ProbeArgs) -> int:
         path = args.model_name_or_path
     questions = _questions(args)
     check_images(path, questions)
+    reward = None
+    if args.reward_funcs != ["math_reward"] or getattr(args, "_own_file", None) is not None:
+        from functools import partial
+
+        from ncgrpo.rewards.loading import question_rewards, resolve_reward
+
+        reward = partial(question_rewards, [resolve_reward(n) for n in args.reward_funcs])
     model, processor = load_model_and_processor(path, dtype=args.dtype, device=args.device)
     result = probe(
         model, processor, questions, args.sigma0, rollouts=args.rollouts,
@@ -338,7 +451,7 @@ def run(args: ProbeArgs) -> int:
         branch_prefix=args.branch_prefix, method=args.rollout_method, temperature=args.temperature,
         max_new_tokens=args.max_completion_length, batch_size=args.batch_size,
         seed=args.seed, model_name=path, progress=args.progress, marginal_draws=args.marginal_draws,
-        target_marginal_tv=args.target_marginal_tv,
+        target_marginal_tv=args.target_marginal_tv, reward=reward,
     )  # fmt: skip
     Console(width=max(Console().width, 160)).print(format_probe(result))
     if args.output_file is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ncgrpo.commands.train_settings import (
+    DATA_HASH_KEY,
     ModelArguments,
     ScriptArguments,
     _file_values,
@@ -97,6 +98,12 @@ def _check_before_the_model(plan_args, model_args: ModelArguments, train_dataset
                 "use_vllm=true, but vLLM is not installed here: pip install -e '.[vllm]' (a GPU wheel), "
                 "or --use_vllm false for the transformers engine"
             )
+    if script_args is not None:  # each reward takes TRL's call with this data's columns as keywords
+        from ncgrpo.rewards.loading import check_reward_signature, resolve_reward
+
+        columns = [c for c in train_dataset.column_names if c != "prompt"]
+        for reward in script_args.reward_funcs:
+            check_reward_signature(resolve_reward(reward), reward, columns)
     if script_args is not None and a.reward_weights is not None:
         if len(a.reward_weights) != len(script_args.reward_funcs):
             raise ValueError(
@@ -162,7 +169,8 @@ def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
     if old is None:
         return []
     new = run_identity(parsed)
-    changed = changed_identity(old, new, new)
+    # a record without the data file's hash (config.yaml alone) compares the settings only
+    changed = changed_identity(old, new, [k for k in new if k != DATA_HASH_KEY or k in old])
     if changed and not force:
         raise ValueError(
             f"--resume of {output_dir} with settings that change the run (as recorded in {where} -> as given "
@@ -171,6 +179,25 @@ def _check_identity(output_dir: Path, parsed, force: bool) -> list[str]:
             "(--force resumes anyway, recording the change in run.json's forced_changes)"
         )
     return changed
+
+
+def _provenance_keys(output_dir: Path, previous, checkpoint: str | None, dry_run: bool) -> dict[str, Any]:
+    """run.json's ``provenance`` (what made the run: :mod:`ncgrpo.runs.provenance`) and, for a resume
+    from ``checkpoint``, its ``provenance_history``: a resume under another commit, other package
+    versions or uncommitted source is a ``ProvenanceWarning`` (the main process; a dry run warns as the
+    resume would) and a history entry; a run started over gets this process's alone."""
+    from ncgrpo.runs.provenance import continue_provenance
+
+    if checkpoint is None:
+        return continue_provenance(None, event="start", where=output_dir)
+    return continue_provenance(
+        previous,
+        event="resume",
+        where=output_dir,
+        warn=os.environ.get("RANK", "0") == "0",
+        recorded=not dry_run,
+        checkpoint=Path(checkpoint).name,
+    )
 
 
 def prepare_run(
@@ -313,6 +340,8 @@ def prepare_run(
     }
     if forced_changes:
         run_info["forced_changes"] = forced_changes  # --force: the steps before and after differ in these
+    # what made the run (commit, package versions): a resume under others warns and is recorded, not refused
+    run_info.update(_provenance_keys(output_dir, previous, checkpoint, dry_run))
     # a dry run leaves a folder that already holds a run as it found it (its config.yaml and run.json
     # say what that run was, finished or not); into a new folder it writes the resolved config
     keep = dry_run and (previous is not None or bool(any_checkpoint))

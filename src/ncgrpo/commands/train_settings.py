@@ -14,8 +14,10 @@ from typing import Any
 from trl import ModelConfig
 
 from ncgrpo.data.prompts import MATH_PROMPT_HELP
+from ncgrpo.rewards.loading import BUILTIN_REWARDS
 
 __all__ = [
+    "DATA_HASH_KEY",
     "DATA_NAMES",
     "REWARD_NAMES",
     "SMOKE_GENERATIONS",
@@ -24,6 +26,7 @@ __all__ = [
     "ScriptArguments",
     "apply_smoke",
     "command_line_keys",
+    "data_file_hash",
     "recorded_identity",
     "resolve_derived",
     "run_identity",
@@ -33,11 +36,19 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------------------ train settings
-#: ``dataset_name`` values: the real Geometry3K and the synthetic suite exported in its schema.
-DATA_NAMES = ("geo3k", "synthetic")
-#: ``reward_funcs`` entries: reward functions of :mod:`ncgrpo.rewards`.
-REWARD_NAMES = ("math_reward", "math_reward_mathruler", "accuracy_reward", "format_reward")
+#: ``dataset_name`` values besides a data file of one's own: the real Geometry3K, the synthetic suite
+#: exported in its schema, and the text benchmarks GSM8K and MATH-500.
+DATA_NAMES = ("geo3k", "synthetic", "gsm8k", "math500")
+#: ``reward_funcs`` entries besides a dotted import path: reward functions of :mod:`ncgrpo.rewards`.
+REWARD_NAMES = BUILTIN_REWARDS
 _SYNTHETIC_SPLITS = ("train", "validation", "test")
+_DATA_HELP = (
+    "geo3k (Geometry3K, hiyouga/geometry3k's schema), synthetic (the synthetic suite exported in that "
+    "schema), gsm8k or math500 (their test files: GSM8K's number after ####, MATH-500's answer), or a data "
+    "file of your own (.jsonl, .json or .parquet; $VARS and ~ expand) whose "
+    "--prompt_column holds each prompt, a string or chat messages, as TRL's prompt column; its other "
+    "columns reach the reward functions as keyword arguments"
+)
 
 
 def _expand(path: str | None) -> str | None:
@@ -49,35 +60,67 @@ def _positive_or_none(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive number of rows or null (all rows), got {value!r}")
 
 
+def _data_source(name: str, value: str | None) -> str | None:
+    """A ``dataset_name`` value: a built-in name as is, a data file's path expanded; else refused."""
+    from ncgrpo.data.files import DATA_FILE_SUFFIXES, is_data_file
+
+    if value is None or value in DATA_NAMES:
+        return value
+    if is_data_file(value):
+        return _expand(value)
+    import difflib
+
+    near = difflib.get_close_matches(str(value), DATA_NAMES, n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    raise ValueError(
+        f"{name} {value!r}{hint}: not a built-in dataset ({', '.join(DATA_NAMES)}) nor a data file "
+        f"(a path ending in {', '.join(DATA_FILE_SUFFIXES)})"
+    )
+
+
 @dataclass
 class ScriptArguments:
     """What ``ncgrpo train`` trains on and how it is rewarded (TRL's ``ScriptArguments`` role)."""
 
     dataset_name: str = field(
         default="geo3k",
-        metadata={
-            "help": "training data loader: geo3k (Geometry3K, hiyouga/geometry3k's schema) or synthetic "
-            "(the synthetic suite exported in that schema)",
-            "choices": list(DATA_NAMES),
-        },
+        metadata={"help": f"training data: {_DATA_HELP}"},
     )
     dataset_path: str | None = field(
         default=None,
         metadata={
-            "help": "folder in the hub layout (data/<split>-*.parquet) or one parquet file; $VARS and ~ expand. "
-            "null: geo3k reads hiyouga/geometry3k from the datasets cache; synthetic generates the suite "
-            "(seeded by --seed) into OUTPUT/synthetic-data"
+            "help": "geo3k / synthetic: folder in the hub layout (data/<split>-*.parquet) or one parquet file; "
+            "$VARS and ~ expand. null: geo3k reads hiyouga/geometry3k from the datasets cache; synthetic "
+            "generates the suite (seeded by --seed) into OUTPUT/synthetic-data. Not with a data file "
+            "(dataset_name is its path)"
         },
     )
-    dataset_train_split: str = field(default="train", metadata={"help": "split to train on"})
+    dataset_train_split: str = field(
+        default="train", metadata={"help": "split to train on (a data file is one split: train)"}
+    )
     dataset_train_limit: int | None = field(
         default=None, metadata={"help": "train on the first N rows of the split (null: all)"}
+    )
+    prompt_column: str = field(
+        default="prompt",
+        metadata={
+            "help": "data file: the column holding each prompt (a string: the user's message, rendered "
+            "with the model's chat template; or a list of chat messages, used as written)"
+        },
+    )
+    answer_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "data file: the column the built-in rewards read as the gold answer (passed to them as "
+            "answer; null: the column answer). Your own reward functions get every column by its own name"
+        },
     )
     eval_dataset_name: str | None = field(
         default=None,
         metadata={
-            "help": "loader of the evaluation sets (null: dataset_name)",
-            "choices": list(DATA_NAMES),
+            "help": "evaluation data: geo3k, synthetic or a data file of your own (the whole file is one "
+            "evaluation set; no --eval_dataset_splits then); null: dataset_name's loader, with "
+            "--eval_dataset_splits",
         },
     )
     eval_dataset_path: str | None = field(
@@ -101,21 +144,55 @@ class ScriptArguments:
     reward_funcs: list[str] = field(
         default_factory=lambda: ["math_reward"],
         metadata={
-            "help": f"reward functions of ncgrpo.rewards: {', '.join(REWARD_NAMES)} "
-            "(math_reward = 0.9 * accuracy + 0.1 * format; weight several with --reward_weights)"
+            "help": f"reward functions: built-in ({', '.join(REWARD_NAMES)}; math_reward = 0.9 * accuracy "
+            "+ 0.1 * format) or a dotted import path of your own, as TRL's (my_rewards.exact: def "
+            "exact(prompts, completions, **kwargs) -> list[float], imported from the current directory or "
+            "PYTHONPATH, the data's columns as keyword arguments); weight several with --reward_weights"
         },
     )
 
     def __post_init__(self) -> None:
-        for name in ("dataset_name", "eval_dataset_name"):
-            value = getattr(self, name)
-            if value is not None and value not in DATA_NAMES:
-                raise ValueError(f"{name} must be one of {', '.join(DATA_NAMES)}, got {value!r}")
+        from ncgrpo.data.files import is_data_file
+        from ncgrpo.rewards.loading import resolve_reward
+
+        self.dataset_name = _data_source("dataset_name", self.dataset_name)
+        self.eval_dataset_name = _data_source("eval_dataset_name", self.eval_dataset_name)
         self.dataset_path = _expand(self.dataset_path)
         self.eval_dataset_path = _expand(self.eval_dataset_path)
         _positive_or_none("dataset_train_limit", self.dataset_train_limit)
         _positive_or_none("eval_dataset_limit", self.eval_dataset_limit)
         self.eval_dataset_splits = list(self.eval_dataset_splits or [])
+        if is_data_file(self.dataset_name):
+            if self.dataset_path is not None:
+                raise ValueError(
+                    f"dataset_path {self.dataset_path!r} is for geo3k / synthetic; dataset_name "
+                    f"{self.dataset_name} is a data file, which is the path itself: drop dataset_path"
+                )
+            if self.dataset_train_split != "train":
+                raise ValueError(
+                    f"dataset_train_split {self.dataset_train_split!r}: dataset_name {self.dataset_name} is a "
+                    "data file, one split (train); give each split its own file"
+                )
+        if self.eval_dataset_name is not None and is_data_file(self.eval_dataset_name):
+            if self.eval_dataset_splits:
+                raise ValueError(
+                    f"eval_dataset_splits {self.eval_dataset_splits}: eval_dataset_name {self.eval_dataset_name} "
+                    "is a data file, evaluated whole; drop eval_dataset_splits (give each split its own file)"
+                )
+            if self.eval_dataset_path is not None:
+                raise ValueError(
+                    f"eval_dataset_path {self.eval_dataset_path!r} is for geo3k / synthetic; eval_dataset_name "
+                    "is a data file, the path itself: drop eval_dataset_path"
+                )
+        elif is_data_file(self.dataset_name) and self.eval_dataset_splits:
+            raise ValueError(
+                f"eval_dataset_splits {self.eval_dataset_splits}: dataset_name is a data file (one split); "
+                "evaluate on a file of your own with --eval_dataset_name FILE"
+            )
+        if not isinstance(self.prompt_column, str) or not self.prompt_column.strip():
+            raise ValueError(f"prompt_column must name a column, got {self.prompt_column!r}")
+        if self.answer_column is not None and not str(self.answer_column).strip():
+            raise ValueError(f"answer_column must name a column or be null, got {self.answer_column!r}")
         for name, splits in (
             (self.dataset_name, [self.dataset_train_split]),
             (self.eval_name, self.eval_dataset_splits),
@@ -128,13 +205,15 @@ class ScriptArguments:
         self.reward_funcs = list(self.reward_funcs or [])
         if not self.reward_funcs:
             raise ValueError("reward_funcs is empty; name at least one, e.g. math_reward")
-        import difflib
-
         for r in self.reward_funcs:
-            if r not in REWARD_NAMES:
-                near = difflib.get_close_matches(r, REWARD_NAMES, n=1)
-                hint = f" (did you mean '{near[0]}'?)" if near else ""
-                raise ValueError(f"unknown reward function '{r}'{hint}; known: {', '.join(REWARD_NAMES)}")
+            resolve_reward(str(r))  # a dotted path is imported now: not importable / not callable refused
+
+    @property
+    def uses_data_file(self) -> bool:
+        """Whether the training data is a data file of one's own."""
+        from ncgrpo.data.files import is_data_file
+
+        return is_data_file(self.dataset_name)
 
     @property
     def eval_name(self) -> str:
@@ -265,10 +344,29 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda v: getattr(v, "value", str(v))))
 
 
+#: The identity key of a data file's content (``dataset_name`` names its path): a resume on a file
+#: whose bytes changed is refused as a resume on another file is. None for the built-in datasets.
+DATA_HASH_KEY = "dataset_sha256"
+
+
+def data_file_hash(dataset_name: Any) -> str | None:
+    """sha256 of the training data file ``dataset_name`` names (None: a built-in dataset, or no such
+    file yet; reading it then says why)."""
+    from ncgrpo.data.files import file_sha256, is_data_file
+
+    if not isinstance(dataset_name, str) or not is_data_file(dataset_name):
+        return None
+    path = Path(_expand(dataset_name))
+    return file_sha256(path) if path.is_file() else None
+
+
 def run_identity(parsed) -> dict[str, Any]:
     """``{setting: value}`` for every :func:`run_identity_keys` setting of a parsed ``ncgrpo train``
-    config, defaults included (what ``run.json``'s ``identity`` records and ``--resume`` compares)."""
-    return {k: _plain(parsed.get(k)) for k in run_identity_keys()}
+    config, defaults included (what ``run.json``'s ``identity`` records and ``--resume`` compares), and
+    :data:`DATA_HASH_KEY`, the content hash of a data file of one's own."""
+    out = {k: _plain(parsed.get(k)) for k in run_identity_keys()}
+    out[DATA_HASH_KEY] = data_file_hash(parsed.get("dataset_name"))
+    return out
 
 
 def _identity_defaults() -> dict[str, Any]:
@@ -305,12 +403,19 @@ def recorded_identity(output_dir: str | os.PathLike) -> tuple[dict[str, Any] | N
         recorded.pop("env", None)
         where = str(path)
     defaults = _identity_defaults()
-    return {k: _plain(recorded[k]) if k in recorded else defaults[k] for k in defaults}, where
+    # the data file's hash only where recorded (run.json): config.yaml holds settings, not the hash
+    return {
+        k: _plain(recorded[k]) if k in recorded else defaults[k]
+        for k in defaults
+        if k != DATA_HASH_KEY or k in recorded
+    }, where
 
 
 # ------------------------------------------------------------------------ --smoke, derived settings
 #: What ``--smoke`` sets (each unless given on the command line): the embedded base and the synthetic
-#: suite instead of the recipe's model and data, one prompt's group per micro-batch, two rollout
+#: suite instead of the recipe's model and data (a text recipe, one whose data is a data file: the
+#: embedded base's language model as a text-only Qwen2 and addition word problems in the recipe's
+#: prompt / answer columns, :mod:`ncgrpo.toy.text_base`), one prompt's group per micro-batch, two rollout
 #: batches, 48-token answers, float32 on the transformers engine, and ``branch_prefix '<think>'`` (on the
 #: embedded base the first token after the generation prompt is ``<think>`` with probability ~1, which
 #: leaves the paper's final-norm noise inert; the prefix moves the branch point to the first reasoning
@@ -375,11 +480,20 @@ def smoke_settings(parsed) -> dict[str, Any]:
     the run), a layer ``noise_site`` past the embedded base's layers moved to its middle layer, and
     ``run_name`` + ``-smoke`` (so the default output folder is not the full run's)."""
     from ncgrpo.core.noise import parse_noise_site
+    from ncgrpo.data.files import is_data_file
     from ncgrpo.models import text_layers
     from ncgrpo.toy.base_model import ensure_base_model
 
-    base = ensure_base_model()
     out = dict(SMOKE_SETTINGS)
+    if is_data_file(parsed.get("dataset_name")):
+        # a text recipe: text-only on both sides, the recipe's columns kept (ncgrpo.toy.text_base)
+        from ncgrpo.toy.text_base import ensure_text_base_model, ensure_text_smoke_data
+
+        base = ensure_text_base_model()
+        prompt_column, answer_column = parsed.get("prompt_column"), parsed.get("answer_column")
+        out["dataset_name"] = str(ensure_text_smoke_data(prompt_column or "prompt", answer_column))
+    else:
+        base = ensure_base_model()
     out["model_name_or_path"] = str(base)
     g = int(parsed.get("num_generations") or 2)
     ga = int(parsed.get("gradient_accumulation_steps") or 1)
@@ -427,10 +541,17 @@ def apply_smoke(parsed, given: set[str]) -> tuple[list[str], set[str]]:
                 else "scaled with max_steps"
             )
             notes.append(f"--smoke: {key} {before} -> {value} ({why})")
+    text = settings["dataset_name"] != "synthetic"
     notes.append(
-        f"--smoke: {parsed.get('rollout_method')} on the embedded base ({settings['model_name_or_path']}), "
-        f"{parsed.get('max_steps')} steps, G={parsed.get('num_generations')}, "
-        f"branch_prefix {parsed.get('branch_prefix')!r}, the synthetic suite"
+        f"--smoke: {parsed.get('rollout_method')} on the embedded base"
+        + ("'s language model (text-only)" if text else "")
+        + f" ({settings['model_name_or_path']}), {parsed.get('max_steps')} steps, "
+        f"G={parsed.get('num_generations')}, branch_prefix {parsed.get('branch_prefix')!r}, "
+        + (
+            f"addition word problems in the recipe's columns ({settings['dataset_name']})"
+            if text
+            else "the synthetic suite"
+        )
     )
     return notes, applied
 

@@ -21,7 +21,10 @@ __all__ = ["IMAGE_PLACEHOLDER", "build_messages", "image_hash", "prompt_hash", "
 IMAGE_PLACEHOLDER = "<image>"
 #: The help of the one prompt-template setting ``ncgrpo train`` (``ScriptArguments.math_prompt``) and
 #: ``ncgrpo eval`` (``--math_prompt``) share: same name, default and meaning.
-MATH_PROMPT_HELP = "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT)"
+MATH_PROMPT_HELP = (
+    "instruction appended to each problem (null: ncgrpo.data.types.MATH_PROMPT; a prompt a data file "
+    "gives in its prompt column is used as written, nothing appended, unless this is set)"
+)
 
 
 def prompt_text(q: Question, math_prompt: str = MATH_PROMPT) -> str:
@@ -39,7 +42,17 @@ def build_messages(
     """``[system?, user]`` messages for ``q``; image parts carry no payload (the trainer fills them).
 
     Raises ValueError when the problem has placeholders whose count differs from ``len(q.images)``.
+
+    A question read from a data file of one's own (:mod:`ncgrpo.data.files`) carries its prompt's
+    messages in ``metadata["messages"]``: those are used as written (no math prompt appended), with
+    ``system_prompt`` first unless they have their own system message.
     """
+    own = q.metadata.get("messages") if isinstance(q.metadata, dict) else None
+    if own:
+        messages = [dict(m) for m in own]
+        if system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return messages
     text = prompt_text(q, math_prompt)
     n_images = len(q.images)
     segments = text.split(IMAGE_PLACEHOLDER)

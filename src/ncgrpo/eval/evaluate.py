@@ -280,17 +280,36 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
     """A folder holds the records of one identity (:data:`IDENTITY_KEYS`): refuse to mix.
 
     Display fields (``name``, ``method``) given on a rerun are merged in; ``batch_size`` is the
-    last one used. Returns the folder's run.json as written.
+    last one used. A new folder records what made it (``provenance``: :mod:`ncgrpo.runs.provenance`),
+    which is not part of its identity (records whose run.json was lost: unknown, not this process).
+    Returns the folder's run.json as written.
     """
     old = check_folder(out_dir, run)
     if old is None:
+        from ncgrpo.runs.provenance import provenance
+
         new = {**run, "name": run["name"] or run["model"]}
+        if not (out_dir / RECORDS_FILE).exists():  # records without a run.json: what made them is unknown
+            new["provenance"] = provenance()
         atomic_write_json(out_dir / RUN_FILE, new)
         return new
     merged = {**old, **{k: v for k, v in run.items() if v is not None}}
     if merged != old:
         atomic_write_json(out_dir / RUN_FILE, merged)
     return merged
+
+
+def _append_provenance(out: Path, folder: dict[str, Any], n_new: int) -> dict[str, Any]:
+    """Records appended to a folder under other code or packages than its run.json records (another
+    commit, another torch, uncommitted source): a ``ProvenanceWarning`` and an entry in run.json's
+    ``provenance_history`` (:func:`ncgrpo.runs.provenance.continue_provenance`), not a refusal: the
+    folder's identity (model, decoding, questions) is what keeps records of different runs apart."""
+    from ncgrpo.runs.provenance import continue_provenance
+
+    updated = {**folder, **continue_provenance(folder, event="append", where=out, new_records=n_new)}
+    if updated != folder:
+        atomic_write_json(out / RUN_FILE, updated)
+    return updated
 
 
 @torch.no_grad()
@@ -665,12 +684,15 @@ def _evaluate_locked(
     progress: bool,
 ) -> EvalSummary:
     records_path = out / RECORDS_FILE
+    fresh = not (out / RUN_FILE).exists() and not records_path.exists()
     folder = _check_run_file(out, run_info)
     decoding = {**settings.to_dict(), "engine": run_info["engine"]}
     uids = [(q.benchmark, q.question_id) for q in questions]
     repair_torn_tail(records_path)
     done = {r.key for r in iter_records(records_path)} if records_path.exists() else set()
     todo = [q for q in questions if (q.benchmark, q.question_id) not in done]
+    if todo and not fresh:
+        folder = _append_provenance(out, folder, len(todo))
 
     from tqdm.auto import tqdm
 

@@ -31,7 +31,8 @@ prompts, for each noise scale, at the configured site and ``branch_prefix``:
   differs; sigma = 0 gives exactly 0%);
 * ``first_changed``: the same, for the first generated token only;
 * ``reward_clean`` / ``reward_noisy``: mean reward of the clean and the noisy rollouts (the training
-  reward, :data:`ncgrpo.rewards.math_reward`, on the completion with the branch prefix in front) and
+  reward, :data:`ncgrpo.rewards.math_reward` unless other reward functions are given, on the completion
+  with the branch prefix in front) and
   ``p_value``: a paired t-test over prompts of (noisy mean - clean mean) (1.0 when every difference
   is 0);
 * a verdict per scale, on the marginal: ``inert`` (``marginal_tv`` < 0.002), ``weak`` (< 0.02) or
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,7 @@ from ncgrpo.eval.probe_result import TARGET_SIGMA_MAX, ProbeResult, SigmaProbe, 
 from ncgrpo.methods import RolloutMethod, get_method, methods
 from ncgrpo.models import tokenizer_of
 from ncgrpo.rewards import math_reward
+from ncgrpo.runs.provenance import provenance
 from ncgrpo.trainer.prefix import prefix_completions, with_branch_prefix
 
 __all__ = ["probe"]
@@ -267,6 +269,7 @@ class _Clean:
     answers: list[Any]
     choices: list[Any]
     types: list[Any]
+    questions: list[Question]  # each prompt's question, once per rollout
 
 
 @dataclass
@@ -285,6 +288,7 @@ class _Pass:
     marginal_draws: int
     final_norm: bool
     sample: dict[str, Any]  # _sample's settings but the seed
+    reward: Any = None  # (questions, completion texts) -> rewards; None: math_reward on the answers
     head: Any = None
     bar: Any = None
     ent: list[float] = field(default_factory=list)
@@ -351,8 +355,17 @@ class _Pass:
         texts_clean = prefix_completions(
             tok.batch_decode(clean_ids, skip_special_tokens=True), self.branch_prefix
         )
-        r_clean = math_reward(texts_clean, answer=answers, choices=choices, answer_type=types)
-        return _Clean(inputs, pids, kw, clean_ids, p_clean, r_clean, answers, choices, types)
+        rows_q = [q for q in qs for _ in range(R)]
+        r_clean = self._reward(rows_q, texts_clean)
+        return _Clean(inputs, pids, kw, clean_ids, p_clean, r_clean, answers, choices, types, rows_q)
+
+    def _reward(self, questions: list[Question], texts: list[str]) -> list[float]:
+        if self.reward is not None:
+            return list(self.reward(questions, texts))
+        answers = [q.answer for q in questions]
+        choices = [q.choices for q in questions]
+        types = [q.answer_type for q in questions]
+        return math_reward(texts, answer=answers, choices=choices, answer_type=types)
 
     def _noisy(self, s: float, qs: list[Question], clean: _Clean) -> None:
         R, temperature, seed, method = self.R, self.temperature, self.seed, self.method
@@ -381,7 +394,7 @@ class _Pass:
         a["rel"] += rel.tolist()
         tok = tokenizer_of(self.processor)
         texts = prefix_completions(tok.batch_decode(ids, skip_special_tokens=True), self.branch_prefix)
-        r_noisy = math_reward(texts, answer=clean.answers, choices=clean.choices, answer_type=clean.types)
+        r_noisy = self._reward(clean.questions, texts)
         a["rc"] += r_clean
         a["rn"] += r_noisy
         for p in range(len(qs)):
@@ -473,6 +486,7 @@ def probe(
     marginal_draws: int = 1024,
     target_marginal_tv: float | None = None,
     share_prompt_prefill: bool = True,
+    reward: Callable[[list[Question], list[str]], list[float]] | None = None,
 ) -> ProbeResult:
     """Measure what the prefill noise does to first tokens and rollouts (module docstring).
 
@@ -487,6 +501,9 @@ def probe(
     TV reaches this value (final-norm site only). ``share_prompt_prefill``: each prompt's vision tower
     and prompt minus its last token run once for its rows
     (:func:`ncgrpo.engines.shared_prefill.shared_prefill_generate`; not at layer sites).
+    ``reward``: the rollouts' reward, ``(questions, completion texts) -> rewards`` with one question per
+    completion (:func:`ncgrpo.rewards.loading.question_rewards` calls reward functions as TRL does);
+    None: :data:`ncgrpo.rewards.math_reward` on each question's answer.
 
     The steps: the settings' checks (:func:`_check_settings`); per chunk of ``batch_size`` prompts, a
     clean pass and one noisy pass per sigma with the same sampler seed (:meth:`_Pass.chunk`); the
@@ -515,7 +532,7 @@ def probe(
     run = _Pass(
         model=gen_model, processor=processor, proc=with_branch_prefix(processor, branch_prefix),
         sigmas=sigmas, R=rollouts, seed=seed, method=method, branch_prefix=branch_prefix, temperature=temperature,
-        marginal_draws=marginal_draws, final_norm=site == "final_norm", sample=sample,
+        marginal_draws=marginal_draws, final_norm=site == "final_norm", sample=sample, reward=reward,
     )  # fmt: skip
     chunks = [list(questions[i : i + batch_size]) for i in range(0, len(questions), batch_size)]
     if progress:
@@ -550,4 +567,5 @@ def probe(
         result.target_marginal_tv = target_marginal_tv
         result.target_sigma = run.target_sigma(target_marginal_tv)
     result.wall_s = round(time.perf_counter() - t0, 2)
+    result.provenance = provenance()
     return result

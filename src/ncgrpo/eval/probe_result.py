@@ -74,6 +74,8 @@ class ProbeResult:
     #: with ``target_marginal_tv``: the sigma whose marginal TV reaches it (final-norm site)
     target_marginal_tv: float | None = None
     target_sigma: float | None = None
+    #: what made the numbers: the ncgrpo commit, dirty source, package versions (:mod:`ncgrpo.runs.provenance`)
+    provenance: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:

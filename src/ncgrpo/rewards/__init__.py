@@ -33,6 +33,12 @@ un-gameable: an answer that names two answers, or a value the gold does not stat
    variables symbolically with ``math-verify``. Ranges, orders and ratios of plain numbers
    ("0.2 - 0.4", "5-4-3-2-1", "1:2") and text ("plants increase") are compared as written only
    (a gold ``a/b`` is the fraction).
+4. structured golds, entry by entry with rule 3 (issue 44): a matrix (``pmatrix``, ``bmatrix``,
+   ``matrix``, an ``array`` in brackets alike, spaces or none) needs a matrix of the same shape
+   (a ``vmatrix``, a tuple or another shape is wrong); a tuple or interval the same brackets and its
+   entries in order (``(3,4)`` is not ``(3,4]``); a bare list of math answers (``1,-2``: all the
+   solutions) the same answers in any order, bare or as a set ``\\{...\\}``; a number in a base
+   (``4210_{5}``) the same digits and, where the prediction writes one, the same base.
 
 Degrees and radians are not converted (``30^\\circ`` matches ``30``, not ``\\frac{\\pi}{6}``).
 Units are presentation and are ignored (``12 cm`` matches ``12``; so does ``12 cm^3``).

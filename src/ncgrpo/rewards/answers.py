@@ -85,6 +85,7 @@ _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\(?:circ|degree)(?![A-Za-z])|
 _RADICAL_BRACED_RE = re.compile(r"√\s*\{")
 _RADICAL_BARE_RE = re.compile(r"√\s*(\d+(?:\.\d+)?|[A-Za-z])")
 _FRAC_SHORT_RE = re.compile(r"\\frac\s*(\d)\s*(\d)")
+_MATH_THOUSANDS_RE = re.compile(r",\s*\\!\s*(?=\d)")
 _UNIT_WORDS = (
     r"(?:(?:square|sq\.?|cubic)\s*)?"
     r"(?:units?|cm|mm|km|in|inch(?:es)?|ft|feet|foot|yd|yards?|mi|miles?|"
@@ -127,7 +128,9 @@ def _normalize(s: str) -> str:
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _LEFT_RIGHT_RE.sub("", s)
-    s = _SPACING_RE.sub(" ", s)
+    s = _MATH_THOUSANDS_RE.sub(",", s)  # MATH writes 10,\!080
+    # a LaTeX row break "\\" (matrices) is no spacing command "\ ": kept aside while spacing goes
+    s = _SPACING_RE.sub(" ", s.replace("\\\\", "\x00")).replace("\x00", "\\\\")
     s = _DEGREE_RE.sub("", s)
     s = s.replace("\\%", "").replace("%", "").replace("{,}", ",")
     s = re.sub(r"(?:\\+\s*)+$", "", s)  # a trailing LaTeX line break "\\" (MathVision options)
@@ -225,6 +228,104 @@ _MATH_WORDS = {"sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "exp", "ar
 def _is_math(s: str) -> bool:
     words = re.findall(r"[A-Za-z]{2,}", re.sub(r"\\[A-Za-z]+", " ", s))
     return all(w.lower() in _MATH_WORDS for w in words)
+
+
+# ---------------------------------------------------------------------------------------------
+# Structured answers: matrices, tuples and intervals, lists (compared entry by entry)
+
+_MATRIX_RE = re.compile(
+    r"(?P<open>[(\[]?)\s*\\begin\s*\{(?P<env>[pbBvV]?matrix|smallmatrix|array)\}"
+    r"(?:\s*\{[^{}]*\})?(?P<body>.*)\\end\s*\{(?P=env)\}\s*(?P<close>[)\]]?)",
+    re.DOTALL,
+)
+#: Matrix environments by what they denote: brackets are presentation, bars are not (a determinant).
+_MATRIX_KINDS = {"vmatrix": "det", "Vmatrix": "norm"}
+_OPENERS, _CLOSERS = "([{", ")]}"
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """A matrix as written: its kind (``matrix``, ``det`` for ``vmatrix``, ``norm``) and its rows."""
+
+    kind: str
+    rows: tuple[tuple[str, ...], ...]
+
+
+def _matrix(s: str) -> _Matrix | None:
+    """``\\begin{pmatrix}a & b\\\\c & d\\end{pmatrix}`` (also bmatrix, Bmatrix, matrix, smallmatrix,
+    an ``array`` in brackets; vmatrix/Vmatrix are another kind) as its rows of entries; else None."""
+    m = _MATRIX_RE.fullmatch(s.strip())
+    if m is None:
+        return None
+    env, opening, closing = m.group("env"), m.group("open"), m.group("close")
+    if env == "array" and (opening + closing) not in ("()", "[]"):
+        return None  # an array without brackets is a table, not a matrix
+    if env != "array" and (opening or closing):
+        return None
+    lines = [line.strip() for line in m.group("body").split("\\\\")]
+    while lines and not lines[-1]:
+        lines.pop()  # a row break after the last row
+    if not lines or "\\begin" in m.group("body"):
+        return None
+    rows = tuple(tuple(e.strip() for e in line.split("&")) for line in lines)
+    return _Matrix(_MATRIX_KINDS.get(env, "matrix"), rows)
+
+
+def _split_top(s: str, sep: str = ",") -> list[str]:
+    """``s`` split at each ``sep`` outside brackets (``()``, ``[]``, ``{}``); escaped ``\\{`` counts too."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
+            depth += 1 if s[i + 1] == "{" else -1
+            i += 2
+            continue
+        if c in _OPENERS:
+            depth += 1
+        elif c in _CLOSERS:
+            depth -= 1
+        elif c == sep and depth == 0:
+            parts.append(s[start:i].strip())
+            start = i + 1
+        i += 1
+    parts.append(s[start:].strip())
+    return parts
+
+
+def _enclosed(s: str) -> bool:
+    """The bracket that opens ``s`` closes only at its end (``(1,2)``, not ``(0,9)\\cup(9,36)``)."""
+    depth = 0
+    for i, c in enumerate(s):
+        if c in _OPENERS:
+            depth += 1
+        elif c in _CLOSERS:
+            depth -= 1
+            if depth == 0 and i < len(s) - 1:
+                return False
+    return depth == 0
+
+
+@dataclass(frozen=True)
+class _Sequence:
+    """A tuple or interval (``brackets`` its opening and closing bracket, ``(]`` for a half-open
+    interval) or, with ``brackets=""``, a bare list of answers (``1, -2``: all solutions)."""
+
+    brackets: str
+    entries: tuple[str, ...]
+
+
+def _sequence(s: str) -> _Sequence | None:
+    """``(a, b)``, ``[a, b)``, ... (two entries or more) or a bare list ``a, b``; None otherwise."""
+    s = s.strip()
+    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _enclosed(s):
+        entries = _split_top(s[1:-1])
+        if len(entries) >= 2 and all(entries):
+            return _Sequence(s[0] + s[-1], tuple(entries))
+        return None
+    entries = _split_top(s)
+    if len(entries) >= 2 and all(entries):
+        return _Sequence("", tuple(entries))
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ from ncgrpo.rewards.answers import (
     _is_math,
     _key,
     _literal,
+    _matrix,
     _normalize,
+    _sequence,
     _within_stated_precision,
     extract_boxed,
 )
@@ -53,6 +55,13 @@ def _grade_free(pred: str, gold: str) -> bool:
             return False
         if _key(p) == _key(g):
             return True
+    based = _grade_base(p, g)
+    if based is not None:
+        return based
+    if "=" not in g:
+        structured = _grade_structured(p, g)
+        if structured is not None:
+            return structured
     if "=" in g:  # a relation or a chain (y_2=(x+2)^3=y_1(x+2)): side by side, never its last part
         gs, ps = g.split("="), p.split("=")
         return len(gs) == len(ps) and all(_grade_free(a, b) for a, b in zip(ps, gs, strict=True))
@@ -64,6 +73,75 @@ def _grade_free(pred: str, gold: str) -> bool:
     if not (_is_math(g) and _is_math(p)):
         return False  # text ("increase" / "decrease") is compared as text only
     return _grade_symbolic(p, g, gl)
+
+
+#: A number written in a base: ``4210_{5}``, ``52_8`` (MATH); math-verify drops the subscript.
+_BASE_NUMBER_RE = re.compile(r"(\d[0-9A-Za-z]*)\s*_\s*\{?\s*(\d+)\s*\}?")
+
+
+def _grade_base(p: str, g: str) -> bool | None:
+    """A number in a base (``4210_{5}``) on either side: the same digits, and the same base where the
+    prediction writes one (``4210`` answers "in base 5" too; ``4210_{4}`` does not); None when
+    neither side is one."""
+    gb, pb = _BASE_NUMBER_RE.fullmatch(g), _BASE_NUMBER_RE.fullmatch(p)
+    if gb is None and pb is None:
+        return None
+    g_digits, g_base = gb.groups() if gb else (g, "10")
+    p_digits, p_base = pb.groups() if pb else (p, g_base)
+    return p_digits.casefold() == g_digits.casefold() and int(p_base) == int(g_base)
+
+
+def _grade_structured(p: str, g: str) -> bool | None:
+    """Matrices, tuples, intervals and lists of answers, entry by entry with the free-form rules;
+    None when the gold is none of these (the other rules decide).
+
+    A matrix gold needs a matrix of the same kind (``pmatrix``, ``bmatrix``, ``matrix`` alike; a
+    ``vmatrix`` is a determinant) and shape; a tuple or interval gold the same brackets (``(3,4]`` is
+    not ``(3,4)``) and entries in order; a bare list of math answers (``1,-2``: all the solutions) the
+    same answers in any order, bare or in set braces ``\\{...\\}``.
+    """
+    gm = _matrix(g)
+    if gm is not None:
+        pm = _matrix(p)
+        if pm is None or pm.kind != gm.kind or [len(r) for r in pm.rows] != [len(r) for r in gm.rows]:
+            return False
+        return all(
+            _grade_free(a, b)
+            for pr, gr in zip(pm.rows, gm.rows, strict=True)
+            for a, b in zip(pr, gr, strict=True)
+        )
+    gs = _sequence(g)
+    if gs is None:
+        return None
+    if gs.brackets:
+        ps = _sequence(p)
+        if ps is None or ps.brackets != gs.brackets or len(ps.entries) != len(gs.entries):
+            return False
+        return all(_grade_free(a, b) for a, b in zip(ps.entries, gs.entries, strict=True))
+    if not all(_is_math(e) for e in gs.entries):
+        return None  # text with commas: compared as text
+    body = p[2:-2] if p.startswith("\\{") and p.endswith("\\}") else p
+    ps = _sequence(body)
+    if ps is None or ps.brackets or len(ps.entries) != len(gs.entries):
+        return False
+    return _one_to_one(ps.entries, gs.entries)
+
+
+def _one_to_one(preds: Sequence[str], golds: Sequence[str]) -> bool:
+    """Each gold answer is matched by its own predicted answer (order free): a bipartite matching."""
+    match: dict[int, int] = {}  # gold index -> pred index
+
+    def place(i: int, seen: set[int]) -> bool:
+        for j, gold in enumerate(golds):
+            if j in seen or not _grade_free(preds[i], gold):
+                continue
+            seen.add(j)
+            if j not in match or place(match[j], seen):
+                match[j] = i
+                return True
+        return False
+
+    return all(place(i, set()) for i in range(len(preds)))
 
 
 _YESNO_RE = re.compile(r"\W*(yes|no)\b", re.IGNORECASE)

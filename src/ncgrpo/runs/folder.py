@@ -6,7 +6,9 @@ Every command writes its outputs into one folder; this module is the one place t
   read back by :func:`read_run_json`. A training run (``ncgrpo train``, the demo) records ``name``,
   ``method``, ``seed``, ``model``, ``recipe``, ``output_dir``, ``finished`` (and ``global_step`` once
   finished); an evaluation (``ncgrpo eval``) records its identity (``model``, ``checkpoint``, ``seed``,
-  ``split``, ``benchmarks``, ``decoding``) plus ``name``, ``method`` and the last ``batch_size``.
+  ``split``, ``benchmarks``, ``decoding``) plus ``name``, ``method`` and the last ``batch_size``. Every
+  kind records ``provenance`` (what made it: commit, dirty tree, package versions) and, once resumed or
+  appended to under another, ``provenance_history`` (:mod:`ncgrpo.runs.provenance`; not identity).
 - ``config.yaml`` (:data:`CONFIG_FILE`): a training run's resolved settings, read by ``--resume``.
 - ``metrics.jsonl`` (:data:`METRICS_FILE`), ``records.jsonl`` (:data:`RECORDS_FILE`): JSON lines,
   appended and fsync'ed one line at a time, so a kill leaves at most a torn last line

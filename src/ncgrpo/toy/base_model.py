@@ -231,6 +231,7 @@ def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | N
     (:class:`ncgrpo.runs.folder.FolderLock`, kind ``pretrain``: a second pretrain into it fails at once,
     naming the first). Only the lock file and a ``run.json`` of an interrupted pretrain may be there."""
     from ncgrpo.runs.folder import LOCK_FILE, RUN_FILE, FolderLock, atomic_write_json
+    from ncgrpo.runs.provenance import provenance
 
     lock = FolderLock(cfg.output_dir, "ncgrpo pretrain", kind="pretrain")
     lock.check()
@@ -238,9 +239,10 @@ def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | N
     if cfg.output_dir.is_dir() and any(p.name not in ours for p in cfg.output_dir.iterdir()):
         raise ValueError(f"{cfg.output_dir} exists and is not empty; pass a new --output_dir folder")
     with lock:
-        atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "pretrain", "finished": False})
+        made = {"kind": "pretrain", "provenance": provenance()}  # what made the model (commit, versions)
+        atomic_write_json(cfg.output_dir / RUN_FILE, {**made, "finished": False})
         report = _run_pretrain(cfg, progress)
-        atomic_write_json(cfg.output_dir / RUN_FILE, {"kind": "pretrain", "finished": True})
+        atomic_write_json(cfg.output_dir / RUN_FILE, {**made, "finished": True})
     return report
 
 

@@ -216,6 +216,22 @@ def _run_in_processes(cfg: DemoConfig, jobs: list[DemoRun], workers: int, suite:
 
 
 # ---------------------------------------------------------------------------------------------- run
+def _record_provenance(folder: Path) -> None:
+    """The demo root's run.json records what made the folder (``provenance``) and, when a demo
+    continues a folder an earlier one wrote (its finished runs and records are kept), each later start
+    under another commit or other package versions (``provenance_history``, with a
+    ``ProvenanceWarning``: :func:`ncgrpo.runs.provenance.continue_provenance`). A root claimed just now
+    (run.json only ``{"kind": "demo"}``) is new, unless it holds an earlier demo's files."""
+    from ncgrpo.runs.folder import RUN_FILE, atomic_write_json, read_run_json
+    from ncgrpo.runs.provenance import continue_provenance
+
+    info = read_run_json(folder) or {"kind": "demo"}
+    earlier = set(info) - {"kind"} or any((folder / d).is_dir() for d in ("train", "eval"))
+    keys = continue_provenance(info if earlier else None, event="continue", where=folder)
+    if {**info, **keys} != info:
+        atomic_write_json(folder / RUN_FILE, {**info, **keys})
+
+
 def run_demo(
     cfg: DemoConfig, *, console: Any = None, on_stage: Callable[[str], None] | None = None
 ) -> DemoResult:
@@ -227,6 +243,7 @@ def run_demo(
 
     from ncgrpo.eval.evaluate import model_id_of
     from ncgrpo.runs.folder import FolderLock, atomic_write_json, claim_folder
+    from ncgrpo.runs.provenance import provenance
 
     t_start = time.perf_counter()
     stage_times: dict[str, float] = {}
@@ -252,6 +269,7 @@ def run_demo(
         base = stage("base_model", lambda: _base_model(cfg))
         check_settings(cfg, base)
         claim_folder(lock)  # held, and the folder's run.json says kind demo
+        _record_provenance(cfg.output_dir)
         suite = stage("suite", lambda: _ensure_suite(cfg))
         base_id = model_id_of(base)
         specs, seeds = cfg.methods(), cfg.seed_values()
@@ -283,6 +301,7 @@ def run_demo(
         files["summary"] = cfg.output_dir / "summary.json"
         summary = result.to_json()
         summary["config"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+        summary["provenance"] = provenance()  # what made this summary (each run's own: its run.json)
         atomic_write_json(files["summary"], summary)
         return result
     finally:

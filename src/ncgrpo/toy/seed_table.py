@@ -27,8 +27,15 @@ fields the table reads, deterministic bytes), from which the same table is print
     python -m ncgrpo.toy.seed_table --export docs/records/seed-table runs/T1 runs/T2 runs/T3
     python -m ncgrpo.toy.seed_table docs/records/seed-table
 
-``--export`` writes the files atomically, removes export files of runs no longer given, and prints
-the table read back from DEST (the wrote-message goes to stderr).
+``--export`` writes the files atomically, removes export files of runs no longer given, writes
+``DEST/manifest.json`` (:data:`MANIFEST_FILE`: the command line, the exporting ncgrpo's commit, whether
+its source was dirty and its package versions, and each run's own ``provenance`` and
+``provenance_history`` where its run.json has them: :mod:`ncgrpo.runs.provenance`), and prints the table
+read back from DEST (the wrote-message goes to stderr).
+
+Under the table (and its notes) one line says what made the records: the commit(s) and package versions
+the runs' run.json recorded (read from the demo folders, or from an export's manifest), or that they are
+unknown (runs from before provenance was recorded, an export without a manifest).
 """
 
 from __future__ import annotations
@@ -55,10 +62,11 @@ from ncgrpo.eval.stats import (
     seed_to_seed,
     seed_ttest,
 )
-from ncgrpo.runs.folder import atomic_write_bytes, json_rows
+from ncgrpo.runs.folder import atomic_write_bytes, atomic_write_json, json_rows, read_run_json
 
 __all__ = [
     "EXPORT_FORMAT",
+    "MANIFEST_FILE",
     "IN_DOMAIN",
     "OOD_FAMILIES",
     "POPE",
@@ -82,6 +90,9 @@ _SHORTCUT = re.compile(r"<think>answer:")
 #: First line of every export file; bump when the line format changes.
 EXPORT_FORMAT = "ncgrpo.seed_table/1"
 BASE_FILE = "base.jsonl.gz"
+#: An export's record of what made it (see the module docstring), and its format line.
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "ncgrpo.seed_table.manifest/1"
 _EXPORT_RUN = re.compile(r"(.+)-seed(\d+)\.jsonl\.gz")
 
 
@@ -191,8 +202,14 @@ def load_runs(folders: Sequence[str | Path]) -> tuple[list[TableRecord], dict[st
 
 def _load(
     folders: Sequence[str | Path],
-) -> tuple[list[TableRecord], dict[str, MethodRows], dict[tuple[str, int | None], Provenance]]:
-    """:func:`load_runs`, and each run's provenance by (slug, seed) (``("base", None)``: the base's)."""
+) -> tuple[
+    list[TableRecord],
+    dict[str, MethodRows],
+    dict[tuple[str, int | None], Provenance],
+    dict[tuple[str, int | None], Path],
+]:
+    """:func:`load_runs`, each run's provenance by (slug, seed) (``("base", None)``: the base's), and
+    the folder each run of the table was read from (the first that has it)."""
     base: list[TableRecord] | None = None
     runs: dict[str, MethodRows] = {}
     seen: dict[tuple[str, int | None], tuple[Path, list[TableRecord], Provenance]] = {}
@@ -245,7 +262,12 @@ def _load(
                     )
     ordered = {VANILLA_SLUG: runs.pop(VANILLA_SLUG)}
     ordered.update(sorted(runs.items(), key=lambda kv: _row_order(kv[0])))
-    return base, ordered, {key: prov for key, (_, _, prov) in seen.items()}
+    return (
+        base,
+        ordered,
+        {key: prov for key, (_, _, prov) in seen.items()},
+        {key: folder for key, (folder, _, _) in seen.items()},
+    )
 
 
 def _same_run(
@@ -336,8 +358,17 @@ def _p(p: float) -> str:
 
 def seed_table(folders: Sequence[str | Path]) -> str:
     """The Markdown table (see the module docstring) of the demo runs in ``folders``, then one note
-    line per row whose question-level and seed-level tests disagree."""
-    return _render(*load_runs(folders))
+    line per row whose question-level and seed-level tests disagree, then what made the records
+    (:func:`made_by`)."""
+    base, runs, _, where = _load(folders)
+    return _table(base, runs, _runs_provenance(where))
+
+
+def _table(
+    base: list[TableRecord], runs: dict[str, MethodRows], made: dict[str, dict[str, Any] | None]
+) -> str:
+    """The table and its notes (:func:`_render`), a blank line, and what made the records (:func:`made_by`)."""
+    return _render(base, runs) + "\n" + made_by(made) + "\n"
 
 
 def _render(base: list[TableRecord], runs: dict[str, MethodRows]) -> str:
@@ -469,14 +500,17 @@ def _read_export(path: Path, slug: str, seed: int | None) -> tuple[str, list[Tab
     return name, records, {"model": header.get("model"), "decoding": header.get("decoding")}
 
 
-def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path], list[Path]]:
+def export(
+    folders: Sequence[str | Path], dest: str | Path, *, command: str | None = None
+) -> tuple[list[Path], list[Path]]:
     """Write the records the table of ``folders`` needs into ``dest`` (``base.jsonl.gz`` and one
-    ``<slug>-seed<N>.jsonl.gz`` per run); remove export files in ``dest`` of runs not written now,
-    so a stale run cannot stay in the table. Returns (written, removed).
+    ``<slug>-seed<N>.jsonl.gz`` per run) and ``dest/manifest.json`` (:func:`manifest`; ``command``:
+    the command line that exported them, where known); remove export files in ``dest`` of runs not
+    written now, so a stale run cannot stay in the table. Returns (written, removed).
 
     Raises if the table read back from ``dest`` is not the table of ``folders`` (a bug, not bad input).
     """
-    base, runs, provenance = _load(folders)
+    base, runs, provenance, where = _load(folders)
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--export {dest} exists and is not a folder")
@@ -500,9 +534,136 @@ def export(folders: Sequence[str | Path], dest: str | Path) -> tuple[list[Path],
     )
     for p in stale:
         p.unlink()
-    if seed_table([dest]) != _render(base, runs):
+    made = _runs_provenance(where)
+    atomic_write_json(dest / MANIFEST_FILE, manifest(folders, made, command))
+    if seed_table([dest]) != _table(base, runs, made):
         raise RuntimeError(f"{dest}: the exported records do not give the folders' table")
-    return [dest / n for n in files], stale
+    return [dest / n for n in [*files, MANIFEST_FILE]], stale
+
+
+# --- what made the records ---------------------------------------------------------------------
+
+
+def _run_key(slug: str, seed: int | None) -> str:
+    return BASE_DIR if seed is None else f"{slug}-seed{seed}"
+
+
+def _folder_provenance(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A run folder's ``provenance`` and ``provenance_history`` (None: its run.json records neither)."""
+    kept = {k: (info or {}).get(k) for k in ("provenance", "provenance_history")}
+    kept = {k: v for k, v in kept.items() if v}
+    return kept or None
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    """An export's ``manifest.json`` (None: exported before manifests were written); errors name it."""
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON manifest ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: not a seed-table manifest (its format must be {MANIFEST_FORMAT!r})")
+    if not isinstance(data.get("runs"), dict):
+        raise ValueError(f"{path}: 'runs' must be an object (run -> its provenance)")
+    return data
+
+
+def _runs_provenance(where: dict[tuple[str, int | None], Path]) -> dict[str, dict[str, Any] | None]:
+    """``{run: {"train": ..., "eval": ...} or None}`` for each run of the table (``base``,
+    ``<slug>-seed<N>``), read where the table read it: a demo folder's ``eval/<run>/run.json`` and
+    ``train/<run>/run.json`` (:func:`_folder_provenance`; None for a folder whose run.json records
+    none), an export's manifest (None where it has none)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    manifests: dict[Path, dict[str, Any] | None] = {}
+    for (slug, seed), folder in sorted(
+        where.items(), key=lambda kv: (kv[0][1] is not None, kv[0][0], kv[0][1] or 0)
+    ):
+        run = _run_key(slug, seed)
+        if (folder / "eval").is_dir():
+            parts = {
+                kind: _folder_provenance(read_run_json(folder / kind / run, hint="move it away or fix it"))
+                for kind in ("train", "eval")
+                if (folder / kind / run).is_dir()
+            }
+            out[run] = parts or None  # a part None: that run.json records no provenance
+        else:
+            if folder not in manifests:
+                manifests[folder] = _read_manifest(folder)
+            found = (manifests[folder] or {}).get("runs", {}).get(run)
+            out[run] = found if isinstance(found, dict) and found else None
+    return out
+
+
+def manifest(
+    folders: Sequence[str | Path], runs: dict[str, dict[str, Any] | None], command: str | None
+) -> dict[str, Any]:
+    """``manifest.json`` of an export: its format, the command line, the folders read, what made the
+    export (this process's :func:`ncgrpo.runs.provenance.provenance`: commit, dirty, package versions)
+    and ``runs``: each run's own provenance (``{"train": {"provenance", "provenance_history"}, "eval":
+    {...}}``; None where its run.json records none). No time stamp: the same export gives the same bytes."""
+    from ncgrpo.runs.provenance import provenance
+
+    return {
+        "format": MANIFEST_FORMAT,
+        "command": command,
+        "folders": [str(f) for f in folders],
+        **provenance(),
+        "runs": runs,
+    }
+
+
+def _made(p: dict[str, Any]) -> str:
+    commit = str(p.get("commit"))[:12] if p.get("commit") else "unknown"
+    tree = {True: f" with uncommitted changes ({p.get('dirty_digest')})", False: ""}.get(p.get("dirty"), "")
+    return f"{commit}{tree}"
+
+
+def made_by(runs: dict[str, dict[str, Any] | None]) -> str:
+    """One line under the table: the commit(s) that made the runs' records (training and evaluation,
+    a resume's or an append's too) and their package versions, as the runs' run.json recorded them.
+    A run is counted as unknown in part when its training or its evaluation recorded no provenance, or
+    only for a later resume or append (what made its first part is unknown)."""
+    commits: dict[str, None] = {}
+    versions: dict[str, dict[str, None]] = {}
+    unknown = 0
+    for entry in runs.values():
+        provs = []
+        parts = list((entry or {}).values()) or [None]
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            if isinstance(part.get("provenance"), dict):
+                provs.append(part["provenance"])
+            provs += [
+                h["provenance"]
+                for h in part.get("provenance_history") or []
+                if isinstance(h, dict) and isinstance(h.get("provenance"), dict)
+            ]
+        if any(not isinstance(part, dict) or not isinstance(part.get("provenance"), dict) for part in parts):
+            unknown += 1
+        for p in provs:
+            commits[_made(p)] = None
+            for k, v in (p.get("versions") or {}).items():
+                if v is not None:
+                    versions.setdefault(k, {})[v] = None
+    if not commits:
+        return (
+            "Made by: unknown (no commit or package versions recorded: the runs predate run.json's "
+            f"provenance, or the export has no {MANIFEST_FILE})."
+        )
+    names = {"trl": "TRL"}
+    text = f"Made by: ncgrpo commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}"
+    if versions:
+        text += "; " + ", ".join(f"{names.get(k, k)} {'/'.join(v)}" for k, v in versions.items())
+    if unknown:
+        text += (
+            f"; unknown in part for {unknown} of {len(runs)} runs (a training or evaluation run.json "
+            "without provenance)"
+        )
+    return text + "."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -518,7 +679,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     file=sys.stderr,
                 )
                 return 2
-            written, removed = export(args[2:], args[1])
+            import shlex
+
+            command = shlex.join(["python", "-m", "ncgrpo.toy.seed_table", *args])
+            written, removed = export(args[2:], args[1], command=command)
             gone = f"; removed {', '.join(p.name for p in removed)}" if removed else ""
             print(f"wrote {len(written)} files to {args[1]}{gone}", file=sys.stderr)
             sys.stdout.write(seed_table([args[1]]))

@@ -92,8 +92,9 @@ def _geo3k_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
 
 def _custom_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
     """A row of a user's own benchmark (:func:`custom_benchmark`): the geo3k schema with the images
-    optional (``images``: a list, or ``image``: one; none: a text-only question) and ``question``
-    accepted for ``problem``; the benchmark's name and role are the user's, never a row's."""
+    optional (``images``: a list, or ``image``: one; none: a text-only question) and ``question`` or
+    TRL's ``prompt`` (text, or one user message) accepted for ``problem``; the benchmark's name and
+    role are the user's, never a row's."""
     return _schema_row(i, row, ctx, custom=True)
 
 
@@ -109,7 +110,19 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
     else:
         images = []
     text_field = "question" if custom and "problem" not in row and "question" in row else "problem"
-    problem = ctx.text(row, i, text_field)
+    messages = None
+    if custom and "problem" not in row and "question" not in row and "prompt" in row:
+        # TRL's prompt column (a string or chat messages), as ncgrpo train reads a data file: as written
+        from ncgrpo.data.files import prompt_messages
+
+        try:
+            messages = prompt_messages(row["prompt"])
+        except ValueError as e:
+            raise ctx.error(i, f"field 'prompt' {e}") from None
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        text_field, problem = "prompt", users[-1] if users else messages[-1]["content"]
+    else:
+        problem = ctx.text(row, i, text_field)
     answer = ctx.text(row, i, "answer")
     n_marks = problem.count(IMAGE_PLACEHOLDER)
     if n_marks and n_marks != len(images):
@@ -165,6 +178,7 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
             "choices": hub_choices or None,
             "ground_truth": ground_truth,
             **({"family": family} if family else {}),
+            **({"messages": messages} if messages else {}),
         },
     )
 
@@ -424,3 +438,70 @@ def _chartqa_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
         source = ctx.optional(row, "type")
     images = [ctx.image(row, i, "image")]
     return _free_question(ctx, str(i), question, answer, images, role="general", metadata={"source": source})
+
+
+#: GSM8K's own evaluation (openai/grade-school-math, ``grade_school_math/dataset.py``): the gold is
+#: the number after ``#### `` in the worked solution (``ANS_RE``), its commas removed.
+_GSM8K_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+
+def gsm8k_gold(solution: str) -> str | None:
+    """The gold of a GSM8K ``answer`` field as GSM8K's ``extract_answer`` reads it: the number after
+    ``#### ``, commas removed (``"...\\n#### 1,000"`` -> ``"1000"``); None when there is none."""
+    m = _GSM8K_ANSWER.search(solution)
+    if m is None:
+        return None
+    gold = m.group(1).strip().replace(",", "")
+    return gold if _NUMBER.fullmatch(gold) else None
+
+
+_NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)")
+
+
+def _gsm8k_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    """``openai/gsm8k`` (and the GitHub ``test.jsonl``): ``question``, and ``answer`` = the worked
+    solution ending ``#### N``; the gold is N (:func:`gsm8k_gold`), the solution kept in metadata. A
+    row whose ``answer`` is already a plain number (a converted copy) takes it, commas removed."""
+    question = (
+        ctx.prompt(row, i) if "question" not in row and "prompt" in row else ctx.text(row, i, "question")
+    )
+    solution = ctx.text(row, i, "answer")
+    gold = gsm8k_gold(solution)
+    if gold is None:
+        plain = solution.replace(",", "")
+        if not _NUMBER.fullmatch(plain):
+            raise ctx.error(
+                i,
+                "field 'answer' has no final answer '#### N' (GSM8K's layout: the worked solution, then a "
+                f"line '#### ' and the number); it ends {solution[-60:]!r}",
+            )
+        gold, solution = plain, None
+    qid = ctx.optional(row, "id", ctx.optional(row, "question_id", i))
+    return _question(ctx, str(qid), question, gold, [], "number", metadata={"solution": solution})
+
+
+#: The instruction line the ``prompt``/``answer`` copies of MATH-500 append to each problem
+#: (jianzhnie/LLMEval ``data/math500.jsonl``); the problem is read without it, as in the canonical
+#: layout, and the run's ``--math_prompt`` asks for the box instead.
+MATH500_PROMPT_SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def _math500_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
+    """MATH-500 (``HuggingFaceH4/MATH-500``: ``problem, solution, answer, subject, level,
+    unique_id``; or a ``prompt``/``answer`` copy): the gold is ``answer``, the field MATH's own grader
+    (PRM800K's ``grade_answer``) compares with; question_id = ``unique_id`` (else the row index)."""
+    answer = ctx.text(row, i, "answer")
+    if "problem" in row or "prompt" not in row:
+        problem = ctx.text(row, i, "problem")
+        meta = {k: ctx.optional(row, k) for k in ("subject", "level", "solution")}
+        qid = ctx.optional(row, "unique_id", i)
+    else:
+        problem = ctx.prompt(row, i)
+        instruction = None
+        if problem.endswith(MATH500_PROMPT_SUFFIX):
+            problem, instruction = problem[: -len(MATH500_PROMPT_SUFFIX)].rstrip(), MATH500_PROMPT_SUFFIX
+        if not problem:
+            raise ctx.error(i, "field 'prompt' has no problem before its instruction line")
+        meta = {"instruction": instruction}
+        qid = ctx.optional(row, "unique_id", ctx.optional(row, "id", i))
+    return _free_question(ctx, str(qid), problem, answer, [], metadata=meta)

@@ -13,6 +13,8 @@ from ncgrpo.data.benchmarks.converters import (
     _convert_hallusionbench,
     _custom_row,
     _geo3k_row,
+    _gsm8k_row,
+    _math500_row,
     _mathverse_row,
     _mathvision_row,
     _mathvista_row,
@@ -51,6 +53,8 @@ class BenchmarkSpec:
     label: str = ""
     #: Other names the tables know it by, beside its name and its hub repository's name.
     aliases: tuple[str, ...] = ()
+    #: One of the paper's benchmarks (its tables, the n = 10,038 OOD questions); False: added since.
+    in_paper: bool = True
 
 
 #: The benchmarks, one a line, in the paper's column order: name, role, the split the paper uses, hub
@@ -69,6 +73,10 @@ _SPECS = [
     BenchmarkSpec("ai2d",           "general",   "test",                "lmms-lab/ai2d",           _per_row(_ai2d_row),        label="AI2D"),
     BenchmarkSpec("realworldqa",    "general",   "test",                "xai-org/RealworldQA",     _per_row(_realworldqa_row), label="RealWorldQA"),
     BenchmarkSpec("chartqa",        "general",   "test",                "HuggingFaceM4/ChartQA",   _per_row(_chartqa_row),     label="ChartQA"),
+    # text-only math, beyond the paper's columns: ood for a model trained on Geo3K (--data NAME=FILE:ROLE
+    # gives another role, e.g. gsm8k=FILE:in-domain for a model trained on GSM8K)
+    BenchmarkSpec("gsm8k",          "ood",       "test",                "openai/gsm8k",            _per_row(_gsm8k_row),       label="GSM8K",       hub_config="main", files=("main/{split}-*.parquet",), image_columns=(), in_paper=False),
+    BenchmarkSpec("math500",        "ood",       "test",                "HuggingFaceH4/MATH-500",  _per_row(_math500_row),     label="MATH-500",    files=("{split}.jsonl", "math500.jsonl"), image_columns=(), in_paper=False),
 ]
 # fmt: on
 BENCHMARKS: dict[str, BenchmarkSpec] = {spec.name: spec for spec in _SPECS}

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from ncgrpo.data.prompts import IMAGE_PLACEHOLDER
 from ncgrpo.data.types import LETTERS, AnswerType, Role
 
 #: Appended to every multiple-choice problem after its option list.
@@ -69,6 +70,60 @@ class RowContext:
         if not isinstance(value, list | tuple):
             raise self.error(index, f"field '{name}' should be a list of images, got {type(value).__name__}")
         return [decode_image(v, self, index, f"{name}[{k}]") for k, v in enumerate(value)]
+
+    def prompt(self, row: dict[str, Any], index: int, name: str = "prompt") -> str:
+        """The question a TRL ``prompt`` column holds: a string, or chat messages (``[{"role": "user",
+        "content": ...}]``, the content a string or a list of ``{"type": "text"|"image"}`` parts; an
+        image part becomes an ``<image>`` placeholder). One user turn only: a system message or an
+        earlier exchange would be dropped from what the model is asked, so they are errors that say
+        what to do instead."""
+        value = self.field(row, index, name)
+        if isinstance(value, str):
+            return value.strip()
+        if not isinstance(value, list | tuple):
+            raise self.error(
+                index, f"field '{name}' should be text or a list of chat messages, got {type(value).__name__}"
+            )
+        roles = []
+        for k, message in enumerate(value):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise self.error(
+                    index, f"field '{name}' message {k} should be {{'role': ..., 'content': ...}}"
+                )
+            roles.append(str(message["role"]))
+        if "system" in roles:
+            raise self.error(
+                index,
+                f"field '{name}' holds a system message; the system message is one for every question "
+                "(--system_prompt): remove it from the rows and pass it there",
+            )
+        if roles != ["user"]:
+            raise self.error(
+                index,
+                f"field '{name}' holds the turns {roles}; each row is one question: one user message",
+            )
+        content = value[0]["content"]
+        if isinstance(content, str):
+            text = content
+        elif isinstance(content, list | tuple):
+            pieces = []
+            for k, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    pieces.append(str(part.get("text") or ""))
+                elif kind == "image":
+                    pieces.append(IMAGE_PLACEHOLDER)
+                else:
+                    raise self.error(
+                        index,
+                        f"field '{name}' user content part {k} should be a text or image part, got {part!r}",
+                    )
+            text = "".join(pieces)
+        else:
+            raise self.error(index, f"field '{name}' user content should be text or a list of parts")
+        if not text.replace(IMAGE_PLACEHOLDER, "").strip():
+            raise self.error(index, f"field '{name}' has no question text")
+        return text.strip()
 
 
 def _is_empty(value: Any) -> bool:
