@@ -154,7 +154,7 @@ def test_data_file_settings_are_read_as_trl_reads_them(tmp_path: Path) -> None:
         ('{"prompt": "a"}', ["--dataset_name", "data.json", "--dataset_train_split", "test"], "dataset_train_split 'test': dataset_name data.json is a data file"),
         ('{"prompt": "a"}', ["--dataset_name", "data.jsonl", "--dataset_path", "x"], "dataset_path 'x' is for geo3k / synthetic"),
         ('{"prompt": "a"}', ["--dataset_name", "nothere.jsonl"], "dataset_name nothere.jsonl: no such file"),
-        ('{"prompt": "a"}', ["--dataset_name", "geo4k"], "dataset_name 'geo4k' (did you mean 'geo3k'?): not a built-in dataset (geo3k, synthetic)"),
+        ('{"prompt": "a"}', ["--dataset_name", "geo4k"], "dataset_name 'geo4k' (did you mean 'geo3k'?): not a built-in dataset (geo3k, synthetic, gsm8k, math500)"),
     ],
     ids=["empty", "bad-json-line", "no-prompt-column", "empty-prompt", "message-without-role", "no-answer",
          "no-answer-column", "reserved-column", "json-not-objects", "split", "dataset-path", "missing-file",

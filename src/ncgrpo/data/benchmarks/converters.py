@@ -98,6 +98,16 @@ def _custom_row(i: int, row: dict[str, Any], ctx: RowContext) -> Question:
     return _schema_row(i, row, ctx, custom=True)
 
 
+def _has_image_parts(prompt: Any) -> bool:
+    """Whether a TRL ``prompt`` column's chat messages hold an image part (``{"type": "image"}``)."""
+    return isinstance(prompt, list | tuple) and any(
+        isinstance(m, dict)
+        and isinstance(m.get("content"), list | tuple)
+        and any(isinstance(part, dict) and part.get("type") == "image" for part in m["content"])
+        for m in prompt
+    )
+
+
 def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -> Question:
     if not custom:
         images = ctx.images(row, i, "images")
@@ -111,7 +121,10 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
         images = []
     text_field = "question" if custom and "problem" not in row and "question" in row else "problem"
     messages = None
-    if custom and "problem" not in row and "question" not in row and "prompt" in row:
+    if custom and "problem" not in row and "question" not in row and _has_image_parts(row.get("prompt")):
+        # a multimodal chat prompt: one user turn whose image parts become <image> placeholders
+        text_field, problem = "prompt", ctx.prompt(row, i)
+    elif custom and "problem" not in row and "question" not in row and "prompt" in row:
         # TRL's prompt column (a string or chat messages), as ncgrpo train reads a data file: as written
         from ncgrpo.data.files import prompt_messages
 
@@ -122,6 +135,10 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
         users = [m["content"] for m in messages if m["role"] == "user"]
         text_field, problem = "prompt", users[-1] if users else messages[-1]["content"]
     else:
+        if custom and text_field not in row:
+            raise ctx.error(
+                i, "field 'problem' is missing (the question goes in 'problem', 'question' or 'prompt')"
+            )
         problem = ctx.text(row, i, text_field)
     answer = ctx.text(row, i, "answer")
     n_marks = problem.count(IMAGE_PLACEHOLDER)
