@@ -150,3 +150,12 @@ def test_a_head_that_is_not_linear_falls_back_to_antithetic_draws(shape):
     truth = refs[0.5][0]
     est = sum(_curve(lambda x: head(x), h, z, rep)(0.5).mean for rep in range(20)) / 20
     assert abs(est / truth - 1) < 0.1
+
+
+def test_prompts_estimated_in_chunks_give_what_one_chunk_gives(shape, monkeypatch):
+    head, h, z, _ = shape
+    whole = _curve(head, h, z, 3)(0.3)
+    monkeypatch.setattr(MarginalCurve, "CHUNK_ELEMENTS", 3 * 64 * z.shape[-1])  # three prompts at a time
+    parts = _curve(head, h, z, 3)(0.3)
+    for k in ("tv", "se", "plugin", "qbar", "per_draw"):
+        torch.testing.assert_close(getattr(parts, k), getattr(whole, k), rtol=1e-5, atol=1e-9)  # float32 head rounding
