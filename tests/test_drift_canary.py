@@ -108,3 +108,34 @@ def test_vanilla_and_nc_grpo_train_as_the_golden_file_says(tmp_path):
     )
     # the canary can fail: the NC-GRPO runs logged live noise, and vanilla none
     assert all(s["noise/sigma_k"] and s["noise/sigma_k"] > 0 for s in now["ncgrpo-sigma0.2-seed0"]["steps"])
+
+
+@pytest.mark.slow
+def test_the_default_demo_retrained_gives_the_committed_records(tmp_path):
+    """One whole seed of the default demo (base, vanilla and NC-GRPO sigma0 0.2, seed 0), retrained and
+    evaluated now, gives the committed records of README's first table (docs/records/seed-table) record
+    for record, and the same model ids. Fails with the run and the first question that moved."""
+    import subprocess
+    import sys
+
+    from ncgrpo.toy.seed_table import _read_export, export
+
+    out = tmp_path / "demo"
+    subprocess.run(
+        [sys.executable, "-m", "ncgrpo", "demo", "--output_dir", str(out), "--seeds", "1", "--no_progress"],
+        check=True,
+        timeout=3000,
+    )
+    export([out], tmp_path / "records")
+    committed = Path(__file__).resolve().parents[1] / "docs" / "records" / "seed-table"
+    for file, slug, seed in [
+        ("base.jsonl.gz", "base", None),
+        ("grpo-seed0.jsonl.gz", "grpo", 0),
+        ("ncgrpo-sigma0.2-seed0.jsonl.gz", "ncgrpo-sigma0.2", 0),
+    ]:
+        _, want, want_made = _read_export(committed / file, slug, seed)
+        _, got, got_made = _read_export(tmp_path / "records" / file, slug, seed)
+        moved = next((f"{w} -> {g}" for w, g in zip(want, got, strict=False) if w != g), None)
+        assert moved is None and len(want) == len(got), f"{file}: the first record that moved: {moved}"
+        if want_made.get("model") is not None:
+            assert got_made["model"] == want_made["model"], f"{file}: model id moved"
