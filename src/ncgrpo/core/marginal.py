@@ -48,6 +48,7 @@ __all__ = [
     "antithetic_eps",
     "as_estimate",
     "control_coefficient",
+    "estimate_from_units",
     "estimate_marginal_tv",
     "second_order_mean",
     "second_order_term",
@@ -149,11 +150,12 @@ def second_order_term(p: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """The second-order term of ``softmax(z + delta) - softmax(z)`` in ``delta``:
     ``Q_v = p_v / 2 * ((delta_v - p.delta)^2 - sum_u p_u delta_u^2 + (p.delta)^2)``. ``p`` ``# [P, V]``
     (``softmax(z)``), ``delta`` ``# [P, M, V]`` logit displacements (at the sampling temperature).
-    ``# [P, M, V]`` float64"""
-    p = p.double()[:, None]
-    delta = delta.double()
+    ``# [P, M, V]`` in ``delta``'s floating dtype (float32 where it is: a correction term, its rounding
+    far below the Monte Carlo error it removes)"""
+    p = p.to(delta.device, delta.dtype)[:, None]
     pd = (p * delta).sum(-1, keepdim=True)
-    return 0.5 * p * ((delta - pd) ** 2 - (p * delta * delta).sum(-1, keepdim=True) + pd * pd)
+    centred = delta - pd
+    return 0.5 * p * (centred * centred - (p * delta * delta).sum(-1, keepdim=True) + pd * pd)
 
 
 @torch.no_grad()
@@ -272,43 +274,59 @@ def estimate_marginal_tv(
     ``p`` ``# [P, V]`` the clean distributions; ``q_draws`` ``# [P, M, V]`` each prompt's draws of
     ``q_eps``. Each draw gives ``x_m = q_eps_m - p``, an unbiased estimate of ``q_bar - p``; ``paired``:
     draws ``2j, 2j+1`` are an antithetic pair (:func:`antithetic_eps`) and their mean is one unit (every
-    odd order of the noise cancels in it); ``correction``/``correction_mean`` (``# [P, M, V]``/``# [P, V]``:
-    :func:`second_order_term` and its exact mean :func:`second_order_mean`) make each unit
-    ``x - beta (c - E[c])`` with :func:`control_coefficient`'s ``beta``. The plug-in ``TV = 0.5 sum_v
-    |mean of the units|`` reads high by the units' Monte Carlo error (``|.|`` of a noisy mean); the
-    estimate is the delete-one jackknife's ``K theta - (K - 1) mean_i theta_(i)`` (its first-order bias
-    removed), floored at 0, and ``se`` the jackknife's standard error (``jackknife=False`` or fewer than
-    three units: the plug-in, ``se`` NaN)."""
-    p64, q = p.double(), q_draws.double()
-    if q.dim() != 3 or q.shape[1] < 1 or p64.shape != (q.shape[0], q.shape[2]):
+    odd order of the noise cancels in it); ``correction``/``correction_mean`` (``# [P, M, V]``, or one per
+    unit ``# [P, M / 2, V]`` when paired / ``# [P, V]``: :func:`second_order_term` and its exact mean
+    :func:`second_order_mean`) make each unit ``x - beta (c - E[c])`` with :func:`control_coefficient`'s
+    ``beta``. Then :func:`estimate_from_units`."""
+    if q_draws.dim() != 3 or q_draws.shape[1] < 1 or tuple(p.shape) != (q_draws.shape[0], q_draws.shape[2]):
         raise ValueError(
-            f"marginal TV: p {tuple(p64.shape)} and q_draws {tuple(q.shape)} do not match ([P, V], [P, M >= 1, V])"
+            f"marginal TV: p {tuple(p.shape)} and q_draws {tuple(q_draws.shape)} do not match ([P, V], [P, M >= 1, V])"
         )
-    P, M, V = q.shape
+    P, M, V = q_draws.shape
     if paired and M % 2:
         raise ValueError(f"marginal TV: antithetic pairs need an even number of draws, got {M}")
-    p64 = p64.to(q.device)
+    q = q_draws.float()
+    d = q - p.to(q.device, torch.float32)[:, None]  # exact where q is near p (Sterbenz): no cancellation
+    per_draw = (0.5 * d.abs().sum(-1)).mean(1).double().cpu()
     qbar = q.mean(1)
-    x = q - p64[:, None]
-    per_draw = (0.5 * x.abs().sum(-1)).mean(1).cpu()
+    x = d.view(P, M // 2, 2, V).mean(2) if paired else d  # [P, K, V]
     c = None
     if correction is not None:  # the control variate, centred on its exact mean
-        c = correction.double().to(q.device) - correction_mean.double().to(q.device)[:, None]
-    if paired:
-        x = x.view(P, M // 2, 2, V).mean(2)
-        c = c.view(P, M // 2, 2, V).mean(2) if c is not None else None
-    K = x.shape[1]
+        c = correction.to(q.device, torch.float32)
+        if paired and c.shape[1] == M:
+            c = c.view(P, M // 2, 2, V).mean(2)
+        c = c - correction_mean.to(q.device, torch.float32)[:, None]
+    return estimate_from_units(x, c, qbar=qbar, per_draw=per_draw, jackknife=jackknife)
+
+
+def estimate_from_units(
+    x: torch.Tensor,
+    c: torch.Tensor | None,
+    *,
+    qbar: torch.Tensor,
+    per_draw: torch.Tensor,
+    jackknife: bool = True,
+) -> MarginalTV:
+    """The estimate from ``K`` units per prompt: ``x`` ``# [P, K, V]`` (float32: the units are small
+    differences, their rounding far below the Monte Carlo error; results float64), each an unbiased estimate of
+    ``q_bar - p``, and ``c`` (None, or the control variate centred on its exact mean, same shape). The
+    plug-in ``TV = 0.5 sum_v |mean of the units|`` reads high by the units' Monte Carlo error (``|.|`` of a
+    noisy mean); the estimate is the delete-one jackknife's ``K theta - (K - 1) mean_i theta_(i)`` (its
+    first-order bias removed), floored at 0, and ``se`` the jackknife's standard error (``jackknife=False``
+    or fewer than three units: the plug-in, ``se`` NaN)."""
+    P, K, _ = x.shape
     m = x.mean(1)
     if c is not None and K > 1:
         m = m - control_coefficient(x, c)[:, None] * c.mean(1)
-    plug = 0.5 * m.abs().sum(-1)  # [P]
+    plug = (0.5 * m.abs().sum(-1)).double()  # [P]
+    qbar = qbar.double().cpu()
     if not jackknife or K < 3:
         nan = torch.full((P,), float("nan"), dtype=torch.float64)
-        return MarginalTV(plug.cpu(), nan, plug.cpu(), qbar.cpu(), per_draw, K)
-    loo = _loo_tv(x, c if K > 1 else None)  # [P, K]
+        return MarginalTV(plug.cpu(), nan, plug.cpu(), qbar, per_draw, K)
+    loo = _loo_tv(x, c if K > 1 else None).double()  # [P, K]
     tv = (K * plug - (K - 1) * loo.mean(1)).clamp_min(0.0)
     se = ((K - 1) / K * (loo - loo.mean(1, keepdim=True)).pow(2).sum(1)).sqrt()
-    return MarginalTV(tv.cpu(), se.cpu(), plug.cpu(), qbar.cpu(), per_draw, K)
+    return MarginalTV(tv.cpu(), se.cpu(), plug.cpu(), qbar, per_draw, K)
 
 
 def marginal_tv(p: torch.Tensor, q_draws: torch.Tensor, *, paired: bool = False) -> torch.Tensor:
@@ -395,14 +413,15 @@ class MarginalCurve:
 
     def _chunk(self, sigma: float, lo: int, hi: int) -> MarginalTV:
         """Prompts ``lo:hi`` at ``sigma``."""
-        M = self.draws
+        M, n = self.draws, hi - lo
         rows = slice(lo * M, hi * M)
         z = _logit_rows(self.head, self.hs[rows], self.eps[rows], sigma, self.steer, 256).to(self.z.device)
-        q = torch.softmax(z / self.temperature, -1).view(hi - lo, M, -1)
+        q = torch.softmax(z / self.temperature, -1).view(n, M, -1)
         p = self.p[lo:hi]
         corr = mean = None
         if self.weight is not None and sigma > 0:
-            delta = (z.view(hi - lo, M, -1) - self.z[lo:hi, None]) / self.temperature
+            # the second-order term is even in eps: a pair's is its first draw's (computed once per pair)
+            delta = (z.view(n, M // 2, 2, -1)[:, :, 0] - self.z[lo:hi, None]) / self.temperature
             corr = second_order_term(p, delta)
             mean = second_order_mean(p, self.weight, float(sigma) * self.unit_scale[lo:hi].to(p.device))
         return estimate_marginal_tv(p, q, paired=True, correction=corr, correction_mean=mean)
