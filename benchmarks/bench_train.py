@@ -119,7 +119,8 @@ def parse_args(argv=None):
         help="comma-separated rollout methods (vanilla is always added as the baseline: TRL's path, one prefill "
         f"per row, no hook); any of {', '.join(ROLLOUT_METHODS)}, each optionally with ':noshare' "
         "(share_prompt_prefill=False: one prefill per row, as TRL), ':shareloss' (share_prompt_loss=True) or "
-        "':target' (the target schedule at --target-tv: sigma_k solved every step)",
+        "':target' (the target schedule at --target-tv: sigma_k solved every step) or ':nometric' "
+        "(marginal_tv_draws 0: no noise/first_token_marginal_tv, the metric's cost by difference)",
     )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (each runs every method once)")
@@ -180,7 +181,7 @@ def parse_args(argv=None):
 
 
 #: a method's variants: ``method:variant``
-VARIANTS = ("noshare", "shareloss", "target")
+VARIANTS = ("noshare", "shareloss", "target", "nometric")
 
 
 def split_method(spec: str) -> tuple[str, bool]:
@@ -356,6 +357,7 @@ def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Reco
                 share_prompt_prefill=share,
                 share_prompt_loss=spec.endswith(":shareloss"),
                 target_marginal_tv=args.target_tv if spec.endswith(":target") else None,
+                marginal_tv_draws=0 if spec.endswith(":nometric") else 64,
                 sigma_max=10.0,
                 bf16=args.amp == "bf16",
                 fp16=args.amp == "fp16",

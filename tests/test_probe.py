@@ -144,7 +144,7 @@ def test_probe_refuses_marginal_draws_the_memory_cannot_hold_before_allocating(l
     with pytest.raises(
         ValueError,
         match=r"^marginal_draws 20000: the noise-averaged first-token estimate would hold ~0\.\d GB \(6 prompts x "
-        r"20000 draws x d=\d+ float32 eps, .* V=\d+ tokens .*\), more than the 0\.0 GB of memory available; lower "
+        r"20000 draws x d=\d+ float32 eps and states, .* V=\d+ tokens .*\), more than the 0\.0 GB of memory available; lower "
         r"marginal_draws",
     ):
         _probe(live_model, tok, [0.2], marginal_draws=20000)

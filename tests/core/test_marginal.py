@@ -13,13 +13,14 @@ import torch
 from scipy import stats
 
 from ncgrpo.core.marginal import (
+    MarginalCurve,
+    antithetic_eps,
     closest_temperature,
     marginal_estimate,
     marginal_keys,
     marginal_tv_curve,
     noisy_probs,
     pool_keys,
-    sigma_for_marginal_tv,
     solve_sigma_for_marginal_tv,
 )
 from ncgrpo.core.noise import NoiseKey, RowNoise, draw_eps, perturb_rows
@@ -53,14 +54,14 @@ def _independent_marginal_tv(W, h, sigma, draws, seed):
 def test_marginal_tv_within_monte_carlo_error_of_an_independent_computation(sigma):
     W, h, head = _linear_head(32, 60, seed=1)
     truth = _independent_marginal_tv(W, h, sigma, 400_000, seed=9)
-    eps = torch.cat([draw_eps(k, [0], 32) for k in marginal_keys(0, 1, 5, 2048)])
+    eps = antithetic_eps(marginal_keys(0, 1, 5, 1024), 32)
     q = noisy_probs(head, h, eps, sigma)
-    est = marginal_estimate(torch.softmax(h @ W.T, -1), q, seed=0)
+    est = marginal_estimate(torch.softmax(h @ W.T, -1), q, paired=True)
     assert est.tv_per_draw > 1.5 * truth  # one draw moves the distribution far more than the mixture is moved
     assert abs(est.tv - truth) < 4 * est.tv_se + 1e-3, (est, truth)
 
 
-def test_bootstrap_correction_reduces_the_plug_in_bias():
+def test_jackknife_correction_reduces_the_plug_in_bias():
     W, h, head = _linear_head(32, 60, seed=2)
     sigma = 0.3
     truth = _independent_marginal_tv(W, h, sigma, 400_000, seed=3)
@@ -68,7 +69,7 @@ def test_bootstrap_correction_reduces_the_plug_in_bias():
     plug, corrected = [], []
     for rep in range(12):
         eps = torch.cat([draw_eps(k, [0], 32) for k in marginal_keys(rep, 1, 5, 128)])
-        est = marginal_estimate(p, noisy_probs(head, h, eps, sigma), seed=rep)
+        est = marginal_estimate(p, noisy_probs(head, h, eps, sigma))
         plug.append(est.tv_plugin - truth)
         corrected.append(est.tv - truth)
     assert np.mean(plug) > 0
@@ -90,14 +91,6 @@ def test_closest_temperature_recovers_a_tempered_distribution():
     z = torch.randn(8, 30, generator=g) * 2
     assert closest_temperature(z, torch.softmax(z / 1.3, -1)) == pytest.approx(1.3, rel=1e-3)
     assert closest_temperature(z, torch.softmax(z, -1)) == pytest.approx(1.0, rel=1e-3)
-
-
-def test_sigma_for_marginal_tv_bisects_and_refuses_nonsense():
-    assert sigma_for_marginal_tv(lambda s: 0.1 * s, 0.05) == pytest.approx(0.5, abs=1e-3)
-    assert sigma_for_marginal_tv(lambda s: 0.01 * s, 0.5, hi=4.0) == 4.0  # not reachable: the upper end
-    assert sigma_for_marginal_tv(lambda s: s, 0.0) == 0.0
-    with pytest.raises(ValueError, match="target marginal TV"):
-        sigma_for_marginal_tv(lambda s: s, 1.5)
 
 
 def test_pool_keys_are_fresh_per_row_and_disjoint_from_rows_and_metric():
@@ -220,24 +213,29 @@ def _heads(P: int, d: int = 32, V: int = 60):
 
 def test_marginal_tv_curve_is_the_per_prompt_estimate_and_grows_with_sigma():
     head, h, z = _heads(3)
-    keys = [k for pid in (11, 12, 13) for k in marginal_keys(0, 2, pid, 64)]
-    curve = marginal_tv_curve(head, h, z, keys, draws=64, temperature=1.0, seeds=[11, 12, 13], bootstrap=0)
-    for i, pid in enumerate((11, 12, 13)):  # prompt i's TV is its own draws' plug-in TV(q, q_bar)
-        eps = torch.cat([draw_eps(k, [0], h.shape[1]) for k in marginal_keys(0, 2, pid, 64)])
-        one = marginal_estimate(torch.softmax(z[i], -1), noisy_probs(head, h[i], eps, 0.5), bootstrap=0)
-        assert float(curve(0.5)[i]) == pytest.approx(one.tv, rel=1e-6)
-    tvs = [float(curve(s).mean()) for s in (0.05, 0.1, 0.2, 0.4, 0.8)]
+    keys = [k for pid in (11, 12, 13) for k in marginal_keys(0, 2, pid, 32)]
+    curve = MarginalCurve(head, h, z, keys, temperature=1.0)
+    for i, pid in enumerate((11, 12, 13)):  # prompt i's TV is its own antithetic draws' plug-in TV(q, q_bar)
+        eps = antithetic_eps(marginal_keys(0, 2, pid, 32), h.shape[1])
+        one = marginal_estimate(
+            torch.softmax(z[i], -1), noisy_probs(head, h[i], eps, 0.5), paired=True, correct=False
+        )
+        assert float(curve(0.5).plugin[i]) == pytest.approx(
+            one.tv, rel=1e-6
+        )  # a lambda head: no control variate
+    tvs = [curve(s).mean for s in (0.05, 0.1, 0.2, 0.4, 0.8)]
     assert tvs == sorted(tvs) and tvs[0] > 0
-    assert torch.equal(curve(0.3), curve(0.3))  # common random numbers: a deterministic function
+    assert torch.equal(curve(0.3).tv, curve(0.3).tv)  # common random numbers: a deterministic function
+    assert curve.evals == 3 + 5 + 2
     with pytest.raises(ValueError, match="do not match"):
-        marginal_tv_curve(head, h, z, keys[:-1], draws=64, temperature=1.0, seeds=[11, 12, 13])
+        marginal_tv_curve(head, h, z, keys[:-1], temperature=1.0)
 
 
 @pytest.mark.parametrize("target", [0.001, 0.0066, 0.038, 0.2])
 def test_solver_reaches_the_target_within_its_tolerance_in_few_evaluations(target):
     head, h, z = _heads(8)
-    keys = [k for pid in range(8) for k in marginal_keys(0, 1, pid, 32)]
-    curve = marginal_tv_curve(head, h, z, keys, draws=32, temperature=1.0, seeds=list(range(8)))
+    keys = [k for pid in range(8) for k in marginal_keys(0, 1, pid, 16)]
+    curve = marginal_tv_curve(head, h, z, keys, temperature=1.0)
     calls = []
 
     def tv_at(s):

@@ -118,7 +118,8 @@ def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_mod
             "first-token temperature T_k",
         ),
         (dict(target_marginal_tv=0.01, noise_site="1"), "layer site"),
-        (dict(target_marginal_tv=0.01, marginal_tv_draws=1), "marginal_tv_draws=1"),
+        (dict(target_marginal_tv=0.01, marginal_tv_draws=4), "marginal_tv_draws=4"),
+        (dict(marginal_tv_draws=3), "marginal_tv_draws must be even"),
         (dict(sigma_max=0.0), "sigma_max must be > 0"),
         (dict(sigma_max=11.0), "sigma_max must be at most 10"),
         (dict(sigma_schedule="target_marginal_tv"), "set target_marginal_tv to its value"),
@@ -141,14 +142,16 @@ def test_verl_refuses_it_with_the_reason():
         NCGRPOVerlConfig.from_mapping({"rollout_method": "latent", "target_marginal_tv": 0.01})
 
 
-def test_fewer_draws_than_the_estimate_needs_is_warned(tmp_path):
-    with pytest.warns(UserWarning, match="reads a small TV high .* set marginal_tv_draws: 256"):
-        tiny.config(tmp_path, target_marginal_tv=0.01, marginal_tv_draws=32)
+def test_fewer_draws_than_the_estimate_needs_and_odd_draws_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="needs three pairs or more.*Use 6 or more"):
+        tiny.config(tmp_path, target_marginal_tv=0.01, marginal_tv_draws=4)
+    with pytest.raises(ValueError, match="marginal_tv_draws must be even .* use 34"):
+        tiny.config(tmp_path, marginal_tv_draws=32 + 1)
     import warnings
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # the default draws: no warning (the estimate is unbiased there)
         warnings.simplefilter("error")
-        tiny.config(tmp_path, target_marginal_tv=0.01, marginal_tv_draws=256, sigma_schedule="constant")
+        tiny.config(tmp_path, target_marginal_tv=0.01, sigma_schedule="constant")
 
 
 def test_hidden_noise_solves_in_the_generations_own_prefill_and_the_control_in_a_pass_of_its_own(

@@ -144,8 +144,10 @@ class ProbeArgs:
             raise UsageError(f"--temperature must be a finite number > 0, got {self.temperature}")
         if not math.isfinite(self.noise_layer_decay):
             raise UsageError(f"--noise_layer_decay must be a finite number, got {self.noise_layer_decay}")
-        if self.marginal_draws < 2:
-            raise UsageError(f"--marginal_draws must be >= 2, got {self.marginal_draws}")
+        if self.marginal_draws < 2 or self.marginal_draws % 2:
+            raise UsageError(
+                f"--marginal_draws must be an even number >= 2 (antithetic pairs eps, -eps), got {self.marginal_draws}"
+            )
         if self.target_marginal_tv is not None:
             if not (math.isfinite(self.target_marginal_tv) and 0 < self.target_marginal_tv < 1):
                 raise UsageError(f"--target_marginal_tv must be in (0, 1), got {self.target_marginal_tv}")

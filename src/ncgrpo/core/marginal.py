@@ -41,7 +41,18 @@ from ncgrpo.core.noise import NoiseKey, NoiseMode, draw_eps_keys, perturb
 
 __all__ = [
     "MARGINAL_DRAW_BASE",
+    "MARGINAL_ESTIMATOR",
+    "MarginalCurve",
     "MarginalEstimate",
+    "MarginalTV",
+    "antithetic_eps",
+    "as_estimate",
+    "control_coefficient",
+    "estimate_from_units",
+    "estimate_marginal_tv",
+    "second_order_mean",
+    "second_order_term",
+    "t_quantile",
     "closest_temperature",
     "branch_eps",
     "marginal_estimate",
@@ -52,7 +63,6 @@ __all__ = [
     "noisy_probs",
     "pool_keys",
     "SigmaSolve",
-    "sigma_for_marginal_tv",
     "solve_sigma_for_marginal_tv",
 ]
 
@@ -103,68 +113,318 @@ def noisy_probs(
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    z = _logit_rows(head, h, eps, sigma, steer, chunk)
+    return torch.softmax(z / temperature, dim=-1) if z.numel() else z
+
+
+#: The estimator behind every noise-effect number (the probe, the trainer's metric, the target schedule's
+#: solve, the first-token controls' calibration): recorded beside the values it made.
+MARGINAL_ESTIMATOR = "antithetic pairs + second-order control variate, jackknife bias-corrected"
+
+
+def antithetic_eps(keys: Sequence[NoiseKey], d: int, mode: NoiseMode = "independent") -> torch.Tensor:
+    """The marginal estimate's draws: each key's branch-point eps (:func:`branch_eps`) followed by its
+    negative, ``[e_1, -e_1, e_2, -e_2, ...]`` ``# [2 * len(keys), d]``. ``-eps ~ eps``, so every draw is
+    still a draw of the noise; a pair's mean cancels every odd order of ``q_eps - q`` in eps, the
+    first-order term among them, whose Monte Carlo error is what made the plain mean read small TVs high."""
+    e = branch_eps(keys, d, mode)
+    return torch.stack([e, -e], 1).reshape(2 * e.shape[0], d)
+
+
+@torch.no_grad()
+def _logit_rows(
+    head: Head, h: torch.Tensor, eps: torch.Tensor, sigma: float, steer, chunk: int
+) -> torch.Tensor:
+    """``head(perturb(h, eps_m, sigma, steer))`` for each draw, float32. ``h`` ``# [d]`` or ``# [M, d]``."""
     if h.dim() == 2 and h.shape[0] != eps.shape[0]:
         raise ValueError(f"noisy_probs: {h.shape[0]} states for {eps.shape[0]} draws")
     out = []
     for lo in range(0, eps.shape[0], chunk):
         e = eps[lo : lo + chunk].to(h.device)
         hs = h.expand(e.shape[0], -1) if h.dim() == 1 else h[lo : lo + chunk]
-        ht = perturb(hs, e, float(sigma), steer=steer)  # [m, d] h.dtype
-        out.append(torch.softmax(head(ht).float() / temperature, dim=-1))
+        out.append(head(perturb(hs, e, float(sigma), steer=steer)).float())
     return torch.cat(out) if out else torch.empty(0, 0)
 
 
-@dataclass(frozen=True)
-class MarginalEstimate:
-    """One prompt's first-token marginal, estimated from ``draws`` Monte Carlo draws of eps.
-
-    ``tv``: ``TV(q, q_bar)`` (``q`` the clean distribution), the quantity that generates the noisy
-    rollouts; ``tv_se``: its bootstrap standard error over the draws; ``tv_per_draw``: the mean
-    ``TV(q, q_eps)`` (what one draw does; larger); ``kl``: ``KL(q_bar || q)`` in nats.
-
-    ``tv`` is the plug-in estimate ``TV(q, mean_m q_eps_m)`` minus the bootstrap estimate of its Monte
-    Carlo bias (|.| makes the plug-in biased upward, by about ``0.4 * sum_v sd_v / sqrt(M)`` when
-    ``q_bar`` is close to ``q``), floored at 0. ``tv_plugin`` keeps the plug-in value.
-    """
-
-    tv: float
-    tv_se: float
-    tv_plugin: float
-    tv_per_draw: float
-    kl: float
-    draws: int
+def second_order_term(p: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """The second-order term of ``softmax(z + delta) - softmax(z)`` in ``delta``:
+    ``Q_v = p_v / 2 * ((delta_v - p.delta)^2 - sum_u p_u delta_u^2 + (p.delta)^2)``. ``p`` ``# [P, V]``
+    (``softmax(z)``), ``delta`` ``# [P, M, V]`` logit displacements (at the sampling temperature).
+    ``# [P, M, V]`` in ``delta``'s floating dtype (float32 where it is: a correction term, its rounding
+    far below the Monte Carlo error it removes)"""
+    p = p.to(delta.device, delta.dtype)[:, None]
+    pd = (p * delta).sum(-1, keepdim=True)
+    centred = delta - pd
+    return 0.5 * p * (centred * centred - (p * delta * delta).sum(-1, keepdim=True) + pd * pd)
 
 
-def _bootstrap_tv(p: torch.Tensor, q: torch.Tensor, bootstrap: int, seeds: Sequence[int]) -> torch.Tensor:
-    """``TV(p_i, mean of a resample of q_i's draws)`` for ``bootstrap`` resamples per prompt: ``p`` ``# [P, V]``
-    and ``q`` ``# [P, M, V]`` float64, prompt ``i``'s resamples drawn from ``seeds[i]``. ``# [P, bootstrap]``"""
-    P, M, _ = q.shape
-    # each resample's mean as one matmul: its multiplicities / M times the draws (no Python loop)
-    w = torch.zeros(P, bootstrap, M, dtype=q.dtype)
-    for i, seed in enumerate(seeds):
-        idx = torch.randint(0, M, (bootstrap, M), generator=torch.Generator().manual_seed(int(seed)))
-        w[i].scatter_add_(1, idx, torch.ones(bootstrap, M, dtype=q.dtype))
-    return tv_of_probs(p[:, None], torch.bmm((w / M).to(q.device), q)).cpu()  # [P, bootstrap]
-
-
-def marginal_tv(
-    p: torch.Tensor, q_draws: torch.Tensor, *, bootstrap: int = 200, seeds: Sequence[int]
+@torch.no_grad()
+def second_order_mean(
+    p: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, chunk: int = 8192
 ) -> torch.Tensor:
-    """:class:`MarginalEstimate`'s ``tv`` for several prompts at once (the trainer's per-step metric):
-    ``p`` ``# [P, V]`` the clean distributions, ``q_draws`` ``# [P, M, V]`` each prompt's draws of
-    ``q_eps``, ``seeds`` one bootstrap seed per prompt. The plug-in ``TV(p, q_bar)`` minus its bootstrap
-    bias estimate, floored at 0 (``bootstrap=0``: the plug-in). ``# [P]`` float64 on the CPU"""
-    p, q = p.double(), q_draws.double()
-    if q.dim() != 3 or q.shape[1] < 1 or p.shape != (q.shape[0], q.shape[2]) or len(seeds) != q.shape[0]:
+    """``E[second_order_term(p, delta)]`` exactly, for ``delta = scale * W eps`` with ``eps ~ N(0, I_d)``
+    (a linear LM head ``W`` ``# [V, d]``: then ``E[delta delta^T] = scale^2 W W^T``):
+
+        E[Q_v] = scale^2 / 2 * p_v * (||W_v - m||^2 - sum_u p_u ||W_u - m||^2),   m = W^T p
+
+    ``p`` ``# [P, V]``, ``scale`` ``# [P]`` (``sigma ||h|| / (sqrt(d) T)`` per prompt). ``O(V d)`` per prompt,
+    one LM-head row's cost; ``W`` is read in ``chunk`` rows at a time in float32 (no float copy of a
+    large head). ``# [P, V]`` float64 on ``p``'s device"""
+    p64 = p.double()
+    m = (p.to(weight.device, torch.float32) @ weight.float()) if weight.shape[0] <= chunk else None
+    if m is None:
+        m = torch.zeros(p.shape[0], weight.shape[1], dtype=torch.float32, device=weight.device)
+        for lo in range(0, weight.shape[0], chunk):
+            m += p[:, lo : lo + chunk].to(weight.device, torch.float32) @ weight[lo : lo + chunk].float()
+    dist = []
+    mm = (m * m).sum(-1, keepdim=True)  # [P, 1]
+    for lo in range(0, weight.shape[0], chunk):
+        w = weight[lo : lo + chunk].float()  # [c, d]
+        dist.append(((w * w).sum(-1)[None] - 2.0 * (m @ w.T) + mm).double())  # [P, c] ||W_v - m||^2
+    dist64 = torch.cat(dist, 1).to(p64.device)
+    centred = dist64 - (p64 * dist64).sum(-1, keepdim=True)
+    return 0.5 * scale.double().to(p64.device)[:, None] ** 2 * p64 * centred
+
+
+@dataclass(frozen=True)
+class MarginalTV:
+    """``TV(q_i, q_bar_i)`` for ``P`` prompts from Monte Carlo draws (:func:`estimate_marginal_tv`).
+
+    ``tv`` ``# [P]``: the estimate (float64, CPU); ``se``: its jackknife standard error (NaN with fewer
+    than three units); ``plugin``: ``0.5 sum_v |mean of the units|`` before the bias correction;
+    ``qbar`` ``# [P, V]``: the plain mean of the draws' distributions; ``per_draw``: the mean
+    ``TV(q, q_eps)`` (what one draw does); ``units``: the units per prompt (antithetic pairs, or draws).
+    The batch figures: :attr:`mean`, :attr:`mean_se` (the prompts' errors are independent) and
+    :attr:`half_width`, the 95% interval's half-width (Student's t on ``units - 1`` degrees of freedom,
+    the ``±`` every command prints)."""
+
+    tv: torch.Tensor
+    se: torch.Tensor
+    plugin: torch.Tensor
+    qbar: torch.Tensor
+    per_draw: torch.Tensor
+    units: int
+
+    @property
+    def mean(self) -> float:
+        return float(self.tv.mean())
+
+    @property
+    def mean_se(self) -> float:
+        return float(self.se.pow(2).sum().sqrt() / self.se.numel())
+
+    @property
+    def half_width(self) -> float:
+        return t_quantile(self.units) * self.mean_se
+
+
+def t_quantile(units: int) -> float:
+    """Student's t 0.975 quantile on ``units - 1`` degrees of freedom (NaN below two units): the factor
+    from a jackknife standard error over ``units`` units to a 95% interval's half-width."""
+    if units < 2:
+        return float("nan")
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, units - 1))
+
+
+def control_coefficient(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The control variate's coefficient per prompt (and per held-out unit): ``beta = sum Cov(x, c) / sum
+    Var(c)`` over the units (dim ``-2``) and the vocabulary (dim ``-1``), clamped to ``[0, 1]``. ``x``,
+    ``c`` ``# [..., K, V]`` (``c`` centred on its exact mean). ~1 at small sigma, where ``x`` is its
+    second-order term plus far smaller ones; falling towards 0 where the Taylor term stops describing the
+    draws (large sigma), so the control variate never adds the variance a fixed 1 would there. ``# [...]``"""
+    xc = x - x.mean(-2, keepdim=True)
+    cc = c - c.mean(-2, keepdim=True)
+    var = (cc * cc).sum((-1, -2))
+    cov = (xc * cc).sum((-1, -2))
+    safe = torch.where(var > 0, var, torch.ones_like(var))
+    return torch.where(var > 0, cov / safe, torch.zeros_like(var)).clamp(0.0, 1.0)
+
+
+def _loo_tv(x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+    """``theta_(i)``: the plug-in TV without unit ``i``, for every ``i`` (the control coefficient fitted
+    again without it), from sums: ``x``, ``c`` ``# [P, K, V]`` -> ``# [P, K]``, memory ``O(P K V)``."""
+    K = x.shape[1]
+    mx = (x.sum(1, keepdim=True) - x) / (K - 1)  # [P, K, V]: the mean of the other units
+    if c is None:
+        return 0.5 * mx.abs().sum(-1)
+    mc = (c.sum(1, keepdim=True) - c) / (K - 1)
+    sxc = (x * c).sum(-1)  # [P, K] per unit, summed over V
+    scc = (c * c).sum(-1)
+    cov = (sxc.sum(1, keepdim=True) - sxc) - (K - 1) * (mx * mc).sum(-1)
+    var = (scc.sum(1, keepdim=True) - scc) - (K - 1) * (mc * mc).sum(-1)
+    safe = torch.where(var > 0, var, torch.ones_like(var))
+    beta = torch.where(var > 0, cov / safe, torch.zeros_like(var)).clamp(0.0, 1.0)  # [P, K]
+    return 0.5 * (mx - beta[..., None] * mc).abs().sum(-1)
+
+
+def estimate_marginal_tv(
+    p: torch.Tensor,
+    q_draws: torch.Tensor,
+    *,
+    paired: bool = False,
+    correction: torch.Tensor | None = None,
+    correction_mean: torch.Tensor | None = None,
+    jackknife: bool = True,
+) -> MarginalTV:
+    """The estimator of ``TV(q_i, q_bar_i)`` behind every noise-effect number (docs/concepts.md, "How the
+    noise's effect is measured"), for ``P`` prompts at once.
+
+    ``p`` ``# [P, V]`` the clean distributions; ``q_draws`` ``# [P, M, V]`` each prompt's draws of
+    ``q_eps``. Each draw gives ``x_m = q_eps_m - p``, an unbiased estimate of ``q_bar - p``; ``paired``:
+    draws ``2j, 2j+1`` are an antithetic pair (:func:`antithetic_eps`) and their mean is one unit (every
+    odd order of the noise cancels in it); ``correction``/``correction_mean`` (``# [P, M, V]``, or one per
+    unit ``# [P, M / 2, V]`` when paired / ``# [P, V]``: :func:`second_order_term` and its exact mean
+    :func:`second_order_mean`) make each unit ``x - beta (c - E[c])`` with :func:`control_coefficient`'s
+    ``beta``. Then :func:`estimate_from_units`."""
+    if q_draws.dim() != 3 or q_draws.shape[1] < 1 or tuple(p.shape) != (q_draws.shape[0], q_draws.shape[2]):
         raise ValueError(
-            f"marginal_tv: p {tuple(p.shape)}, q_draws {tuple(q.shape)} and {len(seeds)} seeds do not match "
-            "([P, V], [P, M >= 1, V], P seeds)"
+            f"marginal TV: p {tuple(p.shape)} and q_draws {tuple(q_draws.shape)} do not match ([P, V], [P, M >= 1, V])"
         )
-    plug = tv_of_probs(p, q.mean(1)).cpu()  # [P]
-    if bootstrap < 1 or q.shape[1] < 2:
-        return plug
-    boot = _bootstrap_tv(p, q, bootstrap, seeds)
-    return (2.0 * plug - boot.mean(1)).clamp_min(0.0)
+    P, M, V = q_draws.shape
+    if paired and M % 2:
+        raise ValueError(f"marginal TV: antithetic pairs need an even number of draws, got {M}")
+    q = q_draws.float()
+    d = q - p.to(q.device, torch.float32)[:, None]  # exact where q is near p (Sterbenz): no cancellation
+    per_draw = (0.5 * d.abs().sum(-1)).mean(1).double().cpu()
+    qbar = q.mean(1)
+    x = d.view(P, M // 2, 2, V).mean(2) if paired else d  # [P, K, V]
+    c = None
+    if correction is not None:  # the control variate, centred on its exact mean
+        c = correction.to(q.device, torch.float32)
+        if paired and c.shape[1] == M:
+            c = c.view(P, M // 2, 2, V).mean(2)
+        c = c - correction_mean.to(q.device, torch.float32)[:, None]
+    return estimate_from_units(x, c, qbar=qbar, per_draw=per_draw, jackknife=jackknife)
+
+
+def estimate_from_units(
+    x: torch.Tensor,
+    c: torch.Tensor | None,
+    *,
+    qbar: torch.Tensor,
+    per_draw: torch.Tensor,
+    jackknife: bool = True,
+) -> MarginalTV:
+    """The estimate from ``K`` units per prompt: ``x`` ``# [P, K, V]`` (float32: the units are small
+    differences, their rounding far below the Monte Carlo error; results float64), each an unbiased estimate of
+    ``q_bar - p``, and ``c`` (None, or the control variate centred on its exact mean, same shape). The
+    plug-in ``TV = 0.5 sum_v |mean of the units|`` reads high by the units' Monte Carlo error (``|.|`` of a
+    noisy mean); the estimate is the delete-one jackknife's ``K theta - (K - 1) mean_i theta_(i)`` (its
+    first-order bias removed), floored at 0, and ``se`` the jackknife's standard error (``jackknife=False``
+    or fewer than three units: the plug-in, ``se`` NaN)."""
+    P, K, _ = x.shape
+    m = x.mean(1)
+    if c is not None and K > 1:
+        m = m - control_coefficient(x, c)[:, None] * c.mean(1)
+    plug = (0.5 * m.abs().sum(-1)).double()  # [P]
+    qbar = qbar.double().cpu()
+    if not jackknife or K < 3:
+        nan = torch.full((P,), float("nan"), dtype=torch.float64)
+        return MarginalTV(plug.cpu(), nan, plug.cpu(), qbar, per_draw, K)
+    loo = _loo_tv(x, c if K > 1 else None).double()  # [P, K]
+    tv = (K * plug - (K - 1) * loo.mean(1)).clamp_min(0.0)
+    se = ((K - 1) / K * (loo - loo.mean(1, keepdim=True)).pow(2).sum(1)).sqrt()
+    return MarginalTV(tv.cpu(), se.cpu(), plug.cpu(), qbar, per_draw, K)
+
+
+def marginal_tv(p: torch.Tensor, q_draws: torch.Tensor, *, paired: bool = False) -> torch.Tensor:
+    """:func:`estimate_marginal_tv`'s ``tv`` from plain draws (no control variate). ``# [P]`` float64"""
+    return estimate_marginal_tv(p, q_draws, paired=paired).tv
+
+
+def _linear_weight(head: Head, d: int, V: int) -> torch.Tensor | None:
+    """The LM head's weight ``# [V, d]`` where ``head`` is linear in its input (an ``nn.Linear`` or
+    :func:`ncgrpo.engines.branch_point.head_function`'s function, which carries it as ``.weight``), else
+    None (the control variate's exact mean needs ``E[delta delta^T] = scale^2 W W^T``)."""
+    w = getattr(head, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dim() == 2 and tuple(w.shape) == (V, d):
+        return w
+    return None
+
+
+class MarginalCurve:
+    """``sigma -> TV(q_i, q_bar_i(sigma))`` for ``P`` prompts, with common random numbers: one object, one
+    estimator, for every caller (the probe, the trainer's ``noise/first_token_marginal_tv``, the target
+    schedule's solve, ``first_token_temperature_auto``'s calibration).
+
+    ``h`` ``# [P, d]``: each prompt's clean branch-point state (the LM head's input); ``logits`` ``# [P, V]``
+    its clean logits; ``keys``: ``pairs`` keys per prompt, prompt-major (the trainer's are
+    :func:`marginal_keys`), each one antithetic pair of draws (:func:`antithetic_eps`: ``2 * pairs`` draws
+    per prompt). The eps are drawn once, so the curve is a deterministic, continuous function of
+    ``sigma`` (what a solver needs). Where the head is linear and the noise isotropic (no steering vector,
+    not SPSA's rank-one draws) each draw also carries the second-order control variate
+    (:func:`second_order_term`, exact mean :func:`second_order_mean`); the estimate is
+    :func:`estimate_marginal_tv`. ``curve(sigma)`` is a :class:`MarginalTV`; ``curve.evals`` counts calls."""
+
+    def __init__(
+        self,
+        head: Head,
+        h: torch.Tensor,
+        logits: torch.Tensor,
+        keys: Sequence[NoiseKey],
+        *,
+        temperature: float,
+        mode: NoiseMode = "independent",
+        steer: torch.Tensor | None = None,
+        control_variate: bool = True,
+    ) -> None:
+        P = h.shape[0]
+        if P == 0 or not keys or len(keys) % P or logits.shape[0] != P:
+            raise ValueError(
+                f"marginal TV: {P} states, {logits.shape[0]} logit rows and {len(keys)} keys do not match "
+                "(P >= 1, P and P * pairs)"
+            )
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.P, self.pairs = P, len(keys) // P
+        self.draws = 2 * self.pairs
+        self.head, self.steer, self.temperature = head, steer, float(temperature)
+        self.eps = antithetic_eps(keys, h.shape[-1], mode)  # [P * draws, d]
+        self.hs = h.repeat_interleave(self.draws, 0)  # [P * draws, d]
+        self.z = logits.float()
+        self.p = torch.softmax(self.z / self.temperature, -1)  # [P, V]
+        weight = _linear_weight(head, h.shape[-1], logits.shape[-1])
+        self.weight = weight if control_variate and steer is None and mode != "rank_one" else None
+        # ||h|| / (sqrt(d) T) as eq. (2) computes the norm (float32): the logit displacement's scale per sigma
+        self.unit_scale = h.float().norm(dim=-1) / math.sqrt(h.shape[-1]) / self.temperature
+        self.evals = 0
+
+    @property
+    def control_variate(self) -> bool:
+        return self.weight is not None
+
+    #: elements (prompts x draws x vocabulary) estimated at once: the estimate's float64 terms of one chunk
+    #: stay near 0.5 GB each at a 152k vocabulary (about six prompts of 64 draws), whatever the batch
+    CHUNK_ELEMENTS = 1 << 26
+
+    def __call__(self, sigma: float) -> MarginalTV:
+        self.evals += 1
+        M, V = self.draws, self.z.shape[-1]
+        step = max(1, self.CHUNK_ELEMENTS // (M * V))
+        parts = [self._chunk(sigma, lo, min(lo + step, self.P)) for lo in range(0, self.P, step)]
+        if len(parts) == 1:
+            return parts[0]
+        return MarginalTV(
+            *(torch.cat([getattr(f, k) for f in parts]) for k in ("tv", "se", "plugin", "qbar", "per_draw")),
+            parts[0].units,
+        )
+
+    def _chunk(self, sigma: float, lo: int, hi: int) -> MarginalTV:
+        """Prompts ``lo:hi`` at ``sigma``."""
+        M, n = self.draws, hi - lo
+        rows = slice(lo * M, hi * M)
+        z = _logit_rows(self.head, self.hs[rows], self.eps[rows], sigma, self.steer, 256).to(self.z.device)
+        q = torch.softmax(z / self.temperature, -1).view(n, M, -1)
+        p = self.p[lo:hi]
+        corr = mean = None
+        if self.weight is not None and sigma > 0:
+            # the second-order term is even in eps: a pair's is its first draw's (computed once per pair)
+            delta = (z.view(n, M // 2, 2, -1)[:, :, 0] - self.z[lo:hi, None]) / self.temperature
+            corr = second_order_term(p, delta)
+            mean = second_order_mean(p, self.weight, float(sigma) * self.unit_scale[lo:hi].to(p.device))
+        return estimate_marginal_tv(p, q, paired=True, correction=corr, correction_mean=mean)
 
 
 def marginal_tv_curve(
@@ -173,68 +433,63 @@ def marginal_tv_curve(
     logits: torch.Tensor,
     keys: Sequence[NoiseKey],
     *,
-    draws: int,
     temperature: float,
-    seeds: Sequence[int],
     mode: NoiseMode = "independent",
     steer: torch.Tensor | None = None,
-    bootstrap: int = 32,
 ) -> Callable[[float], torch.Tensor]:
-    """``sigma -> TV(q_i, q_bar_i(sigma))`` for ``P`` prompts at once, with common random numbers.
+    """``sigma -> TV(q_i, q_bar_i(sigma))`` ``# [P]`` (:class:`MarginalCurve`'s ``tv``): ``keys`` hold
+    ``pairs`` keys per prompt (``2 * pairs`` draws)."""
+    curve = MarginalCurve(head, h, logits, keys, temperature=temperature, mode=mode, steer=steer)
+    return lambda sigma: curve(sigma).tv
 
-    ``h`` ``# [P, d]``: each prompt's clean branch-point state (the LM head's input); ``logits`` ``# [P, V]``
-    its clean logits; ``keys``: ``draws`` keys per prompt, prompt-major (``P * draws``; the trainer's are
-    :func:`marginal_keys`); ``seeds``: one bootstrap seed per prompt. The eps are drawn once, so the
-    returned function is a deterministic, continuous function of ``sigma`` (what a solver for the
-    ``sigma`` of a target TV needs); each call is :func:`marginal_tv` (bootstrap bias-corrected, ``# [P]``
-    float64 on the CPU) of ``draws`` states ``perturb(h_i, eps, sigma)`` through ``head``. The trainer's
-    logged ``noise/first_token_marginal_tv`` and the target schedule's solve are both this function."""
-    P = h.shape[0]
-    if len(keys) != P * draws or len(seeds) != P or logits.shape[0] != P:
-        raise ValueError(
-            f"marginal_tv_curve: {P} states, {logits.shape[0]} logit rows, {len(seeds)} seeds and {len(keys)} "
-            f"keys do not match (P, P, P and P * draws = {P * draws})"
-        )
-    eps = branch_eps(keys, h.shape[-1], mode)  # [P * draws, d]
-    hs = h.repeat_interleave(draws, 0)  # [P * draws, d]
-    clean = torch.softmax(logits.float() / temperature, -1)  # [P, V]
 
-    def tv_at(sigma: float) -> torch.Tensor:
-        q = noisy_probs(head, hs, eps, sigma, temperature=temperature, steer=steer)  # [P * draws, V]
-        return marginal_tv(clean, q.to(clean.device).view(P, draws, -1), bootstrap=bootstrap, seeds=seeds)
+@dataclass(frozen=True)
+class MarginalEstimate:
+    """One prompt's first-token marginal from Monte Carlo draws (:func:`marginal_estimate`).
 
-    return tv_at
+    ``tv``: ``TV(q, q_bar)`` (``q`` the clean distribution), the quantity that generates the noisy
+    rollouts, bias-corrected (:func:`estimate_marginal_tv`); ``tv_se``: its jackknife standard error;
+    ``tv_plugin``: before the correction; ``tv_per_draw``: the mean ``TV(q, q_eps)`` (what one draw does;
+    larger); ``kl``: ``KL(q_bar || q)`` in nats; ``units``: the estimate's units (pairs or draws)."""
+
+    tv: float
+    tv_se: float
+    tv_plugin: float
+    tv_per_draw: float
+    kl: float
+    draws: int
+    units: int = 0
+
+
+def _kl(qbar: torch.Tensor, p: torch.Tensor) -> float:
+    qbar, p = qbar.double(), p.double().to(qbar.device)
+    return float((qbar * (qbar.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum().clamp_min(0.0))
+
+
+def as_estimate(found: MarginalTV, p: torch.Tensor, i: int, draws: int) -> MarginalEstimate:
+    """Prompt ``i`` of ``found`` as a :class:`MarginalEstimate` (``p`` ``# [P, V]`` the clean distributions)."""
+    return MarginalEstimate(
+        tv=float(found.tv[i]),
+        tv_se=float(found.se[i]),
+        tv_plugin=float(found.plugin[i]),
+        tv_per_draw=float(found.per_draw[i]),
+        kl=_kl(found.qbar[i], p[i]),
+        draws=draws,
+        units=found.units,
+    )
 
 
 def marginal_estimate(
-    p: torch.Tensor,
-    q_draws: torch.Tensor,
-    *,
-    bootstrap: int = 200,
-    seed: int = 0,
+    p: torch.Tensor, q_draws: torch.Tensor, *, paired: bool = False, correct: bool = True
 ) -> MarginalEstimate:
-    """Estimate ``TV(p, q_bar)`` and ``KL(q_bar || p)`` from draws ``q_draws`` ``# [M, V]`` of ``q_eps``.
-
-    ``p`` ``# [V]`` the clean first-token distribution. The bootstrap (``bootstrap`` resamples of the
-    ``M`` draws, seeded) gives the standard error and the bias correction (see
-    :class:`MarginalEstimate`); ``bootstrap=0`` skips both (``tv_se`` NaN, ``tv`` the plug-in).
-    """
-    p = p.double()  # float64 sums: M identical draws average back to exactly p (KL 0 at sigma 0)
-    q = q_draws.double()
-    M = q.shape[0]
-    if M < 1:
+    """Estimate ``TV(p, q_bar)`` and ``KL(q_bar || p)`` of one prompt from draws ``q_draws`` ``# [M, V]`` of
+    ``q_eps`` (:func:`estimate_marginal_tv` with ``P = 1``; ``paired``: antithetic pairs). For draws whose
+    eps and head are at hand, :class:`MarginalCurve` adds the control variate; this is for draws that are
+    only distributions (the rollouts' own at a layer site). ``correct=False``: the plug-in, ``tv_se`` NaN."""
+    if q_draws.shape[0] < 1:
         raise ValueError("marginal_estimate needs at least one draw")
-    qbar = q.mean(0)
-    plug = float(tv_of_probs(p, qbar))
-    per_draw = float(tv_of_probs(p[None], q).mean())
-    kl = float((qbar * (qbar.clamp_min(1e-30).log() - p.clamp_min(1e-30).log())).sum().clamp_min(0.0))
-    se = float("nan")
-    tv = plug
-    if bootstrap > 0 and M > 1:
-        boot = _bootstrap_tv(p[None], q[None], bootstrap, [seed])[0]  # [bootstrap]
-        se = float(boot.std(unbiased=True))
-        tv = max(0.0, 2.0 * plug - float(boot.mean()))
-    return MarginalEstimate(tv=tv, tv_se=se, tv_plugin=plug, tv_per_draw=per_draw, kl=kl, draws=M)
+    found = estimate_marginal_tv(p[None], q_draws[None], paired=paired, jackknife=correct)
+    return as_estimate(found, p[None], 0, q_draws.shape[0])
 
 
 def mixture_log_probs(
@@ -295,38 +550,6 @@ def closest_temperature(
             d = a + gr * (b - a)
             fd = f(d)
     return float(math.exp(0.5 * (a + b)))
-
-
-def sigma_for_marginal_tv(
-    tv_at: Callable[[float], float],
-    target: float,
-    *,
-    hi: float = 4.0,
-    iters: int = 30,
-    tol: float = 1e-4,
-) -> float:
-    """The noise scale whose marginal TV equals ``target`` (bisection on ``sigma`` in ``[0, hi]``).
-
-    ``tv_at(sigma)`` must evaluate the marginal TV with common random numbers (the same draws at every
-    sigma), so it is a smooth, increasing function of sigma. Returns ``hi`` if even ``hi`` does not
-    reach the target (check it), 0 for a target <= 0.
-    """
-    if not (math.isfinite(target) and 0 <= target <= 1):
-        raise ValueError(f"target marginal TV must be in [0, 1], got {target}")
-    if target <= 0:
-        return 0.0
-    if tv_at(hi) < target:
-        return float(hi)
-    lo_s, hi_s = 0.0, float(hi)
-    for _ in range(iters):
-        mid = 0.5 * (lo_s + hi_s)
-        if tv_at(mid) < target:
-            lo_s = mid
-        else:
-            hi_s = mid
-        if hi_s - lo_s < tol:
-            break
-    return 0.5 * (lo_s + hi_s)
 
 
 @dataclass(frozen=True)

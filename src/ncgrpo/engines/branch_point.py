@@ -142,7 +142,9 @@ class BranchPoint:
 def head_function(module: nn.Module, who: str, otherwise: str = "") -> Callable[[torch.Tensor], torch.Tensor]:
     """The LM head ``module`` as a plain function (``F.linear`` on its weights: no forward hooks run,
     so it can be called from inside the head's own forward hook). Called where the weights are not
-    gathered (a DeepSpeed ZeRO-3 partition), it raises, naming ``who`` needs them and ``otherwise``."""
+    gathered (a DeepSpeed ZeRO-3 partition), it raises, naming ``who`` needs them and ``otherwise``.
+    The function carries the weight as ``.weight`` (the head is linear in its input:
+    :class:`ncgrpo.core.marginal.MarginalCurve` computes its control variate's mean from it)."""
 
     def head(x: torch.Tensor) -> torch.Tensor:
         if module.weight.numel() == 0:  # a ZeRO-3 partition: not gathered even inside the forward
@@ -153,6 +155,7 @@ def head_function(module: nn.Module, who: str, otherwise: str = "") -> Callable[
             )
         return torch.nn.functional.linear(x, module.weight, getattr(module, "bias", None))
 
+    head.weight = module.weight  # type: ignore[attr-defined]  # linear: the marginal's control variate reads it
     return head
 
 

@@ -58,12 +58,13 @@ import torch
 
 from ncgrpo.core.agreement import match_first_token_temperature
 from ncgrpo.core.marginal import (
-    branch_eps,
+    MarginalCurve,
+    as_estimate,
     closest_temperature,
     marginal_estimate,
     marginal_keys,
-    noisy_probs,
-    sigma_for_marginal_tv,
+    solve_sigma_for_marginal_tv,
+    t_quantile,
 )
 from ncgrpo.core.noise import RowNoise, noise_seed
 from ncgrpo.core.plan import plan_group, prompt_noise_id
@@ -201,8 +202,11 @@ def _check_settings(
         )
     if not temperature > 0:
         raise ValueError(f"probe: temperature must be > 0, got {temperature}")
-    if marginal_draws < 2:
-        raise ValueError(f"probe: marginal_draws must be >= 2, got {marginal_draws}")
+    if marginal_draws < 2 or marginal_draws % 2:
+        raise ValueError(
+            f"probe: marginal_draws must be an even number >= 2 (the estimate's draws are antithetic pairs), "
+            f"got {marginal_draws}"
+        )
     if target_marginal_tv is not None:
         if not (math.isfinite(target_marginal_tv) and 0 < target_marginal_tv < 1):
             raise ValueError(f"probe: target_marginal_tv must be in (0, 1), got {target_marginal_tv}")
@@ -214,16 +218,19 @@ def _check_settings(
     return sigmas
 
 
-#: Host bytes per Monte Carlo draw of one prompt's marginal besides its eps and first-token distributions:
-#: the bootstrap's weights, indices and ones (200 resamples x 8 bytes each, :func:`marginal_estimate`)
-#: and the draw's noise key (a Python object).
-_BYTES_PER_DRAW = 200 * 3 * 8 + 256
+#: Host bytes per Monte Carlo draw of one prompt's marginal besides its eps, state and first-token
+#: distributions: the draw's noise key (a Python object).
+_BYTES_PER_DRAW = 256
+#: Bytes per vocabulary entry of one draw while a prompt's estimate is made: its logits and distribution
+#: (float32), then the distribution, its difference from q, the control variate and the jackknife's
+#: held-out means (float64; :func:`ncgrpo.core.marginal.estimate_marginal_tv`).
+_BYTES_PER_DRAW_TOKEN = 2 * 4 + 5 * 8
 
 
 def _check_marginal_memory(model: Any, prompts: int, draws: int, device: torch.device) -> None:
     """Refuse, before anything is allocated, ``marginal_draws`` the marginal estimate cannot hold: the eps
     of every prompt are kept (``prompts x marginal_draws x d`` float32) and each prompt's draws become
-    ``marginal_draws x V`` first-token distributions (float32, then float64) with their bootstrap.
+    ``marginal_draws x V`` first-token distributions (float32, then float64) with the estimator's terms.
     ``probe --marginal_draws 50000000`` grew to 23.7 GB and ended in the OOM killer or an internal error."""
     from ncgrpo.models import available_memory
 
@@ -232,11 +239,11 @@ def _check_marginal_memory(model: Any, prompts: int, draws: int, device: torch.d
     d = int(getattr(text, "hidden_size", 0) or 0)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     V = int(head.weight.shape[0]) if head is not None else int(getattr(text, "vocab_size", 0) or 0)
-    need = draws * (prompts * d * 4 + V * (4 + 8) + _BYTES_PER_DRAW)
+    need = draws * (prompts * d * 8 + V * _BYTES_PER_DRAW_TOKEN + _BYTES_PER_DRAW)
     have = available_memory()
     what = (
-        f"{prompts} prompts x {draws} draws x d={d} float32 eps, and per prompt {draws} first-token "
-        f"distributions over V={V} tokens with their bootstrap"
+        f"{prompts} prompts x {draws} draws x d={d} float32 eps and states, and per prompt {draws} first-token "
+        f"distributions over V={V} tokens with the estimator's terms"
     )
     if have is not None and need > have:
         raise ValueError(
@@ -295,10 +302,9 @@ class _Pass:
     clean_first: list[torch.Tensor] = field(
         default_factory=list
     )  # one clean first-token logit row per prompt
-    # final-norm site: per prompt, the clean branch-point state and its marginal draws (common to every
-    # sigma: common random numbers)
-    branch_h: list[torch.Tensor] = field(default_factory=list)
-    prompt_eps: list[torch.Tensor] = field(default_factory=list)
+    # final-norm site: per prompt, its noise-averaged first-token TV as a function of sigma (its draws
+    # common to every sigma: common random numbers)
+    curves: list[MarginalCurve] = field(default_factory=list)
     qids: list[str] = field(default_factory=list)
     acc: dict[float, dict[str, list]] = field(default_factory=dict)
     vocab: int = 0
@@ -335,11 +341,14 @@ class _Pass:
         self.vocab = int(clean_logits.shape[-1])
         self.qids += [str(q.question_id) for q in qs]
         if self.final_norm:
-            mode = self.method.noise_mode
             for p, pid in enumerate(pids):
-                self.branch_h.append(clean_h[p * R])
-                keys = marginal_keys(self.seed, 0, pid, self.marginal_draws)
-                self.prompt_eps.append(branch_eps(keys, clean_h.shape[-1], mode))
+                self.curves.append(
+                    MarginalCurve(
+                        self.head, clean_h[p * R][None], clean_logits[p * R][None],
+                        marginal_keys(self.seed, 0, pid, self.marginal_draws // 2), temperature=self.temperature,
+                        mode=self.method.noise_mode or "independent",
+                    )
+                )  # fmt: skip
         p_clean = torch.softmax(clean_logits / temperature, -1)  # [B, V]
         H = -(p_clean * torch.log(p_clean.clamp_min(1e-30))).sum(-1)
         self.ent += H[::R].tolist()
@@ -373,18 +382,17 @@ class _Pass:
         q_noisy = torch.softmax(logits / temperature, -1)
         a = self.acc[s]
         for p in range(len(qs)):
-            if self.final_norm:
-                draws = noisy_probs(
-                    self.head, self.branch_h[len(a["marginal"])], self.prompt_eps[len(a["marginal"])], s,
-                    temperature=temperature,
-                ).cpu()  # fmt: skip
+            i = len(a["marginal"])
+            if self.final_norm:  # the shared estimator (antithetic draws, control variate)
+                curve = self.curves[i]
+                found = curve(s)
+                est = as_estimate(found, curve.p, 0, curve.draws)
+                a["qbar"].append(found.qbar[0].float())
             else:  # the rollouts' own draws: every one a forward pass
                 draws = q_noisy[p * R : (p + 1) * R]
-            est = marginal_estimate(
-                p_clean[p * R], draws, seed=noise_seed("probe-boot", seed, len(a["marginal"]))
-            )
+                est = marginal_estimate(p_clean[p * R], draws, paired=method.noise_mode == "antithetic")
+                a["qbar"].append(draws.mean(0))
             a["marginal"].append(est)
-            a["qbar"].append(draws.mean(0))
         a["tv"] += (0.5 * (q_noisy - p_clean).abs().sum(-1)).tolist()
         a["flip"] += (q_noisy.argmax(-1) != p_clean.argmax(-1)).float().tolist()
         a["changed"] += [float(x != y) for x, y in zip(ids, clean_ids, strict=True)]
@@ -407,6 +415,7 @@ class _Pass:
         ests = a["marginal"]
         m_tv = _mean([e.tv for e in ests])
         m_se = math.sqrt(sum(e.tv_se**2 for e in ests if math.isfinite(e.tv_se))) / len(ests)
+        half = t_quantile(min(e.units for e in ests)) * m_se
         per_draw_tv = [float(x) for x in torch.tensor(a["tv"]).view(n_questions, R).mean(1)]  # per prompt
         eq_t = closest_temperature(logits_all, torch.stack(a["qbar"])) if s > 0 else float(temperature)
         matched = match_first_token_temperature(logits_all, min(max(m_tv, 0.0), 1.0), temperature=temperature)
@@ -429,6 +438,7 @@ class _Pass:
             tv=round(tv, 6),
             marginal_tv=round(m_tv, 6),
             marginal_tv_se=round(m_se, 6),
+            marginal_tv_ci95=round(half, 6),
             marginal_kl=round(_mean([e.kl for e in ests]), 8),
             equivalent_temperature=round(eq_t, 4),
             flip=round(_mean(a["flip"]), 6),
@@ -447,27 +457,19 @@ class _Pass:
             per_prompt=per_prompt,
         )
 
-    def target_sigma(self, logits_all: torch.Tensor, target_marginal_tv: float) -> float | None:
-        """The sigma whose marginal TV reaches ``target_marginal_tv`` (final-norm site); None: not reached
-        even at :data:`TARGET_SIGMA_MAX`."""
-        temperature = self.temperature
-        p_all = torch.softmax(logits_all / temperature, -1)
+    def target_sigma(self, target_marginal_tv: float) -> float | None:
+        """The sigma whose marginal TV reaches ``target_marginal_tv`` (final-norm site): the trainer's solver
+        (:func:`~ncgrpo.core.marginal.solve_sigma_for_marginal_tv`) on the mean of the prompts' curves (the
+        estimator of ``marginal_tv``, the same draws at every sigma). None: not
+        reached even at :data:`TARGET_SIGMA_MAX`."""
 
         def tv_at(sigma: float) -> float:
-            # the same estimator as marginal_tv, with the same draws and bootstrap resamples at every sigma
-            return _mean(
-                [
-                    marginal_estimate(
-                        p, noisy_probs(self.head, h, e, sigma, temperature=temperature).cpu(), bootstrap=50,
-                        seed=i,
-                    ).tv
-                    for i, (h, e, p) in enumerate(zip(self.branch_h, self.prompt_eps, p_all, strict=True))
-                ]
-            )  # fmt: skip
+            return _mean([float(curve(sigma).tv[0]) for curve in self.curves])
 
-        found = sigma_for_marginal_tv(tv_at, target_marginal_tv, hi=TARGET_SIGMA_MAX)
-        # None: not reached even at TARGET_SIGMA_MAX
-        return None if found >= TARGET_SIGMA_MAX else round(found, 5)
+        found = solve_sigma_for_marginal_tv(
+            tv_at, target_marginal_tv, start=self.sigmas[0] or 0.2, sigma_max=TARGET_SIGMA_MAX
+        )
+        return None if found.at_max else round(found.sigma, 5)
 
 
 def probe(
@@ -569,7 +571,7 @@ def probe(
     result.rows = [run.row(s, logits_all, len(questions)) for s in sigmas]
     if target_marginal_tv is not None:
         result.target_marginal_tv = target_marginal_tv
-        result.target_sigma = run.target_sigma(logits_all, target_marginal_tv)
+        result.target_sigma = run.target_sigma(target_marginal_tv)
     result.wall_s = round(time.perf_counter() - t0, 2)
     result.provenance = provenance()
     return result

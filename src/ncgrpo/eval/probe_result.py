@@ -27,7 +27,7 @@ class SigmaProbe:
     sigma: float
     tv: float  # mean per-draw TV(q, q_eps)
     marginal_tv: float  # TV(q, q_bar), mean over prompts
-    marginal_tv_se: float  # its Monte Carlo standard error
+    marginal_tv_se: float  # its Monte Carlo standard error (jackknife)
     marginal_kl: float  # KL(q_bar || q), nats, mean over prompts
     equivalent_temperature: float  # the temperature whose first-token distribution is closest to q_bar
     flip: float
@@ -47,6 +47,9 @@ class SigmaProbe:
     matched_temperature_per_draw: float = float("nan")
     #: marginal draws per prompt behind ``marginal_tv`` (final-norm site), or the rollouts (layer sites)
     marginal_draws: int = 0
+    #: the 95% interval's half-width around ``marginal_tv`` (Student's t on the units' degrees of freedom):
+    #: the ``±`` printed
+    marginal_tv_ci95: float = float("nan")
     per_prompt: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -120,7 +123,7 @@ def format_probe(result: ProbeResult) -> Any:
         f"{result.n_prompts} prompts x {result.rollouts} rollouts | T={result.temperature:g}"
     )
     table = Table(title=title)
-    for col in ("sigma", "rel", "marginal TV ± se", "KL(q̄||q)", "like T", "TV per draw", "argmax flips %",
+    for col in ("sigma", "rel", "marginal TV ± 95%", "KL(q̄||q)", "like T", "TV per draw", "argmax flips %",
                 "first token changed %", "rollouts changed %", "reward clean", "reward noisy", "paired p",
                 "matched T0", "verdict"):  # fmt: skip
         table.add_column(col, justify="left" if col == "verdict" else "right")
@@ -128,7 +131,7 @@ def format_probe(result: ProbeResult) -> Any:
         table.add_row(
             f"{r.sigma:g}",
             f"{r.rel:.3f}",
-            f"{r.marginal_tv:.4f} ± {r.marginal_tv_se:.4f}",
+            f"{r.marginal_tv:.4f} ± {r.marginal_tv_ci95:.4f}",
             f"{r.marginal_kl:.2e}",
             f"{r.equivalent_temperature:.3g}",
             f"{r.tv:.4f}",

@@ -20,10 +20,9 @@ from ncgrpo.methods import get_method, methods
 #: decodes from noise, not from the prompt (the paper uses 0.2 to 0.5; the tiny test models need up to 8 for
 #: a visible effect), and far above it the float32/bf16 states overflow (3e38 ended in an internal error).
 SIGMA0_MAX = 10.0
-#: draws per prompt the target schedule's estimate should have: the bias-corrected marginal TV of 32 draws
-#: reads 0.0100 where 256 read 0.0069 and 1,024 read 0.0066 (embedded base, sigma 0.2, 128 prompts,
-#: `ncgrpo probe --marginal_draws M`); below this the config warns
-TARGET_DRAWS = 256
+#: the fewest draws per prompt the target schedule solves on: three antithetic pairs, the fewest the
+#: estimate's jackknife bias correction runs on (:func:`ncgrpo.core.marginal.estimate_marginal_tv`)
+TARGET_DRAWS = 6
 
 
 def sigma0_problem(value: object, *, bound: str | None = None) -> str | None:
@@ -172,8 +171,9 @@ class NCGRPOConfig(GRPOConfig):
             "batch's branch-point states so that the batch's noise-averaged first-token TV(q, q_bar) (logged "
             "noise/first_token_marginal_tv) equals target_marginal_tv * decay_k (eq. 3's decay of sigma_schedule "
             "anneals the target); sigma0 is the solver's first guess. In (0, 1]; `ncgrpo probe` gives the TV a "
-            "sigma0 has on a model. The TV held is the marginal_tv_draws-draw estimate, which reads small TVs high "
-            "below 256 draws (warned). None (default): sigma_k = sigma0 * decay_k, the paper."
+            "sigma0 has on a model. The TV held is the marginal_tv_draws-draw estimate (docs/concepts.md: within "
+            "0.2% of a 16,384-draw reference on the embedded base at 64 draws). None (default): "
+            "sigma_k = sigma0 * decay_k, the paper."
         },
     )
     sigma_max: float = field(
@@ -279,10 +279,11 @@ class NCGRPOConfig(GRPOConfig):
         },
     )
     marginal_tv_draws: int = field(
-        default=32,
+        default=64,
         metadata={
             "help": "Extra eps draws per prompt through the LM head behind the logged noise/first_token_marginal_tv "
-            "(final-norm site); 0 turns the metric off."
+            "(final-norm site), the target schedule's solve and first_token_temperature_auto: an even number, "
+            "taken as antithetic pairs (eps, -eps); 0 turns the metric off."
         },
     )
     image_noise_step: int = field(
@@ -386,6 +387,11 @@ class NCGRPOConfig(GRPOConfig):
                 or v < (1 if name == "first_token_marginal_draws" else 0)
             ):
                 raise ValueError(f"{name} must be an integer >= {1 if 'first' in name else 0}, got {v!r}")
+        if self.marginal_tv_draws % 2:
+            raise ValueError(
+                f"marginal_tv_draws must be even (the draws are antithetic pairs eps, -eps), got "
+                f"{self.marginal_tv_draws}; use {self.marginal_tv_draws + 1} (0 turns the metric off)"
+            )
         if self.first_token_temperature_auto and parse_noise_site(self.noise_site) != "final_norm":
             raise ValueError(
                 "first_token_temperature_auto matches T0 to the final-norm site's noise-averaged first-token "
@@ -481,21 +487,11 @@ class NCGRPOConfig(GRPOConfig):
                 "the layers above it (a full forward per draw and per solver step). Use noise_site='final_norm' "
                 "or unset target_marginal_tv."
             )
-        if self.marginal_tv_draws < 2:
-            raise ValueError(
-                f"target_marginal_tv solves sigma_k on marginal_tv_draws draws per prompt (with a bootstrap "
-                f"bias correction, which needs two or more); got marginal_tv_draws={self.marginal_tv_draws}. "
-                f"Use {TARGET_DRAWS} or more."
-            )
         if self.marginal_tv_draws < TARGET_DRAWS:
-            warnings.warn(
-                f"target_marginal_tv={t:g} with marginal_tv_draws={self.marginal_tv_draws}: the solve holds the "
-                f"{self.marginal_tv_draws}-draw estimate of the TV, which reads a small TV high (on the embedded "
-                "base at sigma 0.2: 0.0100 from 32 draws, 0.0069 from 256, 0.0066 from 1,024), so the noise held "
-                f"is weaker than the target; set marginal_tv_draws: {TARGET_DRAWS} (each solver evaluation sends "
-                "that many rows per prompt through the LM head)",
-                UserWarning,
-                stacklevel=_caller_stacklevel(),
+            raise ValueError(
+                f"target_marginal_tv solves sigma_k on marginal_tv_draws draws per prompt (antithetic pairs, with "
+                f"a jackknife bias correction, which needs three pairs or more); got marginal_tv_draws="
+                f"{self.marginal_tv_draws}. Use {TARGET_DRAWS} or more (default 64)."
             )
 
     def _check_vllm(self, method) -> None:

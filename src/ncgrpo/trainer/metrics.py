@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ncgrpo.core import noise as nz
+from ncgrpo.core.marginal import MarginalCurve, marginal_keys
 from ncgrpo.core.plan import RowPlan
 
 IS_RATIO_USED = "sampling/importance_sampling_ratio_used"
@@ -211,13 +212,13 @@ def unwrapped_model(trainer):
 
 def calibrate_first_token_t0(trainer, plans: list[RowPlan], prompt_ids, multimodal_fields) -> float:
     """``first_token_temperature_auto``: one clean prompt-only pass of the local rows, then per prompt the
-    noise-averaged first-token TV of latent noise at ``sigma0`` (:mod:`ncgrpo.core.marginal`,
-    ``max(marginal_tv_draws, 64)`` draws through the LM head) and the ``T0`` whose first-token TV on those
-    prompts equals its mean (:func:`ncgrpo.core.agreement.match_first_token_temperature`). Each process
-    calibrates on its own prompts; the values are averaged over processes so every rank uses one T0.
+    noise-averaged first-token TV of latent noise at ``sigma0`` (:func:`marginal_curve`: the estimator of
+    ``noise/first_token_marginal_tv``, with ``max(marginal_tv_draws, 64)`` draws through the LM head, keys
+    of step 0) and the ``T0`` whose first-token TV on those prompts equals its mean
+    (:func:`ncgrpo.core.agreement.match_first_token_temperature`). Each process calibrates on its own
+    prompts; the values are averaged over processes so every rank uses one T0.
     Reads ``trainer.args``, ``.temperature``, ``.noise_base_seed``; runs :func:`prefill_only`."""
     from ncgrpo.core.agreement import match_first_token_temperature
-    from ncgrpo.core.marginal import branch_eps, marginal_estimate, marginal_keys, noisy_probs
 
     a = trainer.args
     T = float(trainer.temperature)
@@ -227,14 +228,13 @@ def calibrate_first_token_t0(trainer, plans: list[RowPlan], prompt_ids, multimod
     rows = sorted(first.values())
 
     def marginal_tvs(head, logits, states) -> list[float]:  # inside the head's forward (ZeRO-3)
-        tvs = []
-        for i in rows:
-            keys = marginal_keys(trainer.noise_base_seed, 0, plans[i].prompt_id, max(a.marginal_tv_draws, 64))
-            eps = branch_eps(keys, states.shape[-1])
-            draws = noisy_probs(head, states[i], eps, a.sigma0, temperature=T)
-            clean = torch.softmax(logits[i].float() / T, -1)
-            tvs.append(marginal_estimate(clean, draws.to(clean.device), seed=i).tv)
-        return tvs
+        idx = torch.tensor(rows)
+        curve = marginal_curve(
+            trainer, head, states[idx.to(states.device)], logits[idx.to(logits.device)],
+            [plans[i].prompt_id for i in rows], 0, draws=max(a.marginal_tv_draws, 64), mode="independent",
+            steer=None,
+        )  # fmt: skip
+        return curve(a.sigma0).tv.tolist()
 
     model = unwrapped_model(trainer)
     rows_clean = [nz.RowNoise()] * len(plans)
@@ -346,35 +346,36 @@ def branch_point_marginal(
     curve = marginal_curve(
         trainer, head, states[cidx.to(states.device)], logits[cidx.to(logits.device)], pids, gen.step
     )
-    tv = curve(gen.sigma_k)  # [P]
+    tv = curve(gen.sigma_k).tv  # [P]
     out[[i for i, _ in pairs]] = tv.float()
     return out
 
 
-def marginal_curve(trainer, head, h: torch.Tensor, logits: torch.Tensor, prompt_ids: list[int], step: int):
+def marginal_curve(
+    trainer, head, h: torch.Tensor, logits: torch.Tensor, prompt_ids: list[int], step: int, **override
+) -> MarginalCurve:
     """``sigma -> TV(q, q_bar(sigma))`` per prompt (``prompt_ids``; their clean branch-point states ``h``
     ``# [P, d]`` and logits ``# [P, V]``) at generation ``step`` (the optimizer step the noise keys
-    name), from ``marginal_tv_draws`` draws ``NoiseKey(seed, step, prompt_id, -1 - m)`` through the LM head ``head``, in the method's noise mode
-    (``independent`` for the ``first_token_marginal`` control) with its steering vector, bootstrap
-    bias-corrected (:func:`ncgrpo.core.marginal.marginal_tv_curve`). What ``noise/first_token_marginal_tv``
-    logs and what the target schedule solves on (:mod:`ncgrpo.trainer.target`), so the two agree. Reads
-    ``trainer.args``, ``.temperature``, ``.noise_base_seed``, ``.nc_method``."""
-    from ncgrpo.core.marginal import marginal_keys, marginal_tv_curve
-
+    name): :class:`ncgrpo.core.marginal.MarginalCurve` on ``marginal_tv_draws`` draws per prompt
+    (antithetic pairs of ``NoiseKey(seed, step, prompt_id, -1 - m)``) through the LM head ``head``, in the
+    method's noise mode (``independent`` for the ``first_token_marginal`` control) with its steering
+    vector. What ``noise/first_token_marginal_tv`` logs, what the target schedule solves on
+    (:mod:`ncgrpo.trainer.target`) and what ``first_token_temperature_auto`` calibrates on, so the three
+    agree. ``override``: ``draws``, ``mode`` or ``steer`` in place of the run's. Reads ``trainer.args``,
+    ``.temperature``, ``.noise_base_seed``, ``.nc_method``."""
     method = trainer.nc_method
-    M = trainer.args.marginal_tv_draws
+    M = int(override.get("draws", trainer.args.marginal_tv_draws))
     seed = trainer.noise_base_seed
-    keys = [k for pid in prompt_ids for k in marginal_keys(seed, step, pid, M)]
-    return marginal_tv_curve(
+    keys = [k for pid in prompt_ids for k in marginal_keys(seed, step, pid, M // 2)]
+    return MarginalCurve(
         head,
         h,
         logits,
         keys,
-        draws=M,
         temperature=float(trainer.temperature),
-        seeds=list(prompt_ids),
-        mode=method.noise_mode or "independent",  # first_token_marginal: latent noise's independent draws
-        steer=method.steer(trainer),
+        # first_token_marginal: latent noise's independent draws
+        mode=override.get("mode", method.noise_mode or "independent"),
+        steer=override["steer"] if "steer" in override else method.steer(trainer),
     )
 
 

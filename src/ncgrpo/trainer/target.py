@@ -61,7 +61,7 @@ def _solve(trainer, gen: _LocalGen, head, states: torch.Tensor, logits: torch.Te
         curve = marginal_curve(trainer, head, h, z, [gen.plans[i].prompt_id for i in owners], gen.step)
 
     def batch_tv(sigma: float) -> float:
-        local = curve(sigma).double() if curve is not None else torch.zeros(0, dtype=torch.float64)
+        local = curve(sigma).tv if curve is not None else torch.zeros(0, dtype=torch.float64)
         both = gather(trainer.accelerator, torch.stack([local.sum(), torch.tensor(float(len(owners)))])[None])
         total = both.sum(0)  # [sum of TVs, prompts] over processes, summed in rank order on every rank
         return float(total[0] / total[1])
