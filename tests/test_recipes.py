@@ -529,9 +529,13 @@ def test_dataclass_validation(tmp_path: Path) -> None:
     ):
         parse(p, "--reward_funcs", "math_rewards").build(ScriptArguments)
     # dataset_name: a built-in name or a data file of one's own (issue 44), so no argparse choices
-    with pytest.raises(ValueError, match=r"dataset_name 'mnist': not a built-in dataset \(geo3k, synthetic, gsm8k, math500\)"):
+    with pytest.raises(
+        ValueError, match=r"dataset_name 'mnist': not a built-in dataset \(geo3k, synthetic, gsm8k, math500\)"
+    ):
         parse(p, "--dataset_name", "mnist").build(ScriptArguments)
-    with pytest.raises(ValueError, match=r"dataset_name 'geo4k' \(did you mean 'geo3k'\?\): not a built-in dataset"):
+    with pytest.raises(
+        ValueError, match=r"dataset_name 'geo4k' \(did you mean 'geo3k'\?\): not a built-in dataset"
+    ):
         parse(p, "--dataset_name", "geo4k").build(ScriptArguments)
     with pytest.raises(ValueError, match="dataset_train_limit must be a positive"):
         parse(p, "--dataset_train_limit", "0").build(ScriptArguments)

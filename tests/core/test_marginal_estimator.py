@@ -158,4 +158,6 @@ def test_prompts_estimated_in_chunks_give_what_one_chunk_gives(shape, monkeypatc
     monkeypatch.setattr(MarginalCurve, "CHUNK_ELEMENTS", 3 * 64 * z.shape[-1])  # three prompts at a time
     parts = _curve(head, h, z, 3)(0.3)
     for k in ("tv", "se", "plugin", "qbar", "per_draw"):
-        torch.testing.assert_close(getattr(parts, k), getattr(whole, k), rtol=1e-5, atol=1e-9)  # float32 head rounding
+        torch.testing.assert_close(
+            getattr(parts, k), getattr(whole, k), rtol=1e-5, atol=1e-9
+        )  # float32 head rounding

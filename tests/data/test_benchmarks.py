@@ -553,7 +553,10 @@ def test_own_benchmark_takes_trls_prompt_column(tmp_path):
         ("<image>How many sides?", "4", 1),
     ]
     bad = {
-        "a number": (7, r"row 0: field 'prompt' must be a string or a non-empty list of chat messages, got 7"),
+        "a number": (
+            7,
+            r"row 0: field 'prompt' must be a string or a non-empty list of chat messages, got 7",
+        ),
         "an image without its file": (
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q?"}]}],
             r"row 0: field 'prompt' has 1 '<image>' placeholders but the row has 0 image",

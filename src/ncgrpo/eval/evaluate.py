@@ -612,7 +612,9 @@ def _hub_snapshot(repo_id: str) -> Path | None:
 #: keys ``save_pretrained`` copies into a tokenizer's or processor's JSON from how it was LOADED (hub
 #: access options), which change no answer: a model saved in a process with ``HF_HUB_OFFLINE`` set writes
 #: ``"local_files_only": true``, the same model saved elsewhere ``false``
-LOAD_OPTIONS = frozenset({"local_files_only", "cache_dir", "token", "use_auth_token", "force_download", "proxies"})
+LOAD_OPTIONS = frozenset(
+    {"local_files_only", "cache_dir", "token", "use_auth_token", "force_download", "proxies"}
+)
 
 
 def _answer_bytes(f: Path) -> bytes:
