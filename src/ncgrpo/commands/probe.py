@@ -86,7 +86,7 @@ class ProbeArgs:
         default=1024,
         metadata=_h(
             "Monte Carlo draws of eps per prompt for the noise-averaged first-token distribution q̄ "
-            "(final-norm site; through the LM head only)"
+            "(final-norm site; through the LM head only; an even number: antithetic pairs eps, -eps)"
         ),
     )
     target_marginal_tv: float | None = field(
