@@ -172,7 +172,7 @@ class NCGRPOConfig(GRPOConfig):
             "noise/first_token_marginal_tv) equals target_marginal_tv * decay_k (eq. 3's decay of sigma_schedule "
             "anneals the target); sigma0 is the solver's first guess. In (0, 1]; `ncgrpo probe` gives the TV a "
             "sigma0 has on a model. The TV held is the marginal_tv_draws-draw estimate (docs/concepts.md: within "
-            "0.2% of a 16,384-draw reference on the embedded base at 64 draws). None (default): "
+            "0.2 percent of a 16,384-draw reference on the embedded base at 64 draws). None (default): "
             "sigma_k = sigma0 * decay_k, the paper."
         },
     )
