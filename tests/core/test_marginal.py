@@ -18,7 +18,6 @@ from ncgrpo.core.marginal import (
     closest_temperature,
     marginal_estimate,
     marginal_keys,
-    marginal_tv_curve,
     noisy_probs,
     pool_keys,
     solve_sigma_for_marginal_tv,
@@ -211,7 +210,7 @@ def _heads(P: int, d: int = 32, V: int = 60):
     return head, h, h @ W.T
 
 
-def test_marginal_tv_curve_is_the_per_prompt_estimate_and_grows_with_sigma():
+def test_marginal_curve_is_the_per_prompt_estimate_and_grows_with_sigma():
     head, h, z = _heads(3)
     keys = [k for pid in (11, 12, 13) for k in marginal_keys(0, 2, pid, 32)]
     curve = MarginalCurve(head, h, z, keys, temperature=1.0)
@@ -228,19 +227,19 @@ def test_marginal_tv_curve_is_the_per_prompt_estimate_and_grows_with_sigma():
     assert torch.equal(curve(0.3).tv, curve(0.3).tv)  # common random numbers: a deterministic function
     assert curve.evals == 3 + 5 + 2
     with pytest.raises(ValueError, match="do not match"):
-        marginal_tv_curve(head, h, z, keys[:-1], temperature=1.0)
+        MarginalCurve(head, h, z, keys[:-1], temperature=1.0)
 
 
 @pytest.mark.parametrize("target", [0.001, 0.0066, 0.038, 0.2])
 def test_solver_reaches_the_target_within_its_tolerance_in_few_evaluations(target):
     head, h, z = _heads(8)
     keys = [k for pid in range(8) for k in marginal_keys(0, 1, pid, 16)]
-    curve = marginal_tv_curve(head, h, z, keys, temperature=1.0)
+    curve = MarginalCurve(head, h, z, keys, temperature=1.0)
     calls = []
 
     def tv_at(s):
         calls.append(s)
-        return float(curve(s).mean())
+        return curve(s).mean
 
     found = solve_sigma_for_marginal_tv(tv_at, target, start=0.2, sigma_max=10.0)
     assert abs(found.tv - target) <= 0.02 * target, found

@@ -58,7 +58,6 @@ __all__ = [
     "marginal_estimate",
     "marginal_keys",
     "marginal_tv",
-    "marginal_tv_curve",
     "mixture_log_probs",
     "noisy_probs",
     "pool_keys",
@@ -427,22 +426,6 @@ class MarginalCurve:
         return estimate_marginal_tv(p, q, paired=True, correction=corr, correction_mean=mean)
 
 
-def marginal_tv_curve(
-    head: Head,
-    h: torch.Tensor,
-    logits: torch.Tensor,
-    keys: Sequence[NoiseKey],
-    *,
-    temperature: float,
-    mode: NoiseMode = "independent",
-    steer: torch.Tensor | None = None,
-) -> Callable[[float], torch.Tensor]:
-    """``sigma -> TV(q_i, q_bar_i(sigma))`` ``# [P]`` (:class:`MarginalCurve`'s ``tv``): ``keys`` hold
-    ``pairs`` keys per prompt (``2 * pairs`` draws)."""
-    curve = MarginalCurve(head, h, logits, keys, temperature=temperature, mode=mode, steer=steer)
-    return lambda sigma: curve(sigma).tv
-
-
 @dataclass(frozen=True)
 class MarginalEstimate:
     """One prompt's first-token marginal from Monte Carlo draws (:func:`marginal_estimate`).
@@ -576,7 +559,7 @@ def solve_sigma_for_marginal_tv(
     the target schedule calls it once per generation, each evaluation ``P * draws`` rows through the LM
     head.
 
-    ``tv_at`` must use common random numbers (:func:`marginal_tv_curve`), so it is a deterministic,
+    ``tv_at`` must use common random numbers (:class:`MarginalCurve`), so it is a deterministic,
     continuous function that grows with ``sigma``; near 0 the marginal TV grows as ``sigma**2`` (the
     first-order term of ``q_eps - q`` averages out over eps). From ``start`` (clamped into
     ``(0, sigma_max]``) the solver extrapolates on that law until the target is bracketed, then
