@@ -35,6 +35,7 @@ from pathlib import Path
 
 from ncgrpo.cli import main as ncgrpo
 from ncgrpo.data.types import MATH_PROMPT
+from ncgrpo.runs.folder import claim_script_folder, finish_script_folder
 
 REWARD_MODULE = '''
 from ncgrpo.rewards import completion_text, extract_boxed
@@ -82,8 +83,8 @@ def run(cmd: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument("--output_dir", required=True)
     parser.add_argument(
         "--model_name_or_path", help="a text model (default: the embedded base's language model)"
     )
@@ -93,7 +94,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--test_prompts", type=int, default=64)
     args = parser.parse_args(argv)
-    out = args.output_dir.resolve()
+    try:  # a new folder (or this script's own earlier output), locked while the script writes it
+        lock = claim_script_folder(
+            str(args.output_dir), "examples/text_cli_vanilla_vs_ncgrpo.py", kind="report"
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    out = Path(args.output_dir).resolve()
     model = args.model_name_or_path
     if model is None:
         from ncgrpo.toy.text_base import ensure_text_base_model
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
         + (f" ({t.undefined})" if t.undefined else "")
     )
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    finish_script_folder(lock)
     return results
 
 

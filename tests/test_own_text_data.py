@@ -203,6 +203,8 @@ def test_a_resume_on_a_changed_data_file_is_refused(text_model, workdir, capsys)
                        "--save_strategy", "steps", "--save_steps", "1")  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     capsys.readouterr()
+    info = json.loads((out / "run.json").read_text())  # as if killed after its checkpoint, before the end
+    (out / "run.json").write_text(json.dumps({**info, "finished": False}))
     assert main([*argv, "--resume", "--dry-run"]) == 0, capsys.readouterr().err  # same file: resumes
     rows = _rows()
     rows[0]["solution"] = "2"  # one gold answer changed, same path

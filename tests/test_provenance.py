@@ -234,7 +234,12 @@ def test_resume_under_another_commit_warns_and_records_it(tmp_path: Path, geo3k:
     assert f"commit 000000000000 -> {str(now['commit'])[:12] if now['commit'] else 'unknown'}" in message
     assert f"torch 2.6.0 -> {now['versions']['torch']}" in message
     try:
-        plan.write_folder()  # what execute_run writes once the model has loaded
+        plan.write_folder()  # what execute_run writes once the model has loaded (a resume: nothing yet)
+        # ... and once the checkpoint has loaded (driver._Loaded at train begin): config.yaml, run.json
+        from ncgrpo.trainer.run_folder import write_train_run_json
+
+        plan.write_settings()
+        write_train_run_json(out, plan.run_info, finished=False)
     finally:
         plan.release()
     written = json.loads((out / "run.json").read_text())
