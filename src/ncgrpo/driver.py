@@ -358,7 +358,9 @@ def _train_locked(
         else:
             trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     except (RuntimeError, ValueError, KeyError) as e:
-        if loaded.done or resume_from_checkpoint is None:
+        from ncgrpo.trainer.checkpoints import RolloutResumeError
+
+        if loaded.done or resume_from_checkpoint is None or isinstance(e, RolloutResumeError):
             raise
         raise ValueError(
             f"{resume_from_checkpoint} does not load into the model as now set up ({type(e).__name__}: "

@@ -120,7 +120,7 @@ def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_mod
         (dict(target_marginal_tv=0.01, noise_site="1"), "layer site"),
         (dict(target_marginal_tv=0.01, marginal_tv_draws=4), "marginal_tv_draws=4"),
         (dict(marginal_tv_draws=3), "marginal_tv_draws must be even"),
-        (dict(sigma_max=0.0), "sigma_max must be > 0"),
+        (dict(sigma_max=0.0), "sigma_max must be a finite number > 0"),
         (dict(sigma_max=11.0), "sigma_max must be at most 10"),
         (dict(sigma_schedule="target_marginal_tv"), "set target_marginal_tv to its value"),
     ],

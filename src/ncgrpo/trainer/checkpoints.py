@@ -122,8 +122,13 @@ def save_rollout_batch(trainer, checkpoint_dir: str) -> None:
     _atomic_torch_save(state, rollout_file(checkpoint_dir, a.process_index, a.num_processes))
 
 
+class RolloutResumeError(ValueError):
+    """A checkpoint inside a rollout batch that cannot be continued exactly: refused as it is (the
+    driver does not wrap it as a load failure of changed settings)."""
+
+
 def _refuse(checkpoint: str, why: str) -> ValueError:
-    return ValueError(
+    return RolloutResumeError(
         f"resume: {checkpoint} {why}; resuming from it would train another run than the one it was cut "
         "from. Resume from a checkpoint at a rollout-batch boundary (move the later checkpoint-N folders "
         "out of the run folder), or start again with --overwrite"
