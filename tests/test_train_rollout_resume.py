@@ -81,14 +81,21 @@ def _interrupt_after_checkpoint(out: Path, variant: tuple[str, ...], step: int) 
     """Start (or resume) the run and send it a real SIGINT as soon as ``checkpoint-step`` is complete;
     the next resume must start there, so a later checkpoint the run completed before the signal landed
     (the run is not paused) is removed, as if the signal had landed a moment earlier."""
-    from ncgrpo.runs.folder import last_complete_checkpoint
+    from ncgrpo.runs.folder import checkpoint_problem, last_complete_checkpoint
+
+    target = out / f"checkpoint-{step}"
+
+    def complete() -> bool:  # whole, not only begun: a signal inside its write leaves it cut short
+        return (target / "trainer_state.json").is_file() and checkpoint_problem(
+            target, nc_state=variant is not VANILLA
+        ) is None
 
     p = subprocess.Popen(
         _cmd(out, variant), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT
     )
     try:
         deadline = time.monotonic() + 600
-        while p.poll() is None and not (out / f"checkpoint-{step}" / "trainer_state.json").is_file():
+        while p.poll() is None and not complete():
             assert time.monotonic() < deadline, f"checkpoint-{step} not written in 10 minutes"
             time.sleep(0.005)
         assert p.poll() is None, (
