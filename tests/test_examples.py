@@ -82,10 +82,10 @@ def test_text_only_model(tmp_path) -> None:
     assert config["model_type"] == "qwen2" and not (out / "base" / "processor_config.json").exists()
     steps = _steps(stdout)
     assert len(steps) == 3, stdout[-2000:]
-    for line in steps:  # the noise acts: ||h~ - h|| / ||h|| near sigma0 = 1, marginal TV above the inert line
+    for line in steps:  # the noise acts: ||h~ - h|| / ||h|| near sigma0 = 2, marginal TV above the inert line
         rel = float(re.search(r"rel. perturbation ([\d.]+)", line).group(1))
         tv = float(re.search(r"first-token TV ([\d.]+)", line).group(1))
-        assert 0.8 < rel < 1.2 and tv > 0.002, line
+        assert 1.6 < rel < 2.4 and tv > 0.002, line
 
 
 @pytest.mark.slow
