@@ -394,8 +394,8 @@ class MarginalCurve:
     def control_variate(self) -> bool:
         return self.weight is not None
 
-    #: elements (prompts x draws x vocabulary) estimated at once: the estimate's float64 terms of one chunk
-    #: stay near 0.5 GB each at a 152k vocabulary (about six prompts of 64 draws), whatever the batch
+    #: elements (prompts x draws x vocabulary) estimated at once: the estimate's terms of one chunk
+    #: stay near 0.25-0.5 GB each at a 152k vocabulary (about six prompts of 64 draws), whatever the batch
     CHUNK_ELEMENTS = 1 << 26
 
     def __call__(self, sigma: float) -> MarginalTV:
