@@ -109,16 +109,23 @@ def ensure_base_model(cache_dir: str | os.PathLike | None = None, *, use_asset: 
     with _file_lock(root / f".base-{_recipe_hash()}.lock"):
         if _is_complete(target):  # built by another caller while we waited
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".base-build-", dir=root))
-        try:
-            pretrain(tmp)
-            if target.exists():  # a stale, incomplete folder from an interrupted older build
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        build_into(target, pretrain, prefix=".base-build-")
     return target
+
+
+def build_into(target: Path, build, *, prefix: str) -> None:
+    """``build(folder)`` into a fresh temporary folder beside ``target``, then renamed into place (a stale,
+    incomplete ``target`` from an interrupted older build is removed first): a reader never sees half a
+    build. Call it under :func:`_file_lock`."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=target.parent))
+    try:
+        build(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ command line

@@ -16,8 +16,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,7 @@ def ensure_text_base_model(cache_dir: str | os.PathLike | None = None) -> Path:
     tokenizer), built on first use into ``cache_dir`` (default ``~/.cache/ncgrpo``)
     ``/text-base-<hash of the base>``; concurrent callers wait on a lock and the build is renamed into
     place, so nobody sees half of it."""
-    from ncgrpo.toy.base_model import _file_lock, ensure_base_model
+    from ncgrpo.toy.base_model import _file_lock, build_into, ensure_base_model
 
     base = ensure_base_model()
     root = _cache_root(cache_dir)
@@ -55,15 +53,7 @@ def ensure_text_base_model(cache_dir: str | os.PathLike | None = None) -> Path:
     with _file_lock(root / f".{target.name}.lock"):
         if (target / _DONE).is_file():
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".text-base-build-", dir=root))
-        try:
-            _build(base, tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        build_into(target, lambda folder: _build(base, folder), prefix=".text-base-build-")
     return target
 
 
