@@ -41,7 +41,6 @@ from ncgrpo.core.noise import NoiseKey, NoiseMode, draw_eps_keys, perturb
 
 __all__ = [
     "MARGINAL_DRAW_BASE",
-    "MARGINAL_ESTIMATOR",
     "MarginalCurve",
     "MarginalEstimate",
     "MarginalTV",
@@ -114,11 +113,6 @@ def noisy_probs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     z = _logit_rows(head, h, eps, sigma, steer, chunk)
     return torch.softmax(z / temperature, dim=-1) if z.numel() else z
-
-
-#: The estimator behind every noise-effect number (the probe, the trainer's metric, the target schedule's
-#: solve, the first-token controls' calibration): recorded beside the values it made.
-MARGINAL_ESTIMATOR = "antithetic pairs + second-order control variate, jackknife bias-corrected"
 
 
 def antithetic_eps(keys: Sequence[NoiseKey], d: int, mode: NoiseMode = "independent") -> torch.Tensor:
