@@ -231,6 +231,11 @@ def control_coefficient(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     cc = c - c.mean(-2, keepdim=True)
     var = (cc * cc).sum((-1, -2))
     cov = (xc * cc).sum((-1, -2))
+    return _beta(cov, var)
+
+
+def _beta(cov: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """``cov / var`` clamped to ``[0, 1]``, 0 where ``var`` is 0 (no control variate to fit)."""
     safe = torch.where(var > 0, var, torch.ones_like(var))
     return torch.where(var > 0, cov / safe, torch.zeros_like(var)).clamp(0.0, 1.0)
 
@@ -247,8 +252,7 @@ def _loo_tv(x: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
     scc = (c * c).sum(-1)
     cov = (sxc.sum(1, keepdim=True) - sxc) - (K - 1) * (mx * mc).sum(-1)
     var = (scc.sum(1, keepdim=True) - scc) - (K - 1) * (mc * mc).sum(-1)
-    safe = torch.where(var > 0, var, torch.ones_like(var))
-    beta = torch.where(var > 0, cov / safe, torch.zeros_like(var)).clamp(0.0, 1.0)  # [P, K]
+    beta = _beta(cov, var)  # [P, K]: control_coefficient without unit i
     return 0.5 * (mx - beta[..., None] * mc).abs().sum(-1)
 
 
