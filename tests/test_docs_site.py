@@ -106,7 +106,7 @@ API = {
     "reference/api/rewards": ["ncgrpo.rewards.make_math_reward", "ncgrpo.rewards.grade"],
     "reference/api/core": [
         "ncgrpo.core.noise.perturb",
-        "ncgrpo.core.noise.sigma_schedule",
+        "ncgrpo.core.schedule.sigma_schedule",
         "ncgrpo.core.plan.plan_group",
     ],
 }
