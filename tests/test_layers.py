@@ -57,10 +57,52 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 RANK = {pkg: i for i, peers in enumerate(LAYERS) for pkg in peers}
 
-# Imports that break the layers today and live in files another change owns (issue 45: the method
-# contract moves them). Each entry is (importer, imported); the lead removes them once that lands.
-# An entry that no longer matches anything fails the test too, so the list only shrinks.
-ALLOWED: set[tuple[str, str]] = set()
+# An ncgrpo module imported inside a function is an edge a reader scanning the top of the file does not
+# see; it stays inside a function only for a measured start-up reason, named here (module -> why).
+LAZY: dict[str, str] = {
+    "ncgrpo": "the public facade: `from ncgrpo import NCGRPOTrainer` loads TRL on first use",
+    # `ncgrpo --help` imports every command module (0.37 s); each loads what its command runs when it
+    # runs: torch (1.6 s), transformers (1.0 s), matplotlib (0.6 s), eval.report (0.13 s), data.benchmarks
+    # (17 ms), eval.questions (14 ms)
+    "ncgrpo.commands.compare": "eval.report when compare runs",
+    "ncgrpo.commands.demo": "the toy demo (torch, transformers, TRL) when demo runs",
+    "ncgrpo.commands.eval": "models, eval.evaluate, data.benchmarks, eval.questions when eval runs",
+    "ncgrpo.commands.plot": "eval.plots (matplotlib) and eval.report when plot runs",
+    "ncgrpo.commands.pretrain": "the toy base model (torch, transformers) when pretrain runs",
+    "ncgrpo.commands.train": "the driver (torch, transformers, TRL) when train runs",
+    "ncgrpo.commands.train_prepare": "models, methods, driver and the trainer when train runs",
+    "ncgrpo.integrations.verl": "workers imports verl and ray (optional: the verl extra)",
+    "ncgrpo.integrations.verl.main_ppo": "workers imports verl and ray (optional: the verl extra)",
+    "ncgrpo.models": "processors imports transformers (+1.0 s) and registers the Qwen VL processors with "
+    "AutoProcessor; ncgrpo.rollout and eval.probe import models for tokenizer_of without it",
+}
+
+# Modules that another change of issue 45 owns (the method contract: methods/*, trainer/*,
+# commands/probe.py, toy/demo*.py; the splits: eval/evaluate.py, toy/seed_table.py,
+# commands/train_settings.py). Their imports inside functions are allowed until that change lands; the
+# lead hoists them or moves them into LAZY with a reason, and deletes the entry. An entry whose module
+# no longer imports ncgrpo inside a function fails the test, so the list only shrinks.
+PENDING: set[str] = {
+    "ncgrpo.commands.probe",
+    "ncgrpo.commands.train_settings",
+    "ncgrpo.eval.evaluate",
+    "ncgrpo.methods.first_token_marginal",
+    "ncgrpo.methods.first_token_temperature",
+    "ncgrpo.methods.image",
+    "ncgrpo.methods.latent",
+    "ncgrpo.methods.spsa",
+    "ncgrpo.toy.demo",
+    "ncgrpo.toy.demo_config",
+    "ncgrpo.toy.demo_stages",
+    "ncgrpo.toy.seed_table",
+    "ncgrpo.trainer.grpo",
+    "ncgrpo.trainer.images",
+    "ncgrpo.trainer.metrics",
+    "ncgrpo.trainer.model_card",
+    "ncgrpo.trainer.run_folder",
+    "ncgrpo.trainer.target",
+    "ncgrpo.trainer.vllm",
+}
 
 
 @dataclass(frozen=True)
@@ -205,14 +247,29 @@ def test_every_package_has_a_layer() -> None:
 
 
 def test_no_upward_or_sideways_import() -> None:
-    bad = [imp for imp in _layer_breaks(IMPORTS) if (imp.src, imp.dst) not in ALLOWED]
+    bad = _layer_breaks(IMPORTS)
     assert not bad, "imports that break the layers:\n" + "\n".join(_describe(i) for i in bad)
 
 
-def test_the_allow_list_only_names_imports_that_exist() -> None:
-    live = {(imp.src, imp.dst) for imp in _layer_breaks(IMPORTS)}
-    stale = sorted(ALLOWED - live)
-    assert not stale, f"ALLOWED names imports that are gone (delete them): {stale}"
+def test_ncgrpo_imports_inside_functions_only_for_a_named_reason() -> None:
+    hidden = sorted({i.src for i in IMPORTS if i.in_function} - set(LAZY) - PENDING)
+    lines = [
+        f"{i.src} -> {i.dst} ({_path(i.src)}, line {i.line})"
+        for i in IMPORTS
+        if i.in_function and i.src in hidden
+    ]
+    assert not hidden, (
+        "ncgrpo imports inside functions (hoist them to the top of the file, or name the measured reason "
+        "in LAZY):\n" + "\n".join(lines)
+    )
+
+
+def test_the_lists_only_name_modules_that_need_them() -> None:
+    lazy = {i.src for i in IMPORTS if i.in_function}
+    stale = sorted((set(LAZY) | PENDING) - lazy)
+    assert not stale, (
+        f"LAZY/PENDING name modules with no ncgrpo import inside a function (delete them): {stale}"
+    )
 
 
 def test_no_import_cycle_between_modules() -> None:

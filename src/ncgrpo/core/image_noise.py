@@ -50,16 +50,13 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from PIL import Image
 
 from ncgrpo.core.noise import noise_seed
 from ncgrpo.core.schedule import NUM_DIFFUSION_STEPS
-
-if TYPE_CHECKING:
-    from PIL import Image
 
 __all__ = [
     "NUM_DIFFUSION_STEPS",
@@ -127,7 +124,6 @@ def pil_to_tensor(image: Image.Image) -> torch.Tensor:
 
 def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     """Float ``# [C, H, W]`` in [0, 1] (C = 1 or 3) -> PIL, truncating as torchvision's ToPILImage."""
-    from PIL import Image
 
     arr = (x.detach().cpu().float().clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).numpy()
     if arr.shape[2] == 1:
@@ -231,7 +227,6 @@ class ResizePolicy:
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB as the transformers image processors convert: transparency composited on white, else ``convert``."""
-    from PIL import Image
 
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
@@ -244,7 +239,6 @@ def resize_to_target(image: Image.Image, policy: ResizePolicy) -> Image.Image:
     it is at its target already, else converted with :func:`to_rgb` and resized with PIL bicubic.
     :func:`distort_images` (on the RGB copy) and the trainer's images for vLLM
     (:func:`ncgrpo.trainer.images.engine_images`) both resize through here."""
-    from PIL import Image
 
     h, w = policy.target(image.height, image.width)
     if (h, w) == (image.height, image.width):
