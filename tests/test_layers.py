@@ -24,8 +24,9 @@ The package root ``ncgrpo`` holds ``__version__`` and the lazy ``from ncgrpo imp
 trainer is not a layer's import.
 
 There is no import cycle between modules, nor between the layers' packages. A cycle or an upward
-import hidden inside a function is still one: the test sees it; the import graph in a reader's head
-does too.
+import hidden inside a function is still one: the test sees it. And an ncgrpo module imported inside a
+function at all needs a measured reason, named in ``LAZY`` (``python tests/test_layers.py`` prints the
+share of imports inside functions and any import that breaks the layers).
 """
 
 from __future__ import annotations
