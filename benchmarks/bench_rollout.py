@@ -228,7 +228,7 @@ def build(args, device, dtype):
 
 
 def main(argv=None) -> dict:
-    from ncgrpo.engines.rollout import generate_groups
+    from ncgrpo.rollout import generate_groups
     from ncgrpo.toy.model import count_parameters
 
     # the time cap counts from the process's start when run as a script (from this call when called)

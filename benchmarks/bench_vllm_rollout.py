@@ -10,7 +10,7 @@ extra_args, no perturbation) to separate vLLM's per-request cost from the plugin
 interleaved (rotating which goes first) and medians are reported, with the time the worker spent
 in the plugin's own code (read through the start-up check's RPC). Random weights: ``ignore_eos`` makes every
 row decode exactly ``--max-new-tokens`` tokens, so both sides do the same decode work. The
-transformers engine (:func:`ncgrpo.engines.rollout.generate_groups`, hook on) runs the same rows with
+transformers engine (:func:`ncgrpo.rollout.generate_groups`, hook on) runs the same rows with
 ``min_new_tokens`` for the engine comparison.
 
     python benchmarks/bench_vllm_rollout.py --config tiny --prompts 8 --n 4 --max-new-tokens 32 --repeats 7
@@ -265,10 +265,10 @@ def main(argv=None) -> dict:
     from vllm import LLM, SamplingParams
 
     from ncgrpo.core.plan import plan_group, prompt_noise_id
-    from ncgrpo.engines.rollout import generate_groups
     from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
     from ncgrpo.methods import get_method
     from ncgrpo.models import tokenizer_of
+    from ncgrpo.rollout import generate_groups
     from ncgrpo.toy.model import count_parameters
 
     def plan_batch(pids, n, sigma, seed, step):  # rows in request order: [p0 clean x n, p0 noisy x n, ...]

@@ -93,7 +93,7 @@ def test_help_text_is_escaped_for_markdown() -> None:
 API = {
     "reference/api/trainer": ["ncgrpo.trainer.NCGRPOConfig", "ncgrpo.trainer.NCGRPOTrainer"],
     "reference/api/rollouts": [
-        "ncgrpo.engines.rollout.generate_groups",
+        "ncgrpo.rollout.generate_groups",
         "ncgrpo.engines.transformers.prefill_noise",
     ],
     "reference/api/eval": [
@@ -106,7 +106,7 @@ API = {
     "reference/api/rewards": ["ncgrpo.rewards.make_math_reward", "ncgrpo.rewards.grade"],
     "reference/api/core": [
         "ncgrpo.core.noise.perturb",
-        "ncgrpo.core.noise.sigma_schedule",
+        "ncgrpo.core.schedule.sigma_schedule",
         "ncgrpo.core.plan.plan_group",
     ],
 }

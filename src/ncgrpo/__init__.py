@@ -1,20 +1,23 @@
 """ncgrpo: Noise-Contrastive GRPO (latent-space rollout diversification for RLVR).
 
-Where things are (each folder is one layer; a layer imports only the ones above it):
+Where things are (each folder is one layer; a layer imports only the ones above it; the order and
+the check: tests/test_layers.py):
 
 - ``ncgrpo.core``: the paper's math as pure tensor code (noise, schedule, advantages, image noise,
   the one row plan). Imports no engine.
+- ``ncgrpo.runs``: the run folder's one home: ``runs.folder`` (file names, atomic writers, the
+  ``run.json`` reader, run identity, checkpoint completeness, the folder lock).
+- ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
+- ``ncgrpo.models``: model and processor loading, vision-tower freezing, ``tokenizer_of``
+  (``ncgrpo.processors``: the torchvision-free Qwen VL processors it loads).
 - ``ncgrpo.engines``: thin adapters that apply the core inside an inference engine (transformers;
   vLLM's plugin).
 - ``ncgrpo.methods``: the rollout methods, one module each, registered by name
   (``get_method(name)``): everything that differs by method, asked by every other part
   (docs/extending.md).
+- ``ncgrpo.rollout``: ``generate_groups``, a method's two-pass groups through the transformers engine
+  without the trainer (benchmarks, notebooks).
 - ``ncgrpo.trainer``: ``NCGRPOConfig`` / ``NCGRPOTrainer``, the TRL seam.
-- ``ncgrpo.rewards``, ``ncgrpo.data``: the one rule-based scorer; benchmark loaders and prompts.
-- ``ncgrpo.models``: model and processor loading, vision-tower freezing, ``tokenizer_of``
-  (``ncgrpo.processors``: the torchvision-free Qwen VL processors it loads).
-- ``ncgrpo.runs``: the run folder's one home: ``runs.folder`` (file names, atomic writers, the
-  ``run.json`` reader, run identity, checkpoint completeness, the folder lock).
 - ``ncgrpo.eval``: greedy evaluation, records, statistics, tables, plots, and the probe
   (``eval.probe``: a model's noise response measured before training).
 - ``ncgrpo.driver``: preparing and executing one training run (the datasets, the model, the LoRA

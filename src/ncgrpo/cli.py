@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import warnings
+from pathlib import Path
 
+from ncgrpo import __version__
 from ncgrpo.commands import compare, demo, plot, pretrain, probe, train
 from ncgrpo.commands import eval as eval_command
 from ncgrpo.commands._common import BAD_INPUT, UsageError
+from ncgrpo.commands.config_file import suggest
+from ncgrpo.commands.parser import ConfigParser
 
 __all__ = ["BAD_INPUT", "COMMANDS", "UsageError", "build_parser", "main"]
 
@@ -37,10 +43,6 @@ class _TopParser(argparse.ArgumentParser):
         super().__init__(**kwargs)
 
     def error(self, message: str):
-        import re
-
-        from ncgrpo.commands.config_file import suggest
-
         m = re.search(r"invalid choice: '([^']*)'", message)
         if m:
             message += suggest(m.group(1), COMMANDS)
@@ -51,8 +53,6 @@ class _TopParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ncgrpo import __version__
-
     parser = _TopParser(
         prog="ncgrpo",
         description="NC-GRPO: noise-contrastive GRPO with latent-space rollout diversification.",
@@ -61,7 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the Python traceback of an error (also NCGRPO_DEBUG=1)"
     )
-    from ncgrpo.commands.parser import ConfigParser
 
     # a subcommand gets dataclass-backed parsing by add_parser(..., dataclass_types=...); without them
     # ConfigParser is a plain ArgumentParser
@@ -87,8 +86,6 @@ def _warning_printer(name: str | None):
     """``warnings.showwarning`` for a command: ncgrpo's own warnings (raised in its code, or pointed by
     their ``stacklevel`` at the program that called it) read ``ncgrpo <command>: warning: ...`` like its
     errors; other libraries' keep Python's format with their location."""
-    import warnings
-    from pathlib import Path
 
     default = warnings.showwarning
     package = str(Path(__file__).resolve().parent)
@@ -112,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv[: argv.index(name) if name else len(argv)] or bool(
         os.environ.get("NCGRPO_DEBUG")
     )
-    import warnings
 
     # not while a caller records warnings (catch_warnings(record=True), as pytest does): it gets them as they are
     recording = getattr(getattr(warnings, "_showwarnmsg_impl", None), "__self__", None) is not None

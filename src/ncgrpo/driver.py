@@ -13,22 +13,41 @@ settings ``dtype``, ``freeze_vision_tower``, ``min_pixels``, ``max_pixels``) and
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-from trl import ModelConfig
+from accelerate import PartialState
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from trl import ModelConfig, get_peft_config
 
+from ncgrpo import models  # models.load_model_and_processor: looked up at the call (tests stand in for it)
+from ncgrpo.data.benchmarks import load_benchmark
+from ncgrpo.data.files import is_data_file, read_data_file
+from ncgrpo.data.geometry3k import load_geometry3k, to_trl_dataset
+from ncgrpo.models import find_vision_tower
+from ncgrpo.rewards.loading import BUILTIN_REWARDS, resolve_reward
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
     METRICS_FILE,
     RUN_FILE,
+    DiskFullError,
     FolderLock,
     atomic_write_json,
     atomic_write_text,
+    checkpoint_step,
+    clear_train_outputs,
+    disk_full_error,
+    read_run_json,
 )
+from ncgrpo.runs.provenance import continue_provenance
+from ncgrpo.trainer import NCGRPOTrainer
+from ncgrpo.trainer.checkpoints import RolloutResumeError
 from ncgrpo.trainer.run_folder import MetricsCallback, write_train_run_json
 
 __all__ = [
@@ -47,11 +66,7 @@ __all__ = [
 def _questions(
     name: str, path: str | None, split: str, limit: int | None, seed: int, output_dir: Path, synthetic
 ):
-    from ncgrpo.data.geometry3k import load_geometry3k
-
     if name not in ("geo3k", "synthetic"):  # a built-in text benchmark (gsm8k, math500): its own loader
-        from ncgrpo.data.benchmarks import load_benchmark
-
         return load_benchmark(name, path, split=split, limit=limit)
     if name == "synthetic" and path is None:
         folder = output_dir / "synthetic-data"
@@ -69,8 +84,6 @@ def _questions(
 def _file_dataset(path: str, script_args: Any, limit: int | None, what: str):
     """A data file's rows (the first ``limit``) as TRL's conversational dataset; a built-in reward's
     ``answer`` column checked in every row."""
-    from ncgrpo.data.files import read_data_file
-    from ncgrpo.rewards.loading import BUILTIN_REWARDS
 
     s = script_args
     data = read_data_file(path, s.prompt_column, what=what)
@@ -108,8 +121,6 @@ def build_datasets(
     .parquet) is read by :func:`ncgrpo.data.files.read_data_file`: TRL's conversational prompts from
     ``prompt_column``, every other column kept for the reward functions.
     """
-    from ncgrpo.data.files import is_data_file
-    from ncgrpo.data.geometry3k import to_trl_dataset
 
     out = Path(output_dir)
     kwargs: dict[str, Any] = {"system_prompt": script_args.system_prompt}
@@ -169,7 +180,6 @@ class RunPlan:
         model has loaded). The lock stays held until :meth:`release`. A folder whose ``run.json`` or
         checkpoints changed since ``prepare_run`` checked them (another run wrote it while this one
         loaded its model) is refused, so its checks hold under the lock."""
-        import shutil
 
         try:
             if self.main_process and not self.keep:
@@ -220,15 +230,12 @@ class RunPlan:
         """``--overwrite``, under the lock: mark ``run.json`` (``overwriting``: a kill part way leaves a
         folder ``--resume`` refuses) then remove the old run's checkpoints, metrics and final weights
         (:func:`ncgrpo.runs.folder.clear_train_outputs`); ``write_folder`` then writes the new run's files."""
-        from ncgrpo.runs.folder import clear_train_outputs
 
         atomic_write_json(
             self.output_dir / RUN_FILE, {**self.run_info, "finished": False, "overwriting": True}
         )
         removed = clear_train_outputs(self.output_dir)
         if removed:
-            import sys
-
             print(
                 f"ncgrpo train: --overwrite: removed {', '.join(removed)} from {self.output_dir}",
                 file=sys.stderr,
@@ -238,8 +245,6 @@ class RunPlan:
         """Let go of the run folder (:func:`execute_run` does at its end) and of a staged suite never
         written; idempotent."""
         if self.staging is not None:
-            import shutil
-
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
         if self.lock is not None:
@@ -296,7 +301,6 @@ def train_run(
     checkpoint that does not load is a ``ValueError`` saying so, with the folder's files unchanged.
     Returns the trainer.
     """
-    from accelerate import PartialState
 
     out = Path(args.output_dir)
     state = PartialState()
@@ -318,15 +322,9 @@ def _train_locked(
     args, model, processor, train_dataset, *, out: Path, main_process: bool, reward_funcs, run_info,
     eval_dataset, callbacks, resume_from_checkpoint, console_logs, peft_config=None, on_loaded=None,
 ):  # fmt: skip
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from ncgrpo.trainer import NCGRPOTrainer
 
     info = dict(run_info)
     if "provenance" not in info and "provenance_history" not in info:  # not ncgrpo train's (prepare_run's)
-        from ncgrpo.runs.folder import read_run_json
-        from ncgrpo.runs.provenance import continue_provenance
-
         resumed = resume_from_checkpoint is not None and main_process
         info.update(
             continue_provenance(
@@ -358,8 +356,6 @@ def _train_locked(
         else:
             trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     except (RuntimeError, ValueError, KeyError) as e:
-        from ncgrpo.trainer.checkpoints import RolloutResumeError
-
         if loaded.done or resume_from_checkpoint is None or isinstance(e, RolloutResumeError):
             raise
         raise ValueError(
@@ -372,8 +368,6 @@ def _train_locked(
         if main_process:
             processor.save_pretrained(str(out))
     except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
-        from ncgrpo.runs.folder import disk_full_error
-
         error = disk_full_error(
             e,
             out,
@@ -421,7 +415,6 @@ def _first_lines(e: BaseException, limit: int = 600) -> str:
 def _at_max_steps(args, checkpoint: str | None) -> bool:
     """Whether ``checkpoint`` (resumed from) already holds the run's last step: ``max_steps`` set and
     reached (:func:`ncgrpo.runs.folder.checkpoint_step`). The Trainer would train one step more."""
-    from ncgrpo.runs.folder import checkpoint_step
 
     if checkpoint is None or args.max_steps is None or args.max_steps <= 0:
         return False
@@ -434,7 +427,6 @@ def _finish_from_checkpoint(trainer, checkpoint: str, out: Path, main_process: b
     and trainer state, with no training step (``Trainer.train`` resumed at ``max_steps`` trains one step
     more, issue 35), so the final save writes the very weights an uninterrupted run would have; the
     metrics file is cut back to the checkpoint's step as a resumed run's is (:class:`MetricsCallback`)."""
-    from transformers import TrainerState
 
     trainer._load_from_checkpoint(checkpoint)
     trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
@@ -446,7 +438,6 @@ def _finish_from_checkpoint(trainer, checkpoint: str, out: Path, main_process: b
 def reward_functions(names: Sequence[str]) -> list:
     """The reward functions ``names`` stand for: built-in names of :mod:`ncgrpo.rewards` or dotted
     import paths of one's own (:func:`ncgrpo.rewards.loading.resolve_reward`)."""
-    from ncgrpo.rewards.loading import resolve_reward
 
     return [resolve_reward(name) for name in names]
 
@@ -456,13 +447,12 @@ def load_model(model_args: ModelConfig) -> tuple[Any, Any]:
     ``from_pretrained`` put it (the Trainer places it). With ``use_peft`` a local folder is loaded by its absolute path, so
     the adapter saved at the end names a base model (``adapter_config.json``'s ``base_model_name_or_path``)
     that loads from any working directory."""
-    from ncgrpo.models import load_model_and_processor
 
     m = model_args
     path = m.model_name_or_path
     if m.use_peft and os.path.isdir(path):
         path = os.path.abspath(path)
-    return load_model_and_processor(
+    return models.load_model_and_processor(
         path,
         dtype=m.dtype,
         device=None,
@@ -479,9 +469,6 @@ def _lora_config(model_args: ModelConfig) -> Any:
     so ``--lora_target_modules q_proj`` targeted nothing (peft: "No modules were targeted"). A single
     plain module name (letters, digits, ``_``) is kept as the one-name list the user gave; ``all-linear``
     and patterns (``.*\\.q_proj``) stay as they are."""
-    import re
-
-    from trl import get_peft_config
 
     config = get_peft_config(model_args)
     target = config.target_modules
@@ -511,9 +498,6 @@ def peft_config_for(model_args: ModelConfig, model: Any) -> Any:
     here, before the trainer starts, instead of peft's."""
     if not model_args.use_peft:
         return None
-    import re
-
-    from ncgrpo.models import find_vision_tower
 
     config = _lora_config(model_args)
     _check_lora_targets(config, getattr(model.config, "model_type", None))
@@ -548,8 +532,6 @@ def execute_run(plan: RunPlan):
             on_loaded=plan.write_settings if plan.resuming else None,
         )
     except Exception as e:  # noqa: BLE001 - only a write that ran out of room is replaced
-        from ncgrpo.runs.folder import DiskFullError, disk_full_error
-
         # metrics.jsonl, run.json, config.yaml: anything the run writes (checkpoints and the final save
         # say so themselves, naming their own folder)
         error = None if isinstance(e, DiskFullError) else disk_full_error(

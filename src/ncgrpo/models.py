@@ -6,10 +6,18 @@ processors it loads are :mod:`ncgrpo.processors`.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub  # huggingface_hub.model_info: looked up at the call (tests stand in for it)
 import torch
+from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from safetensors import safe_open
+
+from ncgrpo.core.noise import parse_noise_site
 
 __all__ = [
     "VISION_TOWER_PATHS",
@@ -48,7 +56,6 @@ def available_memory() -> int | None:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    import os
 
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
@@ -62,7 +69,6 @@ def _looks_like_a_path(name: str) -> bool:
         return True
     if "/" in name and Path(name.split("/", 1)[0]).is_dir():
         return True  # runs/my-model with a local runs/: a folder, not the hub namespace "runs"
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
         validate_repo_id(name)
@@ -82,7 +88,6 @@ def check_model_source(
     no local folder must be in the hub cache or answer one request to the hub (refused at once where
     the hub says no such model or cannot be reached, or ``HF_HUB_OFFLINE`` is set). ``what``: the flag
     or setting named in the message. Shared by ``ncgrpo train``, ``eval`` and ``probe``."""
-    import os
 
     name = str(name)
     p = Path(os.path.expanduser(name))
@@ -99,8 +104,6 @@ def check_model_source(
             f"{what} {name}: {p.absolute()} does not exist; pass a folder written by save_pretrained, or a hub "
             "id ORG/NAME"
         )
-    from huggingface_hub import constants, model_info, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     if isinstance(try_to_load_from_cache(name, "config.json"), str):
         return
@@ -111,7 +114,7 @@ def check_model_source(
         )
     # one request, no retries: transformers' own lookup retries for ~30 s where the hub cannot be reached
     try:
-        model_info(name, timeout=10)
+        huggingface_hub.model_info(name, timeout=10)
     except GatedRepoError:
         return  # it exists; the config lookup says what access it needs
     except RepositoryNotFoundError:
@@ -301,7 +304,6 @@ def check_weight_files(path: str | Path) -> None:
     folder = Path(path)
     if not folder.is_dir():
         return
-    from safetensors import safe_open
 
     for f in sorted(folder.glob("*.safetensors")):
         try:
@@ -360,7 +362,6 @@ def check_noise_site(noise_site: str, model_name_or_path: str | Path, config: An
     """Refuse a layer noise site past the model's decoder layers, read from its config before any
     weight is loaded (``final_norm`` fits every model). ``config``: the model's config where the caller
     has read it already (else it is read from ``model_name_or_path``)."""
-    from ncgrpo.core.noise import parse_noise_site
 
     site = parse_noise_site(noise_site)
     if site == "final_norm":

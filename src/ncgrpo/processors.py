@@ -31,7 +31,19 @@ The class names keep the ``Tiny`` prefix they were first saved under, so existin
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+
+from transformers import (
+    AutoConfig,
+    AutoProcessor,
+    PreTrainedConfig,
+    Qwen2_5_VLProcessor,
+    Qwen2VLProcessor,
+    Qwen3VLProcessor,
+)
+from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+from transformers.utils import cached_file, is_torchvision_available
 
 from ncgrpo.runs.folder import atomic_write_json
 
@@ -108,8 +120,6 @@ def _set_json_key(file: Path, key: str, value) -> None:
 
 
 def _image_only_processors():
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
-
     return {
         "qwen2_5_vl": _make_image_only(Qwen2_5_VLProcessor),
         "qwen2_vl": _make_image_only(Qwen2VLProcessor),
@@ -124,8 +134,6 @@ TinyQwen3VLProcessor = IMAGE_ONLY_PROCESSORS["qwen3_vl"]
 
 
 def _register_with_auto_processor() -> None:
-    from transformers import AutoProcessor, PreTrainedConfig
-
     for kind, cls in IMAGE_ONLY_PROCESSORS.items():
         # A private config class as the mapping key: AutoProcessor finds the processor by the class name
         # saved in processor_config.json, and the mapping for real Qwen configs stays untouched.
@@ -154,8 +162,6 @@ _CLASS_FILES = (
 
 
 def _read_json(path, name: str) -> dict | None:
-    from transformers.utils import cached_file
-
     file = cached_file(
         path,
         name,
@@ -187,8 +193,6 @@ def saved_processor_class(path, config=None) -> str | None:
     """The processor class a checkpoint names, found as ``AutoProcessor`` finds it: ``processor_class``
     in the first of :data:`_CLASS_FILES` that has one, else the upstream processor of the model type
     (``config``, or the folder's ``config.json``); ``None`` if neither names one."""
-    from transformers import AutoConfig
-    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
     for name in _CLASS_FILES:
         found = (_read_json(path, name) or {}).get("processor_class")
@@ -207,7 +211,6 @@ def image_only_kind(path, config=None) -> str | None:
     """``"qwen2_vl"``, ``"qwen2_5_vl"`` or ``"qwen3_vl"`` when the checkpoint at ``path`` names that upstream
     Qwen VL processor and torchvision is not installed, so ``AutoProcessor`` cannot build it (its video
     processor needs torchvision); ``None`` when ``AutoProcessor`` is the way to load it."""
-    from transformers.utils import is_torchvision_available
 
     if is_torchvision_available():
         return None
@@ -219,9 +222,6 @@ def from_pretrained(path, config=None, **kwargs):
     VL processor (a hub checkpoint of Qwen2-VL, Qwen2.5-VL, Qwen3-VL or a model saved from one) loads as
     its image-only subclass when torchvision is not installed (:func:`image_only_kind`; the upstream
     class would raise "Qwen2VLVideoProcessor requires the Torchvision library"). Nothing is written."""
-    import logging
-
-    from transformers import AutoProcessor
 
     kind = image_only_kind(path, config)
     if kind is not None:

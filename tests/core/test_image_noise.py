@@ -17,13 +17,12 @@ from ncgrpo.core.image_noise import (
     diffuse,
     diffuse_images,
     distort_images,
-    image_noise_t,
     pil_to_tensor,
     prompt_image_seed,
     resize_to_target,
     tensor_to_pil,
 )
-from ncgrpo.core.noise import sigma_schedule
+from ncgrpo.core.schedule import image_noise_t, sigma_schedule
 
 
 def _image(seed: int = 0, size: tuple[int, int] = (56, 48), mode: str = "RGB") -> Image.Image:

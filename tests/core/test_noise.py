@@ -22,7 +22,6 @@ from ncgrpo.core.noise import (
     project_ball,
     relative_perturbation,
     reverse_positions,
-    sigma_schedule,
     spsa_gradient,
     spsa_update,
 )
@@ -137,39 +136,6 @@ def test_steering_offset_is_added_in_calibrated_units() -> None:
     delta = calibrated_delta(h, torch.zeros(4, d), 0.0, steer=mu)
     expected = h.norm(dim=-1, keepdim=True) / 3.0 * mu
     torch.testing.assert_close(delta, expected)
-
-
-# ---------------------------------------------------------------------------------------------
-# eq. (3): schedule
-# ---------------------------------------------------------------------------------------------
-def test_sigmoid_schedule_matches_eq3_at_chosen_points() -> None:
-    s = lambda k: sigma_schedule(k, 60, 1.0, gamma=30, k_mid=40)  # noqa: E731
-    assert s(20) == pytest.approx(1.0, abs=1e-4)  # 1 - sigmoid(-10)
-    assert s(40) == pytest.approx(0.5, abs=1e-12)
-    assert s(55) == pytest.approx(1.0 - 1.0 / (1.0 + math.exp(-7.5)), rel=1e-9)
-    assert s(55) < 1e-3
-    assert s(50) == pytest.approx(0.00669, abs=1e-4)  # anchors.md: ~0.007 at step 50
-    # direct formula at every step, and monotone non-increasing
-    vals = [sigma_schedule(k, 60, 0.2) for k in range(1, 61)]
-    for k, v in zip(range(1, 61), vals, strict=True):
-        assert v == pytest.approx(0.2 * (1 - 1 / (1 + math.exp(-30 * (k - 40) / 60))), rel=1e-12)
-    assert all(a >= b for a, b in zip(vals, vals[1:], strict=False))
-
-
-def test_constant_and_linear_schedules() -> None:
-    assert sigma_schedule(1, 60, 0.3, kind="constant") == 0.3
-    assert sigma_schedule(60, 60, 0.3, kind="constant") == 0.3
-    assert sigma_schedule(30, 60, 0.4, kind="linear") == pytest.approx(0.2)
-    assert sigma_schedule(60, 60, 0.4, kind="linear") == 0.0
-
-
-def test_schedule_extremes_do_not_overflow() -> None:
-    assert sigma_schedule(10**9, 60, 0.5) == 0.0
-    assert sigma_schedule(-(10**9), 60, 0.5) == 0.5
-    with pytest.raises(ValueError, match="schedule kind"):
-        sigma_schedule(1, 60, 0.5, kind="cosine")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="sigma0"):
-        sigma_schedule(1, 60, -0.1)
 
 
 # ---------------------------------------------------------------------------------------------

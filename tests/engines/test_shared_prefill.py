@@ -15,9 +15,9 @@ import torch
 from ncgrpo.core.noise import NoiseKey, RowNoise
 from ncgrpo.engines.branch_point import at_branch_point, branch_point_capture
 from ncgrpo.engines.controls import first_token_marginal, first_token_temperature
-from ncgrpo.engines.rollout import generate_groups
 from ncgrpo.engines.shared_prefill import share_prompt_prefill, shared_prefill_generate
 from ncgrpo.engines.transformers import prefill_noise
+from ncgrpo.rollout import generate_groups
 from tiny_models import MIXED_TEXTS, image_prompts, mixed_images, tiny_bundle
 
 G = 4  # rows per prompt: 2 clean + 2 noisy

@@ -44,7 +44,7 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from ncgrpo.core.advantages import decompose_advantages, group_advantages  # noqa: E402
-from ncgrpo.core.noise import sigma_schedule  # noqa: E402
+from ncgrpo.core.schedule import sigma_schedule  # noqa: E402
 from ncgrpo.engines.vllm import EXTRA_ARGS_KEY  # noqa: E402
 from ncgrpo.integrations.verl import config as ncv  # noqa: E402
 from ncgrpo.integrations.verl import workers as ncw  # noqa: E402

@@ -19,7 +19,8 @@ import torch
 from PIL import Image
 
 from ncgrpo.core.advantages import decompose_advantages
-from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows, sigma_schedule
+from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
+from ncgrpo.core.schedule import sigma_schedule
 from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, parse_noise_spec
 from ncgrpo.engines.vllm_worker import _ArmedLogits
 from ncgrpo.integrations.verl.config import (

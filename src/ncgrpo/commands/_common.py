@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.runs.folder import FolderLock, claim_folder
+
 
 class UsageError(Exception):
     """Bad input from the user: printed as ``ncgrpo <command>: error: <message>``, exit code 2."""
@@ -52,7 +54,6 @@ def add_dataclass_command(
 def check_report_folder(out: str | Path, command: str) -> None:
     """Refuse, writing nothing, a ``--out`` of ``compare`` / ``plot`` that is a file, another command's
     folder (a training run, an evaluation, a demo's root, a model) or one another process writes."""
-    from ncgrpo.runs.folder import FolderLock
 
     FolderLock(out, command, kind="report").check()
 
@@ -61,7 +62,6 @@ def check_report_folder(out: str | Path, command: str) -> None:
 def report_folder(out: str | Path, command: str) -> Iterator[Path]:
     """Hold ``out``'s lock (kind ``report``, recorded in its ``run.json``) while ``command`` writes
     its tables or figures there."""
-    from ncgrpo.runs.folder import FolderLock, claim_folder
 
     out = Path(out)
     lock = claim_folder(FolderLock(out, command, kind="report"))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncgrpo.commands._common import UsageError, add_dataclass_command, check_report_folder, report_folder
+from ncgrpo.runs.folder import atomic_write_json, atomic_write_text, folder_kind
 
 HELP = "paper-style tables, paired exact McNemar tests and seed-level tests from evaluation run directories"
 DESCRIPTION = (
@@ -54,8 +55,6 @@ def run_dirs(values: list[str], flag: str = "--runs") -> list[str]:
 
 
 def _kind(folder: str | Path) -> str | None:
-    from ncgrpo.runs.folder import folder_kind
-
     try:
         return folder_kind(folder)
     except ValueError as e:  # an unreadable run.json: named by the reader
@@ -153,7 +152,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: CompareArgs) -> int:
     from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
-    from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
     ct = compare(load_runs(args.runs), args.baseline, args.benchmarks, allow_different=args.allow_different)
     print_rich(ct)

@@ -7,6 +7,7 @@ Argument parsing only: every field of :class:`ncgrpo.toy.demo_config.DemoConfig`
 from __future__ import annotations
 
 import argparse
+import time
 
 HELP = (
     "train vanilla GRPO and NC-GRPO on the embedded synthetic suite, evaluate, and print the paper's tables"
@@ -31,8 +32,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    import time
-
     t0 = time.perf_counter()
     from ncgrpo.toy.demo import quiet_libraries, run_demo
     from ncgrpo.toy.demo_config import DemoConfig

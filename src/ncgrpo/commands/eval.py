@@ -8,15 +8,20 @@ before anything is written: a bad value leaves no run folder behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ncgrpo.commands._common import UsageError, add_dataclass_command
 from ncgrpo.data.prompts import MATH_PROMPT_HELP
 from ncgrpo.data.types import MATH_PROMPT
+from ncgrpo.runs.folder import CONFIG_FILE, FolderLock, folder_kind, read_run_json
 
 HELP = "evaluate a model greedily on benchmarks; one JSONL record per question (resumable)"
 DESCRIPTION = (
@@ -136,9 +141,6 @@ class EvalArgs:
         if self.engine not in ENGINES:
             raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.engine == "vllm":
-            import importlib.util
-            import sys
-
             if importlib.util.find_spec("vllm") is None:
                 raise UsageError(
                     f"--engine vllm: vLLM is not installed for {sys.executable}; run ncgrpo from the "
@@ -265,7 +267,6 @@ _CHECKPOINT = re.compile(r"checkpoint-\d+")
 def training_run(path: str | Path) -> tuple[dict[str, Any], str | None] | None:
     """``(run.json, checkpoint label)`` when ``path`` is an ``ncgrpo train`` run folder (label None) or
     one of its ``checkpoint-N`` folders (label ``checkpoint-N``); None for any other model."""
-    from ncgrpo.runs.folder import folder_kind, read_run_json
 
     folder = Path(path)
     if not folder.is_dir():
@@ -304,9 +305,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _say_training_run(args: EvalArgs, settings: Any, out: Path) -> None:
     """One line on stderr: whose eval this is and where it goes; and a note where the run trained with
     another prompt template than this eval uses (train and eval share --system_prompt/--math_prompt)."""
-    import yaml
-
-    from ncgrpo.runs.folder import CONFIG_FILE
 
     run_dir = Path(args.model_name_or_path)
     run_dir = run_dir.parent if args.train_run and args.train_run[1] else run_dir
@@ -335,8 +333,6 @@ def _say_training_run(args: EvalArgs, settings: Any, out: Path) -> None:
 
 
 def run(args: EvalArgs) -> int:
-    import contextlib
-
     from rich.console import Console
     from rich.table import Table
 
@@ -353,7 +349,6 @@ def run(args: EvalArgs) -> int:
         run_identity,
     )
     from ncgrpo.eval.questions import load_questions
-    from ncgrpo.runs.folder import FolderLock
 
     out = Path(args.output_dir)
     settings = DecodingSettings(

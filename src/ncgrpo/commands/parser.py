@@ -34,9 +34,11 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import os
 import sys
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from trl import TrlParser
@@ -72,8 +74,6 @@ def _refuse_dangling_link(value: Any, where: str) -> None:
     """A path (or a list of them) through a symbolic link whose target does not exist is an error
     naming the link and its target: creating a folder there fails with a bare "File exists", and
     reading one says "no such file" about a path that is listed."""
-    import os
-    from pathlib import Path
 
     for v in value if isinstance(value, list | tuple) else [value]:
         if not isinstance(v, str | os.PathLike):

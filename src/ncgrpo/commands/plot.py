@@ -16,6 +16,7 @@ from ncgrpo.commands.compare import (
     names_list,
     run_dirs,
 )
+from ncgrpo.runs.folder import METRICS_FILE
 
 GAINS_HELP = "accuracy gains (pp) per benchmark vs. a baseline, * for McNemar p<0.05"
 DYNAMICS_HELP = "training reward, validation and the noise (first-token TV, sigma_k) against step"
@@ -39,7 +40,6 @@ def _out_folder(out: str) -> str:
 def training_dirs(values: list[str], flag: str = "--train_dirs") -> list[str]:
     """Training run folders (``metrics.jsonl``): a demo's output folder stands for its training runs
     (``DEMO/train/*``); an evaluation, or a folder without metrics, is refused naming what it is."""
-    from ncgrpo.runs.folder import METRICS_FILE
 
     out: list[str] = []
     for v in run_dirs(values, flag):

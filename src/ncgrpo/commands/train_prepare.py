@@ -5,10 +5,15 @@ batch, what the trainer's constructor would refuse)."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trl.import_utils import is_vllm_available
+
+from ncgrpo.commands.config_file import suggest
 from ncgrpo.commands.train_settings import (
     DATA_HASH_KEY,
     ModelArguments,
@@ -20,15 +25,18 @@ from ncgrpo.commands.train_settings import (
     resolve_derived,
     run_identity,
 )
+from ncgrpo.rewards.loading import check_reward_signature, resolve_reward
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
     RUN_FILE,
     FolderLock,
     changed_identity,
     checkpoint_step,
+    folder_kind,
     last_complete_checkpoint,
     read_run_json,
 )
+from ncgrpo.runs.provenance import continue_provenance
 
 if TYPE_CHECKING:  # the driver imports transformers: ncgrpo --help imports every command module
     from ncgrpo.driver import RunPlan
@@ -86,8 +94,6 @@ def check_report_to(report_to) -> None:
         if name in ("none", "all"):
             continue
         if name not in _REPORTERS:  # transformers refuses it only once the model has loaded
-            from ncgrpo.commands.config_file import suggest
-
             raise ValueError(
                 f"report_to {name!r} is not an integration transformers knows{suggest(name, _REPORTERS)}; use "
                 f"one of none, all, {', '.join(_REPORTERS)}"
@@ -144,16 +150,12 @@ def _check_before_the_model(
                 "set --use_vllm false (the noise acts through the adapter there)"
             )
     if a.use_vllm:
-        from trl.import_utils import is_vllm_available
-
         if not is_vllm_available():
             raise ValueError(
                 "use_vllm=true, but vLLM is not installed here: pip install -e '.[vllm]' (a GPU wheel), "
                 "or --use_vllm false for the transformers engine"
             )
     if script_args is not None:  # each reward takes TRL's call with this data's columns as keywords
-        from ncgrpo.rewards.loading import check_reward_signature, resolve_reward
-
         columns = [c for c in train_dataset.column_names if c != "prompt"]
         for reward in script_args.reward_funcs:
             check_reward_signature(resolve_reward(reward), reward, columns)
@@ -194,7 +196,6 @@ def _refuse_foreign_files(output_dir: Path) -> None:
     """A folder no ncgrpo command wrote (:func:`~ncgrpo.runs.folder.folder_kind` None) that holds files is
     refused: the run would write its model card (README.md), weights, tokenizer and processor files over
     any of the same name."""
-    from ncgrpo.runs.folder import folder_kind
 
     if not output_dir.is_dir() or folder_kind(output_dir) is not None:
         return
@@ -268,7 +269,6 @@ def _provenance_keys(output_dir: Path, previous, checkpoint: str | None, dry_run
     from ``checkpoint``, its ``provenance_history``: a resume under another commit, other package
     versions or uncommitted source is a ``ProvenanceWarning`` (the main process; a dry run warns as the
     resume would) and a history entry; a run started over gets this process's alone."""
-    from ncgrpo.runs.provenance import continue_provenance
 
     if checkpoint is None:
         return continue_provenance(None, event="start", where=output_dir)
@@ -329,8 +329,6 @@ def prepare_run(
     A synthetic suite the run generates (``dataset_name synthetic``, no path) is built in a temporary
     folder and moved to ``OUTPUT/synthetic-data`` when the folder is written.
     """
-    import shutil
-    import tempfile
 
     from accelerate import PartialState
 

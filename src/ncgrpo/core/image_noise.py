@@ -9,7 +9,7 @@ the noisy half's images with one step of the DDPM forward process on pixels in [
 
 at ``t = int(image_noise_step * decay)`` (``image_noise_step`` is their ``gaussian_noise_step``,
 alpha_0 in the NoisyRollout paper; 500 for Geometry3K), with ``decay`` the same sigmoid annealing as
-eq. (3) of our paper, i.e. :func:`ncgrpo.core.noise.sigma_schedule` with ``sigma0=1``. ``t=500`` gives
+eq. (3) of our paper (:func:`ncgrpo.core.schedule.image_noise_t`). ``t=500`` gives
 roughly ``0.863 * x0 + 0.505 * eps``.
 
 Two deliberate differences from their code, neither of which changes a distorted image's distribution:
@@ -50,15 +50,13 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from PIL import Image
 
-from ncgrpo.core.noise import ScheduleKind, noise_seed, sigma_schedule
-
-if TYPE_CHECKING:
-    from PIL import Image
+from ncgrpo.core.noise import noise_seed
+from ncgrpo.core.schedule import NUM_DIFFUSION_STEPS
 
 __all__ = [
     "NUM_DIFFUSION_STEPS",
@@ -68,7 +66,6 @@ __all__ = [
     "diffuse",
     "diffuse_images",
     "distort_images",
-    "image_noise_t",
     "pil_to_tensor",
     "prompt_image_seed",
     "resize_to_target",
@@ -76,8 +73,6 @@ __all__ = [
     "to_rgb",
 ]
 
-#: Length of NoisyRollout's diffusion schedule.
-NUM_DIFFUSION_STEPS = 1000
 _BETA_MIN = 1e-5
 _BETA_MAX = 5e-3
 
@@ -96,29 +91,6 @@ def betas() -> torch.Tensor:
 def alphas_cumprod() -> torch.Tensor:
     """``abar_t = prod_{s <= t} (1 - beta_s)`` (0-based ``t``, as their ``alphas_prod[t]``). ``# [1000]``"""
     return _schedule()[1].clone()
-
-
-def image_noise_t(
-    step: int,
-    total_steps: int,
-    image_noise_step: int = 500,
-    *,
-    kind: ScheduleKind = "sigmoid",
-    gamma: float = 30.0,
-    k_mid: float = 40.0,
-) -> int:
-    """Diffusion step for training step ``step``: ``int(image_noise_step * decay)``.
-
-    ``decay`` is eq. (3)'s factor (``sigma_schedule`` with ``sigma0=1``), NoisyRollout's annealing:
-    With gamma=30, k_mid=40, K=60 and image_noise_step=500, t is 499 (decay is just below 1) through
-    step ~25, 496 at step 30, 250 at step 40, 3 at step 50 and 0 at step 60.
-    """
-    if not 0 <= image_noise_step <= NUM_DIFFUSION_STEPS - 1:
-        raise ValueError(
-            f"image_noise_step must be in [0, {NUM_DIFFUSION_STEPS - 1}], got {image_noise_step}"
-        )
-    decay = sigma_schedule(step, total_steps, 1.0, kind=kind, gamma=gamma, k_mid=k_mid)
-    return int(image_noise_step * decay)
 
 
 def diffuse(x0: torch.Tensor, t: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -152,7 +124,6 @@ def pil_to_tensor(image: Image.Image) -> torch.Tensor:
 
 def tensor_to_pil(x: torch.Tensor) -> Image.Image:
     """Float ``# [C, H, W]`` in [0, 1] (C = 1 or 3) -> PIL, truncating as torchvision's ToPILImage."""
-    from PIL import Image
 
     arr = (x.detach().cpu().float().clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).numpy()
     if arr.shape[2] == 1:
@@ -256,7 +227,6 @@ class ResizePolicy:
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB as the transformers image processors convert: transparency composited on white, else ``convert``."""
-    from PIL import Image
 
     if "A" in image.getbands() or image.info.get("transparency") is not None:
         rgba = image.convert("RGBA")
@@ -269,7 +239,6 @@ def resize_to_target(image: Image.Image, policy: ResizePolicy) -> Image.Image:
     it is at its target already, else converted with :func:`to_rgb` and resized with PIL bicubic.
     :func:`distort_images` (on the RGB copy) and the trainer's images for vLLM
     (:func:`ncgrpo.trainer.images.engine_images`) both resize through here."""
-    from PIL import Image
 
     h, w = policy.target(image.height, image.width)
     if (h, w) == (image.height, image.width):

@@ -1,12 +1,10 @@
 """The NC-GRPO noise core: pure tensor code, no engine imports.
 
 Everything an engine hook needs to perturb hidden states the way the paper does, and nothing that
-knows about transformers, TRL or vLLM:
+knows about transformers, TRL or vLLM (eq. (3)'s annealing of ``sigma``: :mod:`ncgrpo.core.schedule`):
 
 - :func:`calibrated_delta` / :func:`perturb` -- eq. (2), ``h_t + sigma * ||h_t|| / sqrt(d) * eps_t``
   (the calibrated instance of the general form eq. (1)), computed in float32 whatever the model dtype;
-- :func:`sigma_schedule` -- eq. (3), NoisyRollout's sigmoid annealing (plus constant/linear for
-  ablations);
 - :class:`NoiseKey` / :func:`draw_eps` -- keyed noise streams: the draw for (run seed, step, prompt id,
   branch) is a pure function of those four numbers and of the token's position counted from the end of
   the prompt, so batch layout, padding, process count, device and tensor-parallel rank cannot change it;
@@ -50,53 +48,12 @@ __all__ = [
     "project_ball",
     "relative_perturbation",
     "reverse_positions",
-    "sigma_schedule",
     "spsa_gradient",
     "spsa_update",
     "to_device",
 ]
 
 NoiseMode = Literal["independent", "antithetic", "rank_one"]
-ScheduleKind = Literal["sigmoid", "constant", "linear"]
-
-
-# --------------------------------------------------------------------------------------------------
-# eq. (3): the annealing schedule
-# --------------------------------------------------------------------------------------------------
-def sigma_schedule(
-    step: int,
-    total_steps: int,
-    sigma0: float,
-    *,
-    kind: ScheduleKind = "sigmoid",
-    gamma: float = 30.0,
-    k_mid: float = 40.0,
-) -> float:
-    """Noise scale ``sigma_k`` at training step ``k`` (1-based), eq. (3).
-
-    ``sigmoid``: ``sigma0 * (1 - sigmoid(gamma * (k - k_mid) / K))``, exactly NoisyRollout's decay
-    (``1 - sigmoid(gamma * (k/K - k_mid/K))``); with gamma=30, k_mid=40, K=60 the factor is ~1 until
-    step ~30, 0.5 at step 40 and ~0.007 at step 50. ``constant``: ``sigma0`` at every step (ablation).
-    ``linear``: ``sigma0 * (1 - k / K)``, reaching 0 at the last step (ablation).
-    """
-    if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    if sigma0 < 0 or not math.isfinite(sigma0):
-        raise ValueError(f"sigma0 must be a finite number >= 0, got {sigma0}")
-    if kind == "constant":
-        return float(sigma0)
-    if kind == "linear":
-        return float(sigma0 * max(0.0, 1.0 - step / total_steps))
-    if kind == "sigmoid":
-        z = gamma * (step - k_mid) / total_steps
-        # 1 - sigmoid(z) == sigmoid(-z); written this way it never overflows.
-        if z >= 0:
-            e = math.exp(-z)
-            decay = e / (1.0 + e)
-        else:
-            decay = 1.0 / (1.0 + math.exp(z))
-        return float(sigma0 * decay)
-    raise ValueError(f"unknown schedule kind {kind!r}; use 'sigmoid', 'constant' or 'linear'")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ span processes).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,7 +158,6 @@ def prompt_noise_id(token_ids: Sequence[int], images: Sequence[Any] = ()) -> int
     or question ids when that is not wanted. (Not the records' ``prompt_hash``, a sha256 string of
     the rendered prompt: this one is an integer that only names noise streams.)
     """
-    import hashlib
 
     parts: list[int | str] = ["prompt", *[int(t) for t in token_ids]]
     for img in images:

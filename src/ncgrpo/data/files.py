@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ncgrpo.data.types import Question
+
 if TYPE_CHECKING:
     import datasets
-
-    from ncgrpo.data.types import Question
 
 __all__ = [
     "DATA_FILE_SUFFIXES",
@@ -147,7 +147,6 @@ class DataFile:
         """The rows as :class:`~ncgrpo.data.types.Question` objects (text only) for the probe and the
         evaluator: the prompt's messages in ``metadata["messages"]`` (rendered as written), the last user
         message as ``problem``, ``answer`` from ``answer_column`` (default ``answer``; empty if absent)."""
-        from ncgrpo.data.types import Question
 
         col = answer_column or "answer"
         rows = self.rows if limit is None else self.rows[:limit]

@@ -51,7 +51,10 @@ from __future__ import annotations
 
 import json
 import math
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -334,7 +337,6 @@ def generate_rows_on_server(
     ``client_generate``: ``trl.generation.vllm_client.VLLMClient.generate`` (or anything with its
     signature); ``sampling``: its other keyword arguments, passed through unchanged.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
     if len(prompts) * n != len(rows):
         raise ValueError(
@@ -404,8 +406,6 @@ def generate_rows_on_server(
 
 def _post_json(url: str, payload: dict, timeout: float) -> tuple[int, str]:
     """POST ``payload`` as JSON; ``(status code, body)``, HTTP errors included (stdlib only)."""
-    import urllib.error
-    import urllib.request
 
     req = urllib.request.Request(
         url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"

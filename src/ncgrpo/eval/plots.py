@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -184,8 +185,6 @@ def run_label(train_dir: str | Path) -> str:
             if p.suffix == ".json":
                 cfg = json.loads(p.read_text(encoding="utf-8"))
             else:
-                import yaml
-
                 cfg = yaml.safe_load(p.read_text(encoding="utf-8"))
         except Exception:  # noqa: BLE001 - a broken config only costs the nicer label
             continue

@@ -55,7 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from scipy import stats
+from tqdm.auto import tqdm
 
+from ncgrpo import models  # models.available_memory: looked up at the call (tests stand in for it)
 from ncgrpo.core.agreement import match_first_token_temperature
 from ncgrpo.core.marginal import (
     MarginalCurve,
@@ -158,7 +161,6 @@ def _sample(
 def _paired_p(diffs: Sequence[float]) -> float:
     if len(diffs) < 2 or all(abs(d) < 1e-12 for d in diffs):
         return 1.0
-    from scipy import stats
 
     p = float(stats.ttest_rel([0.0] * len(diffs), list(diffs)).pvalue)
     return 1.0 if math.isnan(p) else p
@@ -232,7 +234,6 @@ def _check_marginal_memory(model: Any, prompts: int, draws: int, device: torch.d
     of every prompt are kept (``prompts x marginal_draws x d`` float32) and each prompt's draws become
     ``marginal_draws x V`` first-token distributions (float32, then float64) with the estimator's terms.
     ``probe --marginal_draws 50000000`` grew to 23.7 GB and ended in the OOM killer or an internal error."""
-    from ncgrpo.models import available_memory
 
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -240,7 +241,7 @@ def _check_marginal_memory(model: Any, prompts: int, draws: int, device: torch.d
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     V = int(head.weight.shape[0]) if head is not None else int(getattr(text, "vocab_size", 0) or 0)
     need = draws * (prompts * d * 8 + V * _BYTES_PER_DRAW_TOKEN + _BYTES_PER_DRAW)
-    have = available_memory()
+    have = models.available_memory()
     what = (
         f"{prompts} prompts x {draws} draws x d={d} float32 eps and states, and per prompt {draws} first-token "
         f"distributions over V={V} tokens with the estimator's terms"
@@ -542,8 +543,6 @@ def probe(
     )  # fmt: skip
     chunks = [list(questions[i : i + batch_size]) for i in range(0, len(questions), batch_size)]
     if progress:
-        from tqdm.auto import tqdm
-
         run.bar = tqdm(total=len(chunks) * (1 + len(sigmas)), desc="probe", unit="call")
     try:
         for c, qs in enumerate(chunks):

@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
 from ncgrpo.trainer.inert import INERT_MARGINAL_THRESHOLD
 
 __all__ = ["LIVE_FROM", "TARGET_SIGMA_MAX", "ProbeResult", "SigmaProbe", "format_probe", "verdict"]
@@ -114,9 +118,6 @@ def verdict(sigma: float, marginal_tv: float, temperature: float | None = None) 
 
 def format_probe(result: ProbeResult) -> Any:
     """A rich renderable (table + verdict) for the terminal; ``rich.console.Console().print`` it."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
 
     title = (
         f"probe: {result.model or 'model'} | site {result.site} | prefix {result.branch_prefix!r} | "

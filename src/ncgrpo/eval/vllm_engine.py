@@ -33,9 +33,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import GenerationConfig
+
 from ncgrpo.data.prompts import render_prompt
 from ncgrpo.data.types import Question
-from ncgrpo.models import is_vision_language, load_processor, resolve_dtype, tokenizer_of
+from ncgrpo.models import (
+    check_weight_files,
+    is_vision_language,
+    load_config,
+    load_processor,
+    resolve_dtype,
+    tokenizer_of,
+)
 
 #: ``settings`` below is a :class:`ncgrpo.eval.evaluate.DecodingSettings` (not imported: evaluate imports
 #: this module, lazily, for ``--engine vllm``)
@@ -82,8 +92,6 @@ def vllm_prompts(
 
 
 def _generation_config(path: str | Path) -> Any:
-    from transformers import GenerationConfig
-
     try:
         return GenerationConfig.from_pretrained(path)
     except OSError:  # no generation_config.json: transformers' defaults
@@ -248,9 +256,6 @@ def load_vllm_engine(
     tokenizer / processor that renders its prompts. ``dtype`` ``auto``: float32 on a CPU, bfloat16 on
     a GPU that has it (as the transformers engine). A text model's context is sized to the longest
     prompt of ``questions`` plus ``max_new_tokens``."""
-    import torch
-
-    from ncgrpo.models import check_weight_files, load_config
 
     kind = _platform_device(device)
     torch_dtype = resolve_dtype(dtype, torch.device(kind))

@@ -19,6 +19,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ncgrpo.data.prompts import build_messages
+from ncgrpo.rewards import functions
+
 __all__ = [
     "BUILTIN_REWARDS",
     "TRL_REWARD_KWARGS",
@@ -40,9 +43,7 @@ def resolve_reward(name: str, *, what: str = "reward_funcs") -> Callable[..., An
     says why not: unknown name (with the closest built-in), module not importable (and what it raised),
     no such attribute, not callable."""
     if name in BUILTIN_REWARDS:
-        from ncgrpo import rewards
-
-        return getattr(rewards, name)
+        return getattr(functions, name)
     if "." not in name or name.startswith(".") or name.endswith("."):
         near = difflib.get_close_matches(name, BUILTIN_REWARDS, n=1)
         hint = f" (did you mean '{near[0]}'?)" if near else ""
@@ -144,7 +145,6 @@ def question_rewards(
     TRL's trainer calls it on conversational data (``prompts`` the messages, ``completions`` one
     assistant message each, the columns of :func:`question_columns` as keywords; ``completion_ids`` empty
     lists and ``trainer_state`` None, as there is no trainer); a None reward counts 0."""
-    from ncgrpo.data.prompts import build_messages
 
     n = len(texts)
     prompts = [build_messages(q) for q in questions]

@@ -40,9 +40,11 @@ import copy
 import functools
 import hashlib
 import os
+import platform
 import subprocess
 import warnings
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +74,6 @@ class ProvenanceWarning(UserWarning):
 
 
 def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(dist)
     except (PackageNotFoundError, ValueError):
@@ -81,8 +81,6 @@ def _version(dist: str) -> str | None:
 
 
 def _versions() -> dict[str, str | None]:
-    import platform
-
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         v = _version(name)

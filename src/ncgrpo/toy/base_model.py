@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ncgrpo
+from ncgrpo.runs.folder import LOCK_FILE, RUN_FILE, FolderLock, atomic_write_json
+from ncgrpo.runs.provenance import provenance
 from ncgrpo.toy.pretrain import (
     ASSET_DIR,
     DEFAULT_FINAL_STEPS,
@@ -32,6 +35,7 @@ from ncgrpo.toy.pretrain import (
     _check_recipe,
     pretrain,
 )
+from ncgrpo.toy.traces import DIRECT_SHARE, SHORTCUT_ANSWERS
 from ncgrpo.toy.vision_warmup import VISION_MIX
 
 __all__ = ["PretrainConfig", "ensure_base_model", "run_pretrain"]
@@ -44,8 +48,6 @@ def _recipe_hash() -> str:
     """Identity of what :func:`~ncgrpo.toy.pretrain.pretrain` builds by default: version, sizes, pool, steps and the
     warm-up traces' mix (shortcut share and answers), so a cached base built from other traces is
     not reused."""
-    import ncgrpo
-    from ncgrpo.toy.traces import DIRECT_SHARE, SHORTCUT_ANSWERS
 
     blob = json.dumps(
         {
@@ -237,8 +239,6 @@ def run_pretrain(cfg: PretrainConfig, progress: Callable[[int, float], None] | N
     """:func:`~ncgrpo.toy.pretrain.pretrain` with ``cfg``'s settings, into a new or empty ``cfg.output_dir``, holding its lock
     (:class:`ncgrpo.runs.folder.FolderLock`, kind ``pretrain``: a second pretrain into it fails at once,
     naming the first). Only the lock file and a ``run.json`` of an interrupted pretrain may be there."""
-    from ncgrpo.runs.folder import LOCK_FILE, RUN_FILE, FolderLock, atomic_write_json
-    from ncgrpo.runs.provenance import provenance
 
     lock = FolderLock(cfg.output_dir, "ncgrpo pretrain", kind="pretrain")
     lock.check()

@@ -26,7 +26,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
+import transformers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast, Qwen2_5_VLConfig
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from ncgrpo.models import tokenizer_of
 from ncgrpo.processors import IMAGE_ONLY_PROCESSORS
@@ -132,7 +135,6 @@ def build_tokenizer(corpus: Iterable[str] | None = None, *, vocab_size: int = 51
     so any string round-trips through encode/decode. `len(tokenizer) <= vocab_size` (equal unless the
     corpus runs out of merges).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     texts = list(DEFAULT_CORPUS if corpus is None else corpus)
     min_vocab = len(SPECIAL_TOKENS) + 256
@@ -176,7 +178,6 @@ def build_tokenizer(corpus: Iterable[str] | None = None, *, vocab_size: int = 51
 
 def _image_processor(*, image_size: int, patch_size: int, merge_size: int, temporal_patch_size: int = 2):
     # The torchvision backend (`Qwen2VLImageProcessor`) needs torchvision; the PIL backend does not.
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     factor = patch_size * merge_size
     # smart_resize rounds each side to a multiple of `factor` and keeps the area within
@@ -327,7 +328,6 @@ def tiny_qwen2_5_vl_config(
     `vocab_size` defaults to `len(tokenizer)`. `overrides` go to the top-level config (e.g.
     `attn_implementation`). M-RoPE sections are derived from the head dim so they sum to head_dim/2.
     """
-    from transformers import Qwen2_5_VLConfig
 
     tokenizer = tokenizer_of(tokenizer) if tokenizer is not None else None
     ids, vocab_size = _special_config_fields(tokenizer, vocab_size)
@@ -402,7 +402,6 @@ def tiny_vl_model(
 
     Patch/merge sizes follow ``processor`` when given.
     """
-    import transformers
 
     tok = tokenizer_of(processor) if processor is not None else tokenizer
     if tok is None:

@@ -63,9 +63,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
+import ncgrpo
 from ncgrpo.data.types import Question
+from ncgrpo.processors import name_standard_processor
+from ncgrpo.runs.folder import atomic_write_text
+from ncgrpo.toy.model import (
+    build_processor,
+    build_tokenizer,
+    count_parameters,
+    save_tiny,
+    tiny_qwen2_5_vl,
+)
 from ncgrpo.toy.sft_data import collate, encode_example, evaluate_base, sft_pool
+from ncgrpo.toy.suite import build_suite, first_per_family
+from ncgrpo.toy.synthetic import FAMILIES, IMAGE_SIZE
+from ncgrpo.toy.traces import corpus
 from ncgrpo.toy.vision_warmup import _vision_warmup
 
 __all__ = [
@@ -232,7 +246,6 @@ def _check_recipe(
 ) -> None:
     """The checks :func:`pretrain` and :class:`~ncgrpo.toy.base_model.PretrainConfig` share, before any work: step counts,
     the vision settings, and a focused phase whose families exist and have items in the SFT pool."""
-    from ncgrpo.toy.synthetic import FAMILIES
 
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -361,20 +374,6 @@ def _pretrain(
     progress: Callable[[int, float], None] | None,
     on_step: Callable[[int, Any, Any], None] | None,
 ) -> PretrainReport:
-    import transformers
-
-    import ncgrpo
-    from ncgrpo.processors import name_standard_processor
-    from ncgrpo.toy.model import (
-        build_processor,
-        build_tokenizer,
-        count_parameters,
-        save_tiny,
-        tiny_qwen2_5_vl,
-    )
-    from ncgrpo.toy.suite import build_suite
-    from ncgrpo.toy.traces import corpus
-
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
     pool_counts = dict(DEFAULT_POOL if pool is None else pool)
@@ -395,7 +394,6 @@ def _pretrain(
 
     suite = build_suite(suite_seed, suite_sizes)
     tok = build_tokenizer(corpus(suite), vocab_size=vocab)
-    from ncgrpo.toy.synthetic import IMAGE_SIZE
 
     processor = build_processor(tok, image_size=IMAGE_SIZE)
     model = tiny_qwen2_5_vl(processor=processor, seed=seed, **dims)
@@ -495,7 +493,6 @@ def _pretrain(
     )
     if run_eval:
         t1 = time.perf_counter()
-        from ncgrpo.toy.suite import first_per_family
 
         val = first_per_family(suite["validation"], eval_limit)
         res = evaluate_base(model, processor, val, group_size=group_size, seed=seed)
@@ -513,7 +510,6 @@ def _pretrain(
     name_standard_processor(out)  # AutoProcessor loads it with no ncgrpo import, as the committed base
     report.checkpoint_bytes = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     report.wall_time_s = round(time.perf_counter() - t0, 2)
-    from ncgrpo.runs.folder import atomic_write_text
 
     atomic_write_text(out / PRETRAIN_FILE, json.dumps(report.to_dict(), indent=1, sort_keys=True) + "\n")
     return report

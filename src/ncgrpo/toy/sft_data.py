@@ -11,7 +11,14 @@ from typing import Any
 
 import torch
 
+from ncgrpo.data.prompts import render_prompt
 from ncgrpo.data.types import Question
+from ncgrpo.eval.evaluate import DecodingSettings, score_greedy
+from ncgrpo.rewards import score
+from ncgrpo.toy.model import EOS_TOKEN
+from ncgrpo.toy.suite import content_hash, make_question
+from ncgrpo.toy.synthetic import FAMILIES, family
+from ncgrpo.toy.traces import warmup_trace
 
 __all__ = ["Example", "collate", "encode_example", "evaluate_base", "sft_pool"]
 
@@ -28,8 +35,6 @@ def sft_pool(
     Each family draws from its own stream ``ncgrpo-pretrain/{seed}/{family}``, distinct from the
     suite's ``ncgrpo-synthetic/...`` streams, so the pool does not change when the suite's sizes do.
     """
-    from ncgrpo.toy.suite import content_hash, make_question
-    from ncgrpo.toy.synthetic import FAMILIES, family
 
     known = {f.name for f in FAMILIES}
     unknown = set(counts) - known
@@ -82,9 +87,6 @@ def encode_example(processor: Any, q: Question, completion: str | None = None) -
     M-RoPE positions and falls back to plain 1-D positions, while ``generate`` (given the processor's
     output) uses M-RoPE. A model trained without it learns positions that generation never shows it
     (measured: teacher-forced loss fine, greedy outputs that ignore the question)."""
-    from ncgrpo.data.prompts import render_prompt
-    from ncgrpo.toy.model import EOS_TOKEN
-    from ncgrpo.toy.traces import warmup_trace
 
     tok = processor.tokenizer
     text = render_prompt(processor, q)
@@ -151,9 +153,6 @@ def evaluate_base(
     "sample_accuracy": {family: acc}, "counts": {family: n}}``. Scoring is :func:`ncgrpo.rewards.score`,
     the same function training rewards and ``ncgrpo eval`` use.
     """
-    from ncgrpo.data.prompts import render_prompt
-    from ncgrpo.eval.evaluate import DecodingSettings, score_greedy
-    from ncgrpo.rewards import score
 
     was_training = model.training
     model.eval()

@@ -19,6 +19,14 @@ import random
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from ncgrpo import models
+from ncgrpo.runs.folder import atomic_write_text
+from ncgrpo.toy import base_model
+from ncgrpo.toy.base_model import _file_lock, build_into
+
 __all__ = ["arithmetic_rows", "ensure_text_base_model", "ensure_text_smoke_data"]
 
 _VERSION = 1  # of the conversion below: a change gives a new cache folder
@@ -43,9 +51,8 @@ def ensure_text_base_model(cache_dir: str | os.PathLike | None = None) -> Path:
     tokenizer), built on first use into ``cache_dir`` (default ``~/.cache/ncgrpo``)
     ``/text-base-<hash of the base>``; concurrent callers wait on a lock and the build is renamed into
     place, so nobody sees half of it."""
-    from ncgrpo.toy.base_model import _file_lock, build_into, ensure_base_model
 
-    base = ensure_base_model()
+    base = base_model.ensure_base_model()
     root = _cache_root(cache_dir)
     target = root / f"text-base-{_base_hash(base)}"
     if (target / _DONE).is_file():
@@ -58,12 +65,7 @@ def ensure_text_base_model(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _build(base: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from ncgrpo.models import load_model_and_processor
-
-    vl, processor = load_model_and_processor(str(base), dtype="float32", device="cpu")
+    vl, processor = models.load_model_and_processor(str(base), dtype="float32", device="cpu")
     text = vl.config.text_config.to_dict()
     rope = dict(text.get("rope_parameters") or {})
     rope.pop("mrope_section", None)
@@ -125,7 +127,6 @@ def ensure_text_smoke_data(
 ) -> Path:
     """A JSONL of :func:`arithmetic_rows` in the given columns, written once (atomically) under
     ``cache_dir`` (default ``~/.cache/ncgrpo``) ``/text-smoke/``: a text recipe's ``--smoke`` data."""
-    from ncgrpo.runs.folder import atomic_write_text
 
     rows = arithmetic_rows(16, prompt_column=prompt_column, answer_column=answer_column)
     text = "".join(json.dumps(r) + "\n" for r in rows)

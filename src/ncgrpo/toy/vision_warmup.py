@@ -9,6 +9,9 @@ from typing import Any
 
 import torch
 
+from ncgrpo.toy.suite import content_hash
+from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES, family
+
 __all__ = ["LABEL_VALUES", "VISION_MIX", "scene_targets"]
 
 
@@ -24,7 +27,6 @@ _MAX_COUNT = 12  # objects of one shape in a scene: counting draws at most 9 tar
 
 def _target_layout() -> dict[str, tuple[int, int]]:
     """Slices ``name -> (start, stop)`` of the vision warm-up's target vector."""
-    from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES
 
     sizes = {
         "corners": 4,  # figure: vertices 3..6, one-hot
@@ -57,7 +59,6 @@ def scene_targets(spec: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     language model, not the tower, is the limit there: a linear probe on the frozen tokens reads the
     asked shape's colour 60% of the time); the curriculum that ends SFT teaches the language model
     that read (:func:`~ncgrpo.toy.pretrain.pretrain`)."""
-    from ncgrpo.toy.synthetic import BAR_MAX, COLOURS, SHAPES
 
     layout = _target_layout()
     dim = max(stop for _, stop in layout.values())
@@ -99,8 +100,6 @@ def scene_targets(spec: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _scene_stream(seed: int, name: str, exclude: set[str] | frozenset[str]) -> Iterator[Any]:
     """Fresh items of one family for the vision warm-up, none whose content hash is in ``exclude``."""
-    from ncgrpo.toy.suite import content_hash
-    from ncgrpo.toy.synthetic import family
 
     fam = family(name)
     rng = random.Random(f"ncgrpo-pretrain-vision/{seed}/{name}")

@@ -19,6 +19,7 @@ from ncgrpo.data.benchmarks.rows import (
     split_inline_options,
     split_option_lines,
 )
+from ncgrpo.data.files import prompt_messages
 from ncgrpo.data.prompts import IMAGE_PLACEHOLDER
 from ncgrpo.data.types import LETTERS, AnswerType, Question
 
@@ -126,7 +127,6 @@ def _schema_row(i: int, row: dict[str, Any], ctx: RowContext, *, custom: bool) -
         text_field, problem = "prompt", ctx.prompt(row, i)
     elif custom and "problem" not in row and "question" not in row and "prompt" in row:
         # TRL's prompt column (a string or chat messages), as ncgrpo train reads a data file: as written
-        from ncgrpo.data.files import prompt_messages
 
         try:
             messages = prompt_messages(row["prompt"])

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
+from PIL import Image, UnidentifiedImageError
+
 from ncgrpo.data.prompts import IMAGE_PLACEHOLDER
 from ncgrpo.data.types import LETTERS, AnswerType, Role
 
@@ -147,7 +149,6 @@ def decode_image(value: Any, ctx: RowContext, index: int, name: str) -> Any:
     layouts). The file is verified (header and, for PNG, checksums) and reopened lazily, so a loaded
     benchmark holds compressed bytes rather than pixels.
     """
-    from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, Image.Image):
         return value

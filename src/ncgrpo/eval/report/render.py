@@ -7,6 +7,12 @@ import math
 import re
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table as RichTable
+from rich.text import Text
+
 from ncgrpo.eval.report.table import Cell, Column, ComparisonTable, Row, Table
 from ncgrpo.eval.stats import ALPHA, BOOTSTRAP_RESAMPLES, MDD_LABEL, POWER, SEEDS_NEEDED_LABEL
 
@@ -331,9 +337,6 @@ def to_latex(ct: ComparisonTable) -> str:
 
 def to_rich(ct: ComparisonTable) -> list[Any]:
     """rich renderables: one table per results table, then the test listing."""
-    from rich.markup import escape
-    from rich.table import Table as RichTable
-    from rich.text import Text
 
     out: list[Any] = [Text(ct.header, style="bold")] if ct.header else []
     for table in _tables(ct):
@@ -387,7 +390,6 @@ def to_rich(ct: ComparisonTable) -> list[Any]:
 
 def _rich_table(title: str, columns: list[str], justify: str, rows: list[list[str]]) -> Any:
     """A rich table: one column per name, ``justify`` one letter per column (l: left, r: right)."""
-    from rich.table import Table as RichTable
 
     table = RichTable(title=title)
     for name, j in zip(columns, justify, strict=True):
@@ -398,10 +400,6 @@ def _rich_table(title: str, columns: list[str], justify: str, rows: list[list[st
 
 
 def print_rich(ct: ComparisonTable, console: Any = None) -> None:
-    from rich.console import Console
-    from rich.measure import Measurement
-    from rich.text import Text
-
     console = console or Console()
     width = console.width
     try:

@@ -29,11 +29,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import ray
+import torch
 import transfer_queue as tq
+from omegaconf import open_dict
 from verl.trainer.main_ppo import TaskRunnerV1
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.import_utils import load_class_from_fqn
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
 from ncgrpo.integrations.verl.config import (
@@ -205,7 +208,6 @@ class NCGRPOTrainerSync(PPOTrainerSync):
 
     def _ncgrpo_metrics(self, batch) -> dict[str, float]:
         """:func:`~ncgrpo.integrations.verl.config.half_metrics` of this step's rows, one per session."""
-        import torch
 
         keep = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
         keys = [batch.keys[i] for i in keep]
@@ -248,16 +250,12 @@ class _NCGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
             registry["sync"] = previous
 
     def init_agent_loop_manager(self) -> None:
-        from omegaconf import open_dict
-
         agent = self.config.actor_rollout_ref.rollout.agent
         fqn = agent.get("agent_loop_manager_class")
         if not fqn:
             with open_dict(agent):
                 agent.agent_loop_manager_class = MANAGER_FQN
         else:
-            from verl.utils.import_utils import load_class_from_fqn
-
             cls = load_class_from_fqn(fqn, "AgentLoopManager")
             if not (isinstance(cls, type) and issubclass(cls, NCGRPOAgentLoopManager)):
                 raise ValueError(

@@ -1,5 +1,10 @@
 """Group rollout: P prompts -> P groups of G = 2n completions, n clean + n noisy (algorithm lines 2-7).
 
+A rollout without the trainer (benchmarks, notebooks, the library page): a rollout method
+(:mod:`ncgrpo.methods`) driven through the transformers engine (:mod:`ncgrpo.engines`). It sits
+above both, beside the trainer (the other user of a method), so the engines import nothing above
+them (tests/test_layers.py).
+
 All 2n*P rows go through ONE ``generate`` call (prompts duplicated 2n times, as TRL's GRPOTrainer
 does for vanilla GRPO), with :func:`ncgrpo.engines.transformers.prefill_noise` flagging the noisy
 rows. That is what makes NC-GRPO cost the same as vanilla GRPO at the same G: the only extra work is

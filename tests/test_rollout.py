@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from ncgrpo.core.noise import NoiseKey
-from ncgrpo.engines.rollout import generate_groups
+from ncgrpo.rollout import generate_groups
 from tiny_models import build_processor, build_tokenizer, tiny_qwen2_5_vl, tiny_text_model
 
 PROMPTS = [
