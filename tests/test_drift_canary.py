@@ -118,7 +118,8 @@ def test_the_default_demo_retrained_gives_the_committed_records(tmp_path):
     import subprocess
     import sys
 
-    from ncgrpo.toy.seed_table import _read_export, export
+    from ncgrpo.toy.seed_runs import read_export
+    from ncgrpo.toy.seed_table import export
 
     out = tmp_path / "demo"
     subprocess.run(
@@ -133,8 +134,8 @@ def test_the_default_demo_retrained_gives_the_committed_records(tmp_path):
         ("grpo-seed0.jsonl.gz", "grpo", 0),
         ("ncgrpo-sigma0.2-seed0.jsonl.gz", "ncgrpo-sigma0.2", 0),
     ]:
-        _, want, want_made = _read_export(committed / file, slug, seed)
-        _, got, got_made = _read_export(tmp_path / "records" / file, slug, seed)
+        _, want, want_made = read_export(committed / file, slug, seed)
+        _, got, got_made = read_export(tmp_path / "records" / file, slug, seed)
         moved = next((f"{w} -> {g}" for w, g in zip(want, got, strict=False) if w != g), None)
         assert moved is None and len(want) == len(got), f"{file}: the first record that moved: {moved}"
         if want_made.get("model") is not None:

@@ -72,6 +72,8 @@ LAZY: dict[str, str] = {
     "ncgrpo.commands.pretrain": "the toy base model (torch, transformers) when pretrain runs",
     "ncgrpo.commands.train": "the driver (torch, transformers, TRL) when train runs",
     "ncgrpo.commands.train_prepare": "models, methods, driver and the trainer when train runs",
+    "ncgrpo.commands.train_smoke": "train_settings re-exports it (ncgrpo --help loads it without torch); the "
+    "smoke overlay's model and data helpers (torch, transformers) load when --smoke runs",
     "ncgrpo.integrations.verl": "workers imports verl and ray (optional: the verl extra)",
     "ncgrpo.integrations.verl.main_ppo": "workers imports verl and ray (optional: the verl extra)",
     "ncgrpo.models": "processors imports transformers (+1.0 s) and registers the Qwen VL processors with "
@@ -95,7 +97,6 @@ PENDING: set[str] = {
     "ncgrpo.toy.demo",
     "ncgrpo.toy.demo_config",
     "ncgrpo.toy.demo_stages",
-    "ncgrpo.toy.seed_table",
     "ncgrpo.trainer.grpo",
     "ncgrpo.trainer.images",
     "ncgrpo.trainer.metrics",

@@ -447,3 +447,49 @@ def test_records_without_provenance_or_manifest_say_the_commit_is_unknown(tmp_pa
     (dest / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"manifest.json: not a JSON manifest"):
         seed_table([dest])
+
+
+def test_rows_follow_the_method_registry_so_a_new_method_needs_no_edit_here(tmp_path) -> None:
+    """The row order comes from the registered methods (registration order, each run under the longest
+    method stem that names it), not from a list of names typed in the table: a method registered from
+    a test, whose stem ``ncgrpo-toy`` begins with NC-GRPO's, gets its own rank after the built-ins and
+    before runs of no registered method."""
+    from ncgrpo.methods import RolloutMethod, register_method, unregister_method
+
+    folder = tmp_path / "T"
+    _write(folder, "base", "Base model", [True] + [False] * 9)
+    for run, name in [
+        ("grpo-seed0", "Vanilla GRPO"),
+        ("aa-unknown-seed0", "Unknown"),
+        ("ncgrpo-toy-sigma0.2-seed0", "Toy σ0=0.2"),
+        ("image-sigma0.2-seed0", "NoisyRollout (image) σ0=0.2"),
+        ("ncgrpo-sigma0.2-seed0", "NC-GRPO σ0=0.2"),
+    ]:
+        _write(folder, run, f"{name} (seed 0)", [True] * 5 + [False] * 5)
+
+    @register_method
+    class Toy(RolloutMethod):
+        name = "ncgrpo_toy"  # run folders ncgrpo-toy-...: the default slug
+        uses_sigma = True
+        noise_mode = "independent"
+
+    try:
+        assert (
+            Toy().demo_run(type("Cfg", (), {"noise_site": "final_norm"})(), 0.2)[1] == "ncgrpo-toy-sigma0.2"
+        )
+        registered = list(load_runs([folder])[1])
+        table = seed_table([folder])
+    finally:
+        unregister_method("ncgrpo_toy")
+    assert registered == ["grpo", "ncgrpo-sigma0.2", "image-sigma0.2", "ncgrpo-toy-sigma0.2", "aa-unknown"]
+    rows = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["| Base model", "| Vanilla GRPO", "| NC-GRPO σ0=0.2", "| NoisyRollout (image) σ0=0.2",
+                    "| Toy σ0=0.2", "| Unknown"]  # fmt: skip
+    # unregistered, the same run is read as one of NC-GRPO's (its stem begins the run's)
+    assert list(load_runs([folder])[1]) == [
+        "grpo",
+        "ncgrpo-sigma0.2",
+        "ncgrpo-toy-sigma0.2",
+        "image-sigma0.2",
+        "aa-unknown",
+    ]

@@ -9,7 +9,7 @@ them (:mod:`ncgrpo.commands.train_settings`). The pipeline is
 unless resuming, build the trainer's settings and the datasets, check everything that needs no weights;
 a dry run then writes ``config.yaml`` and ``run.json`` and stops) then :func:`ncgrpo.driver.execute_run` (load
 the model, then write the run folder, train through :func:`ncgrpo.driver.train_run`, save). ``--smoke``
-shrinks any recipe to a CPU minute on the embedded base (:func:`ncgrpo.commands.train_settings.apply_smoke`).
+shrinks any recipe to a CPU minute on the embedded base (:func:`ncgrpo.commands.train_smoke.apply_smoke`).
 """
 
 from __future__ import annotations

@@ -18,13 +18,10 @@ from ncgrpo.commands.train_settings import (
     DATA_HASH_KEY,
     ModelArguments,
     ScriptArguments,
-    _file_values,
-    apply_smoke,
-    command_line_keys,
     recorded_identity,
-    resolve_derived,
     run_identity,
 )
+from ncgrpo.commands.train_smoke import apply_smoke, command_line_keys, config_file_values, resolve_derived
 from ncgrpo.rewards.loading import check_reward_signature, resolve_reward
 from ncgrpo.runs.folder import (
     CONFIG_FILE,
@@ -298,9 +295,9 @@ def prepare_run(
     run writes it in :func:`ncgrpo.driver.execute_run`, once the model has loaded
     (:meth:`ncgrpo.driver.RunPlan.write_folder`).
 
-    ``smoke``: the recipe shrunk to a CPU minute (:func:`ncgrpo.commands.train_settings.apply_smoke`).
+    ``smoke``: the recipe shrunk to a CPU minute (:func:`ncgrpo.commands.train_smoke.apply_smoke`).
     Then settings derived from others follow their overrides
-    (:func:`~ncgrpo.commands.train_settings.resolve_derived`). ``run_name`` defaults to the config file's
+    (:func:`~ncgrpo.commands.train_smoke.resolve_derived`). ``run_name`` defaults to the config file's
     stem and ``output_dir`` to ``runs/<run_name>``; both are recorded in the resolved config. Refused,
     each in a dry run too:
 
@@ -336,7 +333,7 @@ def prepare_run(
 
     notes: list[str] = []
     given = command_line_keys(parsed)
-    file_values = _file_values(parsed)
+    file_values = config_file_values(parsed)
     overridden = set(given)
     if smoke:
         smoke_notes, applied = apply_smoke(parsed, given)

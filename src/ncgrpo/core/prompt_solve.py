@@ -7,9 +7,10 @@ where the batch scope (``target_scope: batch``) holds only the batch mean at one
 sigma the prompts' TVs spread widely (0.0009 to 0.026 at sigma 0.2 on the embedded base), so holding the
 mean leaves one prompt's noisy half many times stronger than another's.
 
-Pure tensor code: :func:`secant_steps` is the solver of :func:`ncgrpo.core.marginal.solve_sigma_for_marginal_tv`
-written as a generator (it yields the next sigma to evaluate and receives its TV), so one prompt or a
-whole batch in lockstep run the same iterations; :func:`solve_per_prompt` drives one per prompt against
+Pure tensor code: :func:`~ncgrpo.core.sigma_solve.secant_steps` is the solver of
+:func:`~ncgrpo.core.sigma_solve.solve_sigma_for_marginal_tv` written as a generator (it yields the next
+sigma to evaluate and receives its TV), so one prompt or a whole batch in lockstep run the same
+iterations; :func:`solve_per_prompt` drives one per prompt against
 a :class:`~ncgrpo.core.marginal.MarginalCurve` (common random numbers: the keyed draws of each prompt),
 evaluating every unfinished prompt at its own sigma in one round. Deterministic: the same curve (the
 same clean states, keys and head) gives the same sigmas on any engine, rank or resume.
@@ -17,65 +18,14 @@ same clean states, keys and head) gives the same sigmas on any engine, rank or r
 
 from __future__ import annotations
 
-import math
-from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
 
-from ncgrpo.core.marginal import MarginalCurve, SigmaSolve
+from ncgrpo.core.marginal import MarginalCurve
+from ncgrpo.core.sigma_solve import SigmaSolve, secant_steps
 
 __all__ = ["PromptSolve", "curve_tv_at", "secant_steps", "solve_per_prompt"]
-
-
-def secant_steps(
-    target: float, *, start: float, sigma_max: float, rtol: float = 0.02, max_evals: int = 12
-) -> Generator[float, float, SigmaSolve]:
-    """The noise scale whose marginal TV is ``target`` within ``rtol`` (relative): yields each sigma to
-    evaluate, is sent its TV, returns the :class:`~ncgrpo.core.marginal.SigmaSolve`. From ``start``
-    (clamped into ``(0, sigma_max]``) it extrapolates on ``TV ~ sigma**2`` (the law near 0) until the
-    target is bracketed, then takes the secant of ``log TV`` on ``log sigma`` between the bracket's ends,
-    falling back to the bracket's geometric middle where the secant leaves it. Returns the closest
-    evaluation after ``max_evals``; ``sigma_max`` (``at_max``) where even it stays below the target;
-    ``sigma`` 0 for a target of 0 (no evaluation)."""
-    if not (math.isfinite(target) and 0 <= target <= 1):
-        raise ValueError(f"target marginal TV must be in [0, 1], got {target}")
-    if not (math.isfinite(sigma_max) and sigma_max > 0):
-        raise ValueError(f"sigma_max must be a finite number > 0, got {sigma_max}")
-    if target <= 0:
-        return SigmaSolve(0.0, 0.0, 0)
-    s = min(max(float(start), 1e-3 * sigma_max), sigma_max) if math.isfinite(start) else sigma_max / 10
-    lo_s, lo_tv = 0.0, 0.0  # largest sigma seen below the target
-    hi: tuple[float, float] | None = None  # smallest sigma seen at or above it
-    best = SigmaSolve(s, float("nan"), 0)
-    for evals in range(1, max_evals + 1):
-        tv = float((yield s))
-        if not math.isfinite(tv):
-            raise ValueError(f"the marginal TV at sigma {s:g} is {tv}: check the model's logits")
-        if not math.isfinite(best.tv) or abs(tv - target) < abs(best.tv - target):
-            best = SigmaSolve(s, tv, evals)
-        if abs(tv - target) <= rtol * target:
-            return SigmaSolve(s, tv, evals)
-        if tv < target:
-            lo_s, lo_tv = s, tv
-        elif hi is None or s < hi[0]:
-            hi = (s, tv)
-        if hi is None:  # not bracketed yet: grow on TV ~ sigma^2, at most 4x per step
-            if s >= sigma_max:
-                return SigmaSolve(sigma_max, tv, evals, at_max=True)
-            grow = math.sqrt(target / tv) if tv > 0 else 4.0
-            s = min(s * min(max(grow, 1.1), 4.0), sigma_max)
-            continue
-        hs, htv = hi
-        if lo_s > 0 and lo_tv > 0:  # the secant of log TV on log sigma
-            slope = math.log(htv / lo_tv) / math.log(hs / lo_s) if htv > lo_tv else 0.0
-            nxt = math.exp(math.log(lo_s) + math.log(target / lo_tv) / slope) if slope > 0 else -1.0
-        else:
-            nxt = hs * math.sqrt(target / htv)
-        if not lo_s < nxt < hs:
-            nxt = math.sqrt(lo_s * hs) if lo_s > 0 else hs / 2
-        s = nxt
-    return SigmaSolve(best.sigma, best.tv, max_evals, at_max=best.sigma >= sigma_max and best.tv < target)
 
 
 def curve_tv_at(curve: MarginalCurve, sigmas: dict[int, float]) -> dict[int, float]:

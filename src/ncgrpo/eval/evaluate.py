@@ -12,26 +12,53 @@ questions) and ``vllm`` (:mod:`ncgrpo.eval.vllm_engine`: every pending question 
 offline engine at once, each record appended as its question finishes). The engine is part of a
 folder's identity (run.json ``engine``; a folder written before the field existed is
 ``transformers``), so records of the two never mix in one folder.
+
+The parts: greedy decoding (:mod:`ncgrpo.eval.decoding`), loading the model for an engine
+(:mod:`ncgrpo.eval.model_load`), the model id (:mod:`ncgrpo.eval.model_id`); this module holds a folder's
+identity and the checks on it, and :func:`evaluate`, and re-exports the parts' names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ncgrpo.data.prompts import build_messages, image_hash, prompt_hash, render_prompt
-from ncgrpo.data.types import MATH_PROMPT, Question
+from ncgrpo.data.prompts import build_messages, image_hash, prompt_hash
+from ncgrpo.data.types import Question
+from ncgrpo.eval.decoding import (
+    ENGINES,
+    DecodingSettings,
+    engine_of,
+    eval_mode,
+    generate_greedy,
+    question_batches,
+    score_greedy,
+)
+from ncgrpo.eval.model_id import (
+    LOAD_OPTIONS,
+    MODEL_ID_FILES,
+    MODEL_ID_RULE,
+    NOT_WEIGHTS,
+    file_sha256,
+    model_id_of,
+    weight_files,
+)
+from ncgrpo.eval.model_load import (
+    ADAPTER_CONFIG,
+    adapter_base,
+    check_adapter_base,
+    check_finite_weights,
+    check_images,
+    config_reads_images,
+    load_adapter,
+    load_for_eval,
+    takes_images,
+)
 from ncgrpo.eval.records import LEGACY_DECODING, EvalRecord, RecordWriter, iter_records, record_producer
-from ncgrpo.models import tokenizer_of
-from ncgrpo.rewards import Score, score
+from ncgrpo.rewards import score
 from ncgrpo.runs.folder import (
     RECORDS_FILE,
     RUN_FILE,
@@ -42,43 +69,44 @@ from ncgrpo.runs.folder import (
     repair_torn_tail,
 )
 
-
-@dataclass
-class DecodingSettings:
-    """Greedy decoding, as the paper evaluates (section 4.1).
-
-    ``batch_size`` does not change greedy outputs (up to floating-point noise), so it is not part
-    of a run's identity: a rerun with a smaller batch (after running out of memory) may append.
-    """
-
-    max_new_tokens: int = 2048
-    batch_size: int = 8
-    system_prompt: str | None = None
-    math_prompt: str = MATH_PROMPT
-    #: The answer grader (:data:`ncgrpo.rewards.GRADERS`); it changes outcomes, so it is part of the identity.
-    grader: str = "ncgrpo"
-
-    def __post_init__(self) -> None:
-        from ncgrpo.rewards import GRADERS
-
-        if self.grader not in GRADERS:
-            raise ValueError(f"grader must be one of {', '.join(GRADERS)}, got {self.grader!r}")
-        for name in ("max_new_tokens", "batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["do_sample"] = False
-        d["num_beams"] = 1
-        return d
-
-    def identity(self) -> dict[str, Any]:
-        """The settings that change outputs (all but ``batch_size``)."""
-        d = self.to_dict()
-        d.pop("batch_size")
-        return d
+__all__ = [
+    # a folder's identity and its checks, and the evaluation (this module)
+    "IDENTITY_KEYS",
+    "LEGACY_DEFAULTS",
+    "MAY_CHANGE_ON_RERUN",
+    "EvalSummary",
+    "check_folder",
+    "check_records",
+    "evaluate",
+    "question_hashes",
+    "run_identity",
+    "run_producer",
+    # greedy decoding (ncgrpo.eval.decoding)
+    "ENGINES",
+    "DecodingSettings",
+    "engine_of",
+    "eval_mode",
+    "generate_greedy",
+    "score_greedy",
+    # the model for an engine (ncgrpo.eval.model_load)
+    "ADAPTER_CONFIG",
+    "adapter_base",
+    "check_adapter_base",
+    "check_finite_weights",
+    "check_images",
+    "config_reads_images",
+    "load_adapter",
+    "load_for_eval",
+    "takes_images",
+    # the model id (ncgrpo.eval.model_id)
+    "LOAD_OPTIONS",
+    "MODEL_ID_FILES",
+    "MODEL_ID_RULE",
+    "NOT_WEIGHTS",
+    "file_sha256",
+    "model_id_of",
+    "weight_files",
+]
 
 
 @dataclass
@@ -96,14 +124,6 @@ class EvalSummary:
 MAY_CHANGE_ON_RERUN = ("name", "method", "batch_size", "kind")  # kind: checked first (check_folder); an
 # eval folder written before kinds were recorded gains it on its next rerun
 
-#: The decoding engines of ``ncgrpo eval --engine``.
-ENGINES = ("transformers", "vllm")
-
-#: How :func:`model_id_of` makes an id (run.json ``model_id_rule``): from the weight files' contents.
-#: Folders written before the field existed hashed the weight files' names and sizes only
-#: (:data:`LEGACY_DEFAULTS`); appending to them is refused, as their records cannot be shown to be
-#: of the weights at hand.
-MODEL_ID_RULE = "weights-sha256"
 
 #: Values of identity keys added since folders were first written, for a run.json that lacks them:
 #: a folder from before ``engine`` existed was decoded by transformers, and one from before
@@ -312,355 +332,6 @@ def _append_provenance(out: Path, folder: dict[str, Any], n_new: int) -> dict[st
     return updated
 
 
-@torch.no_grad()
-def generate_greedy(
-    model: Any, processor: Any, questions: Sequence[Question], settings: DecodingSettings
-) -> list[str]:
-    """Greedy completions for one batch of questions (left-padded, one ``generate`` call)."""
-    texts = [
-        render_prompt(processor, q, system_prompt=settings.system_prompt, math_prompt=settings.math_prompt)
-        for q in questions
-    ]
-    tok = tokenizer_of(processor)
-    has_images = any(q.images for q in questions)
-    if has_images:
-        if not hasattr(processor, "image_processor"):
-            raise ValueError(
-                f"{questions[0].uid}: questions have images but the model at hand is text-only "
-                "(its processor has no image processor); evaluate a vision-language model"
-            )
-        images = [[im.convert("RGB") for im in q.images] for q in questions]
-        if any(not ims for ims in images):
-            raise ValueError("a batch mixes questions with and without images; batch them separately")
-        inputs = processor(text=texts, images=images, padding=True, return_tensors="pt")
-    else:
-        inputs = tok(texts, padding=True, return_tensors="pt", add_special_tokens=False)
-    inputs = inputs.to(model.device)
-    out = model.generate(
-        **inputs,
-        do_sample=False,
-        num_beams=1,
-        max_new_tokens=settings.max_new_tokens,
-        pad_token_id=tok.pad_token_id,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-    )
-    completions = out[:, inputs["input_ids"].shape[1] :]
-    return tok.batch_decode(completions, skip_special_tokens=True)
-
-
-def score_greedy(
-    model: Any, processor: Any, questions: Sequence[Question], settings: DecodingSettings
-) -> list[tuple[str, Score]]:
-    """Greedy completions of one batch (:func:`generate_greedy`) and each one's :class:`Score` by
-    ``settings.grader``: the one greedy-then-score step of ``ncgrpo eval``, the demo's validation and
-    the embedded base's evaluation (training rewards call the same :func:`ncgrpo.rewards.score`)."""
-    outputs = generate_greedy(model, processor, questions, settings)
-    return [
-        (text, score(text, q.answer, choices=q.choices, answer_type=q.answer_type, grader=settings.grader))
-        for q, text in zip(questions, outputs, strict=True)
-    ]
-
-
-@contextmanager
-def eval_mode(model: Any) -> Iterator[Any]:
-    """``model`` in eval mode inside the block; its own mode (training or not) restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
-def _batches(questions: list[Question], size: int) -> list[list[Question]]:
-    # Questions with and without images cannot share a processor call; keep each batch uniform
-    # while preserving the input order inside each kind.
-    with_img = [q for q in questions if q.images]
-    without = [q for q in questions if not q.images]
-    out: list[list[Question]] = []
-    for group in (with_img, without):
-        out.extend(group[i : i + size] for i in range(0, len(group), size))
-    return out
-
-
-def engine_of(model: Any) -> str:
-    """The engine a model object decodes with: ``vllm`` for a
-    :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine`, else ``transformers``."""
-    return getattr(model, "engine_name", "transformers")
-
-
-def takes_images(model: Any, processor: Any) -> bool:
-    """Whether the model at hand reads images: a vLLM engine says so itself; a transformers model
-    does when its processor has an image processor."""
-    if engine_of(model) != "transformers":
-        return bool(model.is_vision_language)
-    return getattr(processor, "image_processor", None) is not None
-
-
-def check_images(questions: Sequence[Question], reads_images: bool | None, model_name: str) -> None:
-    """Refuse questions with images for a text-only model (``reads_images`` False; None: unknown,
-    nothing to check): its prompts would hold image placeholder tokens and no image."""
-    if reads_images is False:
-        q = next((q for q in questions if q.images), None)
-        if q is not None:
-            raise ValueError(
-                f"{q.uid}: questions have images but {model_name} is text-only (no vision config or "
-                "image processor); evaluate a vision-language model, or benchmarks without images"
-            )
-
-
-def config_reads_images(path: str | Path) -> bool | None:
-    """Whether the model at ``path`` is a vision-language model, from its config alone (no weights);
-    None if the config cannot be read here (the model load then names the problem). A PEFT adapter
-    folder is its base model's config."""
-    from ncgrpo.models import is_vision_language
-
-    try:
-        from transformers import AutoConfig
-
-        import ncgrpo.processors  # noqa: F401  (registers the torchvision-free Qwen VL classes)
-
-        return is_vision_language(AutoConfig.from_pretrained(adapter_base(path) or path))
-    except Exception:  # noqa: BLE001 - unreadable here: the model load names the problem
-        return None
-
-
-def load_for_eval(
-    path: str | Path,
-    *,
-    engine: str = "transformers",
-    dtype: str = "auto",
-    device: str = "auto",
-    settings: DecodingSettings | None = None,
-    questions: Sequence[Question] = (),
-) -> tuple[Any, Any]:
-    """``(model, processor)`` for :func:`evaluate` on ``engine``: a transformers model in eval mode, or
-    a :class:`~ncgrpo.eval.vllm_engine.VLLMEvalEngine` sized for ``questions`` and ``settings``."""
-    base = adapter_base(path)
-    if engine == "vllm":
-        if base is not None:
-            raise ValueError(
-                f"{path} is a PEFT adapter folder (adapter_config.json, base {base}); --engine vllm loads full "
-                "weights: evaluate it with --engine transformers (the adapter is merged into its base on load), "
-                "or save PeftModel.from_pretrained(base, path).merge_and_unload() and evaluate that folder"
-            )
-        from ncgrpo.eval.vllm_engine import load_vllm_engine
-
-        return load_vllm_engine(
-            path, dtype=dtype, device=device, settings=settings or DecodingSettings(), questions=questions
-        )
-    if engine != "transformers":
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    from ncgrpo.models import load_model_and_processor
-
-    if base is not None:
-        model, processor = load_adapter(path, base, dtype=dtype, device=device)
-    else:
-        model, processor = load_model_and_processor(path, dtype=dtype, device=device)
-    check_finite_weights(model, path)
-    return model, processor
-
-
-def check_finite_weights(model: Any, path: str | Path) -> None:
-    """A model (an adapter merged into its base included) whose weights hold a NaN or inf is a
-    ``ValueError`` naming the first such parameter: it would answer every question with the same
-    token and be scored as a model that knows nothing."""
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
-                raise ValueError(
-                    f"{path}: the model's weights hold non-finite values (NaN or inf in {name}); a diverged or "
-                    "damaged checkpoint: evaluate an earlier one"
-                )
-
-
-#: What ``save_pretrained`` of a PEFT model writes beside the adapter weights.
-ADAPTER_CONFIG = "adapter_config.json"
-
-
-def adapter_base(path: str | Path) -> str | None:
-    """The base model a PEFT adapter folder names (``adapter_config.json``'s ``base_model_name_or_path``;
-    ``ncgrpo train --use_peft true`` writes its run folder so), or None for anything else (a model
-    folder: one with its own ``config.json``)."""
-    folder = Path(path)
-    f = folder / ADAPTER_CONFIG
-    if not f.is_file() or (folder / "config.json").is_file():
-        return None
-    import json
-
-    try:
-        base = json.loads(f.read_text(encoding="utf-8")).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError) as e:
-        raise ValueError(f"{f}: cannot read the adapter's config ({e})") from None
-    if not base:
-        raise ValueError(
-            f"{f} names no base_model_name_or_path; the adapter cannot be loaded without its base"
-        )
-    return str(base)
-
-
-def check_adapter_base(path: str | Path) -> None:
-    """A PEFT adapter folder whose base model is a path that is not there (moved or deleted since the
-    adapter was trained) is a ``ValueError`` naming the base and ``adapter_config.json``; anything else
-    passes (a hub id is left to the load)."""
-    base = adapter_base(path)
-    if base is not None and base.startswith((".", "/", "~")) and not Path(base).expanduser().exists():
-        raise ValueError(
-            f"{path}: the adapter's base model {base} (base_model_name_or_path in {Path(path) / ADAPTER_CONFIG}) "
-            "does not exist here; put the base model back there, or set base_model_name_or_path to where it "
-            "is now"
-        )
-
-
-def load_adapter(
-    path: str | Path, base: str, *, dtype: str = "auto", device: str = "auto"
-) -> tuple[Any, Any]:
-    """``(model, processor)`` of a PEFT adapter folder: its base loaded as
-    :func:`ncgrpo.models.load_model_and_processor` loads a model, the adapter applied
-    (``PeftModel.from_pretrained``) and merged into the weights (``merge_and_unload``), so evaluation
-    runs the plain model the adapter defines. The processor saved beside the adapter (``ncgrpo train``
-    saves it there) is used when the folder has one, else the base's."""
-    from ncgrpo.models import load_model_and_processor, load_processor
-
-    try:
-        from peft import PeftModel
-    except ImportError:
-        raise ValueError(
-            f"{path} is a PEFT adapter folder; loading it needs peft: pip install 'ncgrpo[peft]'"
-        ) from None
-    check_adapter_base(path)
-    model, processor = load_model_and_processor(base, dtype=dtype, device=device)
-    model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
-    model.eval()
-    folder = Path(path)
-    if any(
-        (folder / f).is_file()
-        for f in ("processor_config.json", "preprocessor_config.json", "tokenizer.json")
-    ):
-        processor = load_processor(folder, config=model.config)
-    return model, processor
-
-
-#: The small files of a model folder that change what it answers (config, tokenizer, chat template,
-#: processor); their bytes are part of :func:`model_id_of`. Training state (``trainer_state.json``,
-#: ``optimizer.pt``, ``training_args.bin``, ...) is not.
-MODEL_ID_FILES = (
-    "config.json",
-    "generation_config.json",
-    "adapter_config.json",
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "processor_config.json",
-    "preprocessor_config.json",
-)
-#: ``*.bin`` files of a checkpoint that are not weights.
-NOT_WEIGHTS = frozenset({"training_args.bin"})
-
-_HASHES: dict[tuple[str, int, int, int, int], str] = {}  # (path, size, mtime_ns, inode, device) -> sha256
-
-
-def weight_files(path: str | Path) -> list[Path]:
-    """The weight files of a model folder: ``*.safetensors`` and ``*.bin`` (full models and PEFT
-    adapters, sharded or not; not ``training_args.bin``), sorted by name."""
-    p = Path(path)
-    found = [*p.glob("*.safetensors"), *p.glob("*.bin")]
-    return sorted(f for f in found if f.is_file() and f.name not in NOT_WEIGHTS)
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 24) -> str:
-    """sha256 hex of a file's bytes, read in ``chunk``-byte pieces (a 15 GB shard never sits in memory).
-    Cached for the process by (path, size, mtime, inode): a model's weights are read once per
-    evaluation, and a rewritten file (``train --overwrite``) changes its mtime and is read again."""
-    f = Path(path)
-    st = f.stat()
-    key = (str(f.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
-    got = _HASHES.get(key)
-    if got is None:
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk):
-                h.update(block)
-        got = _HASHES[key] = h.hexdigest()
-    return got
-
-
-def _hub_snapshot(repo_id: str) -> Path | None:
-    """The local snapshot folder of a cached hub model (the revision ``from_pretrained`` loads offline),
-    or None when there is none here."""
-    if repo_id.count("/") != 1 or repo_id.startswith((".", "/", "~")):
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, not a repo id: the id is the name alone
-        return None
-
-
-#: keys ``save_pretrained`` copies into a tokenizer's or processor's JSON from how it was LOADED (hub
-#: access options), which change no answer: a model saved in a process with ``HF_HUB_OFFLINE`` set writes
-#: ``"local_files_only": true``, the same model saved elsewhere ``false``
-LOAD_OPTIONS = frozenset(
-    {"local_files_only", "cache_dir", "token", "use_auth_token", "force_download", "proxies"}
-)
-
-
-def _answer_bytes(f: Path) -> bytes:
-    """What of a small model file can change an answer: a JSON file without :data:`LOAD_OPTIONS` (keys
-    sorted), any other file as it is."""
-    data = f.read_bytes()
-    if f.suffix != ".json":
-        return data
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return data  # not JSON after all: hashed as it is
-    if isinstance(obj, dict):
-        obj = {k: v for k, v in obj.items() if k not in LOAD_OPTIONS}
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()
-
-
-def model_id_of(path: str | Path) -> str:
-    """A short stable id for a model folder: its name, ``@``, and 12 hex digits of a sha256 over the
-    contents of its weight files (:func:`weight_files`) and of the small files that change its
-    answers (:data:`MODEL_ID_FILES`). Two folders of the same name with other weights (another seed,
-    a retrained run) get other ids; a PEFT adapter folder's id includes its base model's. A hub id is hashed from its cached snapshot (``ID@hash``: another
-    revision is another model); one not cached here is its own id."""
-    p = Path(path)
-    label = p.name
-    if not p.exists():
-        snapshot = _hub_snapshot(str(path))
-        if snapshot is None:
-            return str(path)
-        p, label = snapshot, str(path)  # a cached hub id: the revision on disk, by its contents
-    h = hashlib.sha256(f"ncgrpo model id ({MODEL_ID_RULE})\n".encode())
-    for small in MODEL_ID_FILES:
-        f = p / small
-        if f.is_file():
-            h.update(f"{small}\0{hashlib.sha256(_answer_bytes(f)).hexdigest()}\n".encode())
-    for w in weight_files(p):
-        h.update(f"{w.name}\0{w.stat().st_size}\0{file_sha256(w)}\n".encode())
-    try:
-        base = adapter_base(p)
-    except ValueError:  # an unreadable adapter config: the load names it
-        base = None
-    if base is not None:  # a PEFT adapter is its base's weights too
-        h.update(f"base\0{model_id_of(base)}\n".encode())
-    return f"{label}@{h.hexdigest()[:12]}"
-
-
 def evaluate(
     model: Any,
     processor: Any,
@@ -746,7 +417,7 @@ def _evaluate_locked(
         groups = (
             (
                 (batch, generate_greedy(model, processor, batch, settings))
-                for batch in _batches(todo, settings.batch_size)
+                for batch in question_batches(todo, settings.batch_size)
             )
             if transformers
             else model.stream_greedy(todo, settings)

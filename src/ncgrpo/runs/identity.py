@@ -8,15 +8,23 @@ may change on resume (:data:`MAY_CHANGE_ON_RESUME`, each with its reason in
 :data:`MAY_CHANGE_REASONS`), so a new field, ncgrpo's or TRL's, is covered with no edit here.
 ``ncgrpo train`` holds it in ``run.json`` (``identity``) as well as in ``config.yaml``, so one lost
 file cannot switch the check off. Two settings mappings are compared by
-:func:`ncgrpo.runs.folder.changed_identity`.
+:func:`changed_identity` (also importable from :mod:`ncgrpo.runs.folder`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["MAY_CHANGE_ON_RESUME", "MAY_CHANGE_REASONS", "MODEL_IDENTITY", "own_fields", "run_identity_keys"]
+__all__ = [
+    "MAY_CHANGE_ON_RESUME",
+    "MAY_CHANGE_REASONS",
+    "MODEL_IDENTITY",
+    "changed_identity",
+    "own_fields",
+    "run_identity_keys",
+]
 
 #: Settings that may change between a run and its resume, grouped by the one reason they do not change
 #: what is trained (docs/cli.md, "What --resume compares", lists the same). Everything else is identity.
@@ -91,3 +99,14 @@ def run_identity_keys(dataclass_types: Sequence[type]) -> list[str]:
     for cls in dataclass_types:
         keys.update(dict.fromkeys(f.name for f in dataclasses.fields(cls)))
     return [k for k in keys if k not in MAY_CHANGE_ON_RESUME]
+
+
+def changed_identity(old: Mapping[str, Any], new: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
+    """``key: old -> new`` for every identity key whose value differs between two settings mappings
+    (a key absent from ``old`` and ``None`` in ``new`` counts as unchanged: a setting added since)."""
+    out = []
+    for k in keys:
+        a, b = old.get(k), new.get(k)
+        if a != b and not (a is None and k not in old and b is None):
+            out.append(f"{k}: {a!r} -> {b!r}")
+    return out
