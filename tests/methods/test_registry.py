@@ -93,3 +93,22 @@ def test_registering_a_method_and_its_refusals():
         @register_method
         class Bad(RolloutMethod):
             name = "not a name"
+
+
+def test_one_baseline_and_help_lines_from_the_registry():
+    """Every list of method names in a help string is the registry's (issue 45): the trainer's
+    rollout_method help holds each registered method's help line, and exactly one method is the baseline
+    (the demo's first row and the model card's plain GRPO line)."""
+    from dataclasses import fields
+
+    from ncgrpo.methods import baseline_method, method_help, methods
+    from ncgrpo.toy.demo_config import DemoConfig
+    from ncgrpo.trainer.config import NCGRPOConfig
+
+    assert [m.name for m in methods() if m.baseline] == [baseline_method().name] == ["vanilla"]
+    help_text = next(f for f in fields(NCGRPOConfig) if f.name == "rollout_method").metadata["help"]
+    assert method_help() in help_text
+    for m in methods():
+        assert m.help_line in help_text and m.summary in m.help_line
+    spec = DemoConfig(output_dir="/nonexistent-demo").methods()[0]
+    assert (spec.rollout_method, spec.slug) == (baseline_method().name, baseline_method().slug)

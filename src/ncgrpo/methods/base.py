@@ -39,7 +39,9 @@ from ncgrpo.core.plan import RowPlan
 
 __all__ = [
     "RolloutMethod",
+    "baseline_method",
     "get_method",
+    "method_help",
     "method_names",
     "methods",
     "read_state",
@@ -63,6 +65,9 @@ class RolloutMethod:
     #: ``name`` with dashes)
     label: ClassVar[str] = ""
     slug: ClassVar[str] = ""
+    #: the baseline every test compares against (vanilla GRPO): the demo's first row, the model card's plain
+    #: GRPO line; exactly one registered method sets it
+    baseline: ClassVar[bool] = False
     #: ``ncgrpo demo`` trains it by default, one run per ``sigma0`` (the others with ``--all_methods``, at
     #: the first ``sigma0``)
     in_demo_by_default: ClassVar[bool] = False
@@ -112,6 +117,47 @@ class RolloutMethod:
 
     def __repr__(self) -> str:
         return f"<rollout method {self.name!r}>"
+
+    @property
+    def help_line(self) -> str:
+        """Its entry in every ``--help`` that lists the methods (:func:`method_help`)."""
+        return f"'{self.name}' ({self.summary})" if self.summary else f"'{self.name}'"
+
+    # -- the model card -----------------------------------------------------------------------------
+    def card_settings(self, args: Any) -> list[str]:
+        """Its own settings, named on the model card after the noise scale and the schedule."""
+        return []
+
+    def card_noise(self, args: Any, schedule: str) -> list[str]:
+        """What sets the noisy half's noise on the model card: ``sigma0`` (or the target TV the schedule
+        holds), ``schedule`` (the schedule's phrase), :meth:`card_settings` and the noise site."""
+        if getattr(args, "target_marginal_tv", None) is not None:
+            scale = (
+                f"target_marginal_tv {args.target_marginal_tv} (sigma_k solved at each generation so that the "
+                f"batch's noise-averaged first-token TV is target_marginal_tv * decay_k; sigma0 {args.sigma0} the "
+                f"solver's first guess, sigma_max {args.sigma_max})"
+            )
+        else:
+            scale = f"sigma0 {args.sigma0} (sigma_k = sigma0 * decay_k)"
+        site = f"noise site `{args.noise_site}`"
+        if args.noise_site != "final_norm":
+            site += f" (noise_layer_decay {args.noise_layer_decay})"
+        return [scale, schedule, *self.card_settings(args), site]
+
+    def card_line(self, args: Any, schedule: str) -> str:
+        """The model card's sentence for the method as run (``schedule``: the schedule's phrase)."""
+        G = getattr(args, "num_generations", None)
+        parts = [f"rollout_method `{self.name}`", *self.card_noise(args, schedule)]
+        if getattr(args, "branch_prefix", ""):
+            parts.append(f"branch_prefix {args.branch_prefix!r}")
+        return f"NC-GRPO (Noise-Contrastive GRPO; G = {G}: {G // 2} clean + {G // 2} noisy rollouts; " + (
+            ", ".join(parts) + ")"
+        )
+
+    @property
+    def card_title(self) -> str:
+        """The method in the model card's one-line summary."""
+        return f"NC-GRPO (rollout_method `{self.name}`)"
 
     # -- settings -----------------------------------------------------------------------------------
     def check_group_size(self, G: int, *, field: str = "num_generations") -> None:
@@ -339,3 +385,18 @@ def methods() -> list[RolloutMethod]:
 
 def method_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
+
+
+def baseline_method() -> RolloutMethod:
+    """The registered baseline (:attr:`RolloutMethod.baseline`: vanilla GRPO)."""
+    found = [m for m in _REGISTRY.values() if m.baseline]
+    if len(found) != 1:
+        raise RuntimeError(f"exactly one registered rollout method must be the baseline, found {found}")
+    return found[0]
+
+
+def method_help(which: list[RolloutMethod] | None = None, *, last: str = "or") -> str:
+    """The registered methods (or ``which``) as one ``--help`` phrase from their :attr:`~RolloutMethod.help_line`:
+    the one list of method names in help strings."""
+    lines = [m.help_line for m in (methods() if which is None else which)]
+    return lines[0] if len(lines) == 1 else f"{', '.join(lines[:-1])} {last} {lines[-1]}"

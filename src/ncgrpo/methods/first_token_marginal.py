@@ -34,6 +34,9 @@ class FirstTokenMarginal(RolloutMethod):
         "not implement. Use ncgrpo's TRL trainer (transformers engine)"
     )
 
+    def card_settings(self, args: Any) -> list[str]:
+        return [f"first_token_marginal_draws {args.first_token_marginal_draws}"]
+
     def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> Any:
         """The noisy rows' first-token logits replaced by ``T * log q_hat`` of a fresh pool of draws
         (:func:`ncgrpo.engines.controls.first_token_marginal`); returned: the metrics read its rows."""

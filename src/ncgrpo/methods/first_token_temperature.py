@@ -29,6 +29,10 @@ class FirstTokenTemperature(RolloutMethod):
     anneals = "the first-token temperature stays near first_token_temperature"
     verl_refusal = None
 
+    def card_settings(self, args: Any) -> list[str]:
+        t0 = " calibrated at the first generation" if args.first_token_temperature_auto else ""
+        return [f"first_token_temperature {args.first_token_temperature}{t0}"]
+
     def demo_run(
         self, cfg: Any, sigma0: float, *, target: float | None = None
     ) -> tuple[str, str, dict[str, Any]]:

@@ -27,6 +27,10 @@ class Image(RolloutMethod):
     slug = "image"
     key_rule = "prompt"
     anneals = "the image distortion step stays near image_noise_step"
+
+    def card_noise(self, args: Any, schedule: str) -> list[str]:
+        return [f"image_noise_step {args.image_noise_step} (t = image_noise_step * decay_k)", schedule]
+
     vllm_server_refusal = (
         "TRL's server path sends the image features of each group's first row (all_images[::num_generations]) "
         "for the whole group, so the noisy rows' distorted images would never reach the server and they would "

@@ -37,6 +37,9 @@ class Spsa(Antithetic):
         "ncgrpo's TRL trainer for the SPSA probe"
     )
 
+    def card_settings(self, args: Any) -> list[str]:
+        return [f"spsa_lr {args.spsa_lr}, spsa_mu_max {args.spsa_mu_max}", *super().card_settings(args)]
+
     def steer(self, tr: Any) -> Any:
         return tr.spsa_mu
 
