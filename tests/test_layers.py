@@ -99,7 +99,6 @@ PENDING: set[str] = {
     "ncgrpo.toy.demo_stages",
     "ncgrpo.trainer.grpo",
     "ncgrpo.trainer.images",
-    "ncgrpo.trainer.metrics",
     "ncgrpo.trainer.model_card",
     "ncgrpo.trainer.run_folder",
     "ncgrpo.trainer.target",

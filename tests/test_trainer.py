@@ -812,7 +812,7 @@ def _generation_inputs(tr):
     """Run one real (transformers-path) training step of ``tr`` and return what its NC-GRPO generation got
     and measured: ``(prompt_ids, images, multimodal_fields, gen)``, and, taken inside the generation (the
     weights and SPSA's mu as they were then), ``measured``: the vLLM path's measurement on the same rows."""
-    from ncgrpo.trainer.metrics import _LocalGen
+    from ncgrpo.methods.base import Generation
 
     seen = []
     orig = tr._nc_generate
@@ -820,7 +820,7 @@ def _generation_inputs(tr):
     def spy(generate, prompt_ids, images, fields, num_generations):
         out = orig(generate, prompt_ids, images, fields, num_generations)
         a = tr._nc_gen
-        b = _LocalGen(
+        b = Generation(
             step=a.step,
             total_steps=a.total_steps,
             sigma_k=a.sigma_k,

@@ -24,7 +24,7 @@ they ask the method (``get_method(args.rollout_method)``) what it is and what to
   checkpoints).
 
 The trainer-facing hooks get the trainer (``tr``) and the generation's scratch record (``gen``,
-``ncgrpo.trainer.metrics._LocalGen``); each says what it reads and writes. A new method is one
+``Generation``); each says what it reads and writes. A new method is one
 module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it with
 :func:`register_method`; docs/extending.md walks through one.
 """
@@ -32,13 +32,19 @@ module that subclasses :class:`RolloutMethod` (or a built-in method) and decorat
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ncgrpo.core.noise import RowNoise, parse_noise_site
 from ncgrpo.core.plan import RowPlan
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = [
+    "Generation",
     "RolloutMethod",
+    "StepRecord",
     "baseline_method",
     "get_method",
     "method_help",
@@ -50,6 +56,53 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, RolloutMethod] = {}
+
+
+@dataclass
+class StepRecord:
+    """What NC-GRPO did at one generation (kept in ``trainer.nc_history``; identical on every rank).
+
+    ``rows``: the global plan (:meth:`RowPlan.as_tuple` per global row); ``local_rows``: the plan this
+    rank's hook applied (its slice of ``rows``); ``rewards`` / ``advantages``: the global weighted
+    rewards and the advantages TRL trains on; ``rel``: the measured relative perturbation per global
+    row (0 on clean rows; on the vLLM path measured by the trainer's own prompt-only pass), all in global
+    row order.
+    """
+
+    step: int
+    total_steps: int
+    sigma_k: float
+    image_t: int | None
+    rows: list[tuple]
+    rewards: list[float]
+    advantages: list[float]
+    local_rows: list[tuple] = field(default_factory=list)
+    rel: list[float] = field(default_factory=list)
+    mu_norm: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    """One generation's record on this rank (local rows only): what the trainer and the method's hooks
+    write while ``NCGRPOTrainer._generate_single_turn`` runs, and what the metrics read after rewards."""
+
+    step: int
+    total_steps: int
+    sigma_k: float
+    plans: list[RowPlan]
+    schedule_k: int = 0  # k of eq. (3) in `schedule_unit`
+    image_t: int | None = None
+    first_token_temperature: float | None = None  # the control's T_k
+    target_tv: float | None = None  # target_marginal_tv: this generation's annealed target
+    target_solve: object | None = None  # target_marginal_tv: the solver's SigmaSolve
+    rel: torch.Tensor | None = None  # [L]
+    branch_argmax: torch.Tensor | None = None  # [L] argmax of the logits at the branch point
+    branch_marginal: torch.Tensor | None = None  # [L] TV(q, q_bar) on each group's first noisy row, else NaN
+    branch_tv: torch.Tensor | None = None  # [L] first-token TV vs the clean partner (NaN: clean row)
+    branch_agreement: torch.Tensor | None = None  # [L] eq. (4) on first-token distributions
+    first_token: torch.Tensor | None = None  # [L]
+    gen_pixel_values: torch.Tensor | None = None  # what generate saw (image method; for tests)
 
 
 class RolloutMethod:
