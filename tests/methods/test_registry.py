@@ -112,3 +112,32 @@ def test_one_baseline_and_help_lines_from_the_registry():
         assert m.help_line in help_text and m.summary in m.help_line
     spec = DemoConfig(output_dir="/nonexistent-demo").methods()[0]
     assert (spec.rollout_method, spec.slug) == (baseline_method().name, baseline_method().slug)
+
+
+def test_method_state_is_the_methods_and_an_existing_state_file_loads(tmp_path):
+    """SPSA's mu and the control's T0 live in the state object the method creates (issue 45), and an
+    ncgrpo_state.pt in the layout checkpoints have always had loads into it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ncgrpo.methods import get_method
+
+    spsa, control = get_method("spsa"), get_method("first_token_temperature")
+    tr = SimpleNamespace(hidden_size=lambda: 3, args=SimpleNamespace(first_token_temperature_auto=True))
+    tr.nc_state = spsa.init_state(tr)
+    assert torch.equal(tr.nc_state.mu, torch.zeros(3))
+    path = tmp_path / "ncgrpo_state.pt"
+    torch.save(
+        {"rollout_method": "spsa", "spsa_mu": torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)}, path
+    )
+    spsa.load_state_dict(tr, str(path))
+    assert tr.nc_state.mu.dtype == torch.float32 and tr.nc_state.mu.tolist() == [1.0, 2.0, 3.0]
+    assert spsa.state_dict(tr)["spsa_mu"] is tr.nc_state.mu
+
+    tr.nc_state = control.init_state(tr)
+    assert tr.nc_state.t0 is None and control.state_dict(tr) == {"first_token_temperature_t0": None}
+    torch.save({"rollout_method": "first_token_temperature", "first_token_temperature_t0": 1.25}, path)
+    control.load_state_dict(tr, str(path))
+    assert tr.nc_state.t0 == 1.25 and control.t0(tr) == 1.25
+    assert get_method("latent").init_state(tr) is None

@@ -360,15 +360,19 @@ class RolloutMethod:
         return {"noise/sigma_k": gen.sigma_k} if self.uses_sigma else {}
 
     # -- state in checkpoints -----------------------------------------------------------------------
-    def init_state(self, tr: Any) -> None:
-        """Set up the method's state on the trainer at construction (SPSA: ``tr.spsa_mu``)."""
+    def init_state(self, tr: Any) -> Any:
+        """The method's own state, created at the trainer's construction and kept as ``tr.nc_state``
+        (SPSA: its steering vector ``mu``; the temperature control: its calibrated ``t0``); None: none.
+        Only the method reads and writes it; :meth:`state_dict` / :meth:`load_state_dict` carry it
+        through checkpoints."""
+        return None
 
     def state_dict(self, tr: Any) -> dict[str, Any]:
-        """What the method adds to ``ncgrpo_state.pt``."""
+        """What the method adds to ``ncgrpo_state.pt`` from ``tr.nc_state``."""
         return {}
 
     def load_state_dict(self, tr: Any, path: str) -> None:
-        """Restore the method's state from a checkpoint's ``ncgrpo_state.pt`` at ``path`` (read it with
+        """Restore ``tr.nc_state`` from a checkpoint's ``ncgrpo_state.pt`` at ``path`` (read it with
         :func:`read_state`, which gives None for a missing file). Default: nothing to restore, the file is
         not read."""
 

@@ -7,10 +7,19 @@ the first generation (kept in checkpoints)."""
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 from ncgrpo.core.plan import RowPlan
 from ncgrpo.methods.base import RolloutMethod, read_state, register_method
+
+
+@dataclass
+class ControlState:
+    """The temperature control's state (``tr.nc_state``): ``t0``, the calibrated starting temperature
+    (``first_token_temperature_auto``; None until the first generation calibrates it)."""
+
+    t0: float | None = None
 
 
 @register_method
@@ -42,7 +51,7 @@ class FirstTokenTemperature(RolloutMethod):
 
     def t0(self, tr: Any) -> float:
         """The starting temperature: the calibrated one with ``first_token_temperature_auto``."""
-        return float(tr.first_token_t0 if tr.first_token_t0 is not None else tr.args.first_token_temperature)
+        return float(tr.nc_state.t0 if tr.nc_state.t0 is not None else tr.args.first_token_temperature)
 
     def temperature_at(self, tr: Any, k: int, K: int) -> float:
         """``T_k = T + (T0 - T) * decay_k`` (:meth:`ncgrpo.core.schedule.Schedule.temperature`): annealed to
@@ -52,11 +61,11 @@ class FirstTokenTemperature(RolloutMethod):
     def begin_generation(
         self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
-        """Calibrates ``tr.first_token_t0`` once (``first_token_temperature_auto``, on this generation's
+        """Calibrates ``tr.nc_state.t0`` once (``first_token_temperature_auto``, on this generation's
         prompts) and sets ``gen.first_token_temperature`` to ``T_k``."""
         gen.sigma_k = 0.0
-        if tr.args.first_token_temperature_auto and tr.first_token_t0 is None:
-            tr.first_token_t0 = tr.calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
+        if tr.args.first_token_temperature_auto and tr.nc_state.t0 is None:
+            tr.nc_state.t0 = tr.calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
         gen.first_token_temperature = self.temperature_at(tr, k, K)
 
     def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> None:
@@ -90,12 +99,15 @@ class FirstTokenTemperature(RolloutMethod):
 
     def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
         out = {"control/first_token_temperature": float(gen.first_token_temperature)}
-        if tr.first_token_t0 is not None:
-            out["control/first_token_temperature_t0"] = float(tr.first_token_t0)
+        if tr.nc_state.t0 is not None:
+            out["control/first_token_temperature_t0"] = float(tr.nc_state.t0)
         return out
 
+    def init_state(self, tr: Any) -> ControlState:
+        return ControlState()
+
     def state_dict(self, tr: Any) -> dict[str, Any]:
-        return {"first_token_temperature_t0": tr.first_token_t0}
+        return {"first_token_temperature_t0": tr.nc_state.t0}
 
     def load_state_dict(self, tr: Any, path: str) -> None:
         """With ``first_token_temperature_auto``, the calibrated T0 (a resumed run must not calibrate
@@ -109,4 +121,4 @@ class FirstTokenTemperature(RolloutMethod):
                 "again on another batch; resume from a checkpoint of this run, or set first_token_temperature "
                 "by hand"
             )
-        tr.first_token_t0 = float(t0)
+        tr.nc_state.t0 = float(t0)

@@ -61,7 +61,9 @@ def calibrate_first_token_t0(trainer, plans: list[RowPlan], prompt_ids, multimod
 
     model = unwrapped_model(trainer)
     rows_clean = [nz.RowNoise()] * len(plans)
-    with branch_point_hooks(model, rows_clean, trainer.args, trainer.spsa_mu, marginal_tvs) as (_, point):
+    with branch_point_hooks(
+        model, rows_clean, trainer.args, trainer.nc_method.steer(trainer), marginal_tvs
+    ) as (_, point):
         prefill_only(trainer, prompt_ids, multimodal_fields)
     logits, tvs = point.logits, point.extra
     target = min(max(sum(tvs) / len(tvs), 0.0), 1.0)

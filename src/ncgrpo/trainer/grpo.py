@@ -151,7 +151,7 @@ class NCGRPOTrainer(GRPOTrainer):
     mismatch only on its vLLM path; with ``noisy_importance_sampling="exclude"`` (default) the noisy
     rows' ratio is forced to 1 (the paper applies no density correction to the perturbed half),
     ``"apply"`` keeps TRL's ratio for every row. ``nc_history`` holds one :class:`StepRecord` per
-    generation; ``spsa_mu`` the steering vector (``spsa`` only).
+    generation; ``nc_state`` the method's own state (SPSA's ``mu``, the control's ``t0``).
 
     One parent. Every private TRL / transformers method this class overrides sits in its last section
     ("the TRL seam"), each a few lines naming the method it replaces and why, and delegating to the
@@ -204,9 +204,9 @@ class NCGRPOTrainer(GRPOTrainer):
         #: eq. (3)'s schedule (sigma_k, the image method's t, the control's T_k)
         self.schedule = args.schedule
         self.nc_history: list[StepRecord] = []
-        self.spsa_mu: torch.Tensor | None = None
-        #: first_token_temperature_auto: the calibrated T0 (None until the first generation)
-        self.first_token_t0: float | None = None
+        #: the method's own state (:meth:`~ncgrpo.methods.RolloutMethod.init_state`: SPSA's mu, the control's
+        #: calibrated T0; None: none), read and written by the method only
+        self.nc_state = None
         self._nc_inputs: list[dict] | None = None
         #: after a resume: transformers' loss since its last log line, put back at the first micro-step
         self._nc_pending_loss: tuple | None = None
@@ -241,7 +241,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 f"decoder layers (0..{len(stack.layers) - 1})"
             )
         warn_lora_dropout(self.model)
-        self.nc_method.init_state(self)  # SPSA: spsa_mu
+        self.nc_state = self.nc_method.init_state(self)
         # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
         # noisy row would silently be clean, so its presence is checked once, now.
         if self.use_vllm:

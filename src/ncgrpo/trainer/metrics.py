@@ -86,7 +86,7 @@ def noise_metrics(
     ``noise/*``, ``image_noise/t``, ``control/*``), gathered over processes, added to ``metrics``; returns
     the measured relative perturbation per global row (zeros where none was measured). ``plans``: the
     global plan; ``rewards`` ``# [N_global]`` the weighted rewards. Reads ``trainer.nc_method``,
-    ``.num_generations``, ``.scale_rewards``, ``.first_token_t0``, ``._nc_answers``, ``.accelerator``."""
+    ``.num_generations``, ``.scale_rewards``, ``._nc_answers``, ``.accelerator``."""
     G = trainer.num_generations
     B = rewards.numel() // G
     noisy = torch.tensor([p.noisy for p in plans])
