@@ -141,3 +141,27 @@ def test_method_state_is_the_methods_and_an_existing_state_file_loads(tmp_path):
     control.load_state_dict(tr, str(path))
     assert tr.nc_state.t0 == 1.25 and control.t0(tr) == 1.25
     assert get_method("latent").init_state(tr) is None
+
+
+def test_methods_read_only_what_the_trainer_view_names():
+    """Every ``tr.<name>`` in ncgrpo.methods is a member of the TrainerView protocol, and every hook
+    that takes the trainer types it with it (issue 45): what a method may use of the trainer is
+    declared in one place."""
+    import re
+    from pathlib import Path
+
+    import ncgrpo.methods
+    from ncgrpo.methods.base import TrainerView
+
+    allowed = {n for n in dir(TrainerView) if not n.startswith("_")} | set(TrainerView.__annotations__)
+    used, untyped = set(), []
+    for path in Path(ncgrpo.methods.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        used |= set(re.findall(r"\btr\.([A-Za-z_]\w*)", text))
+        untyped += [
+            f"{path.name}: {m}" for m in re.findall(r"def \w+\([^)]*\btr\b(?!: TrainerView)[^)]*\)", text)
+        ]
+    assert used and used <= allowed, (
+        f"methods read trainer attributes outside TrainerView: {sorted(used - allowed)}"
+    )
+    assert not untyped, untyped

@@ -31,20 +31,24 @@ module that subclasses :class:`RolloutMethod` (or a built-in method) and decorat
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
 
 from ncgrpo.core.noise import RowNoise, parse_noise_site
 from ncgrpo.core.plan import RowPlan
 
 if TYPE_CHECKING:
-    import torch
+    from ncgrpo.core.schedule import Schedule
 
 __all__ = [
     "Generation",
     "RolloutMethod",
     "StepRecord",
+    "TrainerView",
     "baseline_method",
     "get_method",
     "method_help",
@@ -56,6 +60,42 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, RolloutMethod] = {}
+
+
+class TrainerView(Protocol):
+    """Exactly what a rollout method's hooks may use of the trainer (``tr``; ``NCGRPOTrainer`` is one).
+    A method reads these and nothing else (``tests/methods/test_registry.py`` checks every ``tr.<name>``
+    in ``ncgrpo.methods``); it writes only ``nc_state``, its own state (:meth:`RolloutMethod.init_state`)."""
+
+    #: the run's settings (``NCGRPOConfig``)
+    args: Any
+    #: eq. (3)'s schedule: ``sigma``, ``target``, ``image_t``, ``temperature``
+    schedule: Schedule
+    #: the sampling temperature
+    temperature: float
+    #: the processor / tokenizer (the image method distorts its images through it)
+    processing_class: Any
+    #: the method's own state (what :meth:`RolloutMethod.init_state` returned)
+    nc_state: Any
+
+    @property
+    def noise_base_seed(self) -> int:
+        """The seed every noise key derives from."""
+        ...
+
+    def hidden_size(self) -> int:
+        """The size of the hidden states the noise acts on."""
+        ...
+
+    def solve_target_sigma(self, gen: Generation, prompt_ids: Any, multimodal_fields: Any) -> Any:
+        """``target_marginal_tv``: solve this generation's sigma_k (writes ``gen.sigma_k``)."""
+        ...
+
+    def calibrate_first_token_t0(
+        self, plans: list[RowPlan], prompt_ids: Any, multimodal_fields: Any
+    ) -> float:
+        """``first_token_temperature_auto``: the calibrated T0 (one prompt-only pass)."""
+        ...
 
 
 @dataclass
@@ -296,7 +336,7 @@ class RolloutMethod:
             return RowNoise()
         return RowNoise(sigma=float(sigma), key=plan.key, sign=plan.sign, mode=self.noise_mode)
 
-    def steer(self, tr: Any) -> Any:
+    def steer(self, tr: TrainerView) -> Any:
         """A steering vector added to every noisy row's state (eq. 6's ``mu``), or None."""
         return None
 
@@ -306,7 +346,7 @@ class RolloutMethod:
 
     # -- one generation -----------------------------------------------------------------------------
     def begin_generation(
-        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+        self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
         """Set this generation's annealed values on ``gen`` (``sigma_k``; the image method's ``image_t``;
         the control's ``first_token_temperature``) at schedule position ``k`` of ``K``, before any row is
@@ -324,23 +364,23 @@ class RolloutMethod:
         else:
             gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0)
 
-    def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
+    def generation_inputs(self, tr: TrainerView, gen: Any, images: Any, multimodal_fields: dict) -> dict:
         """The multimodal inputs TRL's ``generate`` gets (transformers engine; the loss keeps the
         originals). Default: unchanged."""
         return multimodal_fields
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> Any:
+    def generation_hooks(self, tr: TrainerView, gen: Any, model: Any, stack: ExitStack) -> Any:
         """Enter into ``stack`` what runs around TRL's ``generate`` on the transformers engine besides the
         prefill noise hook (which every method gets with its :meth:`row_noise` rows). Returns the control
         hook whose rewritten first-token logits (``last_logits``) the branch-point metrics read, or None.
         Default: nothing."""
         return None
 
-    def vllm_images(self, tr: Any, gen: Any, images: Any) -> Any:
+    def vllm_images(self, tr: TrainerView, gen: Any, images: Any) -> Any:
         """The per-row images vLLM gets (default: TRL's)."""
         return images
 
-    def vllm_logit_scales(self, tr: Any, gen: Any) -> list[float | None] | None:
+    def vllm_logit_scales(self, tr: TrainerView, gen: Any) -> list[float | None] | None:
         """Per row, a first-token logit scale the vLLM plugin applies (None: none)."""
         return None
 
@@ -350,28 +390,28 @@ class RolloutMethod:
 
     # -- after rewards ------------------------------------------------------------------------------
     def after_rewards(
-        self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
+        self, tr: TrainerView, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
     ) -> None:
         """Anything the method does with the gathered rewards of a generation (SPSA's update), writing
         what it logs into ``metrics``. Runs on every rank with the same inputs. Default: nothing."""
 
-    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+    def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
         """The method's own per-generation metrics (beside ``reward/*`` and ``noise/*``)."""
         return {"noise/sigma_k": gen.sigma_k} if self.uses_sigma else {}
 
     # -- state in checkpoints -----------------------------------------------------------------------
-    def init_state(self, tr: Any) -> Any:
+    def init_state(self, tr: TrainerView) -> Any:
         """The method's own state, created at the trainer's construction and kept as ``tr.nc_state``
         (SPSA: its steering vector ``mu``; the temperature control: its calibrated ``t0``); None: none.
         Only the method reads and writes it; :meth:`state_dict` / :meth:`load_state_dict` carry it
         through checkpoints."""
         return None
 
-    def state_dict(self, tr: Any) -> dict[str, Any]:
+    def state_dict(self, tr: TrainerView) -> dict[str, Any]:
         """What the method adds to ``ncgrpo_state.pt`` from ``tr.nc_state``."""
         return {}
 
-    def load_state_dict(self, tr: Any, path: str) -> None:
+    def load_state_dict(self, tr: TrainerView, path: str) -> None:
         """Restore ``tr.nc_state`` from a checkpoint's ``ncgrpo_state.pt`` at ``path`` (read it with
         :func:`read_state`, which gives None for a missing file). Default: nothing to restore, the file is
         not read."""
@@ -379,9 +419,6 @@ class RolloutMethod:
 
 def read_state(path: str) -> dict[str, Any] | None:
     """The dict in an ``ncgrpo_state.pt`` (None where the file is missing)."""
-    import os
-
-    import torch
 
     if not os.path.exists(path):
         return None

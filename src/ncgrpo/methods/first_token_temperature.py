@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ncgrpo.core.plan import RowPlan
-from ncgrpo.methods.base import RolloutMethod, read_state, register_method
+from ncgrpo.engines.controls import first_token_temperature
+from ncgrpo.engines.vllm import control_extra_args
+from ncgrpo.methods.base import RolloutMethod, TrainerView, read_state, register_method
 
 
 @dataclass
@@ -49,17 +51,17 @@ class FirstTokenTemperature(RolloutMethod):
         t0 = cfg.first_token_temperature
         return f"{self.label} T0={t0:g}", f"{self.slug}-t{t0:g}", {"first_token_temperature": t0}
 
-    def t0(self, tr: Any) -> float:
+    def t0(self, tr: TrainerView) -> float:
         """The starting temperature: the calibrated one with ``first_token_temperature_auto``."""
         return float(tr.nc_state.t0 if tr.nc_state.t0 is not None else tr.args.first_token_temperature)
 
-    def temperature_at(self, tr: Any, k: int, K: int) -> float:
+    def temperature_at(self, tr: TrainerView, k: int, K: int) -> float:
         """``T_k = T + (T0 - T) * decay_k`` (:meth:`ncgrpo.core.schedule.Schedule.temperature`): annealed to
         the sampling temperature exactly as ``sigma_k`` anneals to 0."""
         return tr.schedule.temperature(k, K, tr.temperature, self.t0(tr))
 
     def begin_generation(
-        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+        self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
         """Calibrates ``tr.nc_state.t0`` once (``first_token_temperature_auto``, on this generation's
         prompts) and sets ``gen.first_token_temperature`` to ``T_k``."""
@@ -68,11 +70,9 @@ class FirstTokenTemperature(RolloutMethod):
             tr.nc_state.t0 = tr.calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
         gen.first_token_temperature = self.temperature_at(tr, k, K)
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> None:
+    def generation_hooks(self, tr: TrainerView, gen: Any, model: Any, stack: ExitStack) -> None:
         """The noisy rows' first-token logits times ``T / T_k`` (:func:`ncgrpo.engines.controls.first_token_temperature`);
         the metrics read its effect from ``gen.first_token_temperature``."""
-        from ncgrpo.engines.controls import first_token_temperature
-
         stack.enter_context(
             first_token_temperature(
                 model,
@@ -82,14 +82,12 @@ class FirstTokenTemperature(RolloutMethod):
             )
         )
 
-    def vllm_logit_scales(self, tr: Any, gen: Any) -> list[float | None]:
+    def vllm_logit_scales(self, tr: TrainerView, gen: Any) -> list[float | None]:
         scale = float(tr.temperature) / gen.first_token_temperature
         return [scale if p.noisy else None for p in gen.plans]
 
     def verl_extra_args(self, cfg: Any, plan: RowPlan, step: int, temperature: float) -> tuple[float, dict]:
         """The noisy half's first-token logits times ``T / T_k``, no hidden noise."""
-        from ncgrpo.engines.vllm import control_extra_args
-
         if not temperature > 0:
             raise ValueError(
                 f"rollout_method={self.name!r} needs a sampling temperature > 0, got {temperature}"
@@ -97,19 +95,19 @@ class FirstTokenTemperature(RolloutMethod):
         t_k = cfg.first_token_temperature_at(step, temperature)
         return 0.0, control_extra_args(float(temperature) / t_k)
 
-    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+    def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
         out = {"control/first_token_temperature": float(gen.first_token_temperature)}
         if tr.nc_state.t0 is not None:
             out["control/first_token_temperature_t0"] = float(tr.nc_state.t0)
         return out
 
-    def init_state(self, tr: Any) -> ControlState:
+    def init_state(self, tr: TrainerView) -> ControlState:
         return ControlState()
 
-    def state_dict(self, tr: Any) -> dict[str, Any]:
+    def state_dict(self, tr: TrainerView) -> dict[str, Any]:
         return {"first_token_temperature_t0": tr.nc_state.t0}
 
-    def load_state_dict(self, tr: Any, path: str) -> None:
+    def load_state_dict(self, tr: TrainerView, path: str) -> None:
         """With ``first_token_temperature_auto``, the calibrated T0 (a resumed run must not calibrate
         again on another batch)."""
         if not tr.args.first_token_temperature_auto:

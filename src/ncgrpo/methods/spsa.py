@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from ncgrpo.core.plan import RowPlan
+from ncgrpo.core.spsa import spsa_step
 from ncgrpo.methods.antithetic import Antithetic
-from ncgrpo.methods.base import read_state, register_method
+from ncgrpo.methods.base import TrainerView, read_state, register_method
 
 
 @dataclass
@@ -48,22 +49,22 @@ class Spsa(Antithetic):
     def card_settings(self, args: Any) -> list[str]:
         return [f"spsa_lr {args.spsa_lr}, spsa_mu_max {args.spsa_mu_max}", *super().card_settings(args)]
 
-    def steer(self, tr: Any) -> Any:
+    def steer(self, tr: TrainerView) -> Any:
         return tr.nc_state.mu
 
-    def init_state(self, tr: Any) -> SpsaState:
+    def init_state(self, tr: TrainerView) -> SpsaState:
         """``mu``: zeros of the hidden size."""
         return SpsaState(torch.zeros(tr.hidden_size(), dtype=torch.float32))
 
     def after_rewards(
-        self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
+        self, tr: TrainerView, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
     ) -> None:
         """Logs ``spsa/mu_norm`` (before this step's update) and ``spsa/updated``; updates ``tr.nc_state.mu``."""
         metrics["spsa/mu_norm"] = float(torch.linalg.vector_norm(tr.nc_state.mu))
         metrics["spsa/updated"] = float(self.update(tr, plans, rewards, gen.sigma_k, gen.step))
 
     @staticmethod
-    def update(tr: Any, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
+    def update(tr: TrainerView, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
         """eq. (6): ``mu <- Pi(mu + eta * g)`` from the antithetic reward gaps of this step
         (:func:`ncgrpo.core.spsa.spsa_step`); returns whether ``mu`` was updated.
 
@@ -73,8 +74,6 @@ class Spsa(Antithetic):
         like ``1 / sigma_k`` (19, 535 and 2.3e4 at k = 45, 50, 60 of the paper's schedule against
         ``mu_max = 1``) and throws ``mu`` to the ball's edge along that step's random direction.
         """
-        from ncgrpo.core.spsa import spsa_step
-
         a = tr.args
         if not sigma_k > 0 or sigma_k < a.spsa_min_sigma_ratio * a.sigma0:
             return False
@@ -88,10 +87,10 @@ class Spsa(Antithetic):
         tr.nc_state.mu = mu
         return True
 
-    def state_dict(self, tr: Any) -> dict[str, Any]:
+    def state_dict(self, tr: TrainerView) -> dict[str, Any]:
         return {"spsa_mu": tr.nc_state.mu}
 
-    def load_state_dict(self, tr: Any, path: str) -> None:
+    def load_state_dict(self, tr: TrainerView, path: str) -> None:
         state = read_state(path)
         if state is None:
             raise FileNotFoundError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ncgrpo.methods.base import RolloutMethod, register_method
+from ncgrpo.methods.base import RolloutMethod, TrainerView, register_method
 
 
 @register_method
@@ -31,5 +31,5 @@ class Vanilla(RolloutMethod):
     def check_vllm(self, vllm_mode: str) -> None:
         return None  # TRL's own path on every engine
 
-    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+    def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
         return {}
