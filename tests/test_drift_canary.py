@@ -1,5 +1,5 @@
 """The drift canary: vanilla GRPO and NC-GRPO (sigma0 0.2) at seeds 0 and 1, four steps each on the
-embedded base and the demo's own settings, against committed golden values (tests/golden/drift_canary.json):
+embedded base and the demo's own settings, and every other built-in rollout method at seed 0 for two steps, against committed golden values (tests/golden/drift_canary.json):
 per step the loss, the reward, sigma_k and the logged noise effect, and a hash of the trained weights.
 It fails at the first run, step and field that moved, so a change that moves results (a new estimator, a
 library upgrade, a reordered random draw) is seen at once, not in a README table months later.
@@ -24,6 +24,10 @@ GOLDEN = Path(__file__).parent / "golden" / "drift_canary.json"
 FIELDS = ("loss", "reward", "noise/sigma_k", "noise/first_token_marginal_tv")
 STEPS = 4
 RUNS = [("vanilla", 0), ("vanilla", 1), ("latent", 0), ("latent", 1)]  # (rollout method, seed)
+# every other built-in rollout method (the demo's --all_methods runs), seed 0, fewer steps to keep the
+# default suite quick: enough to pin its noise, hooks, inputs and update byte for byte
+EXTRA_STEPS = 2
+EXTRA_RUNS = ["image", "antithetic", "spsa", "first_token_temperature", "first_token_marginal"]
 
 
 def _weights_hash(folder: Path) -> str:
@@ -54,13 +58,28 @@ def _train_runs(tmp: Path) -> dict[str, dict]:
     base = demo_stages._base_model(cfg)
     train, val, _ = _load_questions(cfg, suite)
     specs = {s.rollout_method: s for s in cfg.methods()}
+    extra_cfg = DemoConfig(
+        output_dir=tmp / "all",
+        max_steps=EXTRA_STEPS,
+        seeds=1,
+        sigma0=(0.2,),
+        val_limit=0,
+        progress=False,
+        num_threads=1,
+        all_methods=True,
+    )
+    extra_specs = {s.rollout_method: s for s in extra_cfg.methods()}
+    assert sorted(extra_specs) == sorted({m for m, _ in RUNS} | set(EXTRA_RUNS)), (
+        "a built-in method is missing"
+    )
     out = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order whatever the machine's core count
     try:
-        for method, seed in RUNS:
-            spec = specs[method]
-            run = DemoRun(cfg, spec, seed, Path(base), model_id_of(Path(base)))
+        for run_cfg, spec, seed in [(cfg, specs[m], s) for m, s in RUNS] + [
+            (extra_cfg, extra_specs[m], 0) for m in EXTRA_RUNS
+        ]:
+            run = DemoRun(run_cfg, spec, seed, Path(base), model_id_of(Path(base)))
             demo_stages._train(run, run.settings(), train, val)
             rows = [json.loads(line) for line in (run.train_dir / "metrics.jsonl").read_text().splitlines()]
             rows = [r for r in rows if "loss" in r]
@@ -93,11 +112,16 @@ def _first_difference(golden: dict, now: dict) -> str | None:
     return None
 
 
-def test_vanilla_and_nc_grpo_train_as_the_golden_file_says(tmp_path):
+def test_every_method_trains_as_the_golden_file_says(tmp_path):
     now = _train_runs(tmp_path / "canary")
     if os.environ.get("NCGRPO_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(json.dumps({"steps": STEPS, "fields": list(FIELDS), "runs": now}, indent=1) + "\n")
+        GOLDEN.write_text(
+            json.dumps(
+                {"steps": STEPS, "extra_steps": EXTRA_STEPS, "fields": list(FIELDS), "runs": now}, indent=1
+            )
+            + "\n"
+        )
         pytest.skip(f"rewrote {GOLDEN}")
     golden = json.loads(GOLDEN.read_text())
     moved = _first_difference(golden, now)

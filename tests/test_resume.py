@@ -53,7 +53,7 @@ def test_resume_draws_the_same_noise_and_restores_mu(tmp_path) -> None:
     assert [r.step for r in part.nc_history] == [1]
     ckpt = tmp_path / "part" / "checkpoint-1"
     saved = torch.load(ckpt / STATE_FILE, weights_only=True)
-    assert torch.equal(saved["spsa_mu"], part.spsa_mu)
+    assert torch.equal(saved["spsa_mu"], part.nc_state.mu)
     assert float(saved["spsa_mu"].norm()) > 0  # the step-1 update moved mu (else the test proves little)
 
     resumed = tiny.trainer(tmp_path / "part", save_strategy="steps", save_steps=1, **RUN)

@@ -365,10 +365,8 @@ def test_first_token_temperature_auto_matches_the_noise_marginal(tmp_path) -> No
     )
     tr.train()
     m = _last_metrics(tr)[0]
-    assert tr.first_token_t0 > 1.0 and m["control/first_token_temperature_t0"] == pytest.approx(
-        tr.first_token_t0
-    )
-    assert m["control/first_token_temperature"] == pytest.approx(tr.first_token_t0)  # constant schedule
+    assert tr.nc_state.t0 > 1.0 and m["control/first_token_temperature_t0"] == pytest.approx(tr.nc_state.t0)
+    assert m["control/first_token_temperature"] == pytest.approx(tr.nc_state.t0)  # constant schedule
     lat = tiny.trainer(tmp_path / "l", rollout_method="latent", **kw)
     lat.train()
     ml = _last_metrics(lat)[0]
@@ -379,7 +377,7 @@ def test_first_token_temperature_auto_matches_the_noise_marginal(tmp_path) -> No
         tmp_path / "c2", rollout_method="first_token_temperature", first_token_temperature_auto=True, **kw
     )
     load_nc_state(again, str(tmp_path / "ckpt"))
-    assert again.first_token_t0 == tr.first_token_t0
+    assert again.nc_state.t0 == tr.nc_state.t0
     with pytest.raises(ValueError, match="no calibrated first_token_temperature_t0"):
         load_nc_state(again, str(tmp_path / "nowhere"))
 
@@ -529,14 +527,14 @@ def test_spsa_update_is_eq6(tmp_path) -> None:
     )
     plans = plan_rows(range(8), [4] * 8, num_generations=8, method=get_method("spsa"), seed=0, step=3)
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])  # pairs (+,-): (1, 0), (0, 1)
-    d = tr.spsa_mu.numel()
+    d = tr.nc_state.mu.numel()
     get_method("spsa").update(tr, plans, rewards, 0.2, 3)
     u = nz.draw_direction(0, 3, d)
     r = [
         float(nz.draw_eps(nz.NoiseKey(0, 3, 4, j), [0], d, mode="rank_one")[0] @ u / (u @ u)) for j in (0, 1)
     ]
     g = ((1 - 0) * r[0] + (0 - 1) * r[1]) / 2 / (2 * 0.2) * u
-    torch.testing.assert_close(tr.spsa_mu, 0.5 * g, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tr.nc_state.mu, 0.5 * g, rtol=1e-5, atol=1e-6)
 
 
 def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
@@ -546,14 +544,14 @@ def test_spsa_skips_the_update_once_the_noise_has_annealed(tmp_path) -> None:
     rewards = torch.tensor([0.0, 1, 0, 1, 1.0, 0.0, 0.0, 1.0])
     sigma0 = tr.args.sigma0
     assert not get_method("spsa").update(tr, plans, rewards, 0.01 * sigma0, 3)
-    assert torch.count_nonzero(tr.spsa_mu) == 0
+    assert torch.count_nonzero(tr.nc_state.mu) == 0
     assert get_method("spsa").update(tr, plans, rewards, 0.5 * sigma0, 3)
-    assert torch.count_nonzero(tr.spsa_mu) > 0
+    assert torch.count_nonzero(tr.nc_state.mu) > 0
     # just above the threshold eq. (6)'s step is large (1 / sigma_k); it is bounded to 10% of mu_max
-    tr.spsa_mu.zero_()
+    tr.nc_state.mu.zero_()
     assert get_method("spsa").update(tr, plans, rewards, 0.06 * sigma0, 3)
     bound = tr.args.spsa_max_step_ratio * tr.args.spsa_mu_max
-    assert float(tr.spsa_mu.norm()) == pytest.approx(bound, rel=1e-5)
+    assert float(tr.nc_state.mu.norm()) == pytest.approx(bound, rel=1e-5)
 
 
 def test_schedule_counts_optimizer_steps_or_generations(tmp_path) -> None:
@@ -812,7 +810,7 @@ def _generation_inputs(tr):
     """Run one real (transformers-path) training step of ``tr`` and return what its NC-GRPO generation got
     and measured: ``(prompt_ids, images, multimodal_fields, gen)``, and, taken inside the generation (the
     weights and SPSA's mu as they were then), ``measured``: the vLLM path's measurement on the same rows."""
-    from ncgrpo.trainer.metrics import _LocalGen
+    from ncgrpo.methods.base import Generation
 
     seen = []
     orig = tr._nc_generate
@@ -820,7 +818,7 @@ def _generation_inputs(tr):
     def spy(generate, prompt_ids, images, fields, num_generations):
         out = orig(generate, prompt_ids, images, fields, num_generations)
         a = tr._nc_gen
-        b = _LocalGen(
+        b = Generation(
             step=a.step,
             total_steps=a.total_steps,
             sigma_k=a.sigma_k,
@@ -829,7 +827,7 @@ def _generation_inputs(tr):
             first_token_temperature=a.first_token_temperature,
         )
         rows = [tr.nc_method.row_noise(p, a.sigma_k) for p in a.plans]
-        mu = None if tr.spsa_mu is None else tr.spsa_mu.clone()
+        mu = None if getattr(tr.nc_state, "mu", None) is None else tr.nc_state.mu.clone()
         measure_branch_point(tr, b, rows, prompt_ids, images, fields)
         seen.append(
             dict(

@@ -179,7 +179,7 @@ def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path,
 
     class Spsa(Recording):
         def _nc_generate(self, *a, **kw):
-            mus.append(self.spsa_mu.clone())
+            mus.append(self.nc_state.mu.clone())
             return super()._nc_generate(*a, **kw)
 
     args = _config(

@@ -93,3 +93,75 @@ def test_registering_a_method_and_its_refusals():
         @register_method
         class Bad(RolloutMethod):
             name = "not a name"
+
+
+def test_one_baseline_and_help_lines_from_the_registry():
+    """Every list of method names in a help string is the registry's (issue 45): the trainer's
+    rollout_method help holds each registered method's help line, and exactly one method is the baseline
+    (the demo's first row and the model card's plain GRPO line)."""
+    from dataclasses import fields
+
+    from ncgrpo.methods import baseline_method, method_help, methods
+    from ncgrpo.toy.demo_config import DemoConfig
+    from ncgrpo.trainer.config import NCGRPOConfig
+
+    assert [m.name for m in methods() if m.baseline] == [baseline_method().name] == ["vanilla"]
+    help_text = next(f for f in fields(NCGRPOConfig) if f.name == "rollout_method").metadata["help"]
+    assert method_help() in help_text
+    for m in methods():
+        assert m.help_line in help_text and m.summary in m.help_line
+    spec = DemoConfig(output_dir="/nonexistent-demo").methods()[0]
+    assert (spec.rollout_method, spec.slug) == (baseline_method().name, baseline_method().slug)
+
+
+def test_method_state_is_the_methods_and_an_existing_state_file_loads(tmp_path):
+    """SPSA's mu and the control's T0 live in the state object the method creates (issue 45), and an
+    ncgrpo_state.pt in the layout checkpoints have always had loads into it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ncgrpo.methods import get_method
+
+    spsa, control = get_method("spsa"), get_method("first_token_temperature")
+    tr = SimpleNamespace(hidden_size=lambda: 3, args=SimpleNamespace(first_token_temperature_auto=True))
+    tr.nc_state = spsa.init_state(tr)
+    assert torch.equal(tr.nc_state.mu, torch.zeros(3))
+    path = tmp_path / "ncgrpo_state.pt"
+    torch.save(
+        {"rollout_method": "spsa", "spsa_mu": torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)}, path
+    )
+    spsa.load_state_dict(tr, str(path))
+    assert tr.nc_state.mu.dtype == torch.float32 and tr.nc_state.mu.tolist() == [1.0, 2.0, 3.0]
+    assert spsa.state_dict(tr)["spsa_mu"] is tr.nc_state.mu
+
+    tr.nc_state = control.init_state(tr)
+    assert tr.nc_state.t0 is None and control.state_dict(tr) == {"first_token_temperature_t0": None}
+    torch.save({"rollout_method": "first_token_temperature", "first_token_temperature_t0": 1.25}, path)
+    control.load_state_dict(tr, str(path))
+    assert tr.nc_state.t0 == 1.25 and control.t0(tr) == 1.25
+    assert get_method("latent").init_state(tr) is None
+
+
+def test_methods_read_only_what_the_trainer_view_names():
+    """Every ``tr.<name>`` in ncgrpo.methods is a member of the TrainerView protocol, and every hook
+    that takes the trainer types it with it (issue 45): what a method may use of the trainer is
+    declared in one place."""
+    import re
+    from pathlib import Path
+
+    import ncgrpo.methods
+    from ncgrpo.methods.base import TrainerView
+
+    allowed = {n for n in dir(TrainerView) if not n.startswith("_")} | set(TrainerView.__annotations__)
+    used, untyped = set(), []
+    for path in Path(ncgrpo.methods.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        used |= set(re.findall(r"\btr\.([A-Za-z_]\w*)", text))
+        untyped += [
+            f"{path.name}: {m}" for m in re.findall(r"def \w+\([^)]*\btr\b(?!: TrainerView)[^)]*\)", text)
+        ]
+    assert used and used <= allowed, (
+        f"methods read trainer attributes outside TrainerView: {sorted(used - allowed)}"
+    )
+    assert not untyped, untyped

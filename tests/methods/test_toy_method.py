@@ -88,3 +88,42 @@ def test_ncgrpo_probe_measures_it_and_vllm_and_verl_refuse_it(tmp_path, toy, cap
         tiny.config(
             tmp_path, rollout_method="toy_unannealed", num_generations=5, per_device_train_batch_size=10
         )
+
+
+class Carded(Unannealed):
+    name = "toy_carded"
+
+    def card_settings(self, args):
+        return [f"toy_half_sigma {0.5 * float(args.sigma0)}"]
+
+
+def test_the_model_card_line_comes_from_the_method(tmp_path) -> None:
+    """The card names a new method's own settings through its hooks; no name is tested in
+    trainer/model_card.py (issue 45)."""
+    from types import SimpleNamespace
+
+    from ncgrpo.methods import baseline_method
+    from ncgrpo.trainer import model_card
+
+    args = SimpleNamespace(
+        rollout_method="toy_carded",
+        num_generations=4,
+        sigma0=0.4,
+        target_marginal_tv=None,
+        noise_site="final_norm",
+        noise_layer_decay=0.5,
+        sigma_schedule="constant",
+        branch_prefix="",
+    )
+    register_method(Carded)
+    try:
+        line = model_card._method(args)
+        assert "rollout_method `toy_carded`" in line and "toy_half_sigma 0.2" in line and "sigma0 0.4" in line
+        assert model_card._short_method(args) == "NC-GRPO (rollout_method `toy_carded`)"
+    finally:
+        unregister_method("toy_carded")
+    plain = SimpleNamespace(
+        num_generations=4, sigma_schedule="constant"
+    )  # no rollout_method: the registry's baseline
+    assert model_card._method(plain) == baseline_method().card_line(plain, "")
+    assert model_card._short_method(plain) == "vanilla GRPO"

@@ -66,7 +66,7 @@ def main() -> None:
             }
             for r in tr.nc_history
         ],
-        "mu": None if tr.spsa_mu is None else tr.spsa_mu.tolist(),
+        "mu": None if getattr(tr.nc_state, "mu", None) is None else tr.nc_state.mu.tolist(),
         "param_sum": float(sum(p.detach().double().sum() for p in tr.model.parameters())),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(dump))

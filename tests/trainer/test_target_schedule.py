@@ -77,7 +77,7 @@ def test_one_sigma0_moves_two_bases_differently_and_the_target_schedule_holds_th
 
 def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_model_unhooked(tmp_path):
     """vLLM and the first_token_marginal control solve in a clean pass before generating."""
-    from ncgrpo.trainer.metrics import _LocalGen
+    from ncgrpo.methods.base import Generation
 
     tr = _trainer(tmp_path, "d32", target_marginal_tv=TARGET, sigma_schedule="constant")
     batch = next(iter(tr.get_train_dataloader()))
@@ -88,7 +88,7 @@ def test_the_solve_in_a_pass_of_its_own_draws_no_random_state_and_leaves_the_mod
     from ncgrpo.core.plan import plan_rows
 
     plans = plan_rows(range(1), [7], num_generations=4, method=tr.nc_method, seed=0, step=1)
-    gen = _LocalGen(step=1, total_steps=3, sigma_k=0.0, plans=plans)
+    gen = Generation(step=1, total_steps=3, sigma_k=0.0, plans=plans)
     model = tr.accelerator.unwrap_model(tr.model)
     hooks_before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     rng = torch.get_rng_state()

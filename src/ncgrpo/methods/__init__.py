@@ -19,11 +19,22 @@ from ncgrpo.methods import (  # noqa: F401  (registers the built-ins, in this or
 # isort: on
 from ncgrpo.methods.base import (
     RolloutMethod,
+    baseline_method,
     get_method,
+    method_help,
     method_names,
     methods,
     register_method,
     unregister_method,
 )
 
-__all__ = ["RolloutMethod", "get_method", "method_names", "methods", "register_method", "unregister_method"]
+__all__ = [
+    "RolloutMethod",
+    "baseline_method",
+    "get_method",
+    "method_help",
+    "method_names",
+    "methods",
+    "register_method",
+    "unregister_method",
+]

@@ -3,6 +3,8 @@ joint group (or, with ``antithetic_grouping='separate'``, in two advantage group
 
 from __future__ import annotations
 
+from typing import Any
+
 from ncgrpo.methods.base import register_method
 from ncgrpo.methods.latent import Latent
 
@@ -17,3 +19,6 @@ class Antithetic(Latent):
     paired = True
     key_rule = "pair"
     noise_mode = "antithetic"
+
+    def card_settings(self, args: Any) -> list[str]:
+        return [f"antithetic_grouping {args.antithetic_grouping}"]

@@ -24,22 +24,34 @@ they ask the method (``get_method(args.rollout_method)``) what it is and what to
   checkpoints).
 
 The trainer-facing hooks get the trainer (``tr``) and the generation's scratch record (``gen``,
-``ncgrpo.trainer.metrics._LocalGen``); each says what it reads and writes. A new method is one
+``Generation``); each says what it reads and writes. A new method is one
 module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it with
 :func:`register_method`; docs/extending.md walks through one.
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
 
 from ncgrpo.core.noise import RowNoise, parse_noise_site
 from ncgrpo.core.plan import RowPlan
 
+if TYPE_CHECKING:
+    from ncgrpo.core.schedule import Schedule
+
 __all__ = [
+    "Generation",
     "RolloutMethod",
+    "StepRecord",
+    "TrainerView",
+    "baseline_method",
     "get_method",
+    "method_help",
     "method_names",
     "methods",
     "read_state",
@@ -48,6 +60,89 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, RolloutMethod] = {}
+
+
+class TrainerView(Protocol):
+    """Exactly what a rollout method's hooks may use of the trainer (``tr``; ``NCGRPOTrainer`` is one).
+    A method reads these and nothing else (``tests/methods/test_registry.py`` checks every ``tr.<name>``
+    in ``ncgrpo.methods``); it writes only ``nc_state``, its own state (:meth:`RolloutMethod.init_state`)."""
+
+    #: the run's settings (``NCGRPOConfig``)
+    args: Any
+    #: eq. (3)'s schedule: ``sigma``, ``target``, ``image_t``, ``temperature``
+    schedule: Schedule
+    #: the sampling temperature
+    temperature: float
+    #: the processor / tokenizer (the image method distorts its images through it)
+    processing_class: Any
+    #: the method's own state (what :meth:`RolloutMethod.init_state` returned)
+    nc_state: Any
+
+    @property
+    def noise_base_seed(self) -> int:
+        """The seed every noise key derives from."""
+        ...
+
+    def hidden_size(self) -> int:
+        """The size of the hidden states the noise acts on."""
+        ...
+
+    def solve_target_sigma(self, gen: Generation, prompt_ids: Any, multimodal_fields: Any) -> Any:
+        """``target_marginal_tv``: solve this generation's sigma_k (writes ``gen.sigma_k``)."""
+        ...
+
+    def calibrate_first_token_t0(
+        self, plans: list[RowPlan], prompt_ids: Any, multimodal_fields: Any
+    ) -> float:
+        """``first_token_temperature_auto``: the calibrated T0 (one prompt-only pass)."""
+        ...
+
+
+@dataclass
+class StepRecord:
+    """What NC-GRPO did at one generation (kept in ``trainer.nc_history``; identical on every rank).
+
+    ``rows``: the global plan (:meth:`RowPlan.as_tuple` per global row); ``local_rows``: the plan this
+    rank's hook applied (its slice of ``rows``); ``rewards`` / ``advantages``: the global weighted
+    rewards and the advantages TRL trains on; ``rel``: the measured relative perturbation per global
+    row (0 on clean rows; on the vLLM path measured by the trainer's own prompt-only pass), all in global
+    row order.
+    """
+
+    step: int
+    total_steps: int
+    sigma_k: float
+    image_t: int | None
+    rows: list[tuple]
+    rewards: list[float]
+    advantages: list[float]
+    local_rows: list[tuple] = field(default_factory=list)
+    rel: list[float] = field(default_factory=list)
+    mu_norm: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    """One generation's record on this rank (local rows only): what the trainer and the method's hooks
+    write while ``NCGRPOTrainer._generate_single_turn`` runs, and what the metrics read after rewards."""
+
+    step: int
+    total_steps: int
+    sigma_k: float
+    plans: list[RowPlan]
+    schedule_k: int = 0  # k of eq. (3) in `schedule_unit`
+    image_t: int | None = None
+    first_token_temperature: float | None = None  # the control's T_k
+    target_tv: float | None = None  # target_marginal_tv: this generation's annealed target
+    target_solve: object | None = None  # target_marginal_tv: the solver's SigmaSolve
+    rel: torch.Tensor | None = None  # [L]
+    branch_argmax: torch.Tensor | None = None  # [L] argmax of the logits at the branch point
+    branch_marginal: torch.Tensor | None = None  # [L] TV(q, q_bar) on each group's first noisy row, else NaN
+    branch_tv: torch.Tensor | None = None  # [L] first-token TV vs the clean partner (NaN: clean row)
+    branch_agreement: torch.Tensor | None = None  # [L] eq. (4) on first-token distributions
+    first_token: torch.Tensor | None = None  # [L]
+    gen_pixel_values: torch.Tensor | None = None  # what generate saw (image method; for tests)
 
 
 class RolloutMethod:
@@ -63,6 +158,9 @@ class RolloutMethod:
     #: ``name`` with dashes)
     label: ClassVar[str] = ""
     slug: ClassVar[str] = ""
+    #: the baseline every test compares against (vanilla GRPO): the demo's first row, the model card's plain
+    #: GRPO line; exactly one registered method sets it
+    baseline: ClassVar[bool] = False
     #: ``ncgrpo demo`` trains it by default, one run per ``sigma0`` (the others with ``--all_methods``, at
     #: the first ``sigma0``)
     in_demo_by_default: ClassVar[bool] = False
@@ -112,6 +210,47 @@ class RolloutMethod:
 
     def __repr__(self) -> str:
         return f"<rollout method {self.name!r}>"
+
+    @property
+    def help_line(self) -> str:
+        """Its entry in every ``--help`` that lists the methods (:func:`method_help`)."""
+        return f"'{self.name}' ({self.summary})" if self.summary else f"'{self.name}'"
+
+    # -- the model card -----------------------------------------------------------------------------
+    def card_settings(self, args: Any) -> list[str]:
+        """Its own settings, named on the model card after the noise scale and the schedule."""
+        return []
+
+    def card_noise(self, args: Any, schedule: str) -> list[str]:
+        """What sets the noisy half's noise on the model card: ``sigma0`` (or the target TV the schedule
+        holds), ``schedule`` (the schedule's phrase), :meth:`card_settings` and the noise site."""
+        if getattr(args, "target_marginal_tv", None) is not None:
+            scale = (
+                f"target_marginal_tv {args.target_marginal_tv} (sigma_k solved at each generation so that the "
+                f"batch's noise-averaged first-token TV is target_marginal_tv * decay_k; sigma0 {args.sigma0} the "
+                f"solver's first guess, sigma_max {args.sigma_max})"
+            )
+        else:
+            scale = f"sigma0 {args.sigma0} (sigma_k = sigma0 * decay_k)"
+        site = f"noise site `{args.noise_site}`"
+        if args.noise_site != "final_norm":
+            site += f" (noise_layer_decay {args.noise_layer_decay})"
+        return [scale, schedule, *self.card_settings(args), site]
+
+    def card_line(self, args: Any, schedule: str) -> str:
+        """The model card's sentence for the method as run (``schedule``: the schedule's phrase)."""
+        G = getattr(args, "num_generations", None)
+        parts = [f"rollout_method `{self.name}`", *self.card_noise(args, schedule)]
+        if getattr(args, "branch_prefix", ""):
+            parts.append(f"branch_prefix {args.branch_prefix!r}")
+        return f"NC-GRPO (Noise-Contrastive GRPO; G = {G}: {G // 2} clean + {G // 2} noisy rollouts; " + (
+            ", ".join(parts) + ")"
+        )
+
+    @property
+    def card_title(self) -> str:
+        """The method in the model card's one-line summary."""
+        return f"NC-GRPO (rollout_method `{self.name}`)"
 
     # -- settings -----------------------------------------------------------------------------------
     def check_group_size(self, G: int, *, field: str = "num_generations") -> None:
@@ -197,7 +336,7 @@ class RolloutMethod:
             return RowNoise()
         return RowNoise(sigma=float(sigma), key=plan.key, sign=plan.sign, mode=self.noise_mode)
 
-    def steer(self, tr: Any) -> Any:
+    def steer(self, tr: TrainerView) -> Any:
         """A steering vector added to every noisy row's state (eq. 6's ``mu``), or None."""
         return None
 
@@ -207,7 +346,7 @@ class RolloutMethod:
 
     # -- one generation -----------------------------------------------------------------------------
     def begin_generation(
-        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+        self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
         """Set this generation's annealed values on ``gen`` (``sigma_k``; the image method's ``image_t``;
         the control's ``first_token_temperature``) at schedule position ``k`` of ``K``, before any row is
@@ -225,23 +364,23 @@ class RolloutMethod:
         else:
             gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0)
 
-    def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
+    def generation_inputs(self, tr: TrainerView, gen: Any, images: Any, multimodal_fields: dict) -> dict:
         """The multimodal inputs TRL's ``generate`` gets (transformers engine; the loss keeps the
         originals). Default: unchanged."""
         return multimodal_fields
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> Any:
+    def generation_hooks(self, tr: TrainerView, gen: Any, model: Any, stack: ExitStack) -> Any:
         """Enter into ``stack`` what runs around TRL's ``generate`` on the transformers engine besides the
         prefill noise hook (which every method gets with its :meth:`row_noise` rows). Returns the control
         hook whose rewritten first-token logits (``last_logits``) the branch-point metrics read, or None.
         Default: nothing."""
         return None
 
-    def vllm_images(self, tr: Any, gen: Any, images: Any) -> Any:
+    def vllm_images(self, tr: TrainerView, gen: Any, images: Any) -> Any:
         """The per-row images vLLM gets (default: TRL's)."""
         return images
 
-    def vllm_logit_scales(self, tr: Any, gen: Any) -> list[float | None] | None:
+    def vllm_logit_scales(self, tr: TrainerView, gen: Any) -> list[float | None] | None:
         """Per row, a first-token logit scale the vLLM plugin applies (None: none)."""
         return None
 
@@ -251,34 +390,35 @@ class RolloutMethod:
 
     # -- after rewards ------------------------------------------------------------------------------
     def after_rewards(
-        self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
+        self, tr: TrainerView, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
     ) -> None:
         """Anything the method does with the gathered rewards of a generation (SPSA's update), writing
         what it logs into ``metrics``. Runs on every rank with the same inputs. Default: nothing."""
 
-    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+    def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
         """The method's own per-generation metrics (beside ``reward/*`` and ``noise/*``)."""
         return {"noise/sigma_k": gen.sigma_k} if self.uses_sigma else {}
 
     # -- state in checkpoints -----------------------------------------------------------------------
-    def init_state(self, tr: Any) -> None:
-        """Set up the method's state on the trainer at construction (SPSA: ``tr.spsa_mu``)."""
+    def init_state(self, tr: TrainerView) -> Any:
+        """The method's own state, created at the trainer's construction and kept as ``tr.nc_state``
+        (SPSA: its steering vector ``mu``; the temperature control: its calibrated ``t0``); None: none.
+        Only the method reads and writes it; :meth:`state_dict` / :meth:`load_state_dict` carry it
+        through checkpoints."""
+        return None
 
-    def state_dict(self, tr: Any) -> dict[str, Any]:
-        """What the method adds to ``ncgrpo_state.pt``."""
+    def state_dict(self, tr: TrainerView) -> dict[str, Any]:
+        """What the method adds to ``ncgrpo_state.pt`` from ``tr.nc_state``."""
         return {}
 
-    def load_state_dict(self, tr: Any, path: str) -> None:
-        """Restore the method's state from a checkpoint's ``ncgrpo_state.pt`` at ``path`` (read it with
+    def load_state_dict(self, tr: TrainerView, path: str) -> None:
+        """Restore ``tr.nc_state`` from a checkpoint's ``ncgrpo_state.pt`` at ``path`` (read it with
         :func:`read_state`, which gives None for a missing file). Default: nothing to restore, the file is
         not read."""
 
 
 def read_state(path: str) -> dict[str, Any] | None:
     """The dict in an ``ncgrpo_state.pt`` (None where the file is missing)."""
-    import os
-
-    import torch
 
     if not os.path.exists(path):
         return None
@@ -339,3 +479,18 @@ def methods() -> list[RolloutMethod]:
 
 def method_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
+
+
+def baseline_method() -> RolloutMethod:
+    """The registered baseline (:attr:`RolloutMethod.baseline`: vanilla GRPO)."""
+    found = [m for m in _REGISTRY.values() if m.baseline]
+    if len(found) != 1:
+        raise RuntimeError(f"exactly one registered rollout method must be the baseline, found {found}")
+    return found[0]
+
+
+def method_help(which: list[RolloutMethod] | None = None, *, last: str = "or") -> str:
+    """The registered methods (or ``which``) as one ``--help`` phrase from their :attr:`~RolloutMethod.help_line`:
+    the one list of method names in help strings."""
+    lines = [m.help_line for m in (methods() if which is None else which)]
+    return lines[0] if len(lines) == 1 else f"{', '.join(lines[:-1])} {last} {lines[-1]}"

@@ -8,7 +8,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any
 
-from ncgrpo.methods.base import RolloutMethod, register_method
+from ncgrpo.engines.controls import first_token_marginal
+from ncgrpo.methods.base import RolloutMethod, TrainerView, register_method
 
 
 @register_method
@@ -34,11 +35,12 @@ class FirstTokenMarginal(RolloutMethod):
         "not implement. Use ncgrpo's TRL trainer (transformers engine)"
     )
 
-    def generation_hooks(self, tr: Any, gen: Any, model: Any, stack: ExitStack) -> Any:
+    def card_settings(self, args: Any) -> list[str]:
+        return [f"first_token_marginal_draws {args.first_token_marginal_draws}"]
+
+    def generation_hooks(self, tr: TrainerView, gen: Any, model: Any, stack: ExitStack) -> Any:
         """The noisy rows' first-token logits replaced by ``T * log q_hat`` of a fresh pool of draws
         (:func:`ncgrpo.engines.controls.first_token_marginal`); returned: the metrics read its rows."""
-        from ncgrpo.engines.controls import first_token_marginal
-
         return stack.enter_context(
             first_token_marginal(
                 model,

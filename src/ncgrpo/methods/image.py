@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ncgrpo.core.image_noise import ResizePolicy, distort_images, prompt_image_seed
 from ncgrpo.core.plan import RowPlan
-from ncgrpo.methods.base import RolloutMethod, register_method
+from ncgrpo.methods.base import RolloutMethod, TrainerView, register_method
 
 
 @register_method
@@ -27,6 +28,10 @@ class Image(RolloutMethod):
     slug = "image"
     key_rule = "prompt"
     anneals = "the image distortion step stays near image_noise_step"
+
+    def card_noise(self, args: Any, schedule: str) -> list[str]:
+        return [f"image_noise_step {args.image_noise_step} (t = image_noise_step * decay_k)", schedule]
+
     vllm_server_refusal = (
         "TRL's server path sends the image features of each group's first row (all_images[::num_generations]) "
         "for the whole group, so the noisy rows' distorted images would never reach the server and they would "
@@ -39,27 +44,25 @@ class Image(RolloutMethod):
     )
 
     def begin_generation(
-        self, tr: Any, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
+        self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
         gen.sigma_k = 0.0
         gen.image_t = tr.schedule.image_t(k, K, tr.args.image_noise_step)
 
-    def generation_inputs(self, tr: Any, gen: Any, images: Any, multimodal_fields: dict) -> dict:
+    def generation_inputs(self, tr: TrainerView, gen: Any, images: Any, multimodal_fields: dict) -> dict:
         return distort_multimodal_fields(
             tr.processing_class, images, multimodal_fields, gen.plans, gen.image_t
         )
 
-    def vllm_images(self, tr: Any, gen: Any, images: Any) -> Any:
+    def vllm_images(self, tr: TrainerView, gen: Any, images: Any) -> Any:
         return distorted_row_images(tr.processing_class, images, gen.plans, gen.image_t)
 
-    def metrics(self, tr: Any, gen: Any) -> dict[str, float]:
+    def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
         return {"image_noise/t": float(gen.image_t)}
 
 
 def _policy(processing_class):
     """The processor's ``smart_resize`` rule; an error naming what is missing where it has none."""
-    from ncgrpo.core.image_noise import ResizePolicy
-
     return ResizePolicy.from_image_processor(processing_class.image_processor)
 
 
@@ -68,8 +71,6 @@ def distorted_row_images(processing_class, images, plans: list[RowPlan], t: int)
     (:func:`ncgrpo.core.image_noise.distort_images`: RGB, resized to the processor's patch grid, then
     noised at step ``t``; one copy per prompt, shared by its noisy rows) on noisy rows. The sides are
     already the processor's target, so vLLM's processor resizes them to themselves."""
-    from ncgrpo.core.image_noise import distort_images, prompt_image_seed
-
     if images is None or not any(images):
         raise ValueError("rollout_method='image' needs image prompts; this batch has none")
     if int(t) == 0:
@@ -99,8 +100,6 @@ def distort_multimodal_fields(
     those pixels, and the processor then runs with ``do_resize=False``, so the noise is not
     interpolated and the patch grid is the clean one (checked). ``t = 0`` keeps the clean pixels.
     """
-    from ncgrpo.core.image_noise import distort_images, prompt_image_seed
-
     if images is None or "pixel_values" not in multimodal_fields or "image_grid_thw" not in multimodal_fields:
         raise ValueError(
             "rollout_method='image' needs image prompts processed into pixel_values/image_grid_thw "

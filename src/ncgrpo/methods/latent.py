@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ncgrpo.core.plan import RowPlan
+from ncgrpo.engines.vllm import noise_extra_args
 from ncgrpo.methods.base import RolloutMethod, register_method
 
 
@@ -26,7 +27,5 @@ class Latent(RolloutMethod):
     probe_refusal = None
 
     def verl_extra_args(self, cfg: Any, plan: RowPlan, step: int, temperature: float) -> tuple[float, dict]:
-        from ncgrpo.engines.vllm import noise_extra_args
-
         sigma = cfg.sigma_at(step)
         return sigma, noise_extra_args(self.row_noise(plan, sigma))

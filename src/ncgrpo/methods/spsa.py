@@ -6,13 +6,22 @@ checkpoints (``ncgrpo_state.pt``) and restored."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ncgrpo.core.plan import RowPlan
+from ncgrpo.core.spsa import spsa_step
 from ncgrpo.methods.antithetic import Antithetic
-from ncgrpo.methods.base import read_state, register_method
+from ncgrpo.methods.base import TrainerView, read_state, register_method
+
+
+@dataclass
+class SpsaState:
+    """SPSA's state (``tr.nc_state``): the steering vector ``mu`` of eq. (6), float32 ``[hidden]``."""
+
+    mu: torch.Tensor
 
 
 @register_method
@@ -37,22 +46,25 @@ class Spsa(Antithetic):
         "ncgrpo's TRL trainer for the SPSA probe"
     )
 
-    def steer(self, tr: Any) -> Any:
-        return tr.spsa_mu
+    def card_settings(self, args: Any) -> list[str]:
+        return [f"spsa_lr {args.spsa_lr}, spsa_mu_max {args.spsa_mu_max}", *super().card_settings(args)]
 
-    def init_state(self, tr: Any) -> None:
-        """``tr.spsa_mu``: zeros of the hidden size."""
-        tr.spsa_mu = torch.zeros(tr.hidden_size(), dtype=torch.float32)
+    def steer(self, tr: TrainerView) -> Any:
+        return tr.nc_state.mu
+
+    def init_state(self, tr: TrainerView) -> SpsaState:
+        """``mu``: zeros of the hidden size."""
+        return SpsaState(torch.zeros(tr.hidden_size(), dtype=torch.float32))
 
     def after_rewards(
-        self, tr: Any, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
+        self, tr: TrainerView, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
     ) -> None:
-        """Logs ``spsa/mu_norm`` (before this step's update) and ``spsa/updated``; updates ``tr.spsa_mu``."""
-        metrics["spsa/mu_norm"] = float(torch.linalg.vector_norm(tr.spsa_mu))
+        """Logs ``spsa/mu_norm`` (before this step's update) and ``spsa/updated``; updates ``tr.nc_state.mu``."""
+        metrics["spsa/mu_norm"] = float(torch.linalg.vector_norm(tr.nc_state.mu))
         metrics["spsa/updated"] = float(self.update(tr, plans, rewards, gen.sigma_k, gen.step))
 
     @staticmethod
-    def update(tr: Any, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
+    def update(tr: TrainerView, plans: list[RowPlan], rewards: torch.Tensor, sigma_k: float, k: int) -> bool:
         """eq. (6): ``mu <- Pi(mu + eta * g)`` from the antithetic reward gaps of this step
         (:func:`ncgrpo.core.spsa.spsa_step`); returns whether ``mu`` was updated.
 
@@ -62,25 +74,23 @@ class Spsa(Antithetic):
         like ``1 / sigma_k`` (19, 535 and 2.3e4 at k = 45, 50, 60 of the paper's schedule against
         ``mu_max = 1``) and throws ``mu`` to the ball's edge along that step's random direction.
         """
-        from ncgrpo.core.spsa import spsa_step
-
         a = tr.args
         if not sigma_k > 0 or sigma_k < a.spsa_min_sigma_ratio * a.sigma0:
             return False
         max_step = None if a.spsa_max_step_ratio is None else a.spsa_max_step_ratio * a.spsa_mu_max
         mu = spsa_step(
-            tr.spsa_mu, plans, rewards, sigma_k, seed=tr.noise_base_seed, step=k, lr=a.spsa_lr,
+            tr.nc_state.mu, plans, rewards, sigma_k, seed=tr.noise_base_seed, step=k, lr=a.spsa_lr,
             mu_max=a.spsa_mu_max, max_step=max_step,
         )  # fmt: skip
         if mu is None:
             return False
-        tr.spsa_mu = mu
+        tr.nc_state.mu = mu
         return True
 
-    def state_dict(self, tr: Any) -> dict[str, Any]:
-        return {"spsa_mu": tr.spsa_mu}
+    def state_dict(self, tr: TrainerView) -> dict[str, Any]:
+        return {"spsa_mu": tr.nc_state.mu}
 
-    def load_state_dict(self, tr: Any, path: str) -> None:
+    def load_state_dict(self, tr: TrainerView, path: str) -> None:
         state = read_state(path)
         if state is None:
             raise FileNotFoundError(
@@ -91,4 +101,4 @@ class Spsa(Antithetic):
             raise ValueError(
                 f"{path} holds no spsa_mu (written by rollout_method={state.get('rollout_method')!r})"
             )
-        tr.spsa_mu = state["spsa_mu"].float()
+        tr.nc_state.mu = state["spsa_mu"].float()

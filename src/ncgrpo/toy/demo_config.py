@@ -418,11 +418,16 @@ class DemoConfig:
         ``target_marginal_tv``, one per target where the method can take it), then with ``--all_methods``
         every other one at the first ``sigma0`` (or target), each named by :meth:`~ncgrpo.methods.RolloutMethod.demo_run`;
         ``rollout_methods`` keeps a subset (the baseline always trains)."""
-        from ncgrpo.methods import methods
+        from ncgrpo.methods import baseline_method, methods
 
-        out = [MethodSpec(BASELINE, "grpo", "vanilla")]
+        baseline = baseline_method()
+        out = [MethodSpec(BASELINE, baseline.slug, baseline.name)]
         for rollout in methods():
-            if not rollout.two_pass or not (rollout.in_demo_by_default or self.all_methods):
+            if (
+                rollout.baseline
+                or not rollout.two_pass
+                or not (rollout.in_demo_by_default or self.all_methods)
+            ):
                 continue
             if self.rollout_methods and rollout.name not in self.rollout_methods:
                 continue

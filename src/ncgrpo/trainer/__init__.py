@@ -5,8 +5,11 @@
   the importance-sampling policy and SPSA after rewards, and every TRL override, in the class's last
   section (its module docstring maps the paper's Algorithm 1 onto TRL).
 - :mod:`~ncgrpo.trainer.vllm`: the vLLM adapter (one noise spec per request; the branch-point pass).
-- :mod:`~ncgrpo.trainer.metrics`: branch-point measurements, the after-rewards metrics, the
-  importance-sampling policy and the per-generation ``StepRecord``.
+- :mod:`~ncgrpo.trainer.generation`: the generation machinery: branch-point hooks and what they record,
+  the noise-averaged first-token TV, the prompt-only pass, the control's T0 calibration.
+- :mod:`~ncgrpo.trainer.metrics`: the after-rewards metrics, the branch point's TV / agreement statistics
+  and the importance-sampling policy (the per-generation records, ``Generation`` and ``StepRecord``, are
+  :mod:`ncgrpo.methods.base`'s).
 - :mod:`~ncgrpo.trainer.images`: NoisyRollout's image method and the images vLLM gets.
 - :mod:`~ncgrpo.trainer.checkpoints`: NC-GRPO's state in checkpoints.
 - :mod:`~ncgrpo.trainer.shared_loss`: ``share_prompt_loss``'s packed loss-side forward.
@@ -18,9 +21,10 @@
 The modules other than ``grpo`` hold plain functions the class calls; none is a base class of it.
 """
 
+from ncgrpo.methods.base import StepRecord
 from ncgrpo.trainer.config import NCGRPOConfig
 from ncgrpo.trainer.grpo import NCGRPOTrainer
-from ncgrpo.trainer.metrics import StepRecord, apply_noisy_importance_sampling
+from ncgrpo.trainer.metrics import apply_noisy_importance_sampling
 
 __all__ = [
     "NCGRPOConfig",

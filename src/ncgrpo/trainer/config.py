@@ -12,7 +12,7 @@ from trl import GRPOConfig
 
 from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.schedule import Schedule
-from ncgrpo.methods import get_method, methods
+from ncgrpo.methods import get_method, method_help, methods
 
 #: The largest noise scale ``sigma0`` the method can use. eq. (2) draws ``delta = sigma ||h|| eps / sqrt(d)``,
 #: so ``||delta|| ~ sigma ||h||``: sigma is the noise's size relative to the state, and the perturbed state
@@ -129,13 +129,7 @@ class NCGRPOConfig(GRPOConfig):
 
     rollout_method: str = field(
         default="latent",
-        metadata={
-            "help": "How the noisy half of each group is generated: 'vanilla' (plain GRPO), 'latent' (NC-GRPO, "
-            "eq. 2), 'image' (NoisyRollout), 'antithetic' (+eps/-eps pairs), 'spsa' (antithetic rank-one noise plus "
-            "a learned steering vector, eq. 6), 'first_token_temperature' (control: the noisy half's first token at "
-            "a higher temperature) or 'first_token_marginal' (control: the first token sampled from the "
-            "noise-averaged distribution q_bar, no noise in the forward)."
-        },
+        metadata={"help": f"How the noisy half of each group is generated: {method_help()}."},
     )
     sigma0: float = field(
         default=0.2,

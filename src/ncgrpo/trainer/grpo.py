@@ -95,6 +95,7 @@ from trl import GRPOTrainer
 from ncgrpo.core.advantages import group_advantages
 from ncgrpo.core.plan import plan_rows, prompt_id_for
 from ncgrpo.methods import get_method
+from ncgrpo.methods.base import Generation, StepRecord
 from ncgrpo.processors import image_only_processor
 from ncgrpo.runs.folder import METRICS_FILE
 from ncgrpo.trainer.checkpoints import (
@@ -113,20 +114,16 @@ from ncgrpo.trainer.checks import (
     warn_lora_dropout,
 )
 from ncgrpo.trainer.config import NCGRPOConfig, trl_checkpointing_calls
-from ncgrpo.trainer.images import engine_row_images
-from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
-from ncgrpo.trainer.metrics import (
-    StepRecord,
-    _LocalGen,
+from ncgrpo.trainer.generation import (
     branch_point_hooks,
     branch_point_marginal,
     calibrate_first_token_t0,
-    gather,
-    importance_sampling_metrics,
-    noise_metrics,
     record_branch_point,
     unwrapped_model,
 )
+from ncgrpo.trainer.images import engine_row_images
+from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
+from ncgrpo.trainer.metrics import gather, importance_sampling_metrics, noise_metrics
 from ncgrpo.trainer.model_card import create_model_card as _model_card
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
 from ncgrpo.trainer.run_folder import MetricsCallback, recorded_train
@@ -154,7 +151,7 @@ class NCGRPOTrainer(GRPOTrainer):
     mismatch only on its vLLM path; with ``noisy_importance_sampling="exclude"`` (default) the noisy
     rows' ratio is forced to 1 (the paper applies no density correction to the perturbed half),
     ``"apply"`` keeps TRL's ratio for every row. ``nc_history`` holds one :class:`StepRecord` per
-    generation; ``spsa_mu`` the steering vector (``spsa`` only).
+    generation; ``nc_state`` the method's own state (SPSA's ``mu``, the control's ``t0``).
 
     One parent. Every private TRL / transformers method this class overrides sits in its last section
     ("the TRL seam"), each a few lines naming the method it replaces and why, and delegating to the
@@ -207,13 +204,13 @@ class NCGRPOTrainer(GRPOTrainer):
         #: eq. (3)'s schedule (sigma_k, the image method's t, the control's T_k)
         self.schedule = args.schedule
         self.nc_history: list[StepRecord] = []
-        self.spsa_mu: torch.Tensor | None = None
-        #: first_token_temperature_auto: the calibrated T0 (None until the first generation)
-        self.first_token_t0: float | None = None
+        #: the method's own state (:meth:`~ncgrpo.methods.RolloutMethod.init_state`: SPSA's mu, the control's
+        #: calibrated T0; None: none), read and written by the method only
+        self.nc_state = None
         self._nc_inputs: list[dict] | None = None
         #: after a resume: transformers' loss since its last log line, put back at the first micro-step
         self._nc_pending_loss: tuple | None = None
-        self._nc_gen: _LocalGen | None = None
+        self._nc_gen: Generation | None = None
         self._nc_rewards_per_func: torch.Tensor | None = None
         self._nc_answers: list[str | None] | None = None
         self.nc_vllm_status: list[dict] | None = None
@@ -244,7 +241,7 @@ class NCGRPOTrainer(GRPOTrainer):
                 f"decoder layers (0..{len(stack.layers) - 1})"
             )
         warn_lora_dropout(self.model)
-        self.nc_method.init_state(self)  # SPSA: spsa_mu
+        self.nc_state = self.nc_method.init_state(self)
         # vLLM: the noise is applied by the ncgrpo plugin inside the engine's workers; without it every
         # noisy row would silently be clean, so its presence is checked once, now.
         if self.use_vllm:
@@ -281,7 +278,7 @@ class NCGRPOTrainer(GRPOTrainer):
 
     def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
         """``first_token_temperature_auto``'s T0 on this generation's prompts
-        (:func:`ncgrpo.trainer.metrics.calibrate_first_token_t0`)."""
+        (:func:`ncgrpo.trainer.generation.calibrate_first_token_t0`)."""
         return calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields)
 
     # -- generation (algorithm lines 1-7) --------------------------------------------------------
@@ -323,7 +320,7 @@ class NCGRPOTrainer(GRPOTrainer):
             step=k_opt,
             antithetic_grouping=a.antithetic_grouping,
         )
-        gen = _LocalGen(step=k_opt, total_steps=K, sigma_k=0.0, plans=plans, schedule_k=k)
+        gen = Generation(step=k_opt, total_steps=K, sigma_k=0.0, plans=plans, schedule_k=k)
         method.begin_generation(self, gen, k, K, prompt_ids, multimodal_fields)
         rows = [method.row_noise(p, gen.sigma_k) for p in plans]
         if self.use_vllm:

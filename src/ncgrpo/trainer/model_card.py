@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.methods import RolloutMethod, baseline_method, get_method
 from ncgrpo.runs.folder import atomic_write_text
 
 __all__ = ["PAPER", "PAPER_CITATION", "create_model_card", "model_card_text"]
@@ -68,53 +69,18 @@ def _schedule(args: Any) -> str:
     return f"schedule {kind} (over the run's {args.schedule_unit.replace('_', ' ')}s)"
 
 
-def _noise(args: Any) -> list[str]:
-    """What sets the noisy half's noise: sigma0, or the target TV the schedule holds, and the method's own
-    settings."""
-    m = args.rollout_method
-    if m == "image":
-        return [f"image_noise_step {args.image_noise_step} (t = image_noise_step * decay_k)", _schedule(args)]
-    if getattr(args, "target_marginal_tv", None) is not None:
-        scale = (
-            f"target_marginal_tv {args.target_marginal_tv} (sigma_k solved at each generation so that the "
-            f"batch's noise-averaged first-token TV is target_marginal_tv * decay_k; sigma0 {args.sigma0} the "
-            f"solver's first guess, sigma_max {args.sigma_max})"
-        )
-    else:
-        scale = f"sigma0 {args.sigma0} (sigma_k = sigma0 * decay_k)"
-    parts = [scale, _schedule(args)]
-    if m == "first_token_temperature":
-        t0 = "calibrated at the first generation" if args.first_token_temperature_auto else ""
-        parts.append(f"first_token_temperature {args.first_token_temperature}{' ' + t0 if t0 else ''}")
-    elif m == "first_token_marginal":
-        parts.append(f"first_token_marginal_draws {args.first_token_marginal_draws}")
-    elif m == "spsa":
-        parts.append(f"spsa_lr {args.spsa_lr}, spsa_mu_max {args.spsa_mu_max}")
-    if m in ("antithetic", "spsa"):
-        parts.append(f"antithetic_grouping {args.antithetic_grouping}")
-    site = f"noise site `{args.noise_site}`"
-    if args.noise_site != "final_norm":
-        site += f" (noise_layer_decay {args.noise_layer_decay})"
-    parts.append(site)
-    return parts
-
-
 def _method(args: Any) -> str:
-    m = getattr(args, "rollout_method", "vanilla")
-    G = getattr(args, "num_generations", None)
-    if m == "vanilla":
-        return f"vanilla GRPO (ncgrpo's baseline: no noise; G = {G} rollouts per prompt)"
-    parts = [f"rollout_method `{m}`", *_noise(args)]
-    if getattr(args, "branch_prefix", ""):
-        parts.append(f"branch_prefix {args.branch_prefix!r}")
-    return f"NC-GRPO (Noise-Contrastive GRPO; G = {G}: {G // 2} clean + {G // 2} noisy rollouts; " + (
-        ", ".join(parts) + ")"
-    )
+    return _rollout(args).card_line(args, _schedule(args))
 
 
 def _short_method(args: Any) -> str:
-    m = getattr(args, "rollout_method", "vanilla")
-    return "vanilla GRPO" if m == "vanilla" else f"NC-GRPO (rollout_method `{m}`)"
+    return _rollout(args).card_title
+
+
+def _rollout(args: Any) -> RolloutMethod:
+    """The method as run (the baseline for arguments without a ``rollout_method``)."""
+    m = getattr(args, "rollout_method", None)
+    return baseline_method() if m is None else get_method(m)
 
 
 def _rewards(trainer: Any) -> str:

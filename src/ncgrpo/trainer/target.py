@@ -19,7 +19,7 @@ batch's clean branch-point states, before any row is sampled:
   clean, no-grad prompt-only pass of the rank's rows, the solve inside the LM head's forward.
 
 Each prompt counts once, on the rank that holds its group's first row; the TV is the logged metric's own
-estimator (:func:`ncgrpo.trainer.metrics.marginal_curve`: the same keyed draws ``NoiseKey(seed, k,
+estimator (:func:`ncgrpo.trainer.generation.marginal_curve`: the same keyed draws ``NoiseKey(seed, k,
 prompt_id, -1 - m)`` and bootstrap correction), and each evaluation sums the ranks' TVs over processes, so
 every rank runs the same evaluations and gets the same ``sigma_k``. No random state is drawn (keyed
 draws; the separate pass is greedy): a resumed run solves the same ``sigma_k`` from the same weights and
@@ -35,21 +35,16 @@ import torch
 
 from ncgrpo.core import noise as nz
 from ncgrpo.core.marginal import SigmaSolve, solve_sigma_for_marginal_tv
-from ncgrpo.trainer.metrics import (
-    _LocalGen,
-    branch_point_hooks,
-    gather,
-    marginal_curve,
-    prefill_only,
-    unwrapped_model,
-)
+from ncgrpo.methods.base import Generation
+from ncgrpo.trainer.generation import branch_point_hooks, marginal_curve, prefill_only, unwrapped_model
+from ncgrpo.trainer.metrics import gather
 
 
 class SigmaAtMaxWarning(UserWarning):
     """The target schedule could not reach its target TV below ``sigma_max``."""
 
 
-def _solve(trainer, gen: _LocalGen, head, states: torch.Tensor, logits: torch.Tensor) -> SigmaSolve:
+def _solve(trainer, gen: Generation, head, states: torch.Tensor, logits: torch.Tensor) -> SigmaSolve:
     """The solve on one rank's clean branch-point ``states`` ``# [L, d]`` and ``logits`` ``# [L, V]`` (its
     local rows), a collective: each TV evaluation is summed over processes."""
     a = trainer.args
@@ -69,7 +64,7 @@ def _solve(trainer, gen: _LocalGen, head, states: torch.Tensor, logits: torch.Te
     return solve_sigma_for_marginal_tv(batch_tv, gen.target_tv, start=a.sigma0, sigma_max=a.sigma_max)
 
 
-def _record(trainer, gen: _LocalGen, found: SigmaSolve) -> None:
+def _record(trainer, gen: Generation, found: SigmaSolve) -> None:
     """``gen.sigma_k`` / ``gen.target_solve`` from the solve; warns once per run where ``sigma_max`` bound it."""
     gen.target_solve, gen.sigma_k = found, float(found.sigma)
     if found.at_max and not getattr(trainer, "_nc_warned_sigma_max", False):
@@ -85,7 +80,7 @@ def _record(trainer, gen: _LocalGen, found: SigmaSolve) -> None:
             )
 
 
-def prefill_resolver(trainer, gen: _LocalGen, model) -> Callable[[torch.Tensor], list]:
+def prefill_resolver(trainer, gen: Generation, model) -> Callable[[torch.Tensor], list]:
     """The ``resolve`` of :func:`~ncgrpo.engines.transformers.prefill_noise` for this generation: given the
     prefill's clean branch-point states ``# [L, d]``, solve sigma_k for ``gen.target_tv`` (the clean
     logits through the LM head's weights, gathered for generation under ZeRO-3), record it on ``gen`` and
@@ -106,12 +101,12 @@ def prefill_resolver(trainer, gen: _LocalGen, model) -> Callable[[torch.Tensor],
     return resolve
 
 
-def solve_target_sigma(trainer, gen: _LocalGen, prompt_ids, multimodal_fields) -> SigmaSolve:
+def solve_target_sigma(trainer, gen: Generation, prompt_ids, multimodal_fields) -> SigmaSolve:
     """Set ``gen.sigma_k`` (and ``gen.target_solve``) to the sigma whose batch-mean noise-averaged
     first-token TV is ``gen.target_tv``, in a clean prompt-only pass of its own (see the module docstring).
     Collective: every process calls it once per generation. Reads ``trainer.args`` (``sigma0``: the first
     guess, ``sigma_max``, ``marginal_tv_draws``, ``share_prompt_prefill``), ``.nc_method``,
-    ``.accelerator``; runs :func:`~ncgrpo.trainer.metrics.prefill_only`."""
+    ``.accelerator``; runs :func:`~ncgrpo.trainer.generation.prefill_only`."""
     from ncgrpo.engines.shared_prefill import share_prompt_prefill
 
     if gen.target_tv <= 0:  # annealed away: no pass needed

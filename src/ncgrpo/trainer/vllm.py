@@ -10,8 +10,8 @@ from functools import partial
 
 import torch
 
-from ncgrpo.trainer.metrics import (
-    _LocalGen,
+from ncgrpo.methods.base import Generation
+from ncgrpo.trainer.generation import (
     branch_point_hooks,
     branch_point_marginal,
     prefill_only,
@@ -37,12 +37,12 @@ def _tp_group_rows(vllm_generation, rows: list, logit_scales: list | None) -> tu
     return all_rows, [x for _, part in gathered for x in part]
 
 
-def measure_branch_point(trainer, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields) -> None:
+def measure_branch_point(trainer, gen: Generation, rows: list, prompt_ids, images, multimodal_fields) -> None:
     """vLLM path: the engine returns no hidden states or full first-token distributions, so the
     branch point is measured with the trainer's own model: one no-grad prompt-only forward of the
     local rows (``generate`` with ``max_new_tokens=1``, greedy: the same left padding, position ids
     and multimodal inputs as TRL's transformers path, and no RNG drawn) under the same ``rows``
-    (keys, sigma, ``mu``), then :func:`~ncgrpo.trainer.metrics.record_branch_point`, as on the
+    (keys, sigma, ``mu``), then :func:`~ncgrpo.trainer.generation.record_branch_point`, as on the
     transformers path. So ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement``
     and ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
     engine's copy holds the same weights, in its own dtype). Image method: the noisy rows' pixels
@@ -59,7 +59,7 @@ def measure_branch_point(trainer, gen: _LocalGen, rows: list, prompt_ids, images
     record_branch_point(gen, *branch, temperature=trainer.temperature)
 
 
-def generate_vllm(trainer, generate, gen: _LocalGen, rows: list, prompt_ids, images, multimodal_fields):
+def generate_vllm(trainer, generate, gen: Generation, rows: list, prompt_ids, images, multimodal_fields):
     """The vLLM leg of ``NCGRPOTrainer._nc_generate``: one request per row (TRL's colocate mode already
     sends one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
     :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies

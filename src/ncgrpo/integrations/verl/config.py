@@ -87,8 +87,8 @@ class NCGRPOVerlConfig:
     """
 
     rollout_method: str = "latent"
-    """'latent' (NC-GRPO, eq. 2), 'antithetic' (+eps/-eps pairs in the joint group), 'first_token_temperature'
-    (control: the noisy half's first token at T_k) or 'vanilla' (plain GRPO): :func:`verl_methods`."""
+    """The rollout method: one of :func:`verl_methods` (the registered methods whose ``verl_refusal`` is None);
+    a wrong name is refused with the list."""
     sigma0: float = 0.2
     """sigma_0 of eq. (2)/(3)."""
     sigma_schedule: str = "sigmoid"
