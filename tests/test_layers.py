@@ -72,6 +72,8 @@ LAZY: dict[str, str] = {
     "ncgrpo.commands.pretrain": "the toy base model (torch, transformers) when pretrain runs",
     "ncgrpo.commands.train": "the driver (torch, transformers, TRL) when train runs",
     "ncgrpo.commands.train_prepare": "models, methods, driver and the trainer when train runs",
+    "ncgrpo.commands.probe": "models, methods (torch), trainer.config (TRL), data and rewards when probe runs",
+    "ncgrpo.commands.train_settings": "trainer (TRL's config), data files and rewards when train runs",
     "ncgrpo.commands.train_smoke": "train_settings re-exports it (ncgrpo --help loads it without torch); the "
     "smoke overlay's model and data helpers (torch, transformers) load when --smoke runs",
     "ncgrpo.integrations.verl": "workers imports verl and ray (optional: the verl extra)",
@@ -79,27 +81,6 @@ LAZY: dict[str, str] = {
     "ncgrpo.models": "processors imports transformers (+1.0 s) and registers the Qwen VL processors with "
     "AutoProcessor; ncgrpo.rollout and eval.probe import models for tokenizer_of without it",
 }
-
-# Modules that another change of issue 45 owns (the method contract: methods/*, trainer/*,
-# commands/probe.py, toy/demo*.py; the splits: eval/evaluate.py, toy/seed_table.py,
-# commands/train_settings.py). Their imports inside functions are allowed until that change lands; the
-# lead hoists them or moves them into LAZY with a reason, and deletes the entry. An entry whose module
-# no longer imports ncgrpo inside a function fails the test, so the list only shrinks.
-PENDING: set[str] = {
-    "ncgrpo.commands.probe",
-    "ncgrpo.commands.train_settings",
-    "ncgrpo.eval.evaluate",
-    "ncgrpo.toy.demo",
-    "ncgrpo.toy.demo_config",
-    "ncgrpo.toy.demo_stages",
-    "ncgrpo.trainer.grpo",
-    "ncgrpo.trainer.images",
-    "ncgrpo.trainer.model_card",
-    "ncgrpo.trainer.run_folder",
-    "ncgrpo.trainer.target",
-    "ncgrpo.trainer.vllm",
-}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -248,7 +229,7 @@ def test_no_upward_or_sideways_import() -> None:
 
 
 def test_ncgrpo_imports_inside_functions_only_for_a_named_reason() -> None:
-    hidden = sorted({i.src for i in IMPORTS if i.in_function} - set(LAZY) - PENDING)
+    hidden = sorted({i.src for i in IMPORTS if i.in_function} - set(LAZY))
     lines = [
         f"{i.src} -> {i.dst} ({_path(i.src)}, line {i.line})"
         for i in IMPORTS
@@ -262,9 +243,9 @@ def test_ncgrpo_imports_inside_functions_only_for_a_named_reason() -> None:
 
 def test_the_lists_only_name_modules_that_need_them() -> None:
     lazy = {i.src for i in IMPORTS if i.in_function}
-    stale = sorted((set(LAZY) | PENDING) - lazy)
+    stale = sorted(set(LAZY) - lazy)
     assert not stale, (
-        f"LAZY/PENDING name modules with no ncgrpo import inside a function (delete them): {stale}"
+        f"LAZY names modules with no ncgrpo import inside a function (delete them): {stale}"
     )
 
 

@@ -221,6 +221,7 @@ def test_a_new_setting_reaches_the_demos_runs_and_their_identity_with_no_edit(mo
         return DemoRun(cfg, cfg.methods()[1], 0, Path("base"), "base@0")
 
     monkeypatch.setattr("ncgrpo.trainer.NCGRPOConfig", WithANewField)
+    monkeypatch.setattr("ncgrpo.toy.demo_config.NCGRPOConfig", WithANewField)  # where the demo reads it
     run = latent_run(DemoConfig())
     assert run.training_args().brand_new_setting == 0 and run.settings()["brand_new_setting"] == 0
     run = latent_run(DemoWithIt())

@@ -68,6 +68,7 @@ from ncgrpo.runs.folder import (
     read_run_json,
     repair_torn_tail,
 )
+from ncgrpo.runs.provenance import continue_provenance, provenance
 
 __all__ = [
     # a folder's identity and its checks, and the evaluation (this module)
@@ -306,8 +307,6 @@ def _check_run_file(out_dir: Path, run: dict[str, Any]) -> dict[str, Any]:
     """
     old = check_folder(out_dir, run)
     if old is None:
-        from ncgrpo.runs.provenance import provenance
-
         new = {**run, "name": run["name"] or run["model"]}
         if not (out_dir / RECORDS_FILE).exists():  # records without a run.json: what made them is unknown
             new["provenance"] = provenance()
@@ -324,7 +323,6 @@ def _append_provenance(out: Path, folder: dict[str, Any], n_new: int) -> dict[st
     commit, another torch, uncommitted source): a ``ProvenanceWarning`` and an entry in run.json's
     ``provenance_history`` (:func:`ncgrpo.runs.provenance.continue_provenance`), not a refusal: the
     folder's identity (model, decoding, questions) is what keeps records of different runs apart."""
-    from ncgrpo.runs.provenance import continue_provenance
 
     updated = {**folder, **continue_provenance(folder, event="append", where=out, new_records=n_new)}
     if updated != folder:

@@ -68,6 +68,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.data.geometry3k import load_geometry3k
+from ncgrpo.eval.evaluate import model_id_of
+from ncgrpo.eval.plots import read_metrics
+from ncgrpo.runs.folder import RUN_FILE, FolderLock, atomic_write_json, claim_folder, read_run_json
+from ncgrpo.runs.provenance import continue_provenance, provenance
 from ncgrpo.toy.demo_config import DemoConfig, DemoResult, DemoRun, RunResult
 from ncgrpo.toy.demo_stages import (
     _base_model,
@@ -90,7 +95,6 @@ def _load_questions(
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """(train, validation, test) questions of the exported suite, read back through the Geometry3K loader;
     ``training=False`` (a process that trains nothing) leaves the first two empty."""
-    from ncgrpo.data.geometry3k import load_geometry3k
 
     test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
     if not training:
@@ -156,7 +160,6 @@ def _run_in_worker(run: DemoRun, suite: Path) -> RunResult:
 
 def _steps_done(train_dir: Path) -> int:
     """Optimizer steps logged so far in ``train_dir/metrics.jsonl`` (the progress bar's count)."""
-    from ncgrpo.eval.plots import read_metrics
 
     try:
         rows = read_metrics(train_dir)  # a line still being written is a torn tail, dropped
@@ -222,8 +225,6 @@ def _record_provenance(folder: Path) -> None:
     under another commit or other package versions (``provenance_history``, with a
     ``ProvenanceWarning``: :func:`ncgrpo.runs.provenance.continue_provenance`). A root claimed just now
     (run.json only ``{"kind": "demo"}``) is new, unless it holds an earlier demo's files."""
-    from ncgrpo.runs.folder import RUN_FILE, atomic_write_json, read_run_json
-    from ncgrpo.runs.provenance import continue_provenance
 
     info = read_run_json(folder) or {"kind": "demo"}
     earlier = set(info) - {"kind"} or any((folder / d).is_dir() for d in ("train", "eval"))
@@ -240,10 +241,6 @@ def run_demo(
     ``on_stage(name)`` is called as each stage starts (suite, base_model, train_eval, report).
     """
     import torch
-
-    from ncgrpo.eval.evaluate import model_id_of
-    from ncgrpo.runs.folder import FolderLock, atomic_write_json, claim_folder
-    from ncgrpo.runs.provenance import provenance
 
     t_start = time.perf_counter()
     stage_times: dict[str, float] = {}

@@ -15,6 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.core.noise import parse_noise_site
+from ncgrpo.eval.evaluate import DecodingSettings, model_id_of
+from ncgrpo.methods import baseline_method, get_method, method_names, methods
+from ncgrpo.models import check_device
+from ncgrpo.runs.identity import MAY_CHANGE_ON_RESUME, run_identity_keys
+from ncgrpo.trainer import NCGRPOConfig
+from ncgrpo.trainer.config import sigma0_problem
+
 __all__ = [
     "BASELINE",
     "DEFAULT_STEPS",
@@ -85,7 +93,6 @@ def _trainer_field(name: str, help: str, *, default: Any = dataclasses.MISSING, 
     gives its own ``default`` (``listed``: a list holding it, one run per value), its help the demo's
     (written for the demo's command line). A name ``NCGRPOConfig`` does not have fails here, at import,
     instead of silently becoming a demo-only setting."""
-    from ncgrpo.trainer import NCGRPOConfig
 
     trainer = NCGRPOConfig.__dataclass_fields__[name]
     value = trainer.default if default is dataclasses.MISSING else default
@@ -266,7 +273,6 @@ class DemoConfig:
         self.sigma0 = tuple(float(s) for s in self.sigma0)  # a list on the command line, kept as a tuple
         if not self.sigma0:
             raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2 0.5")
-        from ncgrpo.trainer.config import sigma0_problem
 
         for s in self.sigma0:  # the trainer's bound, before any run starts
             problem = sigma0_problem(s)
@@ -315,7 +321,6 @@ class DemoConfig:
                 f"noisy rollouts), got {g!r}"
             )
         self.rollout_methods = tuple(self.rollout_methods)  # a list on the command line, kept as a tuple
-        from ncgrpo.methods import get_method, method_names
 
         unknown = [m for m in self.rollout_methods if m not in method_names()]
         if unknown:
@@ -355,7 +360,6 @@ class DemoConfig:
             self.num_threads = None  # torch's default, as --num_threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
-        from ncgrpo.core.noise import parse_noise_site
 
         self.noise_site = str(self.noise_site).replace(" ", "")
         parse_noise_site(self.noise_site)  # raises, saying what to write
@@ -367,7 +371,6 @@ class DemoConfig:
         dev = self.device.split(":")[0]
         if dev not in _DEVICES:
             raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
-        from ncgrpo.models import check_device
 
         check_device(self.device)  # before anything is written
 
@@ -377,7 +380,6 @@ class DemoConfig:
         """The evaluation's settings (:class:`ncgrpo.eval.evaluate.DecodingSettings`: greedy,
         ``max_new_tokens`` per answer, ``eval_batch_size`` prompts per batch), for the test split and
         the validation during training; constructing it checks them."""
-        from ncgrpo.eval.evaluate import DecodingSettings
 
         return DecodingSettings(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size)
 
@@ -385,7 +387,6 @@ class DemoConfig:
         """The ``NCGRPOConfig`` settings every run of the demo is given as they are: each field of this
         config that ``NCGRPOConfig`` has too, by name (:func:`_trainer_field`: ``max_steps``,
         ``num_generations``, ``learning_rate``, ...), but :data:`NOT_FOR_EVERY_RUN`."""
-        from ncgrpo.trainer import NCGRPOConfig
 
         trainer = {f.name for f in dataclasses.fields(NCGRPOConfig)}
         return {
@@ -418,7 +419,6 @@ class DemoConfig:
         ``target_marginal_tv``, one per target where the method can take it), then with ``--all_methods``
         every other one at the first ``sigma0`` (or target), each named by :meth:`~ncgrpo.methods.RolloutMethod.demo_run`;
         ``rollout_methods`` keeps a subset (the baseline always trains)."""
-        from ncgrpo.methods import baseline_method, methods
 
         baseline = baseline_method()
         out = [MethodSpec(BASELINE, baseline.slug, baseline.name)]
@@ -547,7 +547,6 @@ class DemoRun:
         :meth:`DemoConfig.trainer_settings`, the method's own (:attr:`MethodSpec.fields`), the batch
         (``prompts_per_step * G``), eq. (3)'s ``k_mid`` scaled to ``max_steps`` and
         :data:`TRAINER_FIXED`."""
-        from ncgrpo.trainer import NCGRPOConfig
 
         cfg = self.cfg
         return NCGRPOConfig(
@@ -571,8 +570,6 @@ class DemoRun:
         every setting the demo gives its runs (:meth:`DemoConfig.trainer_settings`, TRL's fields too),
         then every :class:`DemoConfig` field ``NCGRPOConfig`` has not, but :data:`NOT_RUN_SETTINGS`
         (``val_every`` resolved)."""
-        from ncgrpo.runs.identity import MAY_CHANGE_ON_RESUME, run_identity_keys
-        from ncgrpo.trainer import NCGRPOConfig
 
         args = self.training_args().to_dict()
         values = {**args, "model_name_or_path": self.base_id, "dtype": _dtype_for(self.cfg.device)}
@@ -589,7 +586,6 @@ class DemoRun:
     def eval_identity(self) -> dict[str, Any]:
         """The arguments of :func:`ncgrpo.eval.evaluate.evaluate` that say whose records its folder
         holds (the trained model's id: its folder must hold the finished run)."""
-        from ncgrpo.eval.evaluate import model_id_of
 
         return dict(
             model_id=model_id_of(self.train_dir),

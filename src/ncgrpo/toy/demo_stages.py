@@ -11,8 +11,33 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ncgrpo.data.geometry3k import to_trl_dataset
+from ncgrpo.driver import MetricsCallback, train_run
+from ncgrpo.eval.evaluate import (
+    DecodingSettings,
+    check_folder,
+    eval_mode,
+    evaluate,
+    run_identity,
+    score_greedy,
+)
+from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics
+from ncgrpo.eval.records import iter_records
+from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
 from ncgrpo.methods import get_method
-from ncgrpo.runs.folder import CONFIG_FILE, METRICS_FILE, RECORDS_FILE
+from ncgrpo.models import check_noise_site, find_vision_tower, freeze_vision_tower, load_model_and_processor
+from ncgrpo.rewards import math_reward
+from ncgrpo.runs.folder import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    RECORDS_FILE,
+    FolderLock,
+    atomic_write_json,
+    atomic_write_text,
+    changed_identity,
+    read_run_json,
+)
+from ncgrpo.toy.base_model import ensure_base_model
 from ncgrpo.toy.demo_config import (
     BASE_NAME,
     BASELINE,
@@ -22,6 +47,8 @@ from ncgrpo.toy.demo_config import (
     RunResult,
     _dtype_for,
 )
+from ncgrpo.toy.suite import build_suite, export_geo3k
+from ncgrpo.trainer.inert import reward_variance
 
 __all__ = ["check_settings", "validation_accuracy"]
 
@@ -37,7 +64,6 @@ def validation_accuracy(
 ) -> dict[str, float]:
     """Greedy, noise-free accuracy on ``questions``: ``val/accuracy`` (all of them) and
     ``val/accuracy/<role>`` per role present (in_domain, ood, general). Restores the model's mode."""
-    from ncgrpo.eval.evaluate import DecodingSettings, eval_mode, score_greedy
 
     settings = DecodingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
     by_role: dict[str, list[bool]] = {}
@@ -61,8 +87,6 @@ def _callbacks(
     """MetricsCallback (``ncgrpo train``'s writer), periodic validation and a one-line progress bar."""
     from tqdm.auto import tqdm
     from transformers import TrainerCallback
-
-    from ncgrpo.driver import MetricsCallback
 
     # A second writer of the file train_run's own MetricsCallback writes, for the validation lines only:
     # it is not a trainer callback itself (that would write every training log line twice).
@@ -136,7 +160,6 @@ def _metric_means(cfg: DemoConfig, result: RunResult) -> None:
     """The run's logged noise measures, from one read of its metrics: ``noise/first_token_divergence``
     over training, and the first-token TVs over the steps before eq. (3)'s midpoint (the noise at
     full scale). None where never logged."""
-    from ncgrpo.eval.plots import read_metrics
 
     rows = read_metrics(result.train_dir)
 
@@ -167,8 +190,6 @@ def _free(device: str) -> None:
 def _ensure_suite(cfg: DemoConfig) -> Path:
     """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema); its seed and
     sizes are kept in ``suite.json``, and a rerun with others is refused."""
-    from ncgrpo.runs.folder import atomic_write_json, changed_identity
-    from ncgrpo.toy.suite import build_suite, export_geo3k
 
     path = cfg.output_dir / "suite"
     marker = path / SUITE_MARKER
@@ -195,7 +216,6 @@ def _ensure_suite(cfg: DemoConfig) -> Path:
 def _base_model(cfg: DemoConfig) -> Path:
     if cfg.model_name_or_path is not None:
         return cfg.model_name_or_path
-    from ncgrpo.toy.base_model import ensure_base_model
 
     _say(cfg, "getting the embedded base model (built on first use, then cached)")
     return ensure_base_model(cfg.cache_dir)
@@ -206,7 +226,6 @@ def check_settings(cfg: DemoConfig, base: Path) -> None:
     ``NCGRPOConfig`` (e.g. SPSA only at the final-norm site), the noise site against the base model's
     decoder layers, read from its config, and the evaluation's settings. A ``ValueError`` says which
     configuration and what."""
-    from ncgrpo.models import check_noise_site
 
     _ = cfg.decoding
     for spec in cfg.methods():
@@ -221,8 +240,6 @@ def check_settings(cfg: DemoConfig, base: Path) -> None:
 def _check_same_run(train_dir: Path, settings: dict[str, Any]) -> None:
     """Refuse to reuse a finished run whose ``config.yaml`` holds other settings (or none)."""
     import yaml
-
-    from ncgrpo.runs.folder import changed_identity
 
     path = train_dir / CONFIG_FILE
     redo = "use another --output_dir or delete the folder to redo it"
@@ -252,8 +269,6 @@ def _recorded_accuracy(
     holds a record of every question, else None (not evaluated yet, or cut short: evaluate appends
     the rest). Refused: a folder of another identity (eval's own check,
     :func:`ncgrpo.eval.evaluate.check_folder`), or one holding records of questions not asked here."""
-    from ncgrpo.eval.evaluate import check_folder, run_identity
-    from ncgrpo.eval.records import iter_records
 
     records = eval_dir / RECORDS_FILE
     if check_folder(eval_dir, run_identity(settings=decoding, **identity)) is None or not records.is_file():
@@ -285,12 +300,6 @@ def _train(
     the run's folder with ``run.json`` marked finished."""
     import torch
     import yaml
-
-    from ncgrpo.data.geometry3k import to_trl_dataset
-    from ncgrpo.driver import train_run
-    from ncgrpo.models import find_vision_tower, freeze_vision_tower, load_model_and_processor
-    from ncgrpo.rewards import math_reward
-    from ncgrpo.runs.folder import FolderLock, atomic_write_text
 
     cfg, spec, seed, out = run.cfg, run.spec, run.seed, run.train_dir
     model, processor = load_model_and_processor(run.base, dtype=_dtype_for(cfg.device), device=cfg.device)
@@ -325,8 +334,6 @@ def _train(
 def _run_one(
     run: DemoRun, train_questions: list[Any], val_questions: list[Any], test_questions: list[Any]
 ) -> RunResult:
-    from ncgrpo.eval.evaluate import evaluate
-    from ncgrpo.runs.folder import read_run_json
 
     cfg, spec = run.cfg, run.spec
     settings = run.settings()
@@ -352,8 +359,6 @@ def _run_one(
     _metric_means(cfg, result)
     t0 = time.perf_counter()
     if model is None:
-        from ncgrpo.models import load_model_and_processor
-
         model, processor = load_model_and_processor(
             run.train_dir, dtype=_dtype_for(cfg.device), device=cfg.device
         )
@@ -376,8 +381,6 @@ def _run_one(
 
 def _evaluate_base(cfg: DemoConfig, base: Path, base_id: str, test_questions: list[Any]) -> Path:
     """Greedy test records of the untrained base model (the table's first row), once per folder."""
-    from ncgrpo.eval.evaluate import evaluate
-    from ncgrpo.models import load_model_and_processor
 
     eval_dir = cfg.output_dir / "eval" / "base"
     identity = dict(model_id=base_id, seed=0, name=BASE_NAME, method="base")
@@ -398,9 +401,6 @@ def _report(
 ) -> tuple[Any, dict[str, Path]]:
     """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files; the
     base model's row first when ``base_eval`` is given."""
-    from ncgrpo.eval.plots import plot_dynamics, plot_gains, read_metrics
-    from ncgrpo.eval.report import compare, load_runs, print_rich, to_latex, to_markdown
-    from ncgrpo.runs.folder import atomic_write_json, atomic_write_text
 
     dirs = ([base_eval] if base_eval is not None else []) + [r.eval_dir for r in runs]
     ct = compare(load_runs(dirs), BASELINE)
@@ -459,8 +459,6 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
     ``max_completion_length`` and scored 0): then every advantage was zero, nothing was learned, and
     equal traces say nothing about the noise. Such runs get that note instead, blaming the rewards.
     """
-    from ncgrpo.eval.plots import read_metrics
-    from ncgrpo.trainer.inert import reward_variance
 
     rows = {r.train_dir: read_metrics(r.train_dir) for r in runs}  # each run's metrics, read once
     vanilla = {r.seed: r for r in runs if not get_method(r.method).two_pass}  # the baseline, per seed

@@ -94,9 +94,13 @@ from trl import GRPOTrainer
 
 from ncgrpo.core.advantages import group_advantages
 from ncgrpo.core.plan import plan_rows, prompt_id_for
+from ncgrpo.engines.branch_point import find_text_stack
+from ncgrpo.engines.shared_prefill import share_prompt_prefill
+from ncgrpo.engines.vllm_multimodal import install_image_prompt_collapse
 from ncgrpo.methods import get_method
 from ncgrpo.methods.base import Generation, StepRecord
 from ncgrpo.processors import image_only_processor
+from ncgrpo.rewards import completion_text, extract_boxed
 from ncgrpo.runs.folder import METRICS_FILE
 from ncgrpo.trainer.checkpoints import (
     checkpoint_write_failed,
@@ -126,8 +130,10 @@ from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.metrics import gather, importance_sampling_metrics, noise_metrics
 from ncgrpo.trainer.model_card import create_model_card as _model_card
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, training_processor
+from ncgrpo.trainer.reward_guard import guard_reward_funcs
 from ncgrpo.trainer.run_folder import MetricsCallback, recorded_train
 from ncgrpo.trainer.shared_loss import check_share_prompt_loss, shared_logps_and_entropies
+from ncgrpo.trainer.target import prefill_resolver, solve_target_sigma
 from ncgrpo.trainer.vllm import check_vllm_plugin, generate_vllm
 
 #: GRPOTrainer's positional arguments after (model, reward_funcs, args): callbacks is the 5th
@@ -183,7 +189,6 @@ class NCGRPOTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         # share_prompt_loss: refused where the packed forward is not exact
         check_share_prompt_loss(self)
-        from ncgrpo.trainer.reward_guard import guard_reward_funcs
 
         # bad rewards: an error naming the function
         self.reward_funcs = guard_reward_funcs(self.reward_funcs, self.reward_func_names)
@@ -195,7 +200,6 @@ class NCGRPOTrainer(GRPOTrainer):
         if self.use_vllm and args.vllm_mode == "colocate":
             # every method, vanilla included: TRL sends image placeholders expanded, which vLLM 0.31
             # would expand again (ncgrpo.engines.vllm_multimodal); a no-op for text models
-            from ncgrpo.engines.vllm_multimodal import install_image_prompt_collapse
 
             install_image_prompt_collapse(self.vllm_generation.llm, self.processing_class)
         self.method = args.rollout_method
@@ -231,7 +235,6 @@ class NCGRPOTrainer(GRPOTrainer):
                 f"rollout_method={self.method!r} runs on TRL's transformers generate path or its colocated vLLM "
                 f"(use_vllm=True, vllm_mode='colocate'); unset {bad}."
             )
-        from ncgrpo.engines.branch_point import find_text_stack
 
         _, stack, _ = find_text_stack(self.accelerator.unwrap_model(self.model))
         site = args.noise_site_parsed
@@ -272,7 +275,6 @@ class NCGRPOTrainer(GRPOTrainer):
         """``target_marginal_tv``: this generation's ``sigma_k`` solved on its prompts for the annealed
         ``gen.target_tv`` in a pass of its own (:func:`ncgrpo.trainer.target.solve_target_sigma`; vLLM and
         the ``first_token_marginal`` control; the hidden-noise methods solve in the generation's prefill)."""
-        from ncgrpo.trainer.target import solve_target_sigma
 
         return solve_target_sigma(self, gen, prompt_ids, multimodal_fields)
 
@@ -288,7 +290,6 @@ class NCGRPOTrainer(GRPOTrainer):
         method is the method's (:class:`ncgrpo.methods.RolloutMethod`): this generation's annealed values
         (``begin_generation``), each row's noise (``row_noise``, ``steer``), the inputs the noisy rows
         generate from (``generation_inputs``) and its own hooks (``generation_hooks``)."""
-        from ncgrpo.engines.shared_prefill import share_prompt_prefill
 
         a = self.args
         method = self.nc_method
@@ -333,8 +334,6 @@ class NCGRPOTrainer(GRPOTrainer):
         if (
             gen.target_tv is not None and gen.target_solve is None
         ):  # target_marginal_tv: solved in the prefill
-            from ncgrpo.trainer.target import prefill_resolver
-
             resolve = prefill_resolver(self, gen, model)
         with ExitStack() as stack:
             marginal = partial(branch_point_marginal, self, gen)
@@ -487,8 +486,6 @@ class NCGRPOTrainer(GRPOTrainer):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self._nc_inputs is not None:
             from accelerate.utils import gather_object
-
-            from ncgrpo.rewards import completion_text, extract_boxed
 
             self._nc_rewards_per_func = rewards_per_func  # [N_global, n_funcs], gathered by TRL
             self._nc_answers = gather_object([extract_boxed(completion_text(c)) for c in completions])

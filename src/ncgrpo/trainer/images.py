@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ncgrpo.core.image_noise import ResizePolicy, resize_to_target
+
 
 def engine_images(images: Sequence[Any], policy, done: dict[int, Any] | None = None) -> list:
     """``images`` (PIL) at the size the trainer's processor resizes them to.
@@ -63,8 +65,6 @@ def _engine_image(image, policy):
     refuse the result."""
     from PIL import Image
 
-    from ncgrpo.core.image_noise import resize_to_target
-
     if not isinstance(image, Image.Image):
         raise TypeError(
             f"a {type(image).__name__}, not a PIL image; the images sent to vLLM are resized to the trainer "
@@ -83,7 +83,6 @@ def engine_policy(processing_class):
     """The trainer processor's size rule (:class:`~ncgrpo.core.image_noise.ResizePolicy`), or ``None``
     for a processor without Qwen-VL's ``smart_resize`` rule (no ``patch_size`` / ``merge_size`` / pixel
     limits: a fixed-size processor resizes alike in the trainer and in vLLM)."""
-    from ncgrpo.core.image_noise import ResizePolicy
 
     ip = getattr(processing_class, "image_processor", None)
     if ip is None or getattr(ip, "patch_size", None) is None or getattr(ip, "merge_size", None) is None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ncgrpo.methods import RolloutMethod, baseline_method, get_method
-from ncgrpo.runs.folder import atomic_write_text
+from ncgrpo.runs.folder import atomic_write_text, read_run_json
 
 __all__ = ["PAPER", "PAPER_CITATION", "create_model_card", "model_card_text"]
 
@@ -95,7 +95,6 @@ def _rewards(trainer: Any) -> str:
 def _data(trainer: Any, dataset_name: str | None) -> str:
     """The training data: the name given to the card, else what ``ncgrpo train`` recorded (``run.json``'s
     identity: dataset_name, dataset_path, split, limit), else the dataset's own name; and its size."""
-    from ncgrpo.runs.folder import read_run_json
 
     parts: list[str] = []
     try:

@@ -35,6 +35,8 @@ from ncgrpo.runs.folder import (
     iter_json_lines,
     read_run_json,
 )
+from ncgrpo.runs.identity import run_identity_keys
+from ncgrpo.runs.provenance import continue_provenance
 
 __all__ = [
     "MetricsCallback",
@@ -130,7 +132,6 @@ def library_run_info(trainer: Any) -> dict[str, Any]:
     ``trained_with: NCGRPOTrainer`` and ``identity``: every ``NCGRPOConfig`` setting that makes the run
     what it is (:func:`ncgrpo.runs.identity.run_identity_keys`, as ``ncgrpo train`` and the demo record
     it), with the base model as ``model_name_or_path`` and its weights' ``dtype``."""
-    from ncgrpo.runs.identity import run_identity_keys
 
     args = trainer.args
     out = Path(args.output_dir)
@@ -200,8 +201,6 @@ def recorded_train(trainer: Any, resume_from_checkpoint: Any = None) -> Iterator
     lock = FolderLock(out, what)
     lock.acquire()
     try:
-        from ncgrpo.runs.provenance import continue_provenance
-
         previous = read_run_json(out, hint="move it away or fix it")
         info = library_run_info(trainer)
         resumed = _resuming(resume_from_checkpoint)

@@ -35,6 +35,8 @@ import torch
 
 from ncgrpo.core import noise as nz
 from ncgrpo.core.marginal import SigmaSolve, solve_sigma_for_marginal_tv
+from ncgrpo.engines.branch_point import find_text_stack, head_function
+from ncgrpo.engines.shared_prefill import share_prompt_prefill
 from ncgrpo.methods.base import Generation
 from ncgrpo.trainer.generation import branch_point_hooks, marginal_curve, prefill_only, unwrapped_model
 from ncgrpo.trainer.metrics import gather
@@ -85,7 +87,6 @@ def prefill_resolver(trainer, gen: Generation, model) -> Callable[[torch.Tensor]
     prefill's clean branch-point states ``# [L, d]``, solve sigma_k for ``gen.target_tv`` (the clean
     logits through the LM head's weights, gathered for generation under ZeRO-3), record it on ``gen`` and
     return the rows' noise at it. Reads ``trainer.nc_method`` (``row_noise``)."""
-    from ncgrpo.engines.branch_point import find_text_stack, head_function
 
     def resolve(states: torch.Tensor) -> list:
         head = head_function(
@@ -107,7 +108,6 @@ def solve_target_sigma(trainer, gen: Generation, prompt_ids, multimodal_fields) 
     Collective: every process calls it once per generation. Reads ``trainer.args`` (``sigma0``: the first
     guess, ``sigma_max``, ``marginal_tv_draws``, ``share_prompt_prefill``), ``.nc_method``,
     ``.accelerator``; runs :func:`~ncgrpo.trainer.generation.prefill_only`."""
-    from ncgrpo.engines.shared_prefill import share_prompt_prefill
 
     if gen.target_tv <= 0:  # annealed away: no pass needed
         _record(trainer, gen, SigmaSolve(0.0, 0.0, 0))

@@ -10,6 +10,14 @@ from functools import partial
 
 import torch
 
+from ncgrpo.engines import (
+    vllm as vllm_engine,  # sampling_params_for_rows looked up at the call (tests record it)
+)
+from ncgrpo.engines.vllm import (
+    check_plugin_active,
+    check_server_plugin_active,
+    generate_rows_on_server,
+)
 from ncgrpo.methods.base import Generation
 from ncgrpo.trainer.generation import (
     branch_point_hooks,
@@ -85,7 +93,6 @@ def check_vllm_plugin(trainer) -> list[dict] | None:
     """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``) or
     connected to (server mode: through the server's ``/collective_rpc``, from the main process, the one
     holding TRL's client; ``None`` on the others). Reads ``trainer.args.vllm_mode``, ``.vllm_generation``."""
-    from ncgrpo.engines.vllm import check_plugin_active, check_server_plugin_active
 
     if trainer.args.vllm_mode == "server":
         client = getattr(trainer.vllm_generation, "vllm_client", None)
@@ -113,7 +120,6 @@ def vllm_requests(trainer, rows: list, steer: torch.Tensor | None = None, logit_
         with _vllm_server_requests(trainer, rows, steer, logit_scales):
             yield
         return
-    from ncgrpo.engines.vllm import sampling_params_for_rows
 
     llm = trainer.vllm_generation.llm
     orig = llm.generate
@@ -131,7 +137,9 @@ def vllm_requests(trainer, rows: list, steer: torch.Tensor | None = None, logit_
             )
         return orig(
             prompts,
-            sampling_params_for_rows(sampling_params, rows, steer=steer, logit_scales=logit_scales),
+            vllm_engine.sampling_params_for_rows(
+                sampling_params, rows, steer=steer, logit_scales=logit_scales
+            ),
             *args,
             **kwargs,
         )
@@ -148,8 +156,6 @@ def vllm_requests(trainer, rows: list, steer: torch.Tensor | None = None, logit_
 @contextmanager
 def _vllm_server_requests(trainer, rows: list, steer, logit_scales):
     from accelerate.utils import gather_object
-
-    from ncgrpo.engines.vllm import generate_rows_on_server
 
     all_rows = gather_object(list(rows))
     all_scales = None if logit_scales is None else gather_object(list(logit_scales))
