@@ -323,7 +323,6 @@ def _append_provenance(out: Path, folder: dict[str, Any], n_new: int) -> dict[st
     commit, another torch, uncommitted source): a ``ProvenanceWarning`` and an entry in run.json's
     ``provenance_history`` (:func:`ncgrpo.runs.provenance.continue_provenance`), not a refusal: the
     folder's identity (model, decoding, questions) is what keeps records of different runs apart."""
-
     updated = {**folder, **continue_provenance(folder, event="append", where=out, new_records=n_new)}
     if updated != folder:
         atomic_write_json(out / RUN_FILE, updated)

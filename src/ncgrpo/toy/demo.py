@@ -95,7 +95,6 @@ def _load_questions(
 ) -> tuple[list[Any], list[Any], list[Any]]:
     """(train, validation, test) questions of the exported suite, read back through the Geometry3K loader;
     ``training=False`` (a process that trains nothing) leaves the first two empty."""
-
     test = first_per_family(load_geometry3k(suite, "test"), cfg.eval_limit)
     if not training:
         return [], [], test
@@ -160,7 +159,6 @@ def _run_in_worker(run: DemoRun, suite: Path) -> RunResult:
 
 def _steps_done(train_dir: Path) -> int:
     """Optimizer steps logged so far in ``train_dir/metrics.jsonl`` (the progress bar's count)."""
-
     try:
         rows = read_metrics(train_dir)  # a line still being written is a torn tail, dropped
     except (OSError, ValueError):  # not started yet, or unreadable: a progress bar never stops the runs
@@ -225,7 +223,6 @@ def _record_provenance(folder: Path) -> None:
     under another commit or other package versions (``provenance_history``, with a
     ``ProvenanceWarning``: :func:`ncgrpo.runs.provenance.continue_provenance`). A root claimed just now
     (run.json only ``{"kind": "demo"}``) is new, unless it holds an earlier demo's files."""
-
     info = read_run_json(folder) or {"kind": "demo"}
     earlier = set(info) - {"kind"} or any((folder / d).is_dir() for d in ("train", "eval"))
     keys = continue_provenance(info if earlier else None, event="continue", where=folder)

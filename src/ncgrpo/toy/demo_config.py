@@ -93,7 +93,6 @@ def _trainer_field(name: str, help: str, *, default: Any = dataclasses.MISSING, 
     gives its own ``default`` (``listed``: a list holding it, one run per value), its help the demo's
     (written for the demo's command line). A name ``NCGRPOConfig`` does not have fails here, at import,
     instead of silently becoming a demo-only setting."""
-
     trainer = NCGRPOConfig.__dataclass_fields__[name]
     value = trainer.default if default is dataclasses.MISSING else default
     if listed:
@@ -273,7 +272,6 @@ class DemoConfig:
         self.sigma0 = tuple(float(s) for s in self.sigma0)  # a list on the command line, kept as a tuple
         if not self.sigma0:
             raise ValueError("sigma0: give at least one noise scale, e.g. 0.2 or 0.2 0.5")
-
         for s in self.sigma0:  # the trainer's bound, before any run starts
             problem = sigma0_problem(s)
             if problem is not None:
@@ -321,7 +319,6 @@ class DemoConfig:
                 f"noisy rollouts), got {g!r}"
             )
         self.rollout_methods = tuple(self.rollout_methods)  # a list on the command line, kept as a tuple
-
         unknown = [m for m in self.rollout_methods if m not in method_names()]
         if unknown:
             raise ValueError(f"rollout_methods: {unknown} unknown; choose from {', '.join(method_names())}")
@@ -360,7 +357,6 @@ class DemoConfig:
             self.num_threads = None  # torch's default, as --num_threads 0 has always meant
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
-
         self.noise_site = str(self.noise_site).replace(" ", "")
         parse_noise_site(self.noise_site)  # raises, saying what to write
         if self.target_marginal_tv and self.noise_site != "final_norm":
@@ -371,7 +367,6 @@ class DemoConfig:
         dev = self.device.split(":")[0]
         if dev not in _DEVICES:
             raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {self.device!r}")
-
         check_device(self.device)  # before anything is written
 
     # -- derived ------------------------------------------------------------------------------------
@@ -380,14 +375,12 @@ class DemoConfig:
         """The evaluation's settings (:class:`ncgrpo.eval.evaluate.DecodingSettings`: greedy,
         ``max_new_tokens`` per answer, ``eval_batch_size`` prompts per batch), for the test split and
         the validation during training; constructing it checks them."""
-
         return DecodingSettings(max_new_tokens=self.max_new_tokens, batch_size=self.eval_batch_size)
 
     def trainer_settings(self) -> dict[str, Any]:
         """The ``NCGRPOConfig`` settings every run of the demo is given as they are: each field of this
         config that ``NCGRPOConfig`` has too, by name (:func:`_trainer_field`: ``max_steps``,
         ``num_generations``, ``learning_rate``, ...), but :data:`NOT_FOR_EVERY_RUN`."""
-
         trainer = {f.name for f in dataclasses.fields(NCGRPOConfig)}
         return {
             f.name: getattr(self, f.name)
@@ -419,7 +412,6 @@ class DemoConfig:
         ``target_marginal_tv``, one per target where the method can take it), then with ``--all_methods``
         every other one at the first ``sigma0`` (or target), each named by :meth:`~ncgrpo.methods.RolloutMethod.demo_run`;
         ``rollout_methods`` keeps a subset (the baseline always trains)."""
-
         baseline = baseline_method()
         out = [MethodSpec(BASELINE, baseline.slug, baseline.name)]
         for rollout in methods():
@@ -547,7 +539,6 @@ class DemoRun:
         :meth:`DemoConfig.trainer_settings`, the method's own (:attr:`MethodSpec.fields`), the batch
         (``prompts_per_step * G``), eq. (3)'s ``k_mid`` scaled to ``max_steps`` and
         :data:`TRAINER_FIXED`."""
-
         cfg = self.cfg
         return NCGRPOConfig(
             **cfg.trainer_settings(),
@@ -570,7 +561,6 @@ class DemoRun:
         every setting the demo gives its runs (:meth:`DemoConfig.trainer_settings`, TRL's fields too),
         then every :class:`DemoConfig` field ``NCGRPOConfig`` has not, but :data:`NOT_RUN_SETTINGS`
         (``val_every`` resolved)."""
-
         args = self.training_args().to_dict()
         values = {**args, "model_name_or_path": self.base_id, "dtype": _dtype_for(self.cfg.device)}
         out = {k: values.get(k) for k in run_identity_keys((NCGRPOConfig,))}
@@ -586,7 +576,6 @@ class DemoRun:
     def eval_identity(self) -> dict[str, Any]:
         """The arguments of :func:`ncgrpo.eval.evaluate.evaluate` that say whose records its folder
         holds (the trained model's id: its folder must hold the finished run)."""
-
         return dict(
             model_id=model_id_of(self.train_dir),
             seed=self.seed,

@@ -64,7 +64,6 @@ def validation_accuracy(
 ) -> dict[str, float]:
     """Greedy, noise-free accuracy on ``questions``: ``val/accuracy`` (all of them) and
     ``val/accuracy/<role>`` per role present (in_domain, ood, general). Restores the model's mode."""
-
     settings = DecodingSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
     by_role: dict[str, list[bool]] = {}
     questions = list(questions)
@@ -160,7 +159,6 @@ def _metric_means(cfg: DemoConfig, result: RunResult) -> None:
     """The run's logged noise measures, from one read of its metrics: ``noise/first_token_divergence``
     over training, and the first-token TVs over the steps before eq. (3)'s midpoint (the noise at
     full scale). None where never logged."""
-
     rows = read_metrics(result.train_dir)
 
     def mean(key: str, last_step: float | None = None) -> float | None:
@@ -190,7 +188,6 @@ def _free(device: str) -> None:
 def _ensure_suite(cfg: DemoConfig) -> Path:
     """Build and export the synthetic suite once into ``OUT/suite`` (Geometry3K's schema); its seed and
     sizes are kept in ``suite.json``, and a rerun with others is refused."""
-
     path = cfg.output_dir / "suite"
     marker = path / SUITE_MARKER
     settings = {"seed": cfg.suite_seed, "sizes": cfg.suite_sizes}
@@ -216,7 +213,6 @@ def _ensure_suite(cfg: DemoConfig) -> Path:
 def _base_model(cfg: DemoConfig) -> Path:
     if cfg.model_name_or_path is not None:
         return cfg.model_name_or_path
-
     _say(cfg, "getting the embedded base model (built on first use, then cached)")
     return ensure_base_model(cfg.cache_dir)
 
@@ -226,7 +222,6 @@ def check_settings(cfg: DemoConfig, base: Path) -> None:
     ``NCGRPOConfig`` (e.g. SPSA only at the final-norm site), the noise site against the base model's
     decoder layers, read from its config, and the evaluation's settings. A ``ValueError`` says which
     configuration and what."""
-
     _ = cfg.decoding
     for spec in cfg.methods():
         try:
@@ -269,7 +264,6 @@ def _recorded_accuracy(
     holds a record of every question, else None (not evaluated yet, or cut short: evaluate appends
     the rest). Refused: a folder of another identity (eval's own check,
     :func:`ncgrpo.eval.evaluate.check_folder`), or one holding records of questions not asked here."""
-
     records = eval_dir / RECORDS_FILE
     if check_folder(eval_dir, run_identity(settings=decoding, **identity)) is None or not records.is_file():
         return None
@@ -334,7 +328,6 @@ def _train(
 def _run_one(
     run: DemoRun, train_questions: list[Any], val_questions: list[Any], test_questions: list[Any]
 ) -> RunResult:
-
     cfg, spec = run.cfg, run.spec
     settings = run.settings()
     result = RunResult(spec.name, spec.rollout_method, run.seed, run.train_dir, run.eval_dir, False, False)
@@ -381,7 +374,6 @@ def _run_one(
 
 def _evaluate_base(cfg: DemoConfig, base: Path, base_id: str, test_questions: list[Any]) -> Path:
     """Greedy test records of the untrained base model (the table's first row), once per folder."""
-
     eval_dir = cfg.output_dir / "eval" / "base"
     identity = dict(model_id=base_id, seed=0, name=BASE_NAME, method="base")
     if _recorded_accuracy(eval_dir, identity, cfg.decoding, test_questions) is not None:
@@ -401,7 +393,6 @@ def _report(
 ) -> tuple[Any, dict[str, Path]]:
     """The paper's tables (printed; Markdown/LaTeX/JSON files) and figures from the saved files; the
     base model's row first when ``base_eval`` is given."""
-
     dirs = ([base_eval] if base_eval is not None else []) + [r.eval_dir for r in runs]
     ct = compare(load_runs(dirs), BASELINE)
     if cfg.progress:
@@ -459,7 +450,6 @@ def _notes(cfg: DemoConfig, runs: list[RunResult]) -> list[str]:
     ``max_completion_length`` and scored 0): then every advantage was zero, nothing was learned, and
     equal traces say nothing about the noise. Such runs get that note instead, blaming the rewards.
     """
-
     rows = {r.train_dir: read_metrics(r.train_dir) for r in runs}  # each run's metrics, read once
     vanilla = {r.seed: r for r in runs if not get_method(r.method).two_pass}  # the baseline, per seed
     same = []

@@ -189,7 +189,6 @@ class NCGRPOTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
         # share_prompt_loss: refused where the packed forward is not exact
         check_share_prompt_loss(self)
-
         # bad rewards: an error naming the function
         self.reward_funcs = guard_reward_funcs(self.reward_funcs, self.reward_func_names)
         # branch_prefix: every prompt TRL renders ends with it; checkpoints keep the plain template
@@ -200,7 +199,6 @@ class NCGRPOTrainer(GRPOTrainer):
         if self.use_vllm and args.vllm_mode == "colocate":
             # every method, vanilla included: TRL sends image placeholders expanded, which vLLM 0.31
             # would expand again (ncgrpo.engines.vllm_multimodal); a no-op for text models
-
             install_image_prompt_collapse(self.vllm_generation.llm, self.processing_class)
         self.method = args.rollout_method
         #: the rollout method (:mod:`ncgrpo.methods`): everything that differs by method is asked of it
@@ -235,7 +233,6 @@ class NCGRPOTrainer(GRPOTrainer):
                 f"rollout_method={self.method!r} runs on TRL's transformers generate path or its colocated vLLM "
                 f"(use_vllm=True, vllm_mode='colocate'); unset {bad}."
             )
-
         _, stack, _ = find_text_stack(self.accelerator.unwrap_model(self.model))
         site = args.noise_site_parsed
         if site != "final_norm" and max(site) >= len(stack.layers):
@@ -275,7 +272,6 @@ class NCGRPOTrainer(GRPOTrainer):
         """``target_marginal_tv``: this generation's ``sigma_k`` solved on its prompts for the annealed
         ``gen.target_tv`` in a pass of its own (:func:`ncgrpo.trainer.target.solve_target_sigma`; vLLM and
         the ``first_token_marginal`` control; the hidden-noise methods solve in the generation's prefill)."""
-
         return solve_target_sigma(self, gen, prompt_ids, multimodal_fields)
 
     def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
@@ -290,7 +286,6 @@ class NCGRPOTrainer(GRPOTrainer):
         method is the method's (:class:`ncgrpo.methods.RolloutMethod`): this generation's annealed values
         (``begin_generation``), each row's noise (``row_noise``, ``steer``), the inputs the noisy rows
         generate from (``generation_inputs``) and its own hooks (``generation_hooks``)."""
-
         a = self.args
         method = self.nc_method
         k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)

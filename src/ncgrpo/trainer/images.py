@@ -83,7 +83,6 @@ def engine_policy(processing_class):
     """The trainer processor's size rule (:class:`~ncgrpo.core.image_noise.ResizePolicy`), or ``None``
     for a processor without Qwen-VL's ``smart_resize`` rule (no ``patch_size`` / ``merge_size`` / pixel
     limits: a fixed-size processor resizes alike in the trainer and in vLLM)."""
-
     ip = getattr(processing_class, "image_processor", None)
     if ip is None or getattr(ip, "patch_size", None) is None or getattr(ip, "merge_size", None) is None:
         return None

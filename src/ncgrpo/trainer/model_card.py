@@ -95,7 +95,6 @@ def _rewards(trainer: Any) -> str:
 def _data(trainer: Any, dataset_name: str | None) -> str:
     """The training data: the name given to the card, else what ``ncgrpo train`` recorded (``run.json``'s
     identity: dataset_name, dataset_path, split, limit), else the dataset's own name; and its size."""
-
     parts: list[str] = []
     try:
         ident = (read_run_json(trainer.args.output_dir) or {}).get("identity") or {}

@@ -132,7 +132,6 @@ def library_run_info(trainer: Any) -> dict[str, Any]:
     ``trained_with: NCGRPOTrainer`` and ``identity``: every ``NCGRPOConfig`` setting that makes the run
     what it is (:func:`ncgrpo.runs.identity.run_identity_keys`, as ``ncgrpo train`` and the demo record
     it), with the base model as ``model_name_or_path`` and its weights' ``dtype``."""
-
     args = trainer.args
     out = Path(args.output_dir)
     name = args.run_name or out.resolve().name

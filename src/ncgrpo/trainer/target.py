@@ -108,7 +108,6 @@ def solve_target_sigma(trainer, gen: Generation, prompt_ids, multimodal_fields) 
     Collective: every process calls it once per generation. Reads ``trainer.args`` (``sigma0``: the first
     guess, ``sigma_max``, ``marginal_tv_draws``, ``share_prompt_prefill``), ``.nc_method``,
     ``.accelerator``; runs :func:`~ncgrpo.trainer.generation.prefill_only`."""
-
     if gen.target_tv <= 0:  # annealed away: no pass needed
         _record(trainer, gen, SigmaSolve(0.0, 0.0, 0))
         return gen.target_solve

@@ -93,7 +93,6 @@ def check_vllm_plugin(trainer) -> list[dict] | None:
     """The start-up check of the ncgrpo vLLM plugin on the engine TRL built (colocate: ``.llm``) or
     connected to (server mode: through the server's ``/collective_rpc``, from the main process, the one
     holding TRL's client; ``None`` on the others). Reads ``trainer.args.vllm_mode``, ``.vllm_generation``."""
-
     if trainer.args.vllm_mode == "server":
         client = getattr(trainer.vllm_generation, "vllm_client", None)
         return None if client is None else check_server_plugin_active(client.base_url)
@@ -120,7 +119,6 @@ def vllm_requests(trainer, rows: list, steer: torch.Tensor | None = None, logit_
         with _vllm_server_requests(trainer, rows, steer, logit_scales):
             yield
         return
-
     llm = trainer.vllm_generation.llm
     orig = llm.generate
     calls = []
