@@ -404,7 +404,7 @@ class MarginalCurve:
         self.evals += 1
         M, V = self.draws, self.z.shape[-1]
         step = max(1, self.CHUNK_ELEMENTS // (M * V))
-        parts = [self._chunk(sigma, lo, min(lo + step, self.P)) for lo in range(0, self.P, step)]
+        parts = [self.prompts(sigma, lo, min(lo + step, self.P)) for lo in range(0, self.P, step)]
         if len(parts) == 1:
             return parts[0]
         return MarginalTV(
@@ -412,8 +412,9 @@ class MarginalCurve:
             parts[0].units,
         )
 
-    def _chunk(self, sigma: float, lo: int, hi: int) -> MarginalTV:
-        """Prompts ``lo:hi`` at ``sigma``."""
+    def prompts(self, sigma: float, lo: int, hi: int) -> MarginalTV:
+        """The estimate for prompts ``lo:hi`` at ``sigma``, in one block (``curve(sigma)`` joins blocks of
+        ``CHUNK_ELEMENTS``; the per-prompt solve, :mod:`ncgrpo.core.prompt_solve`, asks one prompt at a time)."""
         M, n = self.draws, hi - lo
         rows = slice(lo * M, hi * M)
         z = _logit_rows(self.head, self.hs[rows], self.eps[rows], sigma, self.steer, 256).to(self.z.device)

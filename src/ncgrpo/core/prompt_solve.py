@@ -34,7 +34,7 @@ def curve_tv_at(curve: MarginalCurve, sigmas: dict[int, float]) -> dict[int, flo
     per prompt), so a prompt's value does not depend on which prompts share its batch, not even by the
     float rounding a larger matrix product would change. It equals ``curve(sigma).tv[i]`` up to that
     rounding."""
-    return {i: float(curve._chunk(float(s), i, i + 1).tv[0]) for i, s in sigmas.items()}
+    return {i: float(curve.prompts(float(s), i, i + 1).tv[0]) for i, s in sigmas.items()}
 
 
 @dataclass(frozen=True)
