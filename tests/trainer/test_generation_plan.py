@@ -33,7 +33,10 @@ def _asking(method):
     asked: list[str] = []
 
     def __getattribute__(self, name):
-        if sys._getframe(1).f_code.co_name == "_nc_generate":
+        caller = sys._getframe(1)
+        if caller.f_code.co_name == "<listcomp>":  # a comprehension inside _nc_generate is _nc_generate's
+            caller = caller.f_back
+        if caller.f_code.co_name == "_nc_generate":
             asked.append(name)
         return object.__getattribute__(self, name)
 

@@ -26,12 +26,12 @@ they ask the method (``get_method(args.rollout_method)``) what it is and what to
 - **state**: :meth:`init_state`, :meth:`state_dict` / :meth:`load_state_dict` (``ncgrpo_state.pt`` in
   checkpoints).
 
-The trainer-facing hooks get the trainer (``tr``, typed :class:`TrainerView`) and the generation's record
-(``gen``, :class:`Generation`); each says what it reads and writes. A method's own per-generation values
-(the image method's ``image_t``, the control's first-token temperature, SPSA's ``mu_norm``) live in
-``gen.method_values``, which :class:`StepRecord` keeps; the records name no method's field. A new method is one
-module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it with
-:func:`register_method`; docs/extending.md walks through one.
+The trainer-facing hooks get the trainer (``tr``, typed :class:`TrainerView`) and the generation's
+record (``gen``, :class:`Generation`); each says what it reads and writes. A method's own per-generation
+values (the image method's ``image_t``, the control's first-token temperature, SPSA's ``mu_norm``) live
+in ``gen.method_values``, which :class:`StepRecord` keeps; the records name no method's field. A new
+method is one module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it
+with :func:`register_method`; docs/extending.md walks through one.
 """
 
 from __future__ import annotations
@@ -192,9 +192,10 @@ class Generation:
 
     @property
     def first_token_temperature(self) -> float | None:
-        """The temperature the noisy rows sample their first token at where the method rescales it (the
-        plan's ``noisy_first_token_temperature``; None: the sampling temperature, or not planned yet): what
-        the branch-point metrics measure the noisy rows' first-token distribution at."""
+        """The plan's ``noisy_first_token_temperature`` (None: the sampling temperature, or not planned
+        yet), under the name the shared branch-point code reads (``record_branch_point``,
+        ``branch_point_marginal`` in :mod:`ncgrpo.trainer.generation`): what it measures the noisy rows'
+        first-token distribution at. Not a stored field: the method's value is its plan's."""
         return None if self.plan is None else self.plan.noisy_first_token_temperature
 
 
