@@ -63,7 +63,7 @@ def main() -> None:
                 "rel": r.rel,
                 "rewards": r.rewards,
                 "advantages": r.advantages,
-                "mu_norm": r.mu_norm,
+                "mu_norm": r.method_values.get("mu_norm"),
                 "metrics": r.metrics,
             }
             for r in tr.nc_history

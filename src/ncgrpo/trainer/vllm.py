@@ -18,7 +18,7 @@ from ncgrpo.engines.vllm import (
     check_server_plugin_active,
     generate_rows_on_server,
 )
-from ncgrpo.methods.base import Generation
+from ncgrpo.methods.base import Generation, GenerationPlan
 from ncgrpo.trainer.generation import (
     branch_point_hooks,
     branch_point_marginal,
@@ -45,45 +45,37 @@ def _tp_group_rows(vllm_generation, rows: list, logit_scales: list | None) -> tu
     return all_rows, [x for _, part in gathered for x in part]
 
 
-def measure_branch_point(trainer, gen: Generation, rows: list, prompt_ids, images, multimodal_fields) -> None:
+def measure_branch_point(trainer, gen: Generation, plan: GenerationPlan, prompt_ids) -> None:
     """vLLM path: the engine returns no hidden states or full first-token distributions, so the
     branch point is measured with the trainer's own model: one no-grad prompt-only forward of the
     local rows (``generate`` with ``max_new_tokens=1``, greedy: the same left padding, position ids
-    and multimodal inputs as TRL's transformers path, and no RNG drawn) under the same ``rows``
-    (keys, sigma, ``mu``), then :func:`~ncgrpo.trainer.generation.record_branch_point`, as on the
-    transformers path. So ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement``
-    and ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
-    engine's copy holds the same weights, in its own dtype). Image method: the noisy rows' pixels
-    are the distorted ones (:func:`~ncgrpo.methods.image.distort_multimodal_fields`, the copy vLLM got
-    as PIL images; the method's :meth:`~ncgrpo.methods.RolloutMethod.generation_inputs`); the control: its
-    first-token temperature, as on the transformers path. Reads ``trainer.nc_method``, ``.args``,
-    ``.temperature``, the model."""
-    method = trainer.nc_method
-    fields = method.generation_inputs(trainer, gen, images, multimodal_fields)
+    and multimodal inputs as TRL's transformers path, and no RNG drawn) under the generation's ``plan``
+    (its rows' keys and sigma, its steering vector ``mu``, its ``inputs``: the image method's distorted
+    pixels, the copy vLLM got as PIL images), then :func:`~ncgrpo.trainer.generation.record_branch_point`,
+    as on the transformers path (the control: at its first-token temperature, ``gen.plan``'s). So
+    ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement`` and
+    ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the engine's
+    copy holds the same weights, in its own dtype). Reads ``trainer.args``, ``.temperature``, the model."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     marginal = partial(branch_point_marginal, trainer, gen)
-    with branch_point_hooks(model, rows, trainer.args, method.steer(trainer), marginal) as branch:
-        prefill_only(trainer, prompt_ids, fields)
+    with branch_point_hooks(model, plan.rows, trainer.args, plan.steer, marginal) as branch:
+        prefill_only(trainer, prompt_ids, plan.inputs)
     record_branch_point(gen, *branch, temperature=trainer.temperature)
 
 
-def generate_vllm(trainer, generate, gen: Generation, rows: list, prompt_ids, images, multimodal_fields):
+def generate_vllm(trainer, generate, gen: Generation, plan: GenerationPlan, prompt_ids, multimodal_fields):
     """The vLLM leg of ``NCGRPOTrainer._nc_generate``: one request per row (TRL's colocate mode already
     sends one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
-    :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies
-    eq. (2) in the engine. What else a request carries is the method's: its images
-    (:meth:`~ncgrpo.methods.RolloutMethod.vllm_images`: the image method's distorted copies, one per prompt,
-    as on the transformers path; TRL builds the loss inputs from the clean ones) and its first-token logit
-    scales (:meth:`~ncgrpo.methods.RolloutMethod.vllm_logit_scales`: the temperature control's ``T / T_k``).
-    Then the branch point is measured with the trainer's model (:func:`measure_branch_point`). ``gen`` holds
-    this generation's annealed values already (``RolloutMethod.begin_generation``). Reads
-    ``trainer.nc_method``; writes ``trainer._nc_gen``."""
-    method = trainer.nc_method
-    gen_images = method.vllm_images(trainer, gen, images)
-    scales = method.vllm_logit_scales(trainer, gen)
-    with vllm_requests(trainer, rows, steer=method.steer(trainer), logit_scales=scales):
-        completion_ids, logprobs = generate(multimodal_fields, gen_images)
-    measure_branch_point(trainer, gen, rows, prompt_ids, images, multimodal_fields)
+    :func:`ncgrpo.engines.vllm.noise_extra_args` (the plan's rows and steering vector, SPSA's ``mu``); the
+    ncgrpo plugin applies eq. (2) in the engine. What else a request carries is the method's plan: its
+    ``images`` (the image method's distorted copies, one per prompt, as on the transformers path; TRL builds
+    the loss inputs from the clean ones) and its ``logit_scales`` (the temperature control's ``T / T_k``).
+    Then the branch point is measured with the trainer's model (:func:`measure_branch_point`). ``plan``:
+    what :meth:`~ncgrpo.methods.RolloutMethod.plan_generation` returned for ``gen``. Writes
+    ``trainer._nc_gen``."""
+    with vllm_requests(trainer, plan.rows, steer=plan.steer, logit_scales=plan.logit_scales):
+        completion_ids, logprobs = generate(multimodal_fields, plan.images)
+    measure_branch_point(trainer, gen, plan, prompt_ids)
     gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
     trainer._nc_gen = gen
     return completion_ids, logprobs
