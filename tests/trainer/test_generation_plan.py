@@ -94,7 +94,7 @@ def test_one_call_per_generation_and_the_methods_values_recorded(tmp_path, metho
         )  # the distorted copy the noisy rows generated from
     if method == "first_token_temperature":
         for gen in gens:  # what the branch-point metrics measure the noisy rows at: the control's T_k
-            assert gen.first_token_temperature == gen.plan.noisy_first_token_temperature == 3.0
+            assert gen.noisy_first_token_temperature == gen.plan.noisy_first_token_temperature == 3.0
             assert gen.method_values["first_token_temperature"] == 3.0
 
 
@@ -117,7 +117,7 @@ def test_the_plan_carries_what_each_engine_reads():
     plan = m.plan_generation(tr, gen, [[1, 2]] * 4, None, {})
     assert gen.plan is plan and plan.logit_scales is None and plan.images is None
     assert gen.method_values == {"first_token_temperature": 1.5}  # linear: T + (T0 - T) * (1 - 2/4)
-    assert plan.noisy_first_token_temperature == gen.first_token_temperature == 1.5
+    assert plan.noisy_first_token_temperature == gen.noisy_first_token_temperature == 1.5
     tr.use_vllm = True
     _, _, gen = _view("first_token_temperature")
     plan = m.plan_generation(tr, gen, [[1, 2]] * 4, ["im"] * 4, {})
@@ -126,7 +126,7 @@ def test_the_plan_carries_what_each_engine_reads():
     m, tr, gen = _view("latent")
     plan = m.plan_generation(tr, gen, [[1, 2]] * 4, None, {"x": 1})
     assert gen.sigma_k == 0.25 and [r.sigma for r in plan.rows] == [0.0, 0.0, 0.25, 0.25]
-    assert plan.inputs == {"x": 1} and plan.steer is None and gen.first_token_temperature is None
+    assert plan.inputs == {"x": 1} and plan.steer is None and gen.noisy_first_token_temperature is None
     with plan.hooks(None) as control:  # latent noise has no hooks of its own around generate
         assert control is None
     assert gen.method_values == {}

@@ -191,11 +191,10 @@ class Generation:
     first_token: torch.Tensor | None = None  # [L]
 
     @property
-    def first_token_temperature(self) -> float | None:
-        """The plan's ``noisy_first_token_temperature`` (None: the sampling temperature, or not planned
-        yet), under the name the shared branch-point code reads (``record_branch_point``,
-        ``branch_point_marginal`` in :mod:`ncgrpo.trainer.generation`): what it measures the noisy rows'
-        first-token distribution at. Not a stored field: the method's value is its plan's."""
+    def noisy_first_token_temperature(self) -> float | None:
+        """The plan's ``noisy_first_token_temperature``: what the shared branch-point code
+        (:mod:`ncgrpo.trainer.generation`) measures the noisy rows' first-token distribution at (None: the
+        sampling temperature, or not planned yet). Not a stored field: the method's value is its plan's."""
         return None if self.plan is None else self.plan.noisy_first_token_temperature
 
 

@@ -121,7 +121,11 @@ def record_branch_point(gen: Generation, hook, point, *, temperature: float, con
         if control is not None and control.last_logits is not None:
             noisy_logits = control.last_logits.to(logits.device)
         gen.branch_tv, gen.branch_agreement = branch_point_stats(
-            gen.plans, logits, gen.first_token_temperature, temperature=temperature, noisy_logits=noisy_logits
+            gen.plans,
+            logits,
+            gen.noisy_first_token_temperature,
+            temperature=temperature,
+            noisy_logits=noisy_logits,
         )
         gen.branch_marginal = point.extra  # branch_point_marginal, run inside the head's forward
 
@@ -153,7 +157,7 @@ def branch_point_marginal(
     if method.marginal == "temperature":  # the control's q_bar is softmax(z / T_k): exact
         idx, cidx = [i for i, _ in pairs], [c for _, c in pairs]
         z = logits[cidx]
-        out[idx] = first_token_tv(z, z, t_a=gen.first_token_temperature, t_b=T).cpu()
+        out[idx] = first_token_tv(z, z, t_a=gen.noisy_first_token_temperature, t_b=T).cpu()
         return out
     final_norm = a.noise_site_parsed == "final_norm"
     if method.marginal != "draws" or not final_norm or a.marginal_tv_draws < 1:
