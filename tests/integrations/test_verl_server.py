@@ -232,6 +232,8 @@ def test_a_target_is_solved_per_prompt_in_verls_vllm_server_and_read_back(tmp_pa
     def head(x):
         return hf.lm_head(x)[..., :vocab]
 
+    head.weight = hf.lm_head.weight[:vocab]  # linear: the estimate's control variate (as the engines' heads)
+
     def curve():
         keys = marginal_keys(seed, step, prompt_id, draws // 2)
         return MarginalCurve(head, h[None], head(h)[None], keys, temperature=temperature, mode="independent")
