@@ -534,7 +534,10 @@ def test_the_trainer_reads_the_solved_sigmas_back_from_the_servers(setup, monkey
         async def rpc_calls(self):
             return self.calls
 
-    servers = [Server.remote(replica_a), Server.remote(replica_b)]
+        async def set_solves(self, per_worker) -> None:
+            self.per_worker[:] = per_worker
+
+    servers = [Server.remote(replica_a), Server.remote([[]])]  # replica b: its prompt not solved yet
     ray.get([s.start.remote() for s in servers])
 
     trainer = ncw.NCGRPOTrainerSync.__new__(ncw.NCGRPOTrainerSync)
@@ -544,13 +547,16 @@ def test_the_trainer_reads_the_solved_sigmas_back_from_the_servers(setup, monkey
     monkeypatch.setattr(PPOTrainerSync, "on_sample_end", lambda self: slept.append(len(self._nc_solves[9])))
     monkeypatch.setattr(PPOTrainerSync, "_compute_metrics", lambda self, b, m, *a: m.update(x=1.0))
     trainer.on_sample_end()
-    assert slept == [4]  # read before verl's on_sample_end (the replicas' sleep)
+    assert slept == [2]  # read before verl's on_sample_end (the replicas' sleep)
+    ray.get(servers[1].set_solves.remote(replica_b))  # (a later part of the step: parameter_sync_step > 1)
+    trainer.on_sample_end()
+    assert slept == [2, 4]
     keys = sorted(setup.tq.rows)
     batch = tq.KVBatchMeta(partition_id="train", keys=keys, tags=[{}] * len(keys))
     metrics: dict = {}
     trainer._compute_metrics(batch, metrics, {}, 9, 0)
     calls = ray.get([s.rpc_calls.remote() for s in servers])
-    assert calls == [[(ncw.TARGET_SOLVES_RPC, (1, 9))]] * 2  # once per server, for (noise_seed, step)
+    assert calls == [[(ncw.TARGET_SOLVES_RPC, (1, 9))] * 2] * 2  # per sample, per server, (noise_seed, step)
     assert metrics["x"] == 1.0 and metrics["reward/clean"] == 1.0
     assert metrics["noise/target_marginal_tv"] == pytest.approx(0.02 * sigma_schedule(9, 60, 1.0))
     assert metrics["noise/sigma_k"] == pytest.approx(1.15)  # each prompt once; 12345 is not the batch's
@@ -561,6 +567,11 @@ def test_the_trainer_reads_the_solved_sigmas_back_from_the_servers(setup, monkey
     assert metrics["noise/target_achieved_tv"] == pytest.approx((0.0195 + 0.01) / 2)
     assert metrics["noise/target_solver_evals"] == pytest.approx(3.0)
     assert metrics["noise/sigma_at_max"] == pytest.approx(0.5)
+    # a prompt missing from what was read at on_sample_end: the metrics read again
+    trainer._nc_solves = {9: [s for s in trainer._nc_solves[9] if s["prompt_id"] != prompt_ids[1]]}
+    again: dict = {}
+    trainer._compute_metrics(batch, again, {}, 9, 0)
+    assert len(ray.get(servers[0].rpc_calls.remote())) == 3 and again == metrics
 
 
 # --------------------------------------------------------------------------------------------------

@@ -265,19 +265,18 @@ class NCGRPOTrainerSync(PPOTrainerSync):
 
     def on_sample_end(self):
         """Read the step's per-prompt solves back before verl's ``on_sample_end`` puts the replicas to sleep
-        (the rollouts of the step are done: ``replay_buffer.sample`` returned them)."""
+        (the rollouts sampled so far are done: ``replay_buffer.sample`` returned them)."""
         self._nc_read_solves(int(self.global_steps))
         super().on_sample_end()
 
     def _nc_read_solves(self, step: int) -> list[dict[str, Any]]:
-        solves: dict[int, list] = self.__dict__.setdefault("_nc_solves", {})
+        """The solves of ``step`` on every server, kept for the step's metrics (one step at a time)."""
         cfg = self._nc
         if cfg.target_marginal_tv is None or not cfg.method.two_pass or not cfg.target_at(step) > 0:
             return []
-        if step not in solves:  # one step at a time (parameter_sync_step > 1 samples a step in parts)
-            solves.clear()
-            solves[step] = read_target_solves(self.llm_server_manager.server_handles, cfg.noise_seed, step)
-        return solves[step]
+        solves = read_target_solves(self.llm_server_manager.server_handles, cfg.noise_seed, step)
+        self.__dict__["_nc_solves"] = {step: solves}
+        return solves
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -321,7 +320,13 @@ class NCGRPOTrainerSync(PPOTrainerSync):
         solves read back from the servers."""
         step, target = int(plans[0]["step"]), float(plans[0]["target"])
         prompts = {int(p["prompt_id"]) for p in plans}
-        solves = self._nc_read_solves(step) if target > 0 else []
+        solves: list[dict[str, Any]] = []
+        if target > 0:
+            solves = self.__dict__.get("_nc_solves", {}).get(step)
+            if solves is None or not prompts <= {int(s["prompt_id"]) for s in solves}:
+                solves = self._nc_read_solves(
+                    step
+                )  # read at on_sample_end before later parts of the step ran
         out = target_metrics(solves, target=target, prompt_ids=prompts)
         if target > 0:
             found = prompts & {int(s["prompt_id"]) for s in solves}
