@@ -80,7 +80,7 @@ SIZES = {
     "0.5b": ROLLOUT_SIZES["0.5b"],
     "1.5b": ROLLOUT_SIZES["1.5b"],
 }
-STEP_KEYS = ("generate", "seam", "nc_after_rewards", "prepare_inputs", "compute_loss", "rest")
+STEP_KEYS = ("generate", "seam", "solve", "nc_after_rewards", "prepare_inputs", "compute_loss", "rest")
 
 
 def _tiny_grpo():
@@ -119,7 +119,8 @@ def parse_args(argv=None):
         help="comma-separated rollout methods (vanilla is always added as the baseline: TRL's path, one prefill "
         f"per row, no hook); any of {', '.join(ROLLOUT_METHODS)}, each optionally with ':noshare' "
         "(share_prompt_prefill=False: one prefill per row, as TRL), ':shareloss' (share_prompt_loss=True) or "
-        "':target' (the target schedule at --target-tv: sigma_k solved every step) or ':nometric' "
+        "':target' (the target schedule at --target-tv: sigma_k solved every step), ':target_prompt' (the same, "
+        "each prompt's own sigma: target_scope prompt) or ':nometric' "
         "(marginal_tv_draws 0: no noise/first_token_marginal_tv, the metric's cost by difference)",
     )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per run (the first is warm-up)")
@@ -181,7 +182,7 @@ def parse_args(argv=None):
 
 
 #: a method's variants: ``method:variant``
-VARIANTS = ("noshare", "shareloss", "target", "nometric")
+VARIANTS = ("noshare", "shareloss", "target", "target_prompt", "nometric")
 
 
 def split_method(spec: str) -> tuple[str, bool]:
@@ -356,7 +357,8 @@ def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Reco
                 image_noise_step=args.image_noise_step,
                 share_prompt_prefill=share,
                 share_prompt_loss=spec.endswith(":shareloss"),
-                target_marginal_tv=args.target_tv if spec.endswith(":target") else None,
+                target_marginal_tv=args.target_tv if spec.endswith((":target", ":target_prompt")) else None,
+                target_scope="prompt" if spec.endswith(":target_prompt") else "batch",
                 marginal_tv_draws=0 if spec.endswith(":nometric") else 64,
                 sigma_max=10.0,
                 bf16=args.amp == "bf16",
@@ -392,7 +394,22 @@ def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Reco
                 "fp16",
             )
         }
-        trainer.train()
+        import ncgrpo.trainer.target as target_module
+
+        solve = target_module._solve_scoped  # the target schedule's solve (inside generate's prefill)
+
+        def timed_solve(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return solve(*a, **kw)
+            finally:
+                rec.add("target_solve", time.perf_counter() - t)
+
+        target_module._solve_scoped = timed_solve
+        try:
+            trainer.train()
+        finally:
+            target_module._solve_scoped = solve
         logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     rows = []
     for k in sorted(rec.steps):
@@ -408,6 +425,7 @@ def one_run(spec: str, steps: int, base_model, proc, ds, args, device, rec: Reco
                 "cpu": st["cpu"],
                 "generate": generate,
                 "seam": sec.get("_generate_single_turn", 0.0) - generate,
+                "solve": sec.get("target_solve", 0.0),  # inside generate (its prefill)
                 "nc_after_rewards": sec.get("_nc_after_rewards", 0.0),
                 "prepare_inputs": prep,
                 "compute_loss": loss,

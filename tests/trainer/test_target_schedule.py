@@ -159,18 +159,17 @@ def test_fewer_draws_than_the_estimate_needs_and_odd_draws_are_refused(tmp_path)
         tiny.config(tmp_path, target_marginal_tv=0.01, sigma_schedule="constant")
 
 
-def test_hidden_noise_solves_in_the_generations_own_prefill_and_the_control_in_a_pass_of_its_own(
-    tmp_path, monkeypatch
-):
-    """latent: no forward beyond TRL's generate (the final-norm hook solves on the prefill's clean states
-    before perturbing); first_token_marginal (its hook is built before the prefill): a clean pass first.
-    Both hold the target."""
+def test_hidden_noise_and_the_control_solve_in_the_generations_own_prefill(tmp_path, monkeypatch):
+    """No forward beyond TRL's generate for either: the final-norm hook solves on the prefill's clean
+    states before perturbing (latent), or before the control's LM-head hook reads the solved sigma later in
+    the same forward (first_token_marginal; it paid a clean pass of its own before issue 46). Both hold the
+    target."""
     import ncgrpo.trainer.target as target_module
 
     passes = []
     real = target_module.prefill_only
     monkeypatch.setattr(target_module, "prefill_only", lambda *a, **k: passes.append(1) or real(*a, **k))
-    for method, extra_passes in (("latent", 0), ("first_token_marginal", 2)):
+    for method, extra_passes in (("latent", 0), ("first_token_marginal", 0)):
         passes.clear()
         tr = _trainer(
             tmp_path / method, "d32", rollout_method=method, target_marginal_tv=TARGET, sigma_schedule="constant",
@@ -212,3 +211,58 @@ def test_an_unreachable_target_generates_at_sigma_max_and_says_so_once(tmp_path)
     for log in _logs(tr):
         assert log["noise/sigma_k"] == 0.3 and log["noise/sigma_at_max"] == 1.0
         assert log["noise/target_achieved_tv"] < 0.5
+
+
+@pytest.mark.parametrize("method", ["latent", "first_token_marginal"])
+def test_prompt_scope_holds_every_prompts_tv_inside_the_prefill(tmp_path, monkeypatch, method):
+    """target_scope='prompt' (issue 46): each prompt's own sigma, solved in the generation's own prefill (no
+    pass of its own), so that EVERY prompt's noise-averaged first-token TV is the target: checked per prompt
+    against an independent 2,048-draw estimate (other keys) at the prompt's solved sigma, within 10%."""
+    import ncgrpo.trainer.target as target_module
+    from ncgrpo.core.marginal import MarginalCurve, marginal_keys
+
+    passes, solves = [], []
+    real_pass, real_solve = target_module.prefill_only, target_module._solve_prompts
+    monkeypatch.setattr(target_module, "prefill_only", lambda *a, **k: passes.append(1) or real_pass(*a, **k))
+
+    def spy(trainer, gen, head, states, logits):
+        rows, summary = real_solve(trainer, gen, head, states, logits)
+        refs = {}  # inside the prefill: the head's weights as they generate (the optimizer moves them later)
+        for i, p in enumerate(gen.plans):
+            if p.prompt_id not in refs:
+                keys = marginal_keys(trainer.noise_base_seed, gen.step, p.prompt_id, 1024, offset=10**6)
+                refs[p.prompt_id] = float(MarginalCurve(
+                    head, states[i : i + 1], logits[i : i + 1], keys, temperature=float(trainer.temperature),
+                    mode=trainer.nc_method.noise_mode or "independent",
+                )(rows[i]).tv[0])  # fmt: skip
+        solves.append((gen, rows, summary, refs))
+        return rows, summary
+
+    monkeypatch.setattr(target_module, "_solve_prompts", spy)
+    tr = _trainer(
+        tmp_path, "d32", rollout_method=method, target_marginal_tv=TARGET, target_scope="prompt",
+        sigma_schedule="constant", max_steps=2, per_device_train_batch_size=16,
+    )  # fmt: skip
+    tr.train()
+    assert passes == [] and len(solves) == 2
+    for (gen, rows, summary, refs), log in zip(solves, _logs(tr), strict=True):
+        assert len(rows) == len(gen.plans) and gen.row_sigma == rows
+        firsts = {}
+        for i, p in enumerate(gen.plans):
+            firsts.setdefault(p.prompt_id, i)
+            if p.noisy:  # a prompt's noisy rows all generate at its one sigma
+                assert rows[i] == rows[firsts[p.prompt_id]] > 0
+        sigmas = {q: rows[i] for q, i in firsts.items()}
+        for q, ref in refs.items():
+            assert abs(ref - TARGET) <= 0.1 * TARGET, (method, q, sigmas[q], ref)
+        assert summary.prompts == len(firsts) and summary.at_max == 0.0
+        assert log["noise/sigma_k_min"] == pytest.approx(min(sigmas.values()))
+        assert log["noise/sigma_k_max"] == pytest.approx(max(sigmas.values()))
+        assert log["noise/sigma_k"] == pytest.approx(sum(sigmas.values()) / len(sigmas))
+        assert abs(log["noise/target_achieved_tv"] - TARGET) <= 0.02 * TARGET, log
+        assert abs(log["noise/first_token_marginal_tv"] - TARGET) <= 0.1 * TARGET, log
+
+
+def test_target_scope_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="target_scope must be one of 'batch', 'prompt'.*got 'rows'"):
+        tiny.config(tmp_path, target_marginal_tv=0.01, target_scope="rows")

@@ -391,6 +391,9 @@ class MarginalCurve:
         # ||h|| / (sqrt(d) T) as eq. (2) computes the norm (float32): the logit displacement's scale per sigma
         self.unit_scale = h.float().norm(dim=-1) / math.sqrt(h.shape[-1]) / self.temperature
         self.evals = 0
+        # the control variate's exact mean is scale^2 times a sigma-free [n, V] term (second_order_mean):
+        # computed once per block of prompts, an O(V d) LM-head-sized product per prompt, not once per sigma
+        self._unit_mean: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def control_variate(self) -> bool:
@@ -425,7 +428,10 @@ class MarginalCurve:
             # the second-order term is even in eps: a pair's is its first draw's (computed once per pair)
             delta = (z.view(n, M // 2, 2, -1)[:, :, 0] - self.z[lo:hi, None]) / self.temperature
             corr = second_order_term(p, delta)
-            mean = second_order_mean(p, self.weight, float(sigma) * self.unit_scale[lo:hi].to(p.device))
+            unit = self._unit_mean.get((lo, hi))
+            if unit is None:
+                unit = self._unit_mean[(lo, hi)] = second_order_mean(p, self.weight, torch.ones(n))
+            mean = unit * (float(sigma) * self.unit_scale[lo:hi].to(p.device)).double()[:, None] ** 2
         return estimate_marginal_tv(p, q, paired=True, correction=corr, correction_mean=mean)
 
 

@@ -40,12 +40,14 @@ def curve_tv_at(curve: MarginalCurve, sigmas: dict[int, float]) -> dict[int, flo
 @dataclass(frozen=True)
 class PromptSolve:
     """The per-prompt solve of a batch: ``sigma``, ``tv`` ``# [P]`` (float64) each prompt's solved sigma
-    and its TV there, ``at_max`` ``# [P]`` (bool) where ``sigma_max`` bound it, ``evals``: the prompts'
-    evaluations in all, ``rounds``: the lockstep rounds (LM-head passes over the unfinished prompts)."""
+    and its TV there, ``at_max`` ``# [P]`` (bool) where ``sigma_max`` bound it, ``prompt_evals`` ``# [P]``
+    (int) each prompt's evaluations, ``evals``: the prompts' evaluations in all, ``rounds``: the lockstep
+    rounds (LM-head passes over the unfinished prompts)."""
 
     sigma: torch.Tensor
     tv: torch.Tensor
     at_max: torch.Tensor
+    prompt_evals: torch.Tensor
     evals: int
     rounds: int
 
@@ -102,6 +104,7 @@ def solve_per_prompt(
         sigma=torch.tensor([r.sigma for r in order], dtype=torch.float64),
         tv=torch.tensor([r.tv for r in order], dtype=torch.float64),
         at_max=torch.tensor([r.at_max for r in order]),
+        prompt_evals=torch.tensor([r.evals for r in order]),
         evals=sum(r.evals for r in order),
         rounds=rounds,
     )

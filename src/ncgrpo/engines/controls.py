@@ -25,7 +25,7 @@ the two in training is a bug or a numerical effect.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -145,10 +145,16 @@ class FirstTokenMarginalHook(_PrefillHeadHook):
 
     name, given, per_row = "first_token_marginal", "row keys", "one key (or None)"
 
-    def __init__(self, keys: list[NoiseKey | None], sigma: float, temperature: float, draws: int) -> None:
+    def __init__(
+        self,
+        keys: list[NoiseKey | None],
+        sigma: float | Callable[[], Sequence[float]],
+        temperature: float,
+        draws: int,
+    ) -> None:
         super().__init__(len(keys))
         self.keys = keys
-        self.sigma = float(sigma)
+        self.sigma = sigma  # a float, or the rows' sigmas, read at the prefill (the target schedule's solve)
         self.temperature = float(temperature)
         self.draws = int(draws)
         self.rows: list[int] = []
@@ -160,11 +166,14 @@ class FirstTokenMarginalHook(_PrefillHeadHook):
 
         out = logits.clone()
         self.rows = []
+        sigmas = [float(self.sigma)] * len(self.keys) if not callable(self.sigma) else list(self.sigma())
+        if len(sigmas) != len(self.keys):
+            raise ValueError(f"first_token_marginal: {len(sigmas)} sigmas for {len(self.keys)} rows")
         for b, key in enumerate(self.keys):
-            if key is None or self.sigma <= 0:
+            if key is None or sigmas[b] <= 0:
                 continue
             logq = mixture_log_probs(
-                head, h[b], pool_keys(key, self.draws), self.sigma, temperature=self.temperature
+                head, h[b], pool_keys(key, self.draws), sigmas[b], temperature=self.temperature
             )
             out[b, -1] = (self.temperature * logq).to(out.dtype)
             self.rows.append(b)
@@ -178,7 +187,7 @@ def first_token_marginal(
     model: nn.Module,
     keys: Sequence[NoiseKey | None],
     *,
-    sigma: float,
+    sigma: float | Callable[[], Sequence[float]],
     temperature: float,
     draws: int = 16,
 ) -> Iterator[FirstTokenMarginalHook]:
@@ -186,13 +195,14 @@ def first_token_marginal(
 
     ``keys``: one per row of the prefill batch (``None``: the row samples as usual); row ``b``'s pool is
     :func:`ncgrpo.core.marginal.pool_keys` of its key (``draws`` independent-mode draws). ``sigma``: the
-    noise scale whose ``q_bar`` is sampled; ``temperature``: the sampling temperature ``generate``
+    noise scale whose ``q_bar`` is sampled, or a function giving each row's, called at the prefill (where
+    the target schedule has just solved them); ``temperature``: the sampling temperature ``generate``
     applies. Only the final-norm site's ``q_bar`` is defined this way. Hooks are removed on exit, also on
     error.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if not (sigma >= 0 and draws >= 1):
+    if not ((callable(sigma) or sigma >= 0) and draws >= 1):
         raise ValueError(f"sigma must be >= 0 and draws >= 1, got sigma={sigma}, draws={draws}")
     top, _, _ = find_text_stack(model)
     head = getattr(top, "lm_head", None)

@@ -135,7 +135,11 @@ class Generation:
     image_t: int | None = None
     first_token_temperature: float | None = None  # the control's T_k
     target_tv: float | None = None  # target_marginal_tv: this generation's annealed target
-    target_solve: object | None = None  # target_marginal_tv: the solver's SigmaSolve
+    target_solve: object | None = (
+        None  # target_marginal_tv: the solver's SigmaSolve (PromptScopeSolve per prompt)
+    )
+    #: target_scope='prompt': each local row's own sigma (its prompt's solve); None: ``sigma_k`` for every row
+    row_sigma: list[float] | None = None
     rel: torch.Tensor | None = None  # [L]
     branch_argmax: torch.Tensor | None = None  # [L] argmax of the logits at the branch point
     branch_marginal: torch.Tensor | None = None  # [L] TV(q, q_bar) on each group's first noisy row, else NaN
@@ -326,6 +330,10 @@ class RolloutMethod:
             settings["noise_site"] = site  # where the noise acts: the hidden-noise methods' setting
         if target is not None:
             settings["target_marginal_tv"] = target
+            scope = getattr(cfg, "target_scope", "batch")
+            if scope != "batch":  # the batch scope's names and settings are those of the runs made before it
+                settings["target_scope"] = scope
+                return f"{label} TV={target:g} per {scope}{at}", f"{slug}-tv{target:g}-{scope}{tag}", settings
             return f"{label} TV={target:g}{at}", f"{slug}-tv{target:g}{tag}", settings
         return f"{label} σ0={sigma0:g}{at}", f"{slug}-sigma{sigma0:g}{tag}", settings
 
@@ -357,10 +365,10 @@ class RolloutMethod:
             gen.sigma_k = 0.0
         elif tr.args.target_marginal_tv is not None:  # sigma_k solved for the annealed TV on this batch
             gen.target_tv = tr.schedule.target(k, K, tr.args.target_marginal_tv)
-            if getattr(tr, "use_vllm", False) or not self.hidden_noise:  # a clean pass of its own, first
-                tr.solve_target_sigma(gen, prompt_ids, multimodal_fields)
-            else:  # in the generation's own prefill (NCGRPOTrainer._nc_generate): sigma0 until then
-                gen.sigma_k = float(tr.args.sigma0)
+            # solved in the generation's own pass (sigma0 until then): the transformers engine's prefill
+            # (NCGRPOTrainer._nc_generate); on vLLM the trainer's measurement pass, run before the engine
+            # generates (batch scope), or the engine's own prefill (prompt scope; ncgrpo.trainer.vllm)
+            gen.sigma_k = float(tr.args.sigma0)
         else:
             gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0)
 

@@ -45,7 +45,8 @@ class FirstTokenMarginal(RolloutMethod):
             first_token_marginal(
                 model,
                 [p.key if p.noisy else None for p in gen.plans],
-                sigma=gen.sigma_k,
+                # read at the prefill: the target schedule solves sigma there (gen.row_sigma per prompt)
+                sigma=lambda: gen.row_sigma or [gen.sigma_k] * len(gen.plans),
                 temperature=tr.temperature,
                 draws=tr.args.first_token_marginal_draws,
             )

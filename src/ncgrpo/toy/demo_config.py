@@ -21,7 +21,7 @@ from ncgrpo.methods import baseline_method, get_method, method_names, methods
 from ncgrpo.models import check_device
 from ncgrpo.runs.identity import MAY_CHANGE_ON_RESUME, run_identity_keys
 from ncgrpo.trainer import NCGRPOConfig
-from ncgrpo.trainer.config import sigma0_problem
+from ncgrpo.trainer.config import TARGET_SCOPES, sigma0_problem
 
 __all__ = [
     "BASELINE",
@@ -54,7 +54,7 @@ _DEVICES = ("cpu", "cuda", "auto")
 #: root (each run's folder is ``OUT/train/RUN``). Every other field NCGRPOConfig has too is passed to
 #: every run as it is (:meth:`DemoConfig.trainer_settings`).
 NOT_FOR_EVERY_RUN = frozenset(
-    {"output_dir", "sigma0", "target_marginal_tv", "noise_site", "first_token_temperature"}
+    {"output_dir", "sigma0", "target_marginal_tv", "target_scope", "noise_site", "first_token_temperature"}
 )
 #: NCGRPOConfig settings the demo fixes for every run: a log line per step (its progress bar and
 #: metrics.jsonl), no checkpoints (a killed run restarts), its own progress display.
@@ -153,6 +153,12 @@ class DemoConfig:
             "target) instead of one per sigma0, e.g. --target_marginal_tv 0.0066 0.03; `ncgrpo probe` gives the "
             "TV a sigma0 has. Empty (default): one run per sigma0"
         },
+    )
+    target_scope: str = _trainer_field(
+        "target_scope",
+        "with --target_marginal_tv: 'batch' (one sigma_k per generation for the batch's mean TV) or 'prompt' "
+        "(each prompt's own sigma for its own TV); the prompt-scope runs are named 'TV=... per prompt' "
+        "(folders '-tv...-prompt'), so both can share one demo folder",
     )
     all_methods: bool = field(
         default=False,
@@ -359,6 +365,10 @@ class DemoConfig:
             raise ValueError(f"num_threads must be >= 1 (0 or None: torch's default), got {self.num_threads}")
         self.noise_site = str(self.noise_site).replace(" ", "")
         parse_noise_site(self.noise_site)  # raises, saying what to write
+        if self.target_scope not in TARGET_SCOPES:
+            raise ValueError(
+                f"target_scope must be one of {', '.join(TARGET_SCOPES)}, got {self.target_scope!r}"
+            )
         if self.target_marginal_tv and self.noise_site != "final_norm":
             raise ValueError(
                 f"target_marginal_tv solves sigma_k through the LM head alone, at the final-norm site; "

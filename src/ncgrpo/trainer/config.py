@@ -23,6 +23,8 @@ SIGMA0_MAX = 10.0
 #: the fewest draws per prompt the target schedule solves on: three antithetic pairs, the fewest the
 #: estimate's jackknife bias correction runs on (:func:`ncgrpo.core.marginal.estimate_marginal_tv`)
 TARGET_DRAWS = 6
+#: ``target_scope``: what the target schedule holds (the batch mean, or each prompt)
+TARGET_SCOPES = ("batch", "prompt")
 
 
 def sigma0_problem(value: object, *, bound: str | None = None) -> str | None:
@@ -113,6 +115,7 @@ class NCGRPOConfig(GRPOConfig):
             "schedule_k_mid",
             "schedule_unit",
             "target_marginal_tv",
+            "target_scope",
             "sigma_max",
         ),
         "NC-GRPO: controls": (
@@ -168,6 +171,16 @@ class NCGRPOConfig(GRPOConfig):
             "sigma0 has on a model. The TV held is the marginal_tv_draws-draw estimate (docs/concepts.md: within "
             "0.2 percent of a 16,384-draw reference on the embedded base at 64 draws). None (default): "
             "sigma_k = sigma0 * decay_k, the paper."
+        },
+    )
+    target_scope: str = field(
+        default="batch",
+        metadata={
+            "help": "target_marginal_tv: what holds the target. 'batch' (default): one sigma_k per generation, "
+            "solved so that the batch's MEAN noise-averaged first-token TV is the annealed target; 'prompt': each "
+            "prompt's own sigma, solved on its clean branch-point state inside the prefill, so that EVERY prompt's "
+            "TV(q, q_bar) is the target (at one sigma the prompts' TVs spread widely; noise/sigma_k then logs the "
+            "prompts' mean, noise/sigma_k_min and noise/sigma_k_max their range). Also on vLLM and verl."
         },
     )
     sigma_max: float = field(
@@ -460,6 +473,11 @@ class NCGRPOConfig(GRPOConfig):
         problem = sigma0_problem(self.sigma_max, bound="the target schedule's bound on sigma_k")
         if problem is not None:
             raise ValueError(f"sigma_max {problem}")
+        if self.target_scope not in TARGET_SCOPES:
+            raise ValueError(
+                f"target_scope must be one of {', '.join(repr(s) for s in TARGET_SCOPES)} ('batch': one sigma_k "
+                f"for the batch's mean TV; 'prompt': each prompt's own sigma for its TV), got {self.target_scope!r}"
+            )
         t = self.target_marginal_tv
         if t is None:
             return

@@ -19,6 +19,7 @@ from ncgrpo.core import noise as nz
 from ncgrpo.core.agreement import first_token_tv, match_first_token_temperature
 from ncgrpo.core.marginal import MarginalCurve, marginal_keys
 from ncgrpo.core.plan import RowPlan
+from ncgrpo.core.prompt_solve import curve_tv_at
 from ncgrpo.engines.branch_point import branch_point_capture
 from ncgrpo.engines.transformers import prefill_noise
 from ncgrpo.methods.base import Generation
@@ -157,7 +158,7 @@ def branch_point_marginal(
     final_norm = a.noise_site_parsed == "final_norm"
     if method.marginal != "draws" or not final_norm or a.marginal_tv_draws < 1:
         return None
-    if gen.sigma_k <= 0:
+    if gen.sigma_k <= 0 and gen.row_sigma is None:
         out[[i for i, _ in pairs]] = 0.0
         return out
     noisy = [gen.plans[i] for i, _ in pairs]
@@ -166,7 +167,11 @@ def branch_point_marginal(
     curve = marginal_curve(
         trainer, head, states[cidx.to(states.device)], logits[cidx.to(logits.device)], pids, gen.step
     )
-    tv = curve(gen.sigma_k).tv  # [P]
+    if gen.row_sigma is None:
+        tv = curve(gen.sigma_k).tv  # [P]
+    else:  # target_scope='prompt': each prompt at its own sigma, as the solve estimated it
+        at = curve_tv_at(curve, {j: gen.row_sigma[i] for j, (i, _) in enumerate(pairs)})
+        tv = torch.tensor([at[j] for j in range(len(pairs))])
     out[[i for i, _ in pairs]] = tv.float()
     return out
 

@@ -130,16 +130,22 @@ def target_metrics(gen: Generation) -> dict[str, float]:
     """What the target schedule logs per generation (identical on every rank): the annealed target
     (``noise/target_marginal_tv``), the batch TV at the solved sigma (``noise/target_achieved_tv``), the
     solver's TV evaluations (``noise/target_solver_evals``) and whether ``sigma_max`` bound it
-    (``noise/sigma_at_max``); ``noise/sigma_k`` is the method's (:mod:`ncgrpo.trainer.target`). Empty without ``target_marginal_tv``."""
+    (``noise/sigma_at_max``); ``noise/sigma_k`` is the method's (:mod:`ncgrpo.trainer.target`). With
+    ``target_scope='prompt'`` the same names over the batch's prompts (their mean TV, mean evaluations per
+    prompt, the fraction at ``sigma_max``; ``noise/sigma_k`` their mean sigma) and ``noise/sigma_k_min`` /
+    ``noise/sigma_k_max``. Empty without ``target_marginal_tv``."""
     if gen.target_tv is None or gen.target_solve is None:
         return {}
     s = gen.target_solve
-    return {
+    out = {
         "noise/target_marginal_tv": gen.target_tv,
         "noise/target_achieved_tv": float(s.tv),
         "noise/target_solver_evals": float(s.evals),
         "noise/sigma_at_max": float(s.at_max),
     }
+    if hasattr(s, "sigma_min"):  # target_scope='prompt': the prompts' range (sigma_k: their mean)
+        out["noise/sigma_k_min"], out["noise/sigma_k_max"] = float(s.sigma_min), float(s.sigma_max)
+    return out
 
 
 def gather(accelerator, t: torch.Tensor) -> torch.Tensor:
