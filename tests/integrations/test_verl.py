@@ -432,7 +432,12 @@ def test_the_trainer_logs_the_per_half_metrics_from_what_the_worker_stored(setup
 # --------------------------------------------------------------------------------------------------
 # the target schedule (target_marginal_tv, target_scope prompt): each prompt's sigma solved in vLLM
 # --------------------------------------------------------------------------------------------------
-TARGET = ("+ncgrpo.target_marginal_tv=0.02", "+ncgrpo.target_scope=prompt", "+ncgrpo.marginal_tv_draws=16")
+TARGET = (
+    "+ncgrpo.target_marginal_tv=0.02",
+    "+ncgrpo.target_scope=prompt",
+    "+ncgrpo.marginal_tv_draws=16",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # verl's default is 2; the solve needs 1
+)
 
 
 def test_the_worker_asks_for_each_prompts_target_on_the_noisy_half_and_nothing_on_the_clean_half(setup):
@@ -447,6 +452,7 @@ def test_the_worker_asks_for_each_prompts_target_on_the_noisy_half_and_nothing_o
         "start": 0.2,
         "sigma_max": 2.0,
         "mode": "independent",
+        "rtol": 0.02,
     }
     by_prompt = specs_by_session(setup.server, worker.tokenizer)
     assert len(by_prompt) == 2
@@ -473,6 +479,8 @@ def test_the_batch_scope_is_refused_on_verl_with_its_reason(model_dir):
             ncw.NCGRPOAgentLoopWorker(config, FakeServer(), None, [FakeRewardWorker()])
     manager = ncw.NCGRPOAgentLoopManager(verl_config(model_dir, *TARGET), llm_client=None)
     assert manager.ncgrpo.target_scope == "prompt" and manager.ncgrpo.target_marginal_tv == 0.02
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2.*ParallelLMHead"):  # verl's default TP
+        ncw.NCGRPOAgentLoopManager(verl_config(model_dir, *TARGET[:-1]), llm_client=None)
 
 
 @pytest.fixture
@@ -508,7 +516,7 @@ def test_the_trainer_reads_the_solved_sigmas_back_from_the_servers(setup, monkey
             "at_max": at_max,
         }
 
-    replica_a = [[solve(prompt_ids[0], 0.3, 0.0195, 4)], [solve(prompt_ids[0], 0.3, 0.0195, 4)]]  # 2 TP ranks
+    replica_a = [[solve(prompt_ids[0], 0.3, 0.0195, 4)], [solve(prompt_ids[0], 0.3, 0.0195, 4)]]  # 2 workers
     replica_b = [[solve(prompt_ids[1], 2.0, 0.01, 2, at_max=True), solve(12345, 9.0, 0.5, 9)]]
 
     @ray.remote

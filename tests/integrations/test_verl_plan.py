@@ -388,11 +388,14 @@ def test_the_noisy_half_asks_the_plugin_for_the_annealed_target_and_the_clean_ha
                 "start": 0.3,
                 "sigma_max": 1.5,
                 "mode": mode,
+                "rtol": 0.02,
             }
             assert spec["target"]["tv"] == c.target_at(step) and spec["mode"] == mode
             assert spec["sigma"] == 0.0 and spec["step"] == step and spec["prompt_id"] == 77
             assert s.target == spec["target"]["tv"] and math.isnan(s.sigma)  # the engine solves sigma
             assert s.provenance()["target"] == s.target and s.provenance()["prompt_id"] == 77
+            parsed = parse_noise_spec(s.extra_args)  # the plugin's own parse: a target, the session's key
+            assert parsed.target is not None and parsed.target.tv == spec["target"]["tv"]
         assert keys(sessions) == keys(group(cfg(rollout_method=method), step=step))  # the same noise keys
     with pytest.raises(ValueError, match="temperature > 0"):
         group(c, temperature=0.0)
@@ -423,12 +426,13 @@ def _solve(pid, sigma, tv, evals=4, at_max=False, **kw):
 def test_target_metrics_count_each_prompt_once_and_only_the_steps_prompts():
     solves = [
         _solve(1, 0.2, 0.0102, evals=3),
-        _solve(1, 0.2, 0.0102, evals=3),  # the same prompt on a second tensor-parallel rank
-        _solve(2, 0.6, 0.0098, evals=5),
-        _solve(3, 2.0, 0.004, evals=2, at_max=True),
+        _solve(1, 0.2, 0.0102, evals=3),  # the same prompt from a second replica its sessions reached
+        _solve(2, 0.6, 0.0098, evals=5, target_tv=0.01),
+        _solve(2, 9.9, 0.5, evals=9, target_tv=0.5),  # a solve of another target (not this run's)
+        _solve(3, 2.0, 0.004, evals=2, at_max=True, error=None),
         _solve(9, 9.9, 0.9, evals=99),  # another batch's prompt
     ]
-    m = target_metrics(solves, target=0.01, prompt_ids=[1, 2, 3])
+    m = target_metrics(solves, target=0.01, step=5, prompt_ids=[1, 2, 3])
     assert m == {
         "noise/target_marginal_tv": 0.01,
         "noise/sigma_k": pytest.approx((0.2 + 0.6 + 2.0) / 3),
@@ -438,9 +442,28 @@ def test_target_metrics_count_each_prompt_once_and_only_the_steps_prompts():
         "noise/target_solver_evals": pytest.approx(10 / 3),
         "noise/sigma_at_max": pytest.approx(1 / 3),
     }
-    assert target_metrics(solves, target=0.01, prompt_ids=[4]) == {"noise/target_marginal_tv": 0.01}
-    zero = target_metrics([], target=0.0)
+    zero = target_metrics([], target=0.0, step=60, prompt_ids=[1])
     assert zero["noise/sigma_k"] == 0.0 and zero["noise/target_marginal_tv"] == 0.0
+
+
+def test_a_prompt_without_a_solve_or_with_a_failed_one_is_an_error_not_a_silent_metric():
+    solves = [_solve(1, 0.2, 0.01), _solve(2, 0.0, 0.0, error="RuntimeError: the head is sharded")]
+    with pytest.raises(
+        RuntimeError, match=r"could not solve sigma for 1 prompt\(s\) at step 5.*generated clean.*sharded"
+    ):
+        target_metrics(solves, target=0.01, step=5, prompt_ids=[1, 2])
+    with pytest.raises(
+        RuntimeError, match=r"no solve for prompt ids \[4\] \(1 of the step's 2 noisy prompts\)"
+    ):
+        target_metrics(solves, target=0.01, step=5, prompt_ids=[1, 4])
+
+
+def test_the_target_is_refused_at_tensor_parallel_above_one_with_the_plugins_reason():
+    over = {"ncgrpo.target_marginal_tv": 0.01, "ncgrpo.target_scope": "prompt"}
+    check_verl_config(verl_config(**over, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 1}))
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=4.*ParallelLMHead"):
+        check_verl_config(verl_config(**over, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}))
+    check_verl_config(verl_config(**{"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}))  # no target
 
 
 def test_half_metrics_leave_sigma_k_to_the_target_metrics_when_the_engine_solves_it():

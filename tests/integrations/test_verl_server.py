@@ -40,7 +40,6 @@ else:
 
 from ncgrpo.core.marginal import MarginalCurve, marginal_keys  # noqa: E402
 from ncgrpo.core.noise import NoiseKey, RowNoise  # noqa: E402
-from ncgrpo.engines import vllm as nc_vllm  # noqa: E402
 from ncgrpo.engines.transformers import prefill_noise  # noqa: E402
 from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, parse_noise_spec  # noqa: E402
 from ncgrpo.integrations.verl.config import NCGRPOVerlConfig, plan_session, with_noise  # noqa: E402
@@ -179,16 +178,16 @@ def test_a_noisy_session_through_verls_vllm_server(tmp_path, monkeypatch):
     assert EXTRA_ARGS_KEY in session.extra_args and "extra_args" not in base  # the caller's dict was copied
 
 
-def _launch(tmp_path, monkeypatch, *, peak: float = 20.0):
-    """verl's vLLMHttpServer (not launched yet) on a tiny model with a masked vocabulary tail, and that
-    model in transformers."""
+def _launch(tmp_path, monkeypatch, *, peak: float = 20.0, extra: int = EXTRA_VOCAB):
+    """verl's vLLMHttpServer (not launched yet) on a tiny model with ``extra`` rows past its tokenizer (a
+    heavy tail that verl's patch masks), and that model in transformers."""
     import ray
     from transformers import AutoModelForCausalLM
     from verl.workers.rollout.replica import RolloutMode
     from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer
 
     tok = build_tokenizer()
-    model = vllm_text_model(tok, vocab_size=len(tok) + EXTRA_VOCAB)
+    model = vllm_text_model(tok, vocab_size=len(tok) + extra)
     with torch.no_grad():
         model.lm_head.weight.mul_(peak)
         model.lm_head.weight[len(tok) :].mul_(3.0)  # a heavy masked tail: unmasked, it would win
@@ -210,29 +209,20 @@ def _launch(tmp_path, monkeypatch, *, peak: float = 20.0):
     return server, hf, len(tok)
 
 
-@pytest.mark.skipif(
-    "target" not in nc_vllm._FIELDS,
-    reason="the vLLM plugin does not take a 'target' in its spec yet: the in-engine per-prompt solve and its "
-    "read-back RPC are helper V's part of issue 46 (ncgrpo.engines.vllm / vllm_worker, branch wt46v)",
-)
 def test_a_target_is_solved_per_prompt_in_verls_vllm_server_and_read_back(tmp_path, monkeypatch):
     from ncgrpo.integrations.verl import workers as ncw
 
-    server, hf, vocab = _launch(tmp_path, monkeypatch, peak=4.0)
+    # no rows past the tokenizer here: the plugin solves on the model's own LM head, without verl's mask of
+    # those rows (as the transformers engine does; docs/verl.md), which is then the distribution sampled
+    server, hf, vocab = _launch(tmp_path, monkeypatch, peak=4.0, extra=0)
     seed, step, prompt_id, draws, temperature = 1, 5, 123, 16, 1.0
 
     # the target: the TV this prompt has at sigma 0.5 (so the solve lands inside (0, sigma_max)), measured
-    # on the transformers model: clean final-norm state, LM head restricted to the tokenizer's vocabulary
-    # (verl's mask), the plugin's keys for (seed, step, prompt_id)
+    # on the transformers model: its clean final-norm state, its LM head (an nn.Linear: the estimate's
+    # control variate on, as the plugin's head), the plugin's keys for (seed, step, prompt_id)
     with torch.no_grad():
-        h = (
-            hf.model(input_ids=torch.tensor([PROMPT])).last_hidden_state[0, -1].float()
-        )  # after the final norm
-
-    def head(x):
-        return hf.lm_head(x)[..., :vocab]
-
-    head.weight = hf.lm_head.weight[:vocab]  # linear: the estimate's control variate (as the engines' heads)
+        h = hf.model(input_ids=torch.tensor([PROMPT])).last_hidden_state[0, -1].float()
+    head = hf.lm_head
 
     def curve():
         keys = marginal_keys(seed, step, prompt_id, draws // 2)
@@ -279,6 +269,7 @@ def test_a_target_is_solved_per_prompt_in_verls_vllm_server_and_read_back(tmp_pa
     assert status[0]["perturbed_rows"] == 2 and other == []
     (solve,) = solves  # one prompt, one worker (TP 1): solved once for both sessions
     assert (solve["seed"], solve["step"], solve["prompt_id"]) == (seed, step, prompt_id)
+    assert solve["error"] is None and solve["target_tv"] == target
     sigma = float(solve["sigma"])
     assert 0 < sigma < nc.sigma_max and not solve["at_max"] and solve["evals"] >= 1
     assert abs(solve["tv"] - target) <= 0.1 * target  # the engine's own estimate
@@ -287,7 +278,7 @@ def test_a_target_is_solved_per_prompt_in_verls_vllm_server_and_read_back(tmp_pa
     assert abs(tv_here - target) <= 0.1 * target
     assert abs(tv_here - solve["tv"]) <= 0.02 * target
     # both sessions were perturbed at the solved sigma: each sampled first token's log-prob is the
-    # transformers model's under that row (verl's mask on), and differs from the clean one
+    # transformers model's under that row, and differs from the clean one
     ref_clean = _reference(hf, PROMPT, None, vocab)
     for s, o in zip(sessions, outs, strict=True):
         spec = s.extra_args[EXTRA_ARGS_KEY]

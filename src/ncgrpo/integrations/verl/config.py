@@ -28,7 +28,7 @@ from ncgrpo.core.noise import noise_seed
 from ncgrpo.core.plan import plan_rows, prompt_id_for
 from ncgrpo.core.prompt_solve import PromptSolve
 from ncgrpo.core.schedule import Schedule
-from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, noise_extra_args
+from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, noise_extra_args, parse_noise_spec, target_spec
 from ncgrpo.methods import RolloutMethod, get_method, methods
 
 __all__ = [
@@ -263,21 +263,22 @@ class NCGRPOVerlConfig:
         return self.schedule.target(int(step), int(self.schedule_total_steps or 1), self.target_marginal_tv)
 
     def target_spec(self, step: int, temperature: float) -> dict[str, Any]:
-        """The vLLM plugin's ``"target"`` of one noisy session at verl step ``step``: the annealed TV, the
-        draws, the rollout temperature, the solver's first guess (sigma0) and bound, the method's noise mode."""
+        """The vLLM plugin's ``"target"`` of one noisy session at verl step ``step``
+        (:func:`ncgrpo.engines.vllm.target_spec`): the annealed TV, the draws, the rollout temperature, the
+        solver's first guess (sigma0) and bound, the method's noise mode."""
         if not temperature > 0:
             raise ValueError(
                 "ncgrpo.target_marginal_tv needs actor_rollout_ref.rollout.temperature > 0 (the TV is the one of "
                 f"the sampling distribution at that temperature), got {temperature}"
             )
-        return {
-            "tv": self.target_at(step),
-            "draws": int(self.marginal_tv_draws),
-            "temperature": float(temperature),
-            "start": float(self.sigma0),
-            "sigma_max": float(self.sigma_max),
-            "mode": self.method.noise_mode,
-        }
+        return target_spec(
+            self.target_at(step),
+            draws=int(self.marginal_tv_draws),
+            temperature=float(temperature),
+            start=float(self.sigma0),
+            sigma_max=float(self.sigma_max),
+            mode=self.method.noise_mode or "independent",
+        )
 
     def first_token_temperature_at(self, step: int, temperature: float) -> float:
         """The control's first-token temperature ``T + (T0 - T) * decay_k`` (eq. 3's decay)."""
@@ -371,6 +372,7 @@ def plan_session(
         # state; every session of the prompt at this step (same seed, step, prompt_id) gets the same sigma
         extra_args = noise_extra_args(method.row_noise(p, 0.0))
         extra_args[EXTRA_ARGS_KEY]["target"] = cfg.target_spec(step, temperature)
+        parse_noise_spec(extra_args)  # validated here, not in a worker
         return SessionNoise(step, p.branch, True, math.nan, extra_args, target=tv)
     sigma, extra_args = method.verl_extra_args(cfg, p, step, temperature)
     return SessionNoise(step, p.branch, True, sigma, extra_args)
@@ -501,19 +503,21 @@ def half_metrics(
 
 
 def target_metrics(
-    solves: Sequence[Mapping[str, Any]], *, target: float, prompt_ids: Sequence[int] | None = None
+    solves: Sequence[Mapping[str, Any]], *, target: float, step: int, prompt_ids: Sequence[int]
 ) -> dict[str, float]:
     """The target schedule's metrics of one verl step (the TRL trainer's names) from the vLLM plugin's
-    per-prompt solves read back from the servers (``{"prompt_id", "sigma", "tv", "evals", "at_max", ...}``,
-    one per prompt and engine worker).
+    per-prompt solves read back from the servers (:func:`ncgrpo.engines.vllm.target_solves`' dicts,
+    ``{"prompt_id", "sigma", "tv", "evals", "at_max", "target_tv", "error", ...}``, one per prompt and
+    engine worker).
 
     ``noise/sigma_k`` (the mean of the prompts' sigmas), ``noise/sigma_k_min`` / ``_max``,
     ``noise/target_marginal_tv`` (``target``, the annealed target), ``noise/target_achieved_tv`` (the mean
     TV at the solved sigmas), ``noise/target_solver_evals`` (evaluations per prompt, mean) and
     ``noise/sigma_at_max`` (the fraction of prompts bound by ``sigma_max``), from
-    :meth:`~ncgrpo.core.prompt_solve.PromptSolve.summary`. A prompt solved by several workers
-    (tensor-parallel ranks, or replicas its sessions reached) counts once, its first solve;
-    ``prompt_ids``: only these prompts (the step's batch). ``target`` 0 (annealed away): sigma 0.
+    :meth:`~ncgrpo.core.prompt_solve.PromptSolve.summary`, over the step's noisy prompts ``prompt_ids``.
+    A prompt solved by several workers (replicas its sessions reached) counts once. As on the TRL
+    trainer's vLLM path, a prompt the engine reports no solve for, or could not solve (its ``error``: its
+    rows were generated clean), is a RuntimeError naming it. ``target`` 0 (annealed away): sigma 0.
     """
     if not target > 0:
         keys = (
@@ -525,35 +529,44 @@ def target_metrics(
             "sigma_at_max",
         )
         return {"noise/target_marginal_tv": float(target), **{f"noise/{k}": 0.0 for k in keys}}
-    wanted = None if prompt_ids is None else {int(i) for i in prompt_ids}
-    first: dict[int, Mapping[str, Any]] = {}
+    wanted = {int(i) for i in prompt_ids}
+    by_pid: dict[int, Mapping[str, Any]] = {}
     for s in solves:
-        pid = int(s["prompt_id"])
-        if wanted is None or pid in wanted:
-            first.setdefault(pid, s)
-    out = {"noise/target_marginal_tv": float(target)}
-    if not first:
-        return out
-    rows = list(first.values())
+        pid, tv = int(s["prompt_id"]), s.get("target_tv")
+        if pid in wanted and (tv is None or abs(float(tv) - target) <= 1e-12 * max(1.0, target)):
+            by_pid.setdefault(pid, s)
+    bad = [s for s in by_pid.values() if s.get("error")]
+    if bad:
+        raise RuntimeError(
+            f"target_marginal_tv (target_scope='prompt'): the vLLM engine could not solve sigma for {len(bad)} "
+            f"prompt(s) at step {step} (their rows were generated clean): {bad[0]['error']}"
+        )
+    missing = sorted(wanted - set(by_pid))
+    if missing:
+        raise RuntimeError(
+            f"target_marginal_tv (target_scope='prompt'): the vLLM servers report no solve for prompt ids "
+            f"{missing[:4]} ({len(missing)} of the step's {len(wanted)} noisy prompts) at step {step} (is the "
+            "ncgrpo plugin of this version in their workers?)"
+        )
+    rows = [by_pid[i] for i in sorted(by_pid)]
     solve = PromptSolve(
         sigma=torch.tensor([float(r["sigma"]) for r in rows], dtype=torch.float64),
         tv=torch.tensor([float(r["tv"]) for r in rows], dtype=torch.float64),
         at_max=torch.tensor([bool(r["at_max"]) for r in rows]),
+        prompt_evals=torch.tensor([int(r["evals"]) for r in rows]),
         evals=sum(int(r["evals"]) for r in rows),
         rounds=0,
     )
     summary, P = solve.summary(), len(rows)
-    out.update(
-        {
-            "noise/sigma_k": summary["sigma_mean"],
-            "noise/sigma_k_min": summary["sigma_min"],
-            "noise/sigma_k_max": summary["sigma_max"],
-            "noise/target_achieved_tv": summary["tv_mean"],
-            "noise/target_solver_evals": summary["evals"] / P,
-            "noise/sigma_at_max": summary["at_max"] / P,
-        }
-    )
-    return out
+    return {
+        "noise/target_marginal_tv": float(target),
+        "noise/sigma_k": summary["sigma_mean"],
+        "noise/sigma_k_min": summary["sigma_min"],
+        "noise/sigma_k_max": summary["sigma_max"],
+        "noise/target_achieved_tv": summary["tv_mean"],
+        "noise/target_solver_evals": summary["evals"] / P,
+        "noise/sigma_at_max": summary["at_max"] / P,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -626,6 +639,14 @@ def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
     temperature = float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0))
     if method.needs_sampling_temperature and not temperature > 0:
         problems.append(f"rollout_method={method.name!r} needs actor_rollout_ref.rollout.temperature > 0")
+    tp = int(_get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
+    if cfg.target_marginal_tv is not None and tp > 1:
+        problems.append(
+            f"ncgrpo.target_marginal_tv with actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the vLLM "
+            "plugin solves each prompt's sigma through the whole LM head on one worker, and vLLM's ParallelLMHead "
+            "shards its vocabulary rows across tensor-parallel ranks (ncgrpo.engines.vllm.target_solve_problem); "
+            "use tensor_model_parallel_size=1 (more replicas instead) or unset target_marginal_tv"
+        )
     if cfg.target_marginal_tv is not None and not temperature > 0:
         problems.append(
             "ncgrpo.target_marginal_tv needs actor_rollout_ref.rollout.temperature > 0: the TV it holds is the one "

@@ -42,6 +42,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.import_utils import load_class_from_fqn
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
+from ncgrpo.engines.vllm import TARGET_SOLVES_RPC
 from ncgrpo.integrations.verl.config import (
     NCGRPOVerlConfig,
     SessionNoise,
@@ -193,14 +194,12 @@ class NCGRPOAgentLoopManager(AgentLoopManagerTQ):
 # --------------------------------------------------------------------------------------------------
 # the target schedule's read-back: the per-prompt sigmas the plugin solved, from verl's vLLM servers
 # --------------------------------------------------------------------------------------------------
-#: The vLLM plugin's RPC (run in each engine worker by collective_rpc) returning its per-prompt solves of one
-#: ``(seed, step)`` as ``[{"seed", "step", "prompt_id", "sigma", "tv", "evals", "at_max"}]``.
-TARGET_SOLVES_RPC = "ncgrpo_target_solves"
 
 
 def _server_target_solves(server, method: str, seed: int, step: int, timeout: float) -> list[dict[str, Any]]:
     """Runs inside one of verl's ``vLLMHttpServer`` actors (Ray's ``__ray_call__``): the engine workers'
-    solves of ``(seed, step)``, flattened over the workers.
+    solves of ``(seed, step)`` (``method``: the plugin's :data:`~ncgrpo.engines.vllm.TARGET_SOLVES_RPC`),
+    flattened over the workers.
 
     verl's own ``vLLMHttpServer.collective_rpc`` awaits the engine's ``collective_rpc`` but drops its
     result (verl 0.9.1), so the call is made here on the server's ``AsyncLLM`` (``server.engine``). Ray runs
@@ -317,28 +316,15 @@ class NCGRPOTrainerSync(PPOTrainerSync):
 
     def _nc_target_metrics(self, plans: list[Mapping[str, Any]]) -> dict[str, float]:
         """:func:`~ncgrpo.integrations.verl.config.target_metrics` of the step's noisy prompts, from the
-        solves read back from the servers."""
+        solves read back from the servers (at ``on_sample_end``; read again here if a prompt is missing)."""
         step, target = int(plans[0]["step"]), float(plans[0]["target"])
         prompts = {int(p["prompt_id"]) for p in plans}
         solves: list[dict[str, Any]] = []
         if target > 0:
             solves = self.__dict__.get("_nc_solves", {}).get(step)
             if solves is None or not prompts <= {int(s["prompt_id"]) for s in solves}:
-                solves = self._nc_read_solves(
-                    step
-                )  # read at on_sample_end before later parts of the step ran
-        out = target_metrics(solves, target=target, prompt_ids=prompts)
-        if target > 0:
-            found = prompts & {int(s["prompt_id"]) for s in solves}
-            if len(found) < len(prompts):
-                logger.warning(
-                    "target_marginal_tv: the vLLM servers returned the solves of %d of the step's %d noisy prompts "
-                    "(step %d); the noise/* target metrics are over those",
-                    len(found),
-                    len(prompts),
-                    step,
-                )
-        return out
+                solves = self._nc_read_solves(step)
+        return target_metrics(solves, target=target, step=step, prompt_ids=sorted(prompts))
 
 
 class _NCGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
