@@ -430,6 +430,159 @@ def test_the_trainer_logs_the_per_half_metrics_from_what_the_worker_stored(setup
 
 
 # --------------------------------------------------------------------------------------------------
+# the target schedule (target_marginal_tv, target_scope prompt): each prompt's sigma solved in vLLM
+# --------------------------------------------------------------------------------------------------
+TARGET = (
+    "+ncgrpo.target_marginal_tv=0.02",
+    "+ncgrpo.target_scope=prompt",
+    "+ncgrpo.marginal_tv_draws=16",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # verl's default is 2; the solve needs 1
+)
+
+
+def test_the_worker_asks_for_each_prompts_target_on_the_noisy_half_and_nothing_on_the_clean_half(setup):
+    config, worker = setup.make(*TARGET, "actor_rollout_ref.rollout.temperature=0.8")
+    asyncio.run(run_batch(worker, prompts_batch(step=7)))
+    assert setup.tq.status == {"uid0": "finished", "uid1": "finished"}
+    tv = 0.02 * sigma_schedule(7, 60, 1.0, gamma=30.0, k_mid=40.0)
+    target = {
+        "tv": tv,
+        "draws": 16,
+        "temperature": 0.8,
+        "start": 0.2,
+        "sigma_max": 2.0,
+        "mode": "independent",
+        "rtol": 0.02,
+    }
+    by_prompt = specs_by_session(setup.server, worker.tokenizer)
+    assert len(by_prompt) == 2
+    for specs in by_prompt.values():
+        assert sum(s is None for s in specs) == G // 2  # the clean half: no spec at all
+        noisy = [s for s in specs if s is not None]
+        assert len(noisy) == G // 2 and all(s["target"] == target for s in noisy)
+        assert {(s["seed"], s["step"], s["sigma"]) for s in noisy} == {(1, 7, 0.0)}  # sigma: the engine's
+        assert sorted(s["draw"] for s in noisy) == [0, 1] and len({s["prompt_id"] for s in noisy}) == 1
+    for row in setup.tq.rows.values():
+        plan = row["extra_fields"]["ncgrpo"]
+        if plan["noisy"]:
+            assert plan["target"] == tv and np.isnan(plan["sigma"]) and plan["prompt_id"] is not None
+        else:
+            assert plan["target"] is None and plan["sigma"] == 0.0
+
+
+def test_the_batch_scope_is_refused_on_verl_with_its_reason(model_dir):
+    for scope in ([], ["+ncgrpo.target_scope=batch"]):
+        config = verl_config(model_dir, "+ncgrpo.target_marginal_tv=0.02", *scope)
+        with pytest.raises(ValueError, match="asynchronous.*target_scope=prompt"):
+            ncw.NCGRPOAgentLoopManager(config, llm_client=None)
+        with pytest.raises(ValueError, match="target_scope='batch' is not supported on verl"):
+            ncw.NCGRPOAgentLoopWorker(config, FakeServer(), None, [FakeRewardWorker()])
+    manager = ncw.NCGRPOAgentLoopManager(verl_config(model_dir, *TARGET), llm_client=None)
+    assert manager.ncgrpo.target_scope == "prompt" and manager.ncgrpo.target_marginal_tv == 0.02
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2.*ParallelLMHead"):  # verl's default TP
+        ncw.NCGRPOAgentLoopManager(verl_config(model_dir, *TARGET[:-1]), llm_client=None)
+
+
+@pytest.fixture
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def test_the_trainer_reads_the_solved_sigmas_back_from_the_servers(setup, monkeypatch, local_ray):
+    """The trainer asks every vLLM server (a real Ray async actor standing in for verl's ``vLLMHttpServer``:
+    an ``engine`` whose ``collective_rpc`` is a coroutine on the actor's event loop, as ``AsyncLLM``'s is)
+    for the step's solves, once, before verl puts the replicas to sleep, and logs them."""
+    ray = local_ray
+    config, worker = setup.make(*TARGET)
+    asyncio.run(run_batch(worker, prompts_batch(step=9)))
+    plans = [row["extra_fields"]["ncgrpo"] for row in setup.tq.rows.values()]
+    prompt_ids = sorted({p["prompt_id"] for p in plans if p["noisy"]})
+    assert len(prompt_ids) == 2
+
+    def solve(pid, sigma, tv, evals, at_max=False):
+        return {
+            "seed": 1,
+            "step": 9,
+            "prompt_id": pid,
+            "sigma": sigma,
+            "tv": tv,
+            "evals": evals,
+            "at_max": at_max,
+        }
+
+    replica_a = [[solve(prompt_ids[0], 0.3, 0.0195, 4)], [solve(prompt_ids[0], 0.3, 0.0195, 4)]]  # 2 workers
+    replica_b = [[solve(prompt_ids[1], 2.0, 0.01, 2, at_max=True), solve(12345, 9.0, 0.5, 9)]]
+
+    @ray.remote
+    class Server:
+        def __init__(self, per_worker) -> None:
+            self.per_worker, self.calls = per_worker, []
+
+        async def start(self) -> None:
+            calls, per_worker = self.calls, self.per_worker
+
+            class Engine:
+                async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+                    calls.append((method, tuple(args)))
+                    await asyncio.sleep(0.01)  # a real await on the actor's loop
+                    return per_worker
+
+            async def forever():
+                await asyncio.Event().wait()
+
+            self.engine = Engine()
+            self.engine.output_handler = asyncio.get_running_loop().create_task(forever())
+
+        async def rpc_calls(self):
+            return self.calls
+
+        async def set_solves(self, per_worker) -> None:
+            self.per_worker[:] = per_worker
+
+    servers = [Server.remote(replica_a), Server.remote([[]])]  # replica b: its prompt not solved yet
+    ray.get([s.start.remote() for s in servers])
+
+    trainer = ncw.NCGRPOTrainerSync.__new__(ncw.NCGRPOTrainerSync)
+    trainer.config, trainer.global_steps = config, 9
+    trainer.llm_server_manager = SimpleNamespace(server_handles=servers)
+    slept = []
+    monkeypatch.setattr(PPOTrainerSync, "on_sample_end", lambda self: slept.append(len(self._nc_solves[9])))
+    monkeypatch.setattr(PPOTrainerSync, "_compute_metrics", lambda self, b, m, *a: m.update(x=1.0))
+    trainer.on_sample_end()
+    assert slept == [2]  # read before verl's on_sample_end (the replicas' sleep)
+    ray.get(servers[1].set_solves.remote(replica_b))  # (a later part of the step: parameter_sync_step > 1)
+    trainer.on_sample_end()
+    assert slept == [2, 4]
+    keys = sorted(setup.tq.rows)
+    batch = tq.KVBatchMeta(partition_id="train", keys=keys, tags=[{}] * len(keys))
+    metrics: dict = {}
+    trainer._compute_metrics(batch, metrics, {}, 9, 0)
+    calls = ray.get([s.rpc_calls.remote() for s in servers])
+    assert calls == [[(ncw.TARGET_SOLVES_RPC, (1, 9))] * 2] * 2  # per sample, per server, (noise_seed, step)
+    assert metrics["x"] == 1.0 and metrics["reward/clean"] == 1.0
+    assert metrics["noise/target_marginal_tv"] == pytest.approx(0.02 * sigma_schedule(9, 60, 1.0))
+    assert metrics["noise/sigma_k"] == pytest.approx(1.15)  # each prompt once; 12345 is not the batch's
+    assert (metrics["noise/sigma_k_min"], metrics["noise/sigma_k_max"]) == (
+        pytest.approx(0.3),
+        pytest.approx(2.0),
+    )
+    assert metrics["noise/target_achieved_tv"] == pytest.approx((0.0195 + 0.01) / 2)
+    assert metrics["noise/target_solver_evals"] == pytest.approx(3.0)
+    assert metrics["noise/sigma_at_max"] == pytest.approx(0.5)
+    # a prompt missing from what was read at on_sample_end: the metrics read again
+    trainer._nc_solves = {9: [s for s in trainer._nc_solves[9] if s["prompt_id"] != prompt_ids[1]]}
+    again: dict = {}
+    trainer._compute_metrics(batch, again, {}, 9, 0)
+    assert len(ray.get(servers[0].rpc_calls.remote())) == 3 and again == metrics
+
+
+# --------------------------------------------------------------------------------------------------
 # the manager, the task runner, the trainer registry
 # --------------------------------------------------------------------------------------------------
 def test_the_manager_checks_the_config_and_starts_ncgrpo_workers(model_dir):

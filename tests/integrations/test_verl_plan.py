@@ -7,6 +7,7 @@ classes in .venv-verl.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -23,12 +24,14 @@ from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_rows
 from ncgrpo.core.schedule import sigma_schedule
 from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, parse_noise_spec
 from ncgrpo.engines.vllm_worker import _ArmedLogits
+from ncgrpo.integrations.verl import config as ncv
 from ncgrpo.integrations.verl.config import (
     VERL_EPS,
     NCGRPOVerlConfig,
     check_verl_config,
     half_metrics,
     plan_session,
+    target_metrics,
     verl_prompt_id,
     with_noise,
 )
@@ -303,6 +306,169 @@ def test_refusals_are_lifted_where_they_should_be():
         check_verl_config(
             verl_config(**{"ncgrpo.rollout_method": "antithetic", "actor_rollout_ref.rollout.n": 6})
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# the target schedule (target_marginal_tv, target_scope prompt): solved per prompt in the vLLM engine
+# --------------------------------------------------------------------------------------------------
+def tcfg(**kw) -> NCGRPOVerlConfig:
+    return cfg(**{"target_marginal_tv": 0.01, "target_scope": "prompt", **kw})
+
+
+def test_the_target_is_accepted_per_prompt_and_refused_per_batch_with_its_reason():
+    c = tcfg()
+    assert (c.target_scope, c.sigma_max, c.marginal_tv_draws) == ("prompt", 2.0, 64)
+    assert NCGRPOVerlConfig().target_scope == "batch"  # NCGRPOConfig's default
+    with pytest.raises(
+        ValueError, match="target_scope='batch' is not supported on verl.*target_scope=prompt"
+    ):
+        cfg(target_marginal_tv=0.01)  # the default scope, batch
+    with pytest.raises(ValueError, match="asynchronous"):
+        cfg(target_marginal_tv=0.01, target_scope="batch")
+    with pytest.raises(ValueError, match="'batch' or 'prompt'"):
+        tcfg(target_scope="group")
+    # the methods whose noisy half is not set by a sigma keep their reasons (SPSA and the image method are
+    # refused on verl before that: their verl_refusal)
+    for method, why in [("first_token_temperature", "not by a sigma"), ("vanilla", "no noisy half")]:
+        with pytest.raises(ValueError, match=why):
+            tcfg(rollout_method=method)
+    for method, why in [("spsa", "steering vector"), ("image", "EasyR1")]:
+        with pytest.raises(ValueError, match=why):
+            tcfg(rollout_method=method)
+    tcfg(rollout_method="antithetic")
+    for kw, match in [
+        ({"target_marginal_tv": 0.0}, r"in \(0, 1\]"),
+        ({"target_marginal_tv": 1.5}, r"in \(0, 1\]"),
+        ({"sigma_max": 0.0}, "sigma_max"),
+        ({"sigma_max": 11.0}, "sigma_max"),
+        ({"sigma0": 0.0}, "first guess"),
+        ({"sigma0": 3.0}, "above sigma_max"),
+        ({"marginal_tv_draws": 7}, "even"),
+        ({"marginal_tv_draws": 4}, ">= 6"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            tcfg(**kw)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        check_verl_config(
+            verl_config(
+                **{
+                    "ncgrpo.target_marginal_tv": 0.01,
+                    "ncgrpo.target_scope": "prompt",
+                    "actor_rollout_ref.rollout.temperature": 0.0,
+                }
+            )
+        )
+    check_verl_config(verl_config(**{"ncgrpo.target_marginal_tv": 0.01, "ncgrpo.target_scope": "prompt"}))
+
+
+def test_the_target_bounds_are_the_trainers():
+    from ncgrpo.trainer.config import SIGMA0_MAX, TARGET_DRAWS, NCGRPOConfig
+
+    assert (ncv.TARGET_DRAWS, ncv.SIGMA0_MAX) == (TARGET_DRAWS, SIGMA0_MAX)
+    fields = NCGRPOConfig.__dataclass_fields__
+    assert ncv.NCGRPOVerlConfig().sigma_max == fields["sigma_max"].default
+    assert ncv.NCGRPOVerlConfig().marginal_tv_draws == fields["marginal_tv_draws"].default
+    if "target_scope" in fields:  # the lead's field (issue 46): the same default
+        assert ncv.NCGRPOVerlConfig().target_scope == fields["target_scope"].default
+
+
+@pytest.mark.parametrize("method, mode", [("latent", "independent"), ("antithetic", "antithetic")])
+def test_the_noisy_half_asks_the_plugin_for_the_annealed_target_and_the_clean_half_for_nothing(method, mode):
+    c = tcfg(rollout_method=method, sigma0=0.3, sigma_max=1.5, marginal_tv_draws=32)
+    for step in (1, 40, 55):
+        sessions = group(c, step=step, temperature=0.7)
+        tv = 0.01 * sigma_schedule(step, 60, 1.0, gamma=30.0, k_mid=40.0)
+        assert all(s.extra_args == {} and not s.noisy for s in sessions[:6])
+        for s in sessions[6:]:
+            spec = s.extra_args[EXTRA_ARGS_KEY]
+            assert spec["target"] == {
+                "tv": pytest.approx(tv),
+                "draws": 32,
+                "temperature": 0.7,
+                "start": 0.3,
+                "sigma_max": 1.5,
+                "mode": mode,
+                "rtol": 0.02,
+            }
+            assert spec["target"]["tv"] == c.target_at(step) and spec["mode"] == mode
+            assert spec["sigma"] == 0.0 and spec["step"] == step and spec["prompt_id"] == 77
+            assert s.target == spec["target"]["tv"] and math.isnan(s.sigma)  # the engine solves sigma
+            assert s.provenance()["target"] == s.target and s.provenance()["prompt_id"] == 77
+            parsed = parse_noise_spec(s.extra_args)  # the plugin's own parse: a target, the session's key
+            assert parsed.target is not None and parsed.target.tv == spec["target"]["tv"]
+        assert keys(sessions) == keys(group(cfg(rollout_method=method), step=step))  # the same noise keys
+    with pytest.raises(ValueError, match="temperature > 0"):
+        group(c, temperature=0.0)
+
+
+def test_a_target_annealed_to_zero_sends_sigma_zero_without_a_solve():
+    c = tcfg(sigma_schedule="linear")
+    (s,) = group(c, step=60)[6:7]
+    assert s.target == 0.0 and s.sigma == 0.0
+    spec = s.extra_args[EXTRA_ARGS_KEY]
+    assert "target" not in spec and spec["sigma"] == 0.0
+    assert not parse_noise_spec(s.extra_args).row.noisy  # the plugin leaves the row exact
+
+
+def _solve(pid, sigma, tv, evals=4, at_max=False, **kw):
+    return {
+        "seed": 1,
+        "step": 5,
+        "prompt_id": pid,
+        "sigma": sigma,
+        "tv": tv,
+        "evals": evals,
+        "at_max": at_max,
+        **kw,
+    }
+
+
+def test_target_metrics_count_each_prompt_once_and_only_the_steps_prompts():
+    solves = [
+        _solve(1, 0.2, 0.0102, evals=3),
+        _solve(1, 0.2, 0.0102, evals=3),  # the same prompt from a second replica its sessions reached
+        _solve(2, 0.6, 0.0098, evals=5, target_tv=0.01),
+        _solve(2, 9.9, 0.5, evals=9, target_tv=0.5),  # a solve of another target (not this run's)
+        _solve(3, 2.0, 0.004, evals=2, at_max=True, error=None),
+        _solve(9, 9.9, 0.9, evals=99),  # another batch's prompt
+    ]
+    m = target_metrics(solves, target=0.01, step=5, prompt_ids=[1, 2, 3])
+    assert m == {
+        "noise/target_marginal_tv": 0.01,
+        "noise/sigma_k": pytest.approx((0.2 + 0.6 + 2.0) / 3),
+        "noise/sigma_k_min": pytest.approx(0.2),
+        "noise/sigma_k_max": pytest.approx(2.0),
+        "noise/target_achieved_tv": pytest.approx((0.0102 + 0.0098 + 0.004) / 3),
+        "noise/target_solver_evals": pytest.approx(10 / 3),
+        "noise/sigma_at_max": pytest.approx(1 / 3),
+    }
+    zero = target_metrics([], target=0.0, step=60, prompt_ids=[1])
+    assert zero["noise/sigma_k"] == 0.0 and zero["noise/target_marginal_tv"] == 0.0
+
+
+def test_a_prompt_without_a_solve_or_with_a_failed_one_is_an_error_not_a_silent_metric():
+    solves = [_solve(1, 0.2, 0.01), _solve(2, 0.0, 0.0, error="RuntimeError: the head is sharded")]
+    with pytest.raises(
+        RuntimeError, match=r"could not solve sigma for 1 prompt\(s\) at step 5.*generated clean.*sharded"
+    ):
+        target_metrics(solves, target=0.01, step=5, prompt_ids=[1, 2])
+    with pytest.raises(
+        RuntimeError, match=r"no solve for prompt ids \[4\] \(1 of the step's 2 noisy prompts\)"
+    ):
+        target_metrics(solves, target=0.01, step=5, prompt_ids=[1, 4])
+
+
+def test_the_target_is_refused_at_tensor_parallel_above_one_with_the_plugins_reason():
+    over = {"ncgrpo.target_marginal_tv": 0.01, "ncgrpo.target_scope": "prompt"}
+    check_verl_config(verl_config(**over, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 1}))
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=4.*ParallelLMHead"):
+        check_verl_config(verl_config(**over, **{"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}))
+    check_verl_config(verl_config(**{"actor_rollout_ref.rollout.tensor_model_parallel_size": 4}))  # no target
+
+
+def test_half_metrics_leave_sigma_k_to_the_target_metrics_when_the_engine_solves_it():
+    m = half_metrics([1.0, 0.0], ["a", "a"], [False, True], [0.0, math.nan])
+    assert "noise/sigma_k" not in m and m["reward/noisy"] == 0.0
 
 
 # --------------------------------------------------------------------------------------------------

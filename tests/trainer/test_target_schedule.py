@@ -136,10 +136,15 @@ def test_the_methods_it_sets_accept_it(tmp_path, method):
 
 
 def test_verl_refuses_it_with_the_reason():
+    """verl runs the per-prompt scope (solved in the vLLM engine, tests/integrations/); the batch scope, the
+    default, is refused there with its reason."""
     from ncgrpo.integrations.verl.config import NCGRPOVerlConfig
 
-    with pytest.raises(ValueError, match="target_marginal_tv is not supported on verl: .*rollout workers"):
+    with pytest.raises(ValueError, match="target_scope='batch' is not supported on verl: .*asynchronous"):
         NCGRPOVerlConfig.from_mapping({"rollout_method": "latent", "target_marginal_tv": 0.01})
+    NCGRPOVerlConfig.from_mapping(
+        {"rollout_method": "latent", "target_marginal_tv": 0.01, "target_scope": "prompt"}
+    )
 
 
 def test_fewer_draws_than_the_estimate_needs_and_odd_draws_are_refused(tmp_path):

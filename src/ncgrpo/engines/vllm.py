@@ -22,7 +22,27 @@ Request schema, ``extra_args["ncgrpo"]`` (build it with :func:`noise_extra_args`
      "sign": 1 | -1,              # optional, default 1; -1 = antithetic partner (same key)
      "mode": "independent" | "antithetic" | "rank_one",           # optional, default independent
      "steer": [float] * d,        # optional: eq. (6)'s mu, added to noisy rows
-     "site": "final_norm"}        # optional; any other site is refused (see vllm_worker)
+     "site": "final_norm",        # optional; any other site is refused (see vllm_worker)
+     "target": {...}}             # optional: solve sigma per prompt in the engine (below)
+
+The target schedule per prompt (``target_marginal_tv`` with ``target_scope: prompt``) sends ``"target"``
+(build it with :func:`target_spec`)::
+
+    {"tv": float in (0, 1], "draws": even int in [2, 1024], "temperature": float > 0,
+     "start": float > 0, "sigma_max": float > 0,
+     "mode": "independent" | "antithetic" | "rank_one", "rtol": float in (0, 1)  # optional, 0.02}
+
+Then ``"sigma"`` is ignored (it may be omitted): in the engine step that samples the request's first token,
+the worker solves that prompt's sigma from the request's CLEAN last-prompt-token state ``h`` -- the
+:class:`~ncgrpo.core.marginal.MarginalCurve` of ``h`` and ``lm_head(h)`` on the keys
+``marginal_keys(seed, step, prompt_id, draws // 2)`` at ``temperature`` in ``mode`` with the spec's
+``steer``, then :func:`~ncgrpo.core.prompt_solve.solve_per_prompt` -- exactly what the transformers
+engine's trainer solves on the same state (:func:`ncgrpo.trainer.generation.marginal_curve`), and perturbs
+the row at it. The solve is kept per ``(seed, step, prompt_id, target)``, so every request of one prompt at
+one step gets the same sigma, whichever engine step schedules it; :func:`target_solves` reads the solves
+back (the trainer logs them). Only where the worker holds the whole LM head as a plain linear map: refused
+with tensor parallelism > 1 (vLLM shards the vocabulary rows of ``ParallelLMHead`` across ranks), a
+quantized head, or a logits soft-cap / scale (:func:`target_solve_problem`).
 
 Through vLLM's OpenAI-compatible server the same spec goes in the request's ``vllm_xargs`` as a JSON
 string (``vllm_xargs`` values cannot be dicts; :func:`server_extra_args`), which the parser decodes;
@@ -73,34 +93,78 @@ __all__ = [
     "parse_noise_spec",
     "sampling_params_for_rows",
     "server_extra_args",
+    "target_solve_problem",
+    "target_solves",
+    "target_spec",
+    "TARGET_SOLVES_RPC",
+    "TargetSpec",
     "unsupported_engine_features",
 ]
 
 EXTRA_ARGS_KEY = "ncgrpo"
 _STATUS_METHOD = "ncgrpo_noise_status"
+#: the workers' read-back of the in-engine target solves (:func:`target_solves`): ``(seed, step) -> [dict]``
+TARGET_SOLVES_RPC = "ncgrpo_target_solves"
 _MODES = ("independent", "antithetic", "rank_one")
-_FIELDS = {"seed", "step", "prompt_id", "draw", "sigma", "sign", "mode", "steer", "site", "logit_scale"}
+_FIELDS = {
+    "seed", "step", "prompt_id", "draw", "sigma", "sign", "mode", "steer", "site", "logit_scale", "target"
+}  # fmt: skip
+_TARGET_FIELDS = {"tv", "draws", "temperature", "start", "sigma_max", "mode", "rtol"}
+#: the most draws a target solve takes per prompt: one evaluation holds draws x vocabulary logits
+MAX_TARGET_DRAWS = 1024
 
 
 # --------------------------------------------------------------------------------------------------
 # the request schema
 # --------------------------------------------------------------------------------------------------
-class NoiseSpec:
-    """A parsed ``extra_args["ncgrpo"]``: the :class:`~ncgrpo.core.noise.RowNoise` plus the optional mu."""
+class TargetSpec:
+    """A parsed ``"target"``: solve this request's prompt's sigma in the engine (see the module docstring)."""
 
-    __slots__ = ("logit_scale", "row", "steer")
+    __slots__ = ("draws", "mode", "rtol", "sigma_max", "start", "temperature", "tv")
 
     def __init__(
-        self, row: RowNoise, steer: torch.Tensor | None = None, logit_scale: float | None = None
+        self,
+        tv: float,
+        draws: int,
+        temperature: float,
+        start: float,
+        sigma_max: float,
+        mode: str,
+        rtol: float,
+    ) -> None:
+        self.tv, self.draws, self.temperature = tv, draws, temperature
+        self.start, self.sigma_max, self.mode, self.rtol = start, sigma_max, mode, rtol
+
+    def key(self) -> tuple:
+        """What makes two requests' solves the same solve (with the noise key's seed, step, prompt_id)."""
+        return (self.tv, self.draws, self.temperature, self.start, self.sigma_max, self.mode, self.rtol)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in sorted(_TARGET_FIELDS)}
+
+
+class NoiseSpec:
+    """A parsed ``extra_args["ncgrpo"]``: the :class:`~ncgrpo.core.noise.RowNoise` plus the optional mu,
+    logit scale and in-engine target solve."""
+
+    __slots__ = ("logit_scale", "row", "steer", "target")
+
+    def __init__(
+        self,
+        row: RowNoise,
+        steer: torch.Tensor | None = None,
+        logit_scale: float | None = None,
+        target: TargetSpec | None = None,
     ) -> None:
         self.row = row
         self.steer = steer  # [d] float32 or None
         self.logit_scale = logit_scale  # first-token logit multiplier (the temperature control) or None
+        self.target = target  # solve sigma in the engine (row.sigma is then replaced by the solved one)
 
     @property
     def noisy(self) -> bool:
-        """Whether this request's first-token row is changed at all (noise, a logit scale, or both)."""
-        return self.row.noisy or self.logit_scale is not None
+        """Whether this request's first-token row is changed at all (noise, a target solve, a logit scale)."""
+        return self.row.noisy or self.target is not None or self.logit_scale is not None
 
 
 # noise_seed packs each key field into 16 signed bytes: a wider int would raise OverflowError in the
@@ -118,6 +182,78 @@ def _int(spec: Mapping[str, Any], name: str) -> int:
             f"extra_args[{EXTRA_ARGS_KEY!r}][{name!r}] = {v} does not fit the noise key's 128-bit signed field"
         )
     return v
+
+
+def _number(target: Mapping[str, Any], name: str, ok, what: str) -> float:
+    v = target.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+        raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}]['target'][{name!r}] must be {what}, got {v!r}")
+    return float(v)
+
+
+def _parse_target(target: Any) -> TargetSpec:
+    """The spec's ``"target"`` (see the module docstring), each field checked with a message naming it."""
+    where = f"extra_args[{EXTRA_ARGS_KEY!r}]['target']"
+    if not isinstance(target, Mapping):
+        raise ValueError(f"{where} must be a dict of {sorted(_TARGET_FIELDS)}, got {type(target).__name__}")
+    unknown = set(target) - _TARGET_FIELDS
+    if unknown:
+        raise ValueError(f"{where} has unknown fields {sorted(unknown)}; known: {sorted(_TARGET_FIELDS)}")
+    missing = _TARGET_FIELDS - {"rtol"} - set(target)
+    if missing:
+        raise ValueError(f"{where} lacks {sorted(missing)} (required: {sorted(_TARGET_FIELDS - {'rtol'})})")
+    tv = _number(target, "tv", lambda v: 0 < v <= 1, "a total-variation distance in (0, 1]")
+    draws = target.get("draws")
+    if (
+        isinstance(draws, bool)
+        or not isinstance(draws, int)
+        or draws < 2
+        or draws % 2
+        or draws > MAX_TARGET_DRAWS
+    ):
+        raise ValueError(
+            f"{where}['draws'] must be an even int in [2, {MAX_TARGET_DRAWS}] (antithetic pairs per prompt), "
+            f"got {draws!r}"
+        )
+    temperature = _number(target, "temperature", lambda v: 0 < v <= _F32_MAX, "a number > 0 (the sampling T)")
+    start = _number(target, "start", lambda v: 0 < v <= _F32_MAX, "a number > 0 (the solver's first sigma)")
+    sigma_max = _number(
+        target, "sigma_max", lambda v: 0 < v <= _F32_MAX, "a number > 0 (sigma's upper bound)"
+    )
+    mode = target.get("mode")
+    if mode not in _MODES:
+        raise ValueError(f"{where}['mode'] must be one of {_MODES} (the rows' noise mode), got {mode!r}")
+    rtol = (
+        _number(target, "rtol", lambda v: 0 < v < 1, "a relative tolerance in (0, 1)")
+        if "rtol" in target
+        else 0.02
+    )
+    return TargetSpec(tv, int(draws), temperature, start, sigma_max, str(mode), rtol)
+
+
+def target_spec(
+    tv: float,
+    *,
+    draws: int,
+    temperature: float,
+    start: float,
+    sigma_max: float,
+    mode: str = "independent",
+    rtol: float = 0.02,
+) -> dict[str, Any]:
+    """The ``"target"`` field of a spec (validated here, in the caller's process): solve the prompt's sigma in
+    the engine for the noise-averaged first-token TV ``tv`` (see the module docstring)."""
+    out = {
+        "tv": float(tv),
+        "draws": int(draws),
+        "temperature": float(temperature),
+        "start": float(start),
+        "sigma_max": float(sigma_max),
+        "mode": mode,
+        "rtol": float(rtol),
+    }
+    _parse_target(out)
+    return out
 
 
 def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
@@ -156,6 +292,9 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
     scale = None if scale is None else float(scale)
     if set(spec) <= {"logit_scale"}:  # the temperature control alone: no noise key
         return NoiseSpec(RowNoise(), None, scale)
+    target = None
+    if spec.get("target") is not None:
+        target = _parse_target(spec["target"])
     site = spec.get("site", "final_norm")
     if site != "final_norm":
         raise ValueError(
@@ -163,8 +302,13 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
             "writes noise into the KV cache of every prompt token, which vLLM's prefix cache shares between "
             "requests and chunked prefill splits. Run that ablation with the transformers engine."
         )
+    if target is not None and not {"seed", "step", "prompt_id", "draw"} <= set(spec):
+        raise ValueError(
+            f"extra_args[{EXTRA_ARGS_KEY!r}]['target'] needs the noise key (seed, step, prompt_id, draw): the "
+            "solve's draws and the row's noise are keyed on it"
+        )
     key = NoiseKey(_int(spec, "seed"), _int(spec, "step"), _int(spec, "prompt_id"), _int(spec, "draw"))
-    sigma = spec.get("sigma")
+    sigma = spec.get("sigma", 0.0 if target is not None else None)  # with a target: ignored, may be omitted
     if (
         isinstance(sigma, bool)
         or not isinstance(sigma, (int, float))
@@ -188,7 +332,9 @@ def parse_noise_spec(extra_args: Mapping[str, Any] | None) -> NoiseSpec | None:
             raise ValueError(
                 f"extra_args[{EXTRA_ARGS_KEY!r}]['steer'] must be a finite 1-D list of floats (mu, [d])"
             )
-    return NoiseSpec(RowNoise(float(sigma), key, float(sign), mode), steer, scale)
+    if target is not None:
+        sigma = 0.0  # the worker solves it
+    return NoiseSpec(RowNoise(float(sigma), key, float(sign), mode), steer, scale, target)
 
 
 def control_extra_args(logit_scale: float) -> dict[str, Any]:
@@ -199,12 +345,22 @@ def control_extra_args(logit_scale: float) -> dict[str, Any]:
     return {EXTRA_ARGS_KEY: spec}
 
 
-def noise_extra_args(row: RowNoise, *, steer: torch.Tensor | Sequence[float] | None = None) -> dict[str, Any]:
+def noise_extra_args(
+    row: RowNoise,
+    *,
+    steer: torch.Tensor | Sequence[float] | None = None,
+    target: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """``extra_args`` for one request from its :class:`~ncgrpo.core.noise.RowNoise` (``{}`` for a clean row).
 
     A noisy-half row whose sigma annealed to 0 is sent with sigma 0 (the plugin then leaves it exact).
+    ``target``: a :func:`target_spec` (the row's sigma is then solved in the engine; sent as 0).
     """
     if row.key is None:
+        if target is not None:
+            raise ValueError(
+                "a target solve needs a noisy row (a row with a noise key); clean rows carry none"
+            )
         return {}
     spec: dict[str, Any] = {
         "seed": int(row.key.seed),
@@ -217,25 +373,36 @@ def noise_extra_args(row: RowNoise, *, steer: torch.Tensor | Sequence[float] | N
     }
     if steer is not None:
         spec["steer"] = [float(x) for x in torch.as_tensor(steer, dtype=torch.float32).tolist()]
+    if target is not None:
+        spec["target"] = dict(target)
+        spec["sigma"] = 0.0  # ignored: the worker solves it
     parse_noise_spec({EXTRA_ARGS_KEY: spec})  # validate here, not in a worker
     return {EXTRA_ARGS_KEY: spec}
 
 
 def sampling_params_for_rows(
-    base, rows: Sequence[RowNoise], *, steer=None, logit_scales: Sequence[float | None] | None = None
+    base,
+    rows: Sequence[RowNoise],
+    *,
+    steer=None,
+    logit_scales: Sequence[float | None] | None = None,
+    targets: Sequence[Mapping[str, Any] | None] | None = None,
 ) -> list:
     """One ``SamplingParams`` per row: clones of ``base`` (``n`` must be 1) carrying each row's spec;
-    ``logit_scales``: per row, the control's first-token logit scale (``None``: none)."""
+    ``logit_scales``: per row, the control's first-token logit scale (``None``: none); ``targets``: per row,
+    a :func:`target_spec` (``None``: the row's own sigma)."""
     if getattr(base, "n", 1) != 1:
         raise ValueError(f"one request per row: base SamplingParams must have n=1, got n={base.n}")
     if logit_scales is not None and len(logit_scales) != len(rows):
         raise ValueError(f"{len(logit_scales)} logit scales for {len(rows)} rows")
+    if targets is not None and len(targets) != len(rows):
+        raise ValueError(f"{len(targets)} targets for {len(rows)} rows")
     out = []
     for i, row in enumerate(rows):
         sp = base.clone()
         extra = dict(base.extra_args or {})
         extra.pop(EXTRA_ARGS_KEY, None)
-        extra.update(noise_extra_args(row, steer=steer))
+        extra.update(noise_extra_args(row, steer=steer, target=None if targets is None else targets[i]))
         scale = None if logit_scales is None else logit_scales[i]
         if scale is not None:
             spec = dict(extra.get(EXTRA_ARGS_KEY, {}), logit_scale=float(scale))
@@ -267,6 +434,37 @@ def unsupported_engine_features(vllm_config) -> list[str]:
     return out
 
 
+def target_solve_problem(vllm_config) -> str | None:
+    """Why the workers of the engine described by ``vllm_config`` cannot solve a request's sigma (the
+    spec's ``"target"``), or None. The solve runs the LM head as one plain linear map ``h -> W h`` on the
+    worker that samples (the control variate of :class:`~ncgrpo.core.marginal.MarginalCurve` reads ``W``),
+    so it needs the whole vocabulary on that worker and nothing but the matrix between ``h`` and the
+    logits: vLLM's ``ParallelLMHead`` shards the vocabulary rows across tensor-parallel ranks (each holds
+    ``V / tp`` rows; gathering the head every step would copy it), and a quantized head, a logits soft-cap
+    or a logit scale are not that map. The workers check the built model again
+    (:func:`ncgrpo.engines.vllm_worker._target_head`)."""
+    if vllm_config is None:
+        return None
+    tp = int(getattr(getattr(vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1)
+    if tp > 1:
+        return (
+            f"tensor_parallel_size={tp} shards the LM head's vocabulary across ranks (vLLM's ParallelLMHead), and "
+            "the solve needs the whole head on one worker; run the engine with tensor_parallel_size=1"
+        )
+    mc = getattr(vllm_config, "model_config", None)
+    quant = getattr(mc, "quantization", None)
+    if quant:
+        return f"the model is quantized ({quant}); the solve needs a plain (unquantized) LM head"
+    text = getattr(mc, "hf_text_config", None)
+    cap = getattr(text, "final_logit_softcapping", None)
+    if cap:
+        return f"the model soft-caps its logits (final_logit_softcapping={cap}); the solve needs a linear LM head"
+    scale = getattr(text, "logit_scale", None)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
+        return f"the model scales its logits (logit_scale={scale}); the solve needs the LM head alone"
+    return None
+
+
 def check_spec_for_engine(spec: NoiseSpec | None, vllm_config) -> None:
     """Raise ValueError unless the engine described by ``vllm_config`` can apply ``spec``.
 
@@ -278,7 +476,14 @@ def check_spec_for_engine(spec: NoiseSpec | None, vllm_config) -> None:
     """
     if spec is None or not spec.noisy:
         return
-    if spec.steer is not None and spec.row.noisy:
+    if spec.target is not None:
+        problem = target_solve_problem(vllm_config)
+        if problem is not None:
+            raise ValueError(
+                f"extra_args[{EXTRA_ARGS_KEY!r}]['target']: the engine cannot solve sigma in its workers: {problem}. "
+                "Send the row's sigma instead (target_scope='batch' solves one sigma in the trainer)"
+            )
+    if spec.steer is not None and (spec.row.noisy or spec.target is not None):
         d = int(vllm_config.model_config.get_hidden_size())
         if spec.steer.numel() != d:
             raise ValueError(
@@ -297,13 +502,19 @@ def check_spec_for_engine(spec: NoiseSpec | None, vllm_config) -> None:
 # vLLM's OpenAI-compatible server (`vllm serve`, `trl vllm-serve`): one HTTP request per spec
 # --------------------------------------------------------------------------------------------------
 def server_extra_args(
-    row: RowNoise | None, *, steer=None, logit_scale: float | None = None
+    row: RowNoise | None,
+    *,
+    steer=None,
+    logit_scale: float | None = None,
+    target: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """The row's spec for a server request's ``vllm_xargs`` (``{}`` for a clean row): the same spec as
     :func:`noise_extra_args` / :func:`control_extra_args`, JSON-encoded, because the server's request
     schema only admits strings, numbers and lists as ``vllm_xargs`` values (a dict is a 400). vLLM
     copies ``vllm_xargs`` into ``SamplingParams.extra_args``; :func:`parse_noise_spec` decodes it."""
-    extra = noise_extra_args(row, steer=steer) if row is not None else {}
+    if row is None and target is not None:
+        raise ValueError("a target solve needs a noisy row (a row with a noise key); clean rows carry none")
+    extra = noise_extra_args(row, steer=steer, target=target) if row is not None else {}
     spec = dict(extra.get(EXTRA_ARGS_KEY, {}))
     if logit_scale is not None:
         spec["logit_scale"] = float(logit_scale)
@@ -321,6 +532,7 @@ def generate_rows_on_server(
     *,
     steer=None,
     logit_scales: Sequence[float | None] | None = None,
+    targets: Sequence[Mapping[str, Any] | None] | None = None,
     features: Sequence | None = None,
     generation_kwargs: Mapping[str, Any] | None = None,
     max_workers: int = 32,
@@ -335,7 +547,8 @@ def generate_rows_on_server(
     row, in row order).
 
     ``client_generate``: ``trl.generation.vllm_client.VLLMClient.generate`` (or anything with its
-    signature); ``sampling``: its other keyword arguments, passed through unchanged.
+    signature); ``sampling``: its other keyword arguments, passed through unchanged. ``targets``: per row, a
+    :func:`target_spec` (the row's sigma solved in the server's workers; read back with :func:`target_solves`).
     """
 
     if len(prompts) * n != len(rows):
@@ -345,6 +558,8 @@ def generate_rows_on_server(
         )
     if logit_scales is not None and len(logit_scales) != len(rows):
         raise ValueError(f"{len(logit_scales)} logit scales for {len(rows)} rows")
+    if targets is not None and len(targets) != len(rows):
+        raise ValueError(f"{len(targets)} targets for {len(rows)} rows")
     if features is not None and len(features) != len(prompts):
         raise ValueError(f"{len(features)} feature entries for {len(prompts)} prompts")
     base_kwargs = dict(generation_kwargs or {})
@@ -356,7 +571,8 @@ def generate_rows_on_server(
         for c in range(n):
             r = j * n + c
             scale = None if logit_scales is None else logit_scales[r]
-            xargs = server_extra_args(rows[r], steer=steer, logit_scale=scale)
+            target = None if targets is None else targets[r]
+            xargs = server_extra_args(rows[r], steer=steer, logit_scale=scale, target=target)
             prev = requests[-1] if requests else None
             if not xargs and prev is not None and prev[0] == j and not prev[3] and prev[1] + prev[2] == r:
                 requests[-1] = (j, prev[1], prev[2] + 1, prev[3])
@@ -479,3 +695,44 @@ def _refuse_unsupported(status: Sequence[Mapping[str, Any]]) -> None:
             f"the ncgrpo vLLM plugin cannot apply NC-GRPO noise in this engine, which runs {' and '.join(bad)}: "
             "every noisy request would be refused; start the engine without it"
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# the read-back of the in-engine target solves (ncgrpo.engines.vllm_worker._target_solves)
+# --------------------------------------------------------------------------------------------------
+def target_solves(engine, seed: int, step: int, *, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The sigmas the engine's workers solved for requests carrying a ``"target"`` with noise key ``seed`` /
+    ``step``: one dict per prompt (and target), ``{"seed", "step", "prompt_id", "sigma", "tv", "evals",
+    "at_max", "target_tv", "error"}`` -- ``tv`` the prompt's noise-averaged first-token TV at ``sigma`` as the
+    solve estimated it, ``evals`` its evaluations, ``at_max`` whether ``sigma_max`` bound it, ``error`` None or
+    why the worker could not solve (that row was then generated clean: the engine is never stopped by a
+    request). Sorted by ``prompt_id``; one entry per prompt whichever worker (data-parallel rank) solved it.
+
+    ``engine``: a ``vllm.LLM`` (``collective_rpc``), or a server: its base URL or an object with ``.base_url``
+    (TRL's ``VLLMClient``), asked through ``POST /collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``, as for
+    :func:`check_server_plugin_active`). The workers keep the solves of their last steps only
+    (``vllm_worker.SOLVE_STEPS_KEPT`` pairs of (seed, step)): read them back after each generation."""
+    if isinstance(engine, str) or hasattr(engine, "base_url") and not hasattr(engine, "collective_rpc"):
+        base = engine if isinstance(engine, str) else engine.base_url
+        url = f"{base.rstrip('/')}/collective_rpc"
+        code, text = _post_json(url, {"method": TARGET_SOLVES_RPC, "args": [int(seed), int(step)]}, timeout)
+        if code != 200:
+            raise RuntimeError(
+                f"reading the in-engine target solves from {url} failed ({code}: {text[:300]}): the server must run "
+                "with VLLM_SERVER_DEV_MODE=1 and the ncgrpo plugin in its workers"
+            )
+        per_worker = json.loads(text).get("results") or []
+    else:
+        try:
+            per_worker = engine.collective_rpc(TARGET_SOLVES_RPC, args=(int(seed), int(step)))
+        except Exception as e:  # in-process workers raise NotImplementedError; multiprocess ones wrap it
+            if TARGET_SOLVES_RPC not in str(e):
+                raise
+            raise RuntimeError(
+                "the ncgrpo vLLM plugin is not active in the engine's workers (no target solves to read back)"
+            ) from e
+    seen: dict[tuple, dict[str, Any]] = {}
+    for solves in per_worker:
+        for s in solves or ():
+            seen.setdefault((s["prompt_id"], s["target_tv"]), dict(s))
+    return [seen[k] for k in sorted(seen, key=lambda k: (k[0], k[1]))]

@@ -447,10 +447,10 @@ class RolloutMethod:
             gen.sigma_k = 0.0
         elif tr.args.target_marginal_tv is not None:  # sigma_k solved for the annealed TV on this batch
             gen.target_tv = tr.schedule.target(k, K, tr.args.target_marginal_tv)
-            if getattr(tr, "use_vllm", False):  # a clean pass of its own, first
-                tr.solve_target_sigma(gen, prompt_ids, multimodal_fields)
-            else:  # in the generation's own prefill (NCGRPOTrainer._nc_generate): sigma0 until then
-                gen.sigma_k = float(tr.args.sigma0)
+            # solved in the generation's own pass (sigma0 until then): the transformers engine's prefill
+            # (NCGRPOTrainer._nc_generate); on vLLM the trainer's measurement pass, run before the engine
+            # generates (batch scope), or the engine's own prefill (prompt scope; ncgrpo.trainer.vllm)
+            gen.sigma_k = float(tr.args.sigma0)
         else:
             gen.sigma_k = tr.schedule.sigma(k, K, tr.args.sigma0)
 

@@ -26,6 +26,7 @@ _VERL_CLASSES = (
     "NCGRPOAgentLoopWorker",
     "NCGRPOTaskRunner",
     "NCGRPOTrainerSync",
+    "read_target_solves",
 )
 __all__ = [*_config.__all__, *_VERL_CLASSES]
 

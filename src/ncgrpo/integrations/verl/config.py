@@ -1,5 +1,6 @@
 """The verl integration's pure part (imports no verl, no Ray, no vLLM): the ``ncgrpo:`` config block, the
-plan of one verl session, the prompt id, the per-half metrics and the checks of verl's own config.
+plan of one verl session, the prompt id, the per-half and target-schedule metrics and the checks of
+verl's own config.
 
 verl runs a group of ``G = actor_rollout_ref.rollout.n`` rollouts of one prompt as ``G`` sessions
 (``session_id = 0 .. G-1``) under one ``uid`` (verl 0.9.1, ``AgentLoopWorkerTQ._run_prompt``), and
@@ -25,8 +26,9 @@ import torch
 from ncgrpo.core.advantages import contrast_statistic
 from ncgrpo.core.noise import noise_seed
 from ncgrpo.core.plan import plan_rows, prompt_id_for
+from ncgrpo.core.prompt_solve import PromptSolve
 from ncgrpo.core.schedule import Schedule
-from ncgrpo.engines.vllm import EXTRA_ARGS_KEY
+from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, noise_extra_args, parse_noise_spec, target_spec
 from ncgrpo.methods import RolloutMethod, get_method, methods
 
 __all__ = [
@@ -34,9 +36,12 @@ __all__ = [
     "VERL_EPS",
     "NCGRPOVerlConfig",
     "SessionNoise",
+    "TARGET_SCOPES",
+    "VERL_BATCH_TARGET_REFUSAL",
     "check_verl_config",
     "half_metrics",
     "plan_session",
+    "target_metrics",
     "verl_methods",
     "verl_prompt_id",
     "with_noise",
@@ -68,13 +73,21 @@ def _get(config: Any, path: str, default: Any = None) -> Any:
 # --------------------------------------------------------------------------------------------------
 # the `ncgrpo:` block of verl's config
 # --------------------------------------------------------------------------------------------------
-#: Why the target schedule (``target_marginal_tv``) is refused on verl.
-VERL_TARGET_REFUSAL = (
-    "verl's rollout workers compute sigma_k from the step alone (NCGRPOVerlConfig.sigma_at, no model state), "
-    "while the target schedule solves it on the batch's branch-point states before its rollouts, which only "
-    "the actor's forward has; on verl, use ncgrpo probe --target_marginal_tv to find the sigma0 of a target TV "
-    "and set sigma0 to it (unset target_marginal_tv)"
+#: ``target_scope`` values (``NCGRPOConfig.target_scope``'s).
+TARGET_SCOPES = ("batch", "prompt")
+#: Why ``target_scope: batch`` is refused on verl (``prompt`` runs: the vLLM plugin solves each prompt's sigma).
+VERL_BATCH_TARGET_REFUSAL = (
+    "the batch scope holds the batch's mean TV at one shared sigma_k, which needs every prompt's branch-point "
+    "state before any rollout of the batch starts; verl's agent loops run each prompt's sessions as their own "
+    "asynchronous requests, spread over vLLM replicas, so no process holds the batch's states before the "
+    "first rollout. Use ncgrpo.target_scope=prompt (each prompt's own sigma solved inside the vLLM engine "
+    "from that prompt's clean state, so that ITS TV is the target)"
 )
+#: The fewest draws per prompt the target schedule solves on (``ncgrpo.trainer.config.TARGET_DRAWS``, not
+#: imported here: the verl environment has no TRL; tests/integrations/test_verl_plan.py checks they agree).
+TARGET_DRAWS = 6
+#: The largest noise scale (``ncgrpo.trainer.config.SIGMA0_MAX``, same check).
+SIGMA0_MAX = 10.0
 
 
 @dataclass(frozen=True)
@@ -104,8 +117,20 @@ class NCGRPOVerlConfig:
     first_token_temperature: float = 2.0
     """T0 of the first-token-temperature control: T_k = T + (T0 - T) * sigma_k / sigma0."""
     target_marginal_tv: float | None = None
-    """Refused on verl (:data:`VERL_TARGET_REFUSAL`): the target schedule solves sigma_k on each batch's
-    branch-point states before its rollouts."""
+    """Hold the noise's effect instead of its size: each noisy session asks the vLLM plugin to solve its
+    prompt's sigma so that the prompt's noise-averaged first-token TV(q, q_bar) is
+    ``target_marginal_tv * decay_k`` (eq. 3's decay anneals the target); ``sigma0`` is the solver's first
+    guess. In (0, 1]; None (default): sigma_k = sigma0 * decay_k, the paper. Needs ``target_scope: prompt``."""
+    target_scope: str = "batch"
+    """``target_marginal_tv``'s scope: 'prompt' (each prompt's own sigma, solved in the vLLM engine from the
+    prompt's clean branch-point state) or 'batch' (one sigma for the batch mean; refused on verl:
+    :data:`VERL_BATCH_TARGET_REFUSAL`). The default is ``NCGRPOConfig``'s."""
+    sigma_max: float = 2.0
+    """``target_marginal_tv``: the largest sigma the solver may use, in (0, 10]; a prompt whose TV stays below
+    the target there is generated at sigma_max (logged ``noise/sigma_at_max``)."""
+    marginal_tv_draws: int = 64
+    """``target_marginal_tv``: eps draws per prompt through the LM head behind each solve, an even number
+    (antithetic pairs), at least :data:`TARGET_DRAWS`."""
     noisy_importance_sampling: str = "exclude"
     """'exclude': refuse verl settings that reweight or drop the noisy rows (rollout_is, rollout_rs,
     bypass_mode), the paper's no-density-correction; 'apply': allow them."""
@@ -121,8 +146,7 @@ class NCGRPOVerlConfig:
             raise ValueError(
                 f"ncgrpo.rollout_method={self.rollout_method!r} is not supported on verl: {method.verl_refusal}"
             )
-        if self.target_marginal_tv is not None:
-            raise ValueError(f"ncgrpo.target_marginal_tv is not supported on verl: {VERL_TARGET_REFUSAL}")
+        self._check_target(method)
         if not math.isfinite(self.sigma0) or self.sigma0 < 0:
             raise ValueError(f"ncgrpo.sigma0 must be a finite number >= 0, got {self.sigma0}")
         if self.schedule_total_steps is not None and int(self.schedule_total_steps) < 1:
@@ -136,6 +160,59 @@ class NCGRPOVerlConfig:
                 f"ncgrpo.first_token_temperature must be > 0, got {self.first_token_temperature}"
             )
         self.schedule  # noqa: B018 - eq. (3)'s settings: ValueError naming the one to fix
+
+    def _check_target(self, method: RolloutMethod) -> None:
+        """``target_marginal_tv``: a TV in (0, 1], scope ``prompt``, a method whose noisy half is set by a sigma
+        (its ``target_refusal``), ``sigma0`` > 0 (the first guess), ``sigma_max`` in (0, 10] and enough draws."""
+        if self.target_scope not in TARGET_SCOPES:
+            raise ValueError(f"ncgrpo.target_scope must be 'batch' or 'prompt', got {self.target_scope!r}")
+        for name, v, low in (("marginal_tv_draws", self.marginal_tv_draws, 0),):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"ncgrpo.{name} must be an integer >= {low}, got {v!r}")
+        sm = self.sigma_max
+        if (
+            isinstance(sm, bool)
+            or not isinstance(sm, int | float)
+            or not (math.isfinite(sm) and 0 < sm <= SIGMA0_MAX)
+        ):
+            raise ValueError(
+                f"ncgrpo.sigma_max must be a finite number in (0, {SIGMA0_MAX:g}] (the target schedule's bound on "
+                f"sigma), got {sm!r}"
+            )
+        t = self.target_marginal_tv
+        if t is None:
+            return
+        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and 0 < t <= 1):
+            raise ValueError(
+                f"ncgrpo.target_marginal_tv must be a total-variation distance in (0, 1] (or null: sigma_k = sigma0 "
+                f"* decay_k), got {t!r}"
+            )
+        if method.target_refusal:
+            raise ValueError(
+                f"ncgrpo.target_marginal_tv cannot set the noise of rollout_method={method.name!r}: "
+                f"{method.target_refusal}. Use one of "
+                f"{', '.join(m for m in verl_methods() if not get_method(m).target_refusal)}, or unset "
+                "target_marginal_tv."
+            )
+        if self.target_scope == "batch":
+            raise ValueError(
+                f"ncgrpo.target_scope='batch' is not supported on verl: {VERL_BATCH_TARGET_REFUSAL}"
+            )
+        if not self.sigma0 > 0:
+            raise ValueError(
+                f"ncgrpo.target_marginal_tv: sigma0 is the solver's first guess and must be > 0, got {self.sigma0}"
+            )
+        if self.sigma0 > self.sigma_max:
+            raise ValueError(
+                f"ncgrpo.target_marginal_tv: sigma0 {self.sigma0} (the solver's first guess) is above sigma_max "
+                f"{self.sigma_max}; raise sigma_max or lower sigma0"
+            )
+        if self.marginal_tv_draws % 2 or self.marginal_tv_draws < TARGET_DRAWS:
+            raise ValueError(
+                f"ncgrpo.target_marginal_tv solves each prompt's sigma on marginal_tv_draws draws (antithetic "
+                f"pairs, with a jackknife bias correction, which needs three pairs or more): an even number >= "
+                f"{TARGET_DRAWS}, got {self.marginal_tv_draws} (default 64)"
+            )
 
     @classmethod
     def from_mapping(cls, block: Mapping[str, Any] | None) -> NCGRPOVerlConfig:
@@ -178,6 +255,31 @@ class NCGRPOVerlConfig:
         """sigma_k of eq. (3) at verl step ``k = step``."""
         return self.schedule.sigma(int(step), int(self.schedule_total_steps or 1), self.sigma0)
 
+    def target_at(self, step: int) -> float:
+        """The annealed target TV at verl step ``k = step``: ``target_marginal_tv * decay_k`` (eq. 3's decay);
+        ``target_marginal_tv`` must be set."""
+        if self.target_marginal_tv is None:
+            raise ValueError("ncgrpo.target_marginal_tv is not set")
+        return self.schedule.target(int(step), int(self.schedule_total_steps or 1), self.target_marginal_tv)
+
+    def target_spec(self, step: int, temperature: float) -> dict[str, Any]:
+        """The vLLM plugin's ``"target"`` of one noisy session at verl step ``step``
+        (:func:`ncgrpo.engines.vllm.target_spec`): the annealed TV, the draws, the rollout temperature, the
+        solver's first guess (sigma0) and bound, the method's noise mode."""
+        if not temperature > 0:
+            raise ValueError(
+                "ncgrpo.target_marginal_tv needs actor_rollout_ref.rollout.temperature > 0 (the TV is the one of "
+                f"the sampling distribution at that temperature), got {temperature}"
+            )
+        return target_spec(
+            self.target_at(step),
+            draws=int(self.marginal_tv_draws),
+            temperature=float(temperature),
+            start=float(self.sigma0),
+            sigma_max=float(self.sigma_max),
+            mode=self.method.noise_mode or "independent",
+        )
+
     def first_token_temperature_at(self, step: int, temperature: float) -> float:
         """The control's first-token temperature ``T + (T0 - T) * decay_k`` (eq. 3's decay)."""
         return self.schedule.temperature(
@@ -194,7 +296,8 @@ class SessionNoise:
 
     ``extra_args`` is ``SamplingParams.extra_args`` for the session's FIRST request (``{}``: clean);
     later turns of a multi-turn session are clean (the paper perturbs only the branch point, the
-    first generated token). ``sigma`` is sigma_k on noisy rows of the hidden-noise methods, else 0.
+    first generated token). ``sigma`` is sigma_k on noisy rows of the hidden-noise methods, else 0
+    (NaN on noisy rows under ``target_marginal_tv``: the vLLM plugin solves it per prompt).
     """
 
     step: int
@@ -202,6 +305,9 @@ class SessionNoise:
     noisy: bool = False
     sigma: float = 0.0
     extra_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    target: float | None = None
+    """``target_marginal_tv``: the annealed target TV this noisy session asks the plugin to hold (its
+    ``sigma`` is then NaN: the engine solves it; the trainer reads it back), else None."""
 
     def provenance(self) -> dict[str, Any]:
         """The row's record in verl's ``extra_fields["ncgrpo"]`` (read back by the trainer's metrics)."""
@@ -211,6 +317,8 @@ class SessionNoise:
             "branch": int(self.branch),
             "noisy": bool(self.noisy),
             "sigma": float(self.sigma),
+            "target": self.target,
+            "prompt_id": spec.get("prompt_id"),
             "draw": spec.get("draw"),
             "sign": spec.get("sign"),
             "logit_scale": spec.get("logit_scale"),
@@ -252,6 +360,20 @@ def plan_session(
     )
     if not p.noisy:
         return SessionNoise(step, p.branch)
+    if cfg.target_marginal_tv is not None:
+        tv = cfg.target_at(step)
+        if (
+            not tv > 0
+        ):  # the target annealed away: sigma_k 0, the plugin leaves the row exact (as TRL's trainer)
+            return SessionNoise(
+                step, p.branch, True, 0.0, noise_extra_args(method.row_noise(p, 0.0)), target=0.0
+            )
+        # target_scope prompt: the plugin solves this prompt's sigma in the engine from its clean branch-point
+        # state; every session of the prompt at this step (same seed, step, prompt_id) gets the same sigma
+        extra_args = noise_extra_args(method.row_noise(p, 0.0))
+        extra_args[EXTRA_ARGS_KEY]["target"] = cfg.target_spec(step, temperature)
+        parse_noise_spec(extra_args)  # validated here, not in a worker
+        return SessionNoise(step, p.branch, True, math.nan, extra_args, target=tv)
     sigma, extra_args = method.verl_extra_args(cfg, p, step, temperature)
     return SessionNoise(step, p.branch, True, sigma, extra_args)
 
@@ -362,7 +484,8 @@ def half_metrics(
         out["reward/clean"] = float(torch.nanmean(r[~m]))
     if m.any():
         out["reward/noisy"] = float(torch.nanmean(r[m]))
-        out["noise/sigma_k"] = float(s[m].mean())
+        if torch.isfinite(s[m]).all():  # NaN under target_marginal_tv: the engine's sigmas (target_metrics)
+            out["noise/sigma_k"] = float(s[m].mean())
     by_group: dict[Any, list[int]] = {}
     for i, g in enumerate(groups):
         by_group.setdefault(g, []).append(i)
@@ -377,6 +500,73 @@ def half_metrics(
         c = torch.cat(contrasts)
         out["reward/contrast"] = float(torch.nanmean(c)) if torch.isfinite(c).any() else 0.0
     return out
+
+
+def target_metrics(
+    solves: Sequence[Mapping[str, Any]], *, target: float, step: int, prompt_ids: Sequence[int]
+) -> dict[str, float]:
+    """The target schedule's metrics of one verl step (the TRL trainer's names) from the vLLM plugin's
+    per-prompt solves read back from the servers (:func:`ncgrpo.engines.vllm.target_solves`' dicts,
+    ``{"prompt_id", "sigma", "tv", "evals", "at_max", "target_tv", "error", ...}``, one per prompt and
+    engine worker).
+
+    ``noise/sigma_k`` (the mean of the prompts' sigmas), ``noise/sigma_k_min`` / ``_max``,
+    ``noise/target_marginal_tv`` (``target``, the annealed target), ``noise/target_achieved_tv`` (the mean
+    TV at the solved sigmas), ``noise/target_solver_evals`` (evaluations per prompt, mean) and
+    ``noise/sigma_at_max`` (the fraction of prompts bound by ``sigma_max``), from
+    :meth:`~ncgrpo.core.prompt_solve.PromptSolve.summary`, over the step's noisy prompts ``prompt_ids``.
+    A prompt solved by several workers (replicas its sessions reached) counts once. As on the TRL
+    trainer's vLLM path, a prompt the engine reports no solve for, or could not solve (its ``error``: its
+    rows were generated clean), is a RuntimeError naming it. ``target`` 0 (annealed away): sigma 0.
+    """
+    if not target > 0:
+        keys = (
+            "sigma_k",
+            "sigma_k_min",
+            "sigma_k_max",
+            "target_achieved_tv",
+            "target_solver_evals",
+            "sigma_at_max",
+        )
+        return {"noise/target_marginal_tv": float(target), **{f"noise/{k}": 0.0 for k in keys}}
+    wanted = {int(i) for i in prompt_ids}
+    by_pid: dict[int, Mapping[str, Any]] = {}
+    for s in solves:
+        pid, tv = int(s["prompt_id"]), s.get("target_tv")
+        if pid in wanted and (tv is None or abs(float(tv) - target) <= 1e-12 * max(1.0, target)):
+            by_pid.setdefault(pid, s)
+    bad = [s for s in by_pid.values() if s.get("error")]
+    if bad:
+        raise RuntimeError(
+            f"target_marginal_tv (target_scope='prompt'): the vLLM engine could not solve sigma for {len(bad)} "
+            f"prompt(s) at step {step} (their rows were generated clean): {bad[0]['error']}"
+        )
+    missing = sorted(wanted - set(by_pid))
+    if missing:
+        raise RuntimeError(
+            f"target_marginal_tv (target_scope='prompt'): the vLLM servers report no solve for prompt ids "
+            f"{missing[:4]} ({len(missing)} of the step's {len(wanted)} noisy prompts) at step {step} (is the "
+            "ncgrpo plugin of this version in their workers?)"
+        )
+    rows = [by_pid[i] for i in sorted(by_pid)]
+    solve = PromptSolve(
+        sigma=torch.tensor([float(r["sigma"]) for r in rows], dtype=torch.float64),
+        tv=torch.tensor([float(r["tv"]) for r in rows], dtype=torch.float64),
+        at_max=torch.tensor([bool(r["at_max"]) for r in rows]),
+        prompt_evals=torch.tensor([int(r["evals"]) for r in rows]),
+        evals=sum(int(r["evals"]) for r in rows),
+        rounds=0,
+    )
+    summary, P = solve.summary(), len(rows)
+    return {
+        "noise/target_marginal_tv": float(target),
+        "noise/sigma_k": summary["sigma_mean"],
+        "noise/sigma_k_min": summary["sigma_min"],
+        "noise/sigma_k_max": summary["sigma_max"],
+        "noise/target_achieved_tv": summary["tv_mean"],
+        "noise/target_solver_evals": summary["evals"] / P,
+        "noise/sigma_at_max": summary["at_max"] / P,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,10 +636,21 @@ def check_verl_config(config: Any, cfg: NCGRPOVerlConfig | None = None) -> None:
             problems.append(
                 "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode: same as bypass_mode above"
             )
-    if (
-        method.needs_sampling_temperature
-        and not float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0)) > 0
-    ):
+    temperature = float(_get(config, "actor_rollout_ref.rollout.temperature", 1.0))
+    if method.needs_sampling_temperature and not temperature > 0:
         problems.append(f"rollout_method={method.name!r} needs actor_rollout_ref.rollout.temperature > 0")
+    tp = int(_get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1) or 1)
+    if cfg.target_marginal_tv is not None and tp > 1:
+        problems.append(
+            f"ncgrpo.target_marginal_tv with actor_rollout_ref.rollout.tensor_model_parallel_size={tp}: the vLLM "
+            "plugin solves each prompt's sigma through the whole LM head on one worker, and vLLM's ParallelLMHead "
+            "shards its vocabulary rows across tensor-parallel ranks (ncgrpo.engines.vllm.target_solve_problem); "
+            "use tensor_model_parallel_size=1 (more replicas instead) or unset target_marginal_tv"
+        )
+    if cfg.target_marginal_tv is not None and not temperature > 0:
+        problems.append(
+            "ncgrpo.target_marginal_tv needs actor_rollout_ref.rollout.temperature > 0: the TV it holds is the one "
+            "of the first-token sampling distribution at that temperature"
+        )
     if problems:
         raise ValueError("NC-GRPO cannot run with this verl config:\n- " + "\n- ".join(problems))

@@ -7,7 +7,9 @@
 - :class:`NCGRPOAgentLoopManager`: verl's ``AgentLoopManagerTQ`` starting those workers; name it in
   ``actor_rollout_ref.rollout.agent.agent_loop_manager_class``.
 - :class:`NCGRPOTrainerSync`: verl's sync trainer plus the per-half metrics (``reward/clean``,
-  ``reward/noisy``, ``reward/contrast``, ``noise/sigma_k``) in verl's metrics.
+  ``reward/noisy``, ``reward/contrast``, ``noise/sigma_k``) in verl's metrics, and under
+  ``target_marginal_tv`` the per-prompt sigmas the vLLM plugin solved, read back from verl's vLLM servers
+  (:func:`read_target_solves`; ``noise/sigma_k`` / ``_min`` / ``_max``, ``noise/target_*``, ``noise/sigma_at_max``).
 - :data:`NCGRPOTaskRunner`: verl's ``TaskRunnerV1`` that trains with those two (the entry point
   :mod:`ncgrpo.integrations.verl.main_ppo` runs verl's ``main_ppo`` with it).
 
@@ -23,6 +25,7 @@ session carries that session's spec; the session is found through a context vari
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 from collections.abc import Mapping
@@ -39,12 +42,14 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.import_utils import load_class_from_fqn
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
+from ncgrpo.engines.vllm import TARGET_SOLVES_RPC
 from ncgrpo.integrations.verl.config import (
     NCGRPOVerlConfig,
     SessionNoise,
     check_verl_config,
     half_metrics,
     plan_session,
+    target_metrics,
     verl_prompt_id,
     with_noise,
 )
@@ -55,6 +60,7 @@ __all__ = [
     "NCGRPOAgentLoopWorker",
     "NCGRPOTaskRunner",
     "NCGRPOTrainerSync",
+    "read_target_solves",
 ]
 
 logger = logging.getLogger(__name__)
@@ -185,6 +191,53 @@ class NCGRPOAgentLoopManager(AgentLoopManagerTQ):
         self.agent_loop_workers_class = ray.remote(NCGRPOAgentLoopWorker)
 
 
+# --------------------------------------------------------------------------------------------------
+# the target schedule's read-back: the per-prompt sigmas the plugin solved, from verl's vLLM servers
+# --------------------------------------------------------------------------------------------------
+
+
+def _server_target_solves(server, method: str, seed: int, step: int, timeout: float) -> list[dict[str, Any]]:
+    """Runs inside one of verl's ``vLLMHttpServer`` actors (Ray's ``__ray_call__``): the engine workers'
+    solves of ``(seed, step)`` (``method``: the plugin's :data:`~ncgrpo.engines.vllm.TARGET_SOLVES_RPC`),
+    flattened over the workers.
+
+    verl's own ``vLLMHttpServer.collective_rpc`` awaits the engine's ``collective_rpc`` but drops its
+    result (verl 0.9.1), so the call is made here on the server's ``AsyncLLM`` (``server.engine``). Ray runs
+    ``__ray_call__`` on the actor's task thread, not on its event loop, so the coroutine is handed to that
+    loop (the one the engine's output handler runs on) and waited for here."""
+    engine = server.engine
+    handler = getattr(engine, "output_handler", None)
+    if handler is None:
+        raise RuntimeError(
+            "the vLLM engine of this verl server has no running output handler (it was not started in the "
+            "server's event loop, or has stopped); cannot read back the target schedule's solves"
+        )
+    loop = handler.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        raise RuntimeError("_server_target_solves runs off the server's event loop (it waits on that loop)")
+    coro = engine.collective_rpc(method, timeout=timeout, args=(int(seed), int(step)))
+    per_worker = asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+    return [dict(s) for solves in per_worker for s in (solves or [])]
+
+
+def read_target_solves(
+    server_handles, seed: int, step: int, *, timeout: float = 120.0
+) -> list[dict[str, Any]]:
+    """The vLLM plugin's per-prompt solves of ``(seed, step)`` from every verl vLLM server (the Ray handles
+    of verl's ``LLMServerManager.server_handles``: one per replica, whose engine reaches all its workers), as
+    one list (a prompt whose sessions reached several replicas, or solved on every tensor-parallel rank,
+    appears once per worker; :func:`~ncgrpo.integrations.verl.config.target_metrics` counts it once)."""
+    refs = [
+        h.__ray_call__.remote(_server_target_solves, TARGET_SOLVES_RPC, int(seed), int(step), float(timeout))
+        for h in server_handles
+    ]
+    return [s for part in ray.get(refs, timeout=timeout) for s in part]
+
+
 def _final_rows(keys: list[str]) -> list[int]:
     """Row of each session's last output (verl's keys are ``{uid}_{session_id}_{index}``)."""
     last: dict[str, tuple[int, int]] = {}
@@ -201,6 +254,28 @@ class NCGRPOTrainerSync(PPOTrainerSync):
     Same training as ``PPOTrainerSync`` (it is registered under verl's ``"sync"`` name by
     :data:`NCGRPOTaskRunner`, so verl's ``trainer_mode == "sync"`` branches all hold).
     """
+
+    @property
+    def _nc(self) -> NCGRPOVerlConfig:
+        cfg = self.__dict__.get("_nc_cfg")
+        if cfg is None:
+            cfg = self.__dict__["_nc_cfg"] = NCGRPOVerlConfig.from_verl_config(self.config)
+        return cfg
+
+    def on_sample_end(self):
+        """Read the step's per-prompt solves back before verl's ``on_sample_end`` puts the replicas to sleep
+        (the rollouts sampled so far are done: ``replay_buffer.sample`` returned them)."""
+        self._nc_read_solves(int(self.global_steps))
+        super().on_sample_end()
+
+    def _nc_read_solves(self, step: int) -> list[dict[str, Any]]:
+        """The solves of ``step`` on every server, kept for the step's metrics (one step at a time)."""
+        cfg = self._nc
+        if cfg.target_marginal_tv is None or not cfg.method.two_pass or not cfg.target_at(step) > 0:
+            return []
+        solves = read_target_solves(self.llm_server_manager.server_handles, cfg.noise_seed, step)
+        self.__dict__["_nc_solves"] = {step: solves}
+        return solves
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -227,13 +302,29 @@ class NCGRPOTrainerSync(PPOTrainerSync):
         if not rows:
             return {}
         plans = [extra[i]["ncgrpo"] for i in rows]
-        return half_metrics(
+        out = half_metrics(
             rewards[rows],
             [uids[i] for i in rows],
             [p["noisy"] for p in plans],
             [p["sigma"] for p in plans],
             norm_by_std=bool(self.config.algorithm.get("norm_adv_by_std_in_grpo", True)),
         )
+        targeted = [p for p in plans if p["noisy"] and p.get("target") is not None]
+        if targeted:
+            out.update(self._nc_target_metrics(targeted))
+        return out
+
+    def _nc_target_metrics(self, plans: list[Mapping[str, Any]]) -> dict[str, float]:
+        """:func:`~ncgrpo.integrations.verl.config.target_metrics` of the step's noisy prompts, from the
+        solves read back from the servers (at ``on_sample_end``; read again here if a prompt is missing)."""
+        step, target = int(plans[0]["step"]), float(plans[0]["target"])
+        prompts = {int(p["prompt_id"]) for p in plans}
+        solves: list[dict[str, Any]] = []
+        if target > 0:
+            solves = self.__dict__.get("_nc_solves", {}).get(step)
+            if solves is None or not prompts <= {int(s["prompt_id"]) for s in solves}:
+                solves = self._nc_read_solves(step)
+        return target_metrics(solves, target=target, step=step, prompt_ids=sorted(prompts))
 
 
 class _NCGRPOTaskRunner(TaskRunnerV1.__ray_actor_class__):
