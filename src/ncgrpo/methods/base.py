@@ -97,10 +97,6 @@ class TrainerView(Protocol):
         """The size of the hidden states the noise acts on."""
         ...
 
-    def solve_target_sigma(self, gen: Generation, prompt_ids: Any, multimodal_fields: Any) -> Any:
-        """``target_marginal_tv``: solve this generation's sigma_k (writes ``gen.sigma_k``)."""
-        ...
-
     def calibrate_first_token_t0(
         self, plans: list[RowPlan], prompt_ids: Any, multimodal_fields: Any
     ) -> float:

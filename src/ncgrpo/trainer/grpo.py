@@ -133,7 +133,7 @@ from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, tr
 from ncgrpo.trainer.reward_guard import guard_reward_funcs
 from ncgrpo.trainer.run_folder import MetricsCallback, recorded_train
 from ncgrpo.trainer.shared_loss import check_share_prompt_loss, shared_logps_and_entropies
-from ncgrpo.trainer.target import prefill_resolver, solve_target_sigma
+from ncgrpo.trainer.target import prefill_resolver
 from ncgrpo.trainer.vllm import check_vllm_plugin, generate_vllm
 
 #: GRPOTrainer's positional arguments after (model, reward_funcs, args): callbacks is the 5th
@@ -267,12 +267,6 @@ class NCGRPOTrainer(GRPOTrainer):
             steps_per_generation=self.args.steps_per_generation,
             gradient_accumulation_steps=self.args.gradient_accumulation_steps,
         )
-
-    def solve_target_sigma(self, gen, prompt_ids, multimodal_fields):
-        """``target_marginal_tv``: this generation's ``sigma_k`` solved on its prompts for the annealed
-        ``gen.target_tv`` in a pass of its own (:func:`ncgrpo.trainer.target.solve_target_sigma`; vLLM and
-        the ``first_token_marginal`` control; the hidden-noise methods solve in the generation's prefill)."""
-        return solve_target_sigma(self, gen, prompt_ids, multimodal_fields)
 
     def calibrate_first_token_t0(self, plans, prompt_ids, multimodal_fields) -> float:
         """``first_token_temperature_auto``'s T0 on this generation's prompts

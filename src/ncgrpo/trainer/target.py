@@ -20,9 +20,9 @@ batch's clean branch-point states, before any row is sampled (``target_scope='ba
   :func:`prefill_resolver`): the final-norm hook hands the prefill's clean last-position states to the
   solve before it perturbs the noisy rows with the solved sigma (no extra forward). The
   ``first_token_marginal`` control reads the solved sigma in its LM-head hook, later in the same forward;
-- **in a pass of its own** (:func:`solve_target_sigma`: the trainer's vLLM path at the batch scope, whose
-  engine generates from the trainer's solved sigma): one clean, no-grad prompt-only pass of the rank's
-  rows, the solve inside the LM head's forward.
+- **in the trainer's measurement pass on vLLM** (batch scope: :func:`ncgrpo.trainer.vllm.generate_vllm`
+  runs its branch-point measurement before the engine generates, with this same resolver); the prompt
+  scope on vLLM solves inside the engine (the ncgrpo plugin, :mod:`ncgrpo.engines.vllm_worker`).
 
 Batch scope: each prompt counts once, on the rank that holds its group's first row; each evaluation sums
 the ranks' TVs over processes, so every rank runs the same evaluations and gets the same ``sigma_k``.
@@ -30,7 +30,7 @@ Prompt scope: each prompt is solved alone on its own state and keys (no collecti
 summary's), so the same prompt at the same step gets the same sigma on any rank or process count. The TV
 is the logged metric's own estimator (:func:`ncgrpo.trainer.generation.marginal_curve`: the same keyed
 draws ``NoiseKey(seed, k, prompt_id, -1 - m)`` and bootstrap correction). No random state is drawn (keyed
-draws; the separate pass is greedy): a resumed run solves the same sigma from the same weights and batch,
+draws; vLLM's measurement pass is greedy): a resumed run solves the same sigma from the same weights and batch,
 and the sampling that follows is unchanged.
 """
 
@@ -42,13 +42,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ncgrpo.core import noise as nz
 from ncgrpo.core.marginal import SigmaSolve, solve_sigma_for_marginal_tv
 from ncgrpo.core.prompt_solve import solve_per_prompt
 from ncgrpo.engines.branch_point import find_text_stack, head_function
-from ncgrpo.engines.shared_prefill import share_prompt_prefill
 from ncgrpo.methods.base import Generation
-from ncgrpo.trainer.generation import branch_point_hooks, marginal_curve, prefill_only, unwrapped_model
+from ncgrpo.trainer.generation import marginal_curve
 from ncgrpo.trainer.metrics import gather
 
 
@@ -199,33 +197,3 @@ def prefill_resolver(trainer, gen: Generation, model) -> Callable[[torch.Tensor]
         return [trainer.nc_method.row_noise(p, s) for p, s in zip(gen.plans, sigmas, strict=True)]
 
     return resolve
-
-
-def solve_target_sigma(trainer, gen: Generation, prompt_ids, multimodal_fields) -> SigmaSolve:
-    """Set ``gen.sigma_k`` (and ``gen.target_solve``) to the sigma whose batch-mean noise-averaged
-    first-token TV is ``gen.target_tv``, in a clean prompt-only pass of its own (see the module docstring).
-    Collective: every process calls it once per generation. Reads ``trainer.args`` (``sigma0``: the first
-    guess, ``sigma_max``, ``marginal_tv_draws``, ``share_prompt_prefill``), ``.nc_method``,
-    ``.accelerator``; runs :func:`~ncgrpo.trainer.generation.prefill_only`."""
-    if gen.target_tv <= 0:  # annealed away: no pass needed
-        _record(trainer, gen, SigmaSolve(0.0, 0.0, 0))
-        return gen.target_solve
-    a = trainer.args
-    model = unwrapped_model(trainer)
-    clean = [nz.RowNoise()] * len(gen.plans)
-    # the forward the rows' branch point is measured in: the transformers engine's generate (shared
-    # prefill where on), vLLM's measurement pass (one prefill per row, measure_branch_point); the same
-    # computation gives the same states, so the logged TV reads back the solved one
-    shared = a.share_prompt_prefill and not getattr(trainer, "use_vllm", False)
-    with (
-        branch_point_hooks(
-            model, clean, a, None, lambda head, z, h: _solve_scoped(trainer, gen, head, h, z)
-        ) as (
-            _,
-            point,
-        ),
-        share_prompt_prefill(model, shared),
-    ):
-        prefill_only(trainer, prompt_ids, multimodal_fields)
-    _record(trainer, gen, point.extra)
-    return gen.target_solve
