@@ -41,6 +41,17 @@ def _trainer(tmp_path, base: str, **overrides):
     )
 
 
+def _count_prompt_only_passes(monkeypatch, passes: list) -> None:
+    """Count the trainer's prompt-only passes (``prefill_only``, wherever it is called from)."""
+    import ncgrpo.trainer.generation as generation
+    import ncgrpo.trainer.vllm as trainer_vllm
+
+    real = generation.prefill_only
+    counted = lambda *a, **k: passes.append(1) or real(*a, **k)  # noqa: E731
+    monkeypatch.setattr(generation, "prefill_only", counted)
+    monkeypatch.setattr(trainer_vllm, "prefill_only", counted)
+
+
 def _logs(tr) -> list[dict]:
     return [h for h in tr.state.log_history if "loss" in h]
 
@@ -165,11 +176,9 @@ def test_hidden_noise_and_the_control_solve_in_the_generations_own_prefill(tmp_p
     states before perturbing (latent), or before the control's LM-head hook reads the solved sigma later in
     the same forward (first_token_marginal; it paid a clean pass of its own before issue 46). Both hold the
     target."""
-    import ncgrpo.trainer.target as target_module
 
     passes = []
-    real = target_module.prefill_only
-    monkeypatch.setattr(target_module, "prefill_only", lambda *a, **k: passes.append(1) or real(*a, **k))
+    _count_prompt_only_passes(monkeypatch, passes)
     for method, extra_passes in (("latent", 0), ("first_token_marginal", 0)):
         passes.clear()
         tr = _trainer(
@@ -223,8 +232,8 @@ def test_prompt_scope_holds_every_prompts_tv_inside_the_prefill(tmp_path, monkey
     from ncgrpo.core.marginal import MarginalCurve, marginal_keys
 
     passes, solves = [], []
-    real_pass, real_solve = target_module.prefill_only, target_module._solve_prompts
-    monkeypatch.setattr(target_module, "prefill_only", lambda *a, **k: passes.append(1) or real_pass(*a, **k))
+    real_solve = target_module._solve_prompts
+    _count_prompt_only_passes(monkeypatch, passes)
 
     def spy(trainer, gen, head, states, logits):
         rows, summary = real_solve(trainer, gen, head, states, logits)
