@@ -22,8 +22,8 @@ from ncgrpo.engines.vllm import (
     noise_extra_args,
     parse_noise_spec,
     server_extra_args,
-    target_spec,
     target_solve_problem,
+    target_spec,
 )
 from ncgrpo.engines.vllm_worker import _ArmedLogits, _target_solves
 
