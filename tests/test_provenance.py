@@ -299,3 +299,17 @@ def test_a_demo_root_records_what_made_it_and_each_continuation_under_other_code
     with pytest.warns(ProvenanceWarning, match="no provenance recorded"):
         _record_provenance(old)
     assert "provenance" not in json.loads((old / "run.json").read_text())
+
+    copied = tmp_path / "copied"  # a new demo folder holding runs copied from another (the shared baseline)
+    for sub in ("train/grpo-seed0", "eval/grpo-seed0", "eval/base"):
+        (copied / sub).mkdir(parents=True)
+        (copied / sub / "run.json").write_text(json.dumps({"kind": "x", "provenance": _p(commit="0" * 40)}))
+    (copied / "run.json").write_text('{"kind": "demo"}')
+    with warnings.catch_warnings():  # each run says what made it: the root is new, nothing to warn about
+        warnings.simplefilter("error", ProvenanceWarning)
+        _record_provenance(copied)
+    assert json.loads((copied / "run.json").read_text()) == {"kind": "demo", "provenance": clean}
+    (copied / "eval" / "base" / "run.json").write_text('{"kind": "x"}')  # one copied run that records nothing
+    (copied / "run.json").write_text('{"kind": "demo"}')
+    with pytest.warns(ProvenanceWarning, match="no provenance recorded"):
+        _record_provenance(copied)

@@ -63,9 +63,13 @@ def test_resume_draws_the_same_noise_and_restores_mu(tmp_path) -> None:
         assert a.step == b.step and a.total_steps == b.total_steps == 3
         assert a.sigma_k == b.sigma_k
         assert a.rows == b.rows  # the same rows, flags and NoiseKeys
-        assert a.mu_norm == pytest.approx(b.mu_norm, rel=1e-6)  # mu restored (generation at step 2 uses it)
+        assert a.method_values["mu_norm"] == pytest.approx(
+            b.method_values["mu_norm"], rel=1e-6
+        )  # mu restored (generation at step 2 uses it)
         assert a.rewards == b.rewards  # weights and RNG restored too: the very same rollouts
-    assert full.nc_history[1].mu_norm == pytest.approx(float(saved["spsa_mu"].norm()), rel=1e-6)
+    assert full.nc_history[1].method_values["mu_norm"] == pytest.approx(
+        float(saved["spsa_mu"].norm()), rel=1e-6
+    )
     pf, pr = dict(full.model.named_parameters()), dict(resumed.model.named_parameters())
     assert all(torch.equal(pf[k], pr[k]) for k in pf)
     sig = [r.sigma_k for r in full.nc_history]

@@ -427,10 +427,10 @@ def test_image_method_generates_from_noisy_images_and_trains_on_clean(tmp_path) 
     per = clean.shape[0] // len(inputs)
     for i, p in enumerate(gen.plans):
         rows = slice(i * per, (i + 1) * per)
-        same = torch.equal(gen.gen_pixel_values[rows], clean[rows])
+        same = torch.equal(gen.plan.inputs["pixel_values"][rows], clean[rows])
         assert same == (not p.noisy), f"row {i}: generation saw {'clean' if same else 'noisy'} pixels"
     noisy_rows = [i for i, p in enumerate(gen.plans) if p.noisy]  # G=4, one prompt: rows 2, 3
-    a, b = (gen.gen_pixel_values[i * per : (i + 1) * per] for i in noisy_rows)
+    a, b = (gen.plan.inputs["pixel_values"][i * per : (i + 1) * per] for i in noisy_rows)
     assert torch.equal(a, b)  # one distorted copy per prompt, shared by its noisy half (NoisyRollout)
     assert _last_metrics(tr)[0]["image_noise/t"] == 500.0  # constant schedule: t = image_noise_step
 
@@ -823,12 +823,11 @@ def _generation_inputs(tr):
             total_steps=a.total_steps,
             sigma_k=a.sigma_k,
             plans=a.plans,
-            image_t=a.image_t,
-            first_token_temperature=a.first_token_temperature,
+            method_values=dict(a.method_values),
+            plan=a.plan,
         )
-        rows = [tr.nc_method.row_noise(p, a.sigma_k) for p in a.plans]
         mu = None if getattr(tr.nc_state, "mu", None) is None else tr.nc_state.mu.clone()
-        measure_branch_point(tr, b, rows, prompt_ids, images, fields)
+        measure_branch_point(tr, b, a.plan, prompt_ids)
         seen.append(
             dict(
                 inputs=tr._nc_inputs,
@@ -908,7 +907,7 @@ def test_vllm_leg_measures_the_branch_point_and_sends_distorted_images(tmp_path)
     tr._nc_inputs = ref["inputs"]
     tr._nc_generate(generate, prompt_ids, images, fields, G)
     gen = tr._nc_gen
-    assert gen.image_t == 500 and gen.first_token.tolist() == [11] * len(images)
+    assert gen.method_values == {"image_t": 500} and gen.first_token.tolist() == [11] * len(images)
     assert [p.as_tuple() for p in gen.plans] == [p.as_tuple() for p in ref["gen"].plans]
     policy = ResizePolicy.from_image_processor(tr.processing_class.image_processor)
     for i, p in enumerate(gen.plans):

@@ -75,6 +75,27 @@ def test_target_schedule_solves_one_sigma_on_every_process_as_one_process_does(t
         assert abs(s["metrics"]["noise/first_token_marginal_tv"] - target) <= 0.1 * target
 
 
+def test_prompt_scope_solves_each_prompts_sigma_on_any_process_count(tmp_path) -> None:
+    """target_scope='prompt': rank 0 holds the prompt's clean half (it counts the prompt), rank 1 only its
+    noisy half (it solves the prompt for its own rows, with no collective in the solve); both log the
+    one-process sigma, and the prompt's TV is the target on both."""
+    args = ["--method", "latent", "--target", "0.002", "--scope", "prompt"]
+    run_torchrun(SCRIPT, str(tmp_path / "two"), "--per-device", "2", *args, cwd=tmp_path)
+    _run([sys.executable, str(SCRIPT), str(tmp_path / "one"), "--per-device", "4", *args], tmp_path)
+    r0, r1 = (json.loads((tmp_path / "two" / f"rank{r}.json").read_text()) for r in (0, 1))
+    one = json.loads((tmp_path / "one" / "rank0.json").read_text())
+    for k, (a, b, s) in enumerate(zip(r0["history"], r1["history"], one["history"], strict=True)):
+        assert a["sigma_k"] == b["sigma_k"] > 0 and a["metrics"] == b["metrics"]
+        assert (
+            a["metrics"]["noise/sigma_k_min"] == a["metrics"]["noise/sigma_k_max"] == a["sigma_k"]
+        )  # one prompt
+        if k == 0:  # the same weights and prompt: the one-process sigma
+            assert a["sigma_k"] == pytest.approx(s["sigma_k"], rel=1e-4)
+        for m in (a["metrics"], s["metrics"]):
+            target = m["noise/target_marginal_tv"]
+            assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target
+
+
 def test_tp_group_rows_are_gathered_in_trls_prompt_order(tmp_path) -> None:
     """Colocated vLLM with TP 2: TRL all-gathers the TP group's prompts and both ranks generate all of
     them; the rows' noise specs must be gathered in the same order, so request i carries the spec of

@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--method", default="spsa")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--target", type=float, default=None, help="target_marginal_tv (None: sigma0's schedule)")
+    ap.add_argument("--scope", default="batch", help="target_scope")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,6 +48,7 @@ def main() -> None:
         spsa_lr=5.0,
         spsa_mu_max=100.0,
         target_marginal_tv=a.target,
+        target_scope=a.scope,
     )
     tr.train()
     rank = tr.accelerator.process_index
@@ -61,7 +63,7 @@ def main() -> None:
                 "rel": r.rel,
                 "rewards": r.rewards,
                 "advantages": r.advantages,
-                "mu_norm": r.mu_norm,
+                "mu_norm": r.method_values.get("mu_norm"),
                 "metrics": r.metrics,
             }
             for r in tr.nc_history

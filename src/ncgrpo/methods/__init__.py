@@ -18,6 +18,8 @@ from ncgrpo.methods import (  # noqa: F401  (registers the built-ins, in this or
 
 # isort: on
 from ncgrpo.methods.base import (
+    Generation,
+    GenerationPlan,
     RolloutMethod,
     baseline_method,
     get_method,
@@ -29,6 +31,8 @@ from ncgrpo.methods.base import (
 )
 
 __all__ = [
+    "Generation",
+    "GenerationPlan",
     "RolloutMethod",
     "baseline_method",
     "get_method",

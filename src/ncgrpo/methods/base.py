@@ -13,27 +13,34 @@ they ask the method (``get_method(args.rollout_method)``) what it is and what to
   ``None`` where it runs, else the reason it is refused there (raised before any engine starts);
 - **its settings' checks**: :meth:`check_args` (``NCGRPOConfig.__post_init__`` calls it);
 - **its rows**: :meth:`row_noise` (the hidden-state instruction of one row) and :meth:`steer` (a
-  steering vector added on every noisy row, SPSA's ``mu``);
-- **one generation** on the transformers engine: :meth:`begin_generation` (this step's annealed
-  values), :meth:`generation_inputs` (the inputs the noisy rows generate from), :meth:`generation_hooks`
-  (context managers around TRL's ``generate``); on vLLM: :meth:`vllm_images` and
-  :meth:`vllm_logit_scales` (with the rows' :meth:`row_noise`, the spec sent per request); on verl:
+  steering vector added on every noisy row, SPSA's ``mu``), gathered into the generation's plan;
+- **one generation**: :meth:`plan_generation`, the one call the trainer makes before it generates,
+  returns a :class:`GenerationPlan` (the rows' noise, the steering vector, the inputs the rows generate
+  from, the hooks around TRL's ``generate``; on vLLM the images and first-token logit scales of the
+  requests), which both engines consume. By default it composes the finer hooks a method overrides:
+  :meth:`begin_generation` (this step's annealed values, the method's own in ``gen.method_values``),
+  :meth:`row_noise`, :meth:`steer`, :meth:`generation_inputs`, :meth:`generation_hooks`,
+  :meth:`noisy_first_token_temperature`, :meth:`vllm_images` and :meth:`vllm_logit_scales`; on verl:
   :meth:`verl_extra_args`;
 - **after rewards**: :meth:`after_rewards` (SPSA's update of ``mu``) and :meth:`metrics`;
 - **state**: :meth:`init_state`, :meth:`state_dict` / :meth:`load_state_dict` (``ncgrpo_state.pt`` in
   checkpoints).
 
-The trainer-facing hooks get the trainer (``tr``) and the generation's scratch record (``gen``,
-``Generation``); each says what it reads and writes. A new method is one
-module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it with
-:func:`register_method`; docs/extending.md walks through one.
+The trainer-facing hooks get the trainer (``tr``, typed :class:`TrainerView`) and the generation's
+record (``gen``, :class:`Generation`); each says what it reads and writes. A method's own per-generation
+values (the image method's ``image_t``, the control's first-token temperature, SPSA's ``mu_norm``) live
+in ``gen.method_values``, which :class:`StepRecord` keeps; the records name no method's field. A new
+method is one module that subclasses :class:`RolloutMethod` (or a built-in method) and decorates it
+with :func:`register_method`; docs/extending.md walks through one.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -46,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Generation",
+    "GenerationPlan",
     "RolloutMethod",
     "StepRecord",
     "TrainerView",
@@ -77,6 +85,8 @@ class TrainerView(Protocol):
     processing_class: Any
     #: the method's own state (what :meth:`RolloutMethod.init_state` returned)
     nc_state: Any
+    #: TRL's vLLM engine generates (True) or transformers' ``generate`` (False)
+    use_vllm: bool
 
     @property
     def noise_base_seed(self) -> int:
@@ -112,28 +122,61 @@ class StepRecord:
     step: int
     total_steps: int
     sigma_k: float
-    image_t: int | None
     rows: list[tuple]
     rewards: list[float]
     advantages: list[float]
     local_rows: list[tuple] = field(default_factory=list)
     rel: list[float] = field(default_factory=list)
-    mu_norm: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    #: the method's own values of this generation (``Generation.method_values`` after rewards: the image
+    #: method's ``image_t``, the control's ``first_token_temperature``, SPSA's ``mu_norm`` before its update)
+    method_values: dict[str, Any] = field(default_factory=dict)
+
+
+def _no_hooks(model: Any) -> AbstractContextManager:
+    return nullcontext()
+
+
+@dataclass
+class GenerationPlan:
+    """What one generation gets from its method (:meth:`RolloutMethod.plan_generation`, the one call the
+    trainer makes before generating), read by both engines' paths:
+
+    ``rows``: each local row's hidden-state noise (:meth:`RolloutMethod.row_noise` at ``gen.sigma_k``; the
+    target schedule re-decides them in the prefill); ``inputs``: the multimodal inputs the rows generate
+    from on the transformers engine, also what the vLLM path's measurement pass reads (the image method's
+    distorted ``pixel_values``; TRL's loss keeps the originals); ``hooks``: ``hooks(model)`` is a context
+    manager entered around TRL's ``generate`` on the transformers engine, yielding the control hook whose
+    rewritten first-token logits the branch-point metrics read, or None; ``steer``: a steering vector on
+    every noisy row (SPSA's ``mu``) or None; ``noisy_first_token_temperature``: the temperature the noisy
+    rows sample their first token at where the method rescales it (None: the sampling temperature). vLLM
+    only (None on the transformers engine): ``images``, the per-row images the engine gets, and
+    ``logit_scales``, per row a first-token logit scale the plugin applies (None: none)."""
+
+    rows: list[RowNoise]
+    inputs: dict
+    hooks: Callable[[Any], AbstractContextManager] = _no_hooks
+    steer: Any = None
+    noisy_first_token_temperature: float | None = None
+    images: Any = None
+    logit_scales: list[float | None] | None = None
 
 
 @dataclass
 class Generation:
-    """One generation's record on this rank (local rows only): what the trainer and the method's hooks
-    write while ``NCGRPOTrainer._generate_single_turn`` runs, and what the metrics read after rewards."""
+    """One generation's record on this rank (local rows only): what the trainer and the method write while
+    ``NCGRPOTrainer._generate_single_turn`` runs, and what the metrics read after rewards."""
 
     step: int
     total_steps: int
     sigma_k: float
     plans: list[RowPlan]
     schedule_k: int = 0  # k of eq. (3) in `schedule_unit`
-    image_t: int | None = None
-    first_token_temperature: float | None = None  # the control's T_k
+    #: the method's own values of this generation, written and read by the method (its
+    #: :meth:`RolloutMethod.begin_generation`, :meth:`RolloutMethod.after_rewards`; ``StepRecord`` keeps them)
+    method_values: dict[str, Any] = field(default_factory=dict)
+    #: what the method planned for this generation (:meth:`RolloutMethod.plan_generation`)
+    plan: GenerationPlan | None = None
     target_tv: float | None = None  # target_marginal_tv: this generation's annealed target
     target_solve: object | None = (
         None  # target_marginal_tv: the solver's SigmaSolve (PromptScopeSolve per prompt)
@@ -146,7 +189,21 @@ class Generation:
     branch_tv: torch.Tensor | None = None  # [L] first-token TV vs the clean partner (NaN: clean row)
     branch_agreement: torch.Tensor | None = None  # [L] eq. (4) on first-token distributions
     first_token: torch.Tensor | None = None  # [L]
-    gen_pixel_values: torch.Tensor | None = None  # what generate saw (image method; for tests)
+
+    @property
+    def first_token_temperature(self) -> float | None:
+        """The plan's ``noisy_first_token_temperature`` (None: the sampling temperature, or not planned
+        yet), under the name the shared branch-point code reads (``record_branch_point``,
+        ``branch_point_marginal`` in :mod:`ncgrpo.trainer.generation`): what it measures the noisy rows'
+        first-token distribution at. Not a stored field: the method's value is its plan's."""
+        return None if self.plan is None else self.plan.noisy_first_token_temperature
+
+
+@contextmanager
+def _method_hooks(method: RolloutMethod, tr: TrainerView, gen: Generation, model: Any):
+    """:meth:`RolloutMethod.generation_hooks` as one context manager (a plan's default ``hooks``)."""
+    with ExitStack() as stack:
+        yield method.generation_hooks(tr, gen, model, stack)
 
 
 class RolloutMethod:
@@ -353,12 +410,38 @@ class RolloutMethod:
         return None
 
     # -- one generation -----------------------------------------------------------------------------
+    def plan_generation(
+        self, tr: TrainerView, gen: Generation, prompt_ids: Any, images: Any, multimodal_fields: dict
+    ) -> GenerationPlan:
+        """Everything this generation needs of the method, in one object (the trainer's one call per
+        generation, on every engine; kept as ``gen.plan``): this generation's annealed values
+        (:meth:`begin_generation` at ``gen.schedule_k`` of ``gen.total_steps``), each local row's noise
+        (:meth:`row_noise`), :meth:`steer`, the inputs the rows generate from (:meth:`generation_inputs`),
+        the hooks around TRL's ``generate`` (:meth:`generation_hooks`), the noisy rows' first-token
+        temperature (:meth:`noisy_first_token_temperature`) and, on vLLM, the requests' images and logit
+        scales (:meth:`vllm_images`, :meth:`vllm_logit_scales`). ``prompt_ids``, ``images``,
+        ``multimodal_fields``: this rank's rows as TRL hands them to ``generate``. Override the finer
+        hooks; override this one where a method plans its generation otherwise."""
+        self.begin_generation(tr, gen, gen.schedule_k, gen.total_steps, prompt_ids, multimodal_fields)
+        plan = GenerationPlan(
+            rows=[self.row_noise(p, gen.sigma_k) for p in gen.plans],
+            inputs=self.generation_inputs(tr, gen, images, multimodal_fields),
+            hooks=partial(_method_hooks, self, tr, gen),
+            steer=self.steer(tr),
+            noisy_first_token_temperature=self.noisy_first_token_temperature(tr, gen),
+        )
+        if tr.use_vllm:
+            plan.images = self.vllm_images(tr, gen, images)
+            plan.logit_scales = self.vllm_logit_scales(tr, gen)
+        gen.plan = plan
+        return plan
+
     def begin_generation(
         self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
-        """Set this generation's annealed values on ``gen`` (``sigma_k``; the image method's ``image_t``;
-        the control's ``first_token_temperature``) at schedule position ``k`` of ``K``, before any row is
-        generated, on every engine. ``prompt_ids`` / ``multimodal_fields``: this rank's rows (the control
+        """Set this generation's annealed values on ``gen`` (``sigma_k``; the method's own in
+        ``gen.method_values``: the image method's ``image_t``, the control's ``first_token_temperature``)
+        at schedule position ``k`` of ``K``, before any row is generated, on every engine. ``prompt_ids`` / ``multimodal_fields``: this rank's rows (the control
         calibrates its T0 on them; the target schedule solves sigma_k on them). Reads ``tr.args``,
         ``tr.schedule``; writes ``gen``."""
         if not self.uses_sigma:
@@ -384,6 +467,11 @@ class RolloutMethod:
         Default: nothing."""
         return None
 
+    def noisy_first_token_temperature(self, tr: TrainerView, gen: Any) -> float | None:
+        """The temperature the noisy rows sample their first token at, where the method rescales it (the
+        control's ``T_k``), else None (the sampling temperature)."""
+        return None
+
     def vllm_images(self, tr: TrainerView, gen: Any, images: Any) -> Any:
         """The per-row images vLLM gets (default: TRL's)."""
         return images
@@ -401,7 +489,8 @@ class RolloutMethod:
         self, tr: TrainerView, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
     ) -> None:
         """Anything the method does with the gathered rewards of a generation (SPSA's update), writing
-        what it logs into ``metrics``. Runs on every rank with the same inputs. Default: nothing."""
+        what it logs into ``metrics`` and what it records into ``gen.method_values``. Runs on every rank
+        with the same inputs. Default: nothing."""
 
     def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
         """The method's own per-generation metrics (beside ``reward/*`` and ``noise/*``)."""

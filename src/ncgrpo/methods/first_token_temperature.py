@@ -64,26 +64,30 @@ class FirstTokenTemperature(RolloutMethod):
         self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
         """Calibrates ``tr.nc_state.t0`` once (``first_token_temperature_auto``, on this generation's
-        prompts) and sets ``gen.first_token_temperature`` to ``T_k``."""
+        prompts) and sets ``gen.method_values["first_token_temperature"]`` to ``T_k``."""
         gen.sigma_k = 0.0
         if tr.args.first_token_temperature_auto and tr.nc_state.t0 is None:
             tr.nc_state.t0 = tr.calibrate_first_token_t0(gen.plans, prompt_ids, multimodal_fields)
-        gen.first_token_temperature = self.temperature_at(tr, k, K)
+        gen.method_values["first_token_temperature"] = self.temperature_at(tr, k, K)
+
+    def noisy_first_token_temperature(self, tr: TrainerView, gen: Any) -> float:
+        """``T_k``: the branch-point metrics measure the noisy rows at it."""
+        return gen.method_values["first_token_temperature"]
 
     def generation_hooks(self, tr: TrainerView, gen: Any, model: Any, stack: ExitStack) -> None:
         """The noisy rows' first-token logits times ``T / T_k`` (:func:`ncgrpo.engines.controls.first_token_temperature`);
-        the metrics read its effect from ``gen.first_token_temperature``."""
+        the metrics read its effect from :meth:`noisy_first_token_temperature`."""
         stack.enter_context(
             first_token_temperature(
                 model,
                 [p.noisy for p in gen.plans],
                 temperature=tr.temperature,
-                first_token_temperature=gen.first_token_temperature,
+                first_token_temperature=self.noisy_first_token_temperature(tr, gen),
             )
         )
 
     def vllm_logit_scales(self, tr: TrainerView, gen: Any) -> list[float | None]:
-        scale = float(tr.temperature) / gen.first_token_temperature
+        scale = float(tr.temperature) / self.noisy_first_token_temperature(tr, gen)
         return [scale if p.noisy else None for p in gen.plans]
 
     def verl_extra_args(self, cfg: Any, plan: RowPlan, step: int, temperature: float) -> tuple[float, dict]:
@@ -96,7 +100,7 @@ class FirstTokenTemperature(RolloutMethod):
         return 0.0, control_extra_args(float(temperature) / t_k)
 
     def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
-        out = {"control/first_token_temperature": float(gen.first_token_temperature)}
+        out = {"control/first_token_temperature": float(self.noisy_first_token_temperature(tr, gen))}
         if tr.nc_state.t0 is not None:
             out["control/first_token_temperature_t0"] = float(tr.nc_state.t0)
         return out

@@ -46,19 +46,20 @@ class Image(RolloutMethod):
     def begin_generation(
         self, tr: TrainerView, gen: Any, k: int, K: int, prompt_ids: Any, multimodal_fields: dict
     ) -> None:
+        """``gen.method_values["image_t"]``: this generation's diffusion step."""
         gen.sigma_k = 0.0
-        gen.image_t = tr.schedule.image_t(k, K, tr.args.image_noise_step)
+        gen.method_values["image_t"] = tr.schedule.image_t(k, K, tr.args.image_noise_step)
 
     def generation_inputs(self, tr: TrainerView, gen: Any, images: Any, multimodal_fields: dict) -> dict:
         return distort_multimodal_fields(
-            tr.processing_class, images, multimodal_fields, gen.plans, gen.image_t
+            tr.processing_class, images, multimodal_fields, gen.plans, gen.method_values["image_t"]
         )
 
     def vllm_images(self, tr: TrainerView, gen: Any, images: Any) -> Any:
-        return distorted_row_images(tr.processing_class, images, gen.plans, gen.image_t)
+        return distorted_row_images(tr.processing_class, images, gen.plans, gen.method_values["image_t"])
 
     def metrics(self, tr: TrainerView, gen: Any) -> dict[str, float]:
-        return {"image_noise/t": float(gen.image_t)}
+        return {"image_noise/t": float(gen.method_values["image_t"])}
 
 
 def _policy(processing_class):

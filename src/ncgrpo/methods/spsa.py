@@ -59,8 +59,10 @@ class Spsa(Antithetic):
     def after_rewards(
         self, tr: TrainerView, gen: Any, plans: list[RowPlan], rewards: Any, metrics: dict[str, float]
     ) -> None:
-        """Logs ``spsa/mu_norm`` (before this step's update) and ``spsa/updated``; updates ``tr.nc_state.mu``."""
-        metrics["spsa/mu_norm"] = float(torch.linalg.vector_norm(tr.nc_state.mu))
+        """Logs and records (``gen.method_values["mu_norm"]``) ``spsa/mu_norm`` before this step's update,
+        logs ``spsa/updated``; updates ``tr.nc_state.mu``."""
+        mu_norm = float(torch.linalg.vector_norm(tr.nc_state.mu))
+        metrics["spsa/mu_norm"] = gen.method_values["mu_norm"] = mu_norm
         metrics["spsa/updated"] = float(self.update(tr, plans, rewards, gen.sigma_k, gen.step))
 
     @staticmethod

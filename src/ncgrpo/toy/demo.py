@@ -222,9 +222,14 @@ def _record_provenance(folder: Path) -> None:
     continues a folder an earlier one wrote (its finished runs and records are kept), each later start
     under another commit or other package versions (``provenance_history``, with a
     ``ProvenanceWarning``: :func:`ncgrpo.runs.provenance.continue_provenance`). A root claimed just now
-    (run.json only ``{"kind": "demo"}``) is new, unless it holds an earlier demo's files."""
+    (run.json only ``{"kind": "demo"}``) is new, unless it holds an earlier demo's files that do not
+    record what made them: runs copied in from another demo (the documented way to share a baseline
+    between folders) each carry their own provenance, so the root is new and says nothing about them."""
     info = read_run_json(folder) or {"kind": "demo"}
-    earlier = set(info) - {"kind"} or any((folder / d).is_dir() for d in ("train", "eval"))
+    subs = [folder / sub for sub in ("train", "eval") if (folder / sub).is_dir()]
+    runs = [d for sub in subs for d in sub.iterdir() if d.is_dir()]
+    unrecorded = any("provenance" not in (read_run_json(d) or {}) for d in runs)
+    earlier = set(info) - {"kind"} or unrecorded or (subs and not runs)
     keys = continue_provenance(info if earlier else None, event="continue", where=folder)
     if {**info, **keys} != info:
         atomic_write_json(folder / RUN_FILE, {**info, **keys})

@@ -281,15 +281,49 @@ class NCGRPOTrainer(GRPOTrainer):
 
     # -- generation (algorithm lines 1-7) --------------------------------------------------------
     def _nc_generate(self, generate, prompt_ids, images, multimodal_fields, num_generations):
-        """Plan this rank's rows, install the hooks, and call ``generate(multimodal_fields)`` (TRL's own
-        generation) inside them; records what the branch point did in ``self._nc_gen``. What differs by
-        method is the method's (:class:`ncgrpo.methods.RolloutMethod`): this generation's annealed values
-        (``begin_generation``), each row's noise (``row_noise``, ``steer``), the inputs the noisy rows
-        generate from (``generation_inputs``) and its own hooks (``generation_hooks``)."""
+        """Plan this rank's rows, ask the method for the generation's plan, and call ``generate`` (TRL's own
+        generation) inside its hooks; records what the branch point did in ``self._nc_gen``. What differs
+        by method is in the one :class:`~ncgrpo.methods.base.GenerationPlan` the method returns
+        (:meth:`~ncgrpo.methods.RolloutMethod.plan_generation`: the rows' noise and steering vector, the
+        inputs the rows generate from, its hooks; on vLLM the requests' images and logit scales)."""
         a = self.args
-        method = self.nc_method
-        k_opt = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
+        step = int(self.state.global_step) + 1  # noise keys name the optimizer step (resume-stable)
         k, K = self.schedule_position()
+        plans = self._nc_row_plans(prompt_ids, images, num_generations, step)
+        gen = Generation(step=step, total_steps=K, sigma_k=0.0, plans=plans, schedule_k=k)
+        plan = self.nc_method.plan_generation(self, gen, prompt_ids, images, multimodal_fields)
+        if self.use_vllm:
+            return generate_vllm(self, generate, gen, plan, prompt_ids, multimodal_fields)
+        model = unwrapped_model(self)
+        resolve = None
+        if (
+            gen.target_tv is not None and gen.target_solve is None
+        ):  # target_marginal_tv: solved in the prefill
+            resolve = prefill_resolver(self, gen, model)
+        with ExitStack() as stack:
+            marginal = partial(branch_point_marginal, self, gen)
+            branch = stack.enter_context(
+                branch_point_hooks(model, plan.rows, a, plan.steer, marginal, resolve=resolve)
+            )
+            # one prefill per prompt (per half for the image method): TRL's generate goes through
+            # ncgrpo.engines.shared_prefill.shared_prefill_generate; the hooks above act at its branch forward
+            self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
+            control = stack.enter_context(plan.hooks(model))
+            completion_ids, logprobs = generate(plan.inputs)
+        if resolve is not None and gen.target_solve is None:  # never silently at the provisional sigma0
+            raise RuntimeError(
+                "target_marginal_tv: the generation's prefill did not reach the final-norm hook that solves "
+                "sigma_k (no prefill was detected in TRL's generate); the rows would have used sigma0"
+            )
+        record_branch_point(gen, *branch, temperature=self.temperature, control=control)
+        gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
+        self._nc_gen = gen
+        return completion_ids, logprobs
+
+    def _nc_row_plans(self, prompt_ids, images, num_generations: int, step: int) -> list:
+        """This rank's rows' plans (:func:`ncgrpo.core.plan.plan_rows` on global row indices): each prompt's
+        id a hash of its ``question_id`` column (hashed once per question) or, without one, of its token
+        ids and images; keys of optimizer step ``step``, the one being generated for."""
         L = len(prompt_ids)
         qids = (
             [x.get("question_id") for x in self._nc_inputs]
@@ -305,50 +339,16 @@ class NCGRPOTrainer(GRPOTrainer):
                 by_qid[str(q)] = prompt_id_for(q)  # a hash of str(question_id)
             return by_qid[str(q)]
 
-        pids = [pid(i, q, ids) for i, (q, ids) in enumerate(zip(qids, prompt_ids, strict=True))]
         first_row = self.accelerator.process_index * L
-        plans = plan_rows(
+        return plan_rows(
             range(first_row, first_row + L),
-            pids,
+            [pid(i, q, ids) for i, (q, ids) in enumerate(zip(qids, prompt_ids, strict=True))],
             num_generations=num_generations,
-            method=method,
+            method=self.nc_method,
             seed=self.noise_base_seed,
-            step=k_opt,
-            antithetic_grouping=a.antithetic_grouping,
+            step=step,
+            antithetic_grouping=self.args.antithetic_grouping,
         )
-        gen = Generation(step=k_opt, total_steps=K, sigma_k=0.0, plans=plans, schedule_k=k)
-        method.begin_generation(self, gen, k, K, prompt_ids, multimodal_fields)
-        rows = [method.row_noise(p, gen.sigma_k) for p in plans]
-        if self.use_vllm:
-            return generate_vllm(self, generate, gen, rows, prompt_ids, images, multimodal_fields)
-        fields = method.generation_inputs(self, gen, images, multimodal_fields)
-        if fields is not multimodal_fields:
-            gen.gen_pixel_values = fields.get("pixel_values")
-        model = unwrapped_model(self)
-        resolve = None
-        if (
-            gen.target_tv is not None and gen.target_solve is None
-        ):  # target_marginal_tv: solved in the prefill
-            resolve = prefill_resolver(self, gen, model)
-        with ExitStack() as stack:
-            marginal = partial(branch_point_marginal, self, gen)
-            branch = stack.enter_context(
-                branch_point_hooks(model, rows, a, method.steer(self), marginal, resolve=resolve)
-            )
-            # one prefill per prompt (per half for the image method): TRL's generate goes through
-            # ncgrpo.engines.shared_prefill.shared_prefill_generate; the hooks above act at its branch forward
-            self.nc_shared_prefill = stack.enter_context(share_prompt_prefill(model, a.share_prompt_prefill))
-            control = method.generation_hooks(self, gen, model, stack)
-            completion_ids, logprobs = generate(fields)
-        if resolve is not None and gen.target_solve is None:  # never silently at the provisional sigma0
-            raise RuntimeError(
-                "target_marginal_tv: the generation's prefill did not reach the final-norm hook that solves "
-                "sigma_k (no prefill was detected in TRL's generate); the rows would have used sigma0"
-            )
-        record_branch_point(gen, *branch, temperature=self.temperature, control=control)
-        gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
-        self._nc_gen = gen
-        return completion_ids, logprobs
 
     # -- after rewards: regrouping, IS policy, metrics, SPSA (algorithm lines 8-10) ---------------
     def _nc_after_rewards(self, output: dict) -> None:
@@ -401,7 +401,9 @@ class NCGRPOTrainer(GRPOTrainer):
                 )
             )
         rel = noise_metrics(self, gen, plans, rewards, metrics)
-        self.nc_method.after_rewards(self, gen, plans, rewards, metrics)  # SPSA: mu's update
+        self.nc_method.after_rewards(
+            self, gen, plans, rewards, metrics
+        )  # SPSA: mu's update, its norm recorded
 
         inert = self._inert.update_from(gen.step, gen.sigma_k, metrics)
         if inert is not None and self.accelerator.is_main_process:
@@ -412,14 +414,13 @@ class NCGRPOTrainer(GRPOTrainer):
                 step=gen.step,
                 total_steps=gen.total_steps,
                 sigma_k=gen.sigma_k,
-                image_t=gen.image_t,
                 rows=[p.as_tuple() for p in plans],
                 rewards=rewards.tolist(),
                 advantages=adv_global.tolist(),
                 local_rows=[p.as_tuple() for p in gen.plans],
                 rel=rel.tolist(),
-                mu_norm=metrics.get("spsa/mu_norm"),
                 metrics=metrics,
+                method_values=dict(gen.method_values),
             )
         )
 

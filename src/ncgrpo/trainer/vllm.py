@@ -20,7 +20,7 @@ from ncgrpo.engines.vllm import (
     target_solves,
     target_spec,
 )
-from ncgrpo.methods.base import Generation
+from ncgrpo.methods.base import Generation, GenerationPlan
 from ncgrpo.trainer.generation import (
     branch_point_hooks,
     branch_point_marginal,
@@ -49,31 +49,24 @@ def _tp_group_rows(vllm_generation, rows: list, logit_scales: list | None) -> tu
     return all_rows, [x for _, part in gathered for x in part]
 
 
-def measure_branch_point(
-    trainer, gen: Generation, rows: list, prompt_ids, images, multimodal_fields, resolve=None
-) -> None:
+def measure_branch_point(trainer, gen: Generation, plan: GenerationPlan, prompt_ids, resolve=None) -> None:
     """vLLM path: the engine returns no hidden states or full first-token distributions, so the
     branch point is measured with the trainer's own model: one no-grad prompt-only forward of the
     local rows (``generate`` with ``max_new_tokens=1``, greedy: the same left padding, position ids
-    and multimodal inputs as TRL's transformers path, and no RNG drawn) under the same ``rows``
-    (keys, sigma, ``mu``), then :func:`~ncgrpo.trainer.generation.record_branch_point`, as on the
-    transformers path. So ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement``
-    and ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the
-    engine's copy holds the same weights, in its own dtype). Image method: the noisy rows' pixels
-    are the distorted ones (:func:`~ncgrpo.methods.image.distort_multimodal_fields`, the copy vLLM got
-    as PIL images; the method's :meth:`~ncgrpo.methods.RolloutMethod.generation_inputs`); the control: its
-    first-token temperature, as on the transformers path. ``resolve``: the target schedule's batch solve
+    and multimodal inputs as TRL's transformers path, and no RNG drawn) under the generation's ``plan``
+    (its rows' keys and sigma, its steering vector ``mu``, its ``inputs``: the image method's distorted
+    pixels, the copy vLLM got as PIL images), then :func:`~ncgrpo.trainer.generation.record_branch_point`,
+    as on the transformers path (the control: at its first-token temperature, ``gen.plan``'s). So
+    ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement`` and
+    ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the engine's
+    copy holds the same weights, in its own dtype). ``resolve``: the target schedule's batch solve
     (:func:`~ncgrpo.trainer.target.prefill_resolver`), run in this same pass on its clean states before the
     rows are perturbed at the solved sigma (so it runs before the engine generates). Reads
-    ``trainer.nc_method``, ``.args``, ``.temperature``, the model."""
-    method = trainer.nc_method
-    fields = method.generation_inputs(trainer, gen, images, multimodal_fields)
+    ``trainer.args``, ``.temperature``, the model."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     marginal = partial(branch_point_marginal, trainer, gen)
-    with branch_point_hooks(
-        model, rows, trainer.args, method.steer(trainer), marginal, resolve=resolve
-    ) as branch:
-        prefill_only(trainer, prompt_ids, fields)
+    with branch_point_hooks(model, plan.rows, trainer.args, plan.steer, marginal, resolve=resolve) as branch:
+        prefill_only(trainer, prompt_ids, plan.inputs)
     record_branch_point(gen, *branch, temperature=trainer.temperature)
 
 
@@ -152,16 +145,15 @@ def _annealed_away(trainer, gen: Generation) -> None:
     _record(trainer, gen, PromptScopeSolve(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
 
 
-def generate_vllm(trainer, generate, gen: Generation, rows: list, prompt_ids, images, multimodal_fields):
+def generate_vllm(trainer, generate, gen: Generation, plan: GenerationPlan, prompt_ids, multimodal_fields):
     """The vLLM leg of ``NCGRPOTrainer._nc_generate``: one request per row (TRL's colocate mode already
     sends one ``n=1`` request per row), each with its row's ``SamplingParams.extra_args`` from
-    :func:`ncgrpo.engines.vllm.noise_extra_args` (SPSA: ``mu`` as ``steer``); the ncgrpo plugin applies
-    eq. (2) in the engine. What else a request carries is the method's: its images
-    (:meth:`~ncgrpo.methods.RolloutMethod.vllm_images`: the image method's distorted copies, one per prompt,
-    as on the transformers path; TRL builds the loss inputs from the clean ones) and its first-token logit
-    scales (:meth:`~ncgrpo.methods.RolloutMethod.vllm_logit_scales`: the temperature control's ``T / T_k``).
-    Then the branch point is measured with the trainer's model (:func:`measure_branch_point`). ``gen`` holds
-    this generation's annealed values already (``RolloutMethod.begin_generation``).
+    :func:`ncgrpo.engines.vllm.noise_extra_args` (the plan's rows and steering vector, SPSA's ``mu``); the
+    ncgrpo plugin applies eq. (2) in the engine. What else a request carries is the method's plan: its
+    ``images`` (the image method's distorted copies, one per prompt, as on the transformers path; TRL builds
+    the loss inputs from the clean ones) and its ``logit_scales`` (the temperature control's ``T / T_k``).
+    Then the branch point is measured with the trainer's model (:func:`measure_branch_point`). ``plan``:
+    what :meth:`~ncgrpo.methods.RolloutMethod.plan_generation` returned for ``gen``.
 
     ``target_marginal_tv`` (one trainer pass in all, the measurement's): ``target_scope='batch'``: the
     measurement pass runs first and solves sigma_k on its clean states before it perturbs the rows
@@ -169,33 +161,31 @@ def generate_vllm(trainer, generate, gen: Generation, rows: list, prompt_ids, im
     then generates at it. ``target_scope='prompt'``: each noisy request carries a ``"target"``
     (:func:`_row_targets`); the engine solves each prompt's sigma in its own prefill and perturbs there, the
     trainer reads the solves back (:func:`_read_back_solves`) and measures each row at its prompt's sigma.
-    Reads ``trainer.nc_method``; writes ``trainer._nc_gen``."""
+    Either way ``plan.rows`` ends as the rows were generated. Reads ``trainer.nc_method`` (``row_noise``);
+    writes ``trainer._nc_gen``."""
     method = trainer.nc_method
-    gen_images = method.vllm_images(trainer, gen, images)
-    scales = method.vllm_logit_scales(trainer, gen)
-    steer = method.steer(trainer)
     pending = gen.target_tv is not None and gen.target_solve is None
     prompt_scope = pending and trainer.args.target_scope == "prompt"
     if pending and not prompt_scope:  # batch: the solve folded into the measurement pass, before generation
         resolve = prefill_resolver(trainer, gen, unwrapped_model(trainer))
-        measure_branch_point(trainer, gen, rows, prompt_ids, images, multimodal_fields, resolve=resolve)
+        measure_branch_point(trainer, gen, plan, prompt_ids, resolve=resolve)
         if gen.target_solve is None:
             raise RuntimeError(
                 "target_marginal_tv: the measurement pass did not reach the final-norm hook that solves sigma_k; "
                 "the rows would have used sigma0"
             )
-        rows = [method.row_noise(p, gen.sigma_k) for p in gen.plans]
+        plan.rows = [method.row_noise(p, gen.sigma_k) for p in gen.plans]
     targets = _row_targets(trainer, gen) if prompt_scope else None
     if prompt_scope and targets is None:  # annealed to 0
         _annealed_away(trainer, gen)
-        rows = [method.row_noise(p, 0.0) for p in gen.plans]
-    with vllm_requests(trainer, rows, steer=steer, logit_scales=scales, targets=targets):
-        completion_ids, logprobs = generate(multimodal_fields, gen_images)
+        plan.rows = [method.row_noise(p, 0.0) for p in gen.plans]
+    with vllm_requests(trainer, plan.rows, steer=plan.steer, logit_scales=plan.logit_scales, targets=targets):
+        completion_ids, logprobs = generate(multimodal_fields, plan.images)
     if targets is not None:
         _read_back_solves(trainer, gen)
-        rows = [method.row_noise(p, s) for p, s in zip(gen.plans, gen.row_sigma, strict=True)]
+        plan.rows = [method.row_noise(p, s) for p, s in zip(gen.plans, gen.row_sigma, strict=True)]
     if not pending or prompt_scope:
-        measure_branch_point(trainer, gen, rows, prompt_ids, images, multimodal_fields)
+        measure_branch_point(trainer, gen, plan, prompt_ids)
     gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
     trainer._nc_gen = gen
     return completion_ids, logprobs
