@@ -225,6 +225,14 @@ def parse_args(argv=None):
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the GPU")
     p.add_argument("--sigma", type=float, default=0.2)
+    p.add_argument(
+        "--target-tv",
+        type=float,
+        default=0.02,
+        help="the 'target' arm: each noisy request carries this per-prompt target (target_scope prompt), solved "
+        "in the engine on --target-draws draws (a fresh step per rollout, so every prompt is solved each time)",
+    )
+    p.add_argument("--target-draws", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_vllm_rollout.json", help="JSON output path")
     args = p.parse_args(argv)
@@ -265,7 +273,7 @@ def main(argv=None) -> dict:
     from vllm import LLM, SamplingParams
 
     from ncgrpo.core.plan import plan_group, prompt_noise_id
-    from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows
+    from ncgrpo.engines.vllm import check_plugin_active, sampling_params_for_rows, target_spec
     from ncgrpo.methods import get_method
     from ncgrpo.models import tokenizer_of
     from ncgrpo.rollout import generate_groups
@@ -303,8 +311,14 @@ def main(argv=None) -> dict:
     def params(arm: str, step: int):
         if arm == "vanilla":
             return [base] * len(requests)
-        rows = plan_batch(pids, args.n, args.sigma if arm == "ncgrpo" else 0.0, args.seed, step)
-        return sampling_params_for_rows(base, rows)
+        rows = plan_batch(pids, args.n, 0.0 if arm == "sigma0" else args.sigma, args.seed, step)
+        targets = None
+        if arm == "target":  # the in-engine per-prompt solve (sigma ignored), on the noisy rows
+            t = target_spec(
+                args.target_tv, draws=args.target_draws, temperature=1.0, start=args.sigma, sigma_max=10.0
+            )
+            targets = [t if r.key is not None else None for r in rows]
+        return sampling_params_for_rows(base, rows, targets=targets)
 
     def timed_vllm(arm: str, step: int) -> tuple[float, float]:
         sp = params(arm, step)
@@ -314,17 +328,22 @@ def main(argv=None) -> dict:
         assert all(len(o.outputs[0].token_ids) == args.max_new_tokens for o in outs)
         return wall, time.process_time() - c
 
-    arms = ["vanilla", "ncgrpo", "sigma0"]
+    arms = ["vanilla", "ncgrpo", "sigma0", "target"]
     for arm in arms:
         timed_vllm(arm, 0)  # warm-up
     times = {a: [] for a in arms}
     in_engine = {a: [] for a in arms}  # seconds spent in the plugin's code inside the worker
+    solve_s = []  # the target arm: seconds of its in-engine solves
     for i in range(args.repeats):
-        order = arms[i % 3 :] + arms[: i % 3]  # rotate which arm goes first
+        order = arms[i % len(arms) :] + arms[: i % len(arms)]  # rotate which arm goes first
         for name in order:
-            before = check_plugin_active(llm)[0]["plugin_seconds"]
+            before = check_plugin_active(llm)[0]
             wall, _ = timed_vllm(name, i + 1)
-            in_engine[name].append(check_plugin_active(llm)[0]["plugin_seconds"] - before)
+            after = check_plugin_active(llm)[0]
+            in_engine[name].append(after["plugin_seconds"] - before["plugin_seconds"])
+            if name == "target":
+                assert after["target_solves"] - before["target_solves"] == args.prompts  # one per prompt
+                solve_s.append(after["target_solve_seconds"] - before["target_solve_seconds"])
             times[name].append(wall)
             print(f"repeat {i}: vLLM {name} {wall:.3f}s", file=sys.stderr, flush=True)
 
@@ -378,6 +397,7 @@ def main(argv=None) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     paired = statistics.median(a / b for a, b in zip(times["ncgrpo"], times["vanilla"], strict=True))
     paired0 = statistics.median(a / b for a, b in zip(times["sigma0"], times["vanilla"], strict=True))
+    paired_t = statistics.median(a / b for a, b in zip(times["target"], times["ncgrpo"], strict=True))
     hf_med = statistics.median(hf_times) if hf_times else None
     result = {
         "machine": {
@@ -406,6 +426,11 @@ def main(argv=None) -> dict:
         "paired_ratio_median": paired,
         "ratio_sigma0_over_vanilla": med["sigma0"] / med["vanilla"],
         "paired_ratio_sigma0_median": paired0,
+        # the in-engine per-prompt target solve vs the same rollout at a fixed sigma (goal <= 1.03)
+        "ratio_target_over_fixed_sigma": med["target"] / med["ncgrpo"],
+        "paired_ratio_target_over_fixed_sigma_median": paired_t,
+        "target_solve_s": solve_s,
+        "target_solve_median_s": statistics.median(solve_s) if solve_s else None,
         "plugin_hook_s_per_rollout": hook_s,
         "plugin_in_engine_s": in_engine,
         "plugin_in_engine_median_s": {k: statistics.median(v) for k, v in in_engine.items()},
@@ -427,6 +452,7 @@ def main(argv=None) -> dict:
         ("vanilla", "vLLM vanilla GRPO"),
         ("ncgrpo", "vLLM NC-GRPO (plugin)"),
         ("sigma0", "vLLM NC-GRPO requests, sigma 0"),
+        ("target", "vLLM NC-GRPO, per-prompt target"),
     ):
         print(f"{label:<34}{med[k]:>10.3f}{min(times[k]):>10.3f}{max(times[k]):>10.3f}")
     if hf_times:
@@ -449,6 +475,12 @@ def main(argv=None) -> dict:
     print(
         f"plugin code inside the worker per rollout: {1e3 * pe['ncgrpo']:.2f} ms NC-GRPO "
         f"({100 * pe['ncgrpo'] / med['vanilla']:.2f}% of the vanilla rollout), {1e3 * pe['vanilla']:.3f} ms vanilla"
+    )
+    print(
+        f"ratio per-prompt target (in-engine solve) / fixed sigma: {result['ratio_target_over_fixed_sigma']:.4f} "
+        f"(ratio of medians), {paired_t:.4f} (median of paired ratios); the solves took "
+        f"{1e3 * result['target_solve_median_s']:.2f} ms per rollout inside the worker ({args.prompts} prompts, "
+        f"{args.target_draws} draws, target TV {args.target_tv})"
     )
     if hf_times:
         print(f"vLLM speed-up over transformers (NC-GRPO): {result['speedup_vllm_over_transformers']:.2f}x")

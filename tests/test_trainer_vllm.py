@@ -17,6 +17,7 @@ pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from ncgrpo.engines.vllm import check_plugin_active  # noqa: E402
 from ncgrpo.engines.vllm_cpu import cpu_weight_sync  # noqa: E402
 from ncgrpo.trainer import NCGRPOConfig, NCGRPOTrainer  # noqa: E402
 from ncgrpo.trainer.inert import InertNoiseWarning  # noqa: E402
@@ -131,33 +132,56 @@ def test_inert_noise_warning_fires_on_vllm(model_dir, tmp_path) -> None:
     assert all(h.metrics["noise/first_token_tv"] < 1e-3 for h in tr.nc_history)
 
 
-def test_target_schedule_on_colocate_generates_at_the_solved_sigma(model_dir, tmp_path) -> None:
-    """target_marginal_tv on vLLM: the trainer solves sigma_k on its own model before the engine generates,
-    the plugin perturbs the noisy rows at that sigma, and the TV measured afterwards (the trainer's pass
-    under the same noise) is the target's."""
+@pytest.mark.parametrize("scope", ["batch", "prompt"])
+def test_target_schedule_on_colocate_generates_at_the_solved_sigma(
+    model_dir, tmp_path, monkeypatch, scope
+) -> None:
+    """target_marginal_tv on vLLM with ONE trainer pass per generation (the measurement's; counted here).
+    Batch scope: that pass solves sigma_k on its clean states before the engine generates, and the plugin
+    perturbs the noisy rows at it. Prompt scope: the engine solves each prompt's sigma in its own prefill (the
+    trainer runs no pass for it), the trainer reads the solves back and measures each row at its prompt's
+    sigma. Either way the TV the trainer measures (its own model, float32; the engine runs bfloat16) is the
+    target's."""
+    import ncgrpo.trainer.target as target_mod
+    import ncgrpo.trainer.vllm as vllm_mod
+
+    passes = []
+    for mod in (vllm_mod, target_mod):
+        orig = mod.prefill_only
+        monkeypatch.setattr(mod, "prefill_only", lambda *a, _o=orig, **k: (passes.append(1), _o(*a, **k))[1])
     path, tok = model_dir
     target = 0.05
     args = _config(
         tmp_path,
         rollout_method="latent",
         target_marginal_tv=target,
+        target_scope=scope,
         sigma_max=10.0,
         sigma_schedule="constant",
+        per_device_train_batch_size=2 * G,  # two prompts per generation
     )
     with cpu_weight_sync():
         tr = vllm_trainer(NCGRPOTrainer, path, tok, args)
-        before = perturbed_rows(tr.vllm_generation.llm)
+        before = check_plugin_active(tr.vllm_generation.llm)[0]
         tr.train()
-    assert perturbed_rows(tr.vllm_generation.llm) - before == 2 * (G // 2)
+    after = check_plugin_active(tr.vllm_generation.llm)[0]
+    assert after["perturbed_rows"] - before["perturbed_rows"] == 2 * 2 * (G // 2)
     assert len(tr.nc_history) == 2
+    assert len(passes) == 2  # one prompt-only pass per generation, the measurement: no solve pass of its own
+    # prompt scope: one solve per prompt and generation in the engine (both noisy rows share it)
+    assert after["target_solves"] - before["target_solves"] == (4 if scope == "prompt" else 0)
     for h in tr.nc_history:
         m = h.metrics
         assert m["noise/sigma_k"] == h.sigma_k > 0 and m["noise/sigma_at_max"] == 0.0
         assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target, m
         assert abs(m["noise/first_token_marginal_tv"] - target) <= 0.1 * target, m
-        assert m["noise/rel_perturbation"] == pytest.approx(
-            h.sigma_k, rel=0.3
-        )  # the noise sent was sigma_k's
+        if scope == "batch":
+            assert m["noise/rel_perturbation"] == pytest.approx(
+                h.sigma_k, rel=0.3
+            )  # the noise sent: sigma_k's
+        else:
+            assert m["noise/sigma_k_min"] <= m["noise/sigma_k"] <= m["noise/sigma_k_max"], m
+            assert m["noise/sigma_k_min"] < m["noise/sigma_k_max"], m  # two prompts, two sigmas
 
 
 def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path, monkeypatch) -> None:

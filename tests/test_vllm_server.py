@@ -247,11 +247,24 @@ def test_trainer_step_in_server_mode(model_dir, server, tmp_path, monkeypatch):
     assert hist.metrics["noise/first_token_tv"] > 0.3 and hist.metrics["noise/sigma_k"] == pytest.approx(8.0)
 
 
-def test_target_schedule_in_server_mode_sends_the_solved_sigma(model_dir, server, tmp_path, monkeypatch):
-    """target_marginal_tv with a vLLM server: sigma_k is solved on the trainer's model before the batch goes
-    to the server, whose plugin perturbs the noisy half at it; the TV measured afterwards is the target's."""
+@pytest.mark.parametrize("scope", ["batch", "prompt"])
+def test_target_schedule_in_server_mode_sends_the_solved_sigma(
+    model_dir, server, tmp_path, monkeypatch, scope
+):
+    """target_marginal_tv with a vLLM server. Batch scope: sigma_k is solved on the trainer's model (in its
+    measurement pass) before the batch goes to the server, whose plugin perturbs the noisy half at it.
+    Prompt scope: the server's workers solve the prompt's sigma and the trainer reads it back through
+    ``/collective_rpc`` (``target_solves``). Either way the TV measured afterwards is the target's."""
     target = 0.05
-    tr = _one_server_step(model_dir, server, tmp_path, monkeypatch, target_marginal_tv=target, sigma_max=10.0)
+    tr = _one_server_step(
+        model_dir,
+        server,
+        tmp_path,
+        monkeypatch,
+        target_marginal_tv=target,
+        sigma_max=10.0,
+        target_scope=scope,
+    )
     tr.records = []
     before = _perturbed(server)
     tr.train()
@@ -261,3 +274,5 @@ def test_target_schedule_in_server_mode_sends_the_solved_sigma(model_dir, server
     assert m["noise/sigma_k"] == hist.sigma_k > 0
     assert abs(m["noise/target_achieved_tv"] - target) <= 0.02 * target, m
     assert abs(m["noise/first_token_marginal_tv"] - target) <= 0.1 * target, m
+    if scope == "prompt":  # one prompt: its sigma is the mean, the min and the max
+        assert m["noise/sigma_k_min"] == m["noise/sigma_k_max"] == pytest.approx(hist.sigma_k), m

@@ -543,3 +543,63 @@ def test_gpu_batch_sharded_sampling_is_refused_at_start_up(model_dir, request):
     with pytest.raises(ValueError, match="batch-sharded"):
         run(engine, [SHORT], greedy(noisy(1)))
     assert len(run(engine, [SHORT], greedy())[0].token_ids) > 0
+
+
+def transformers_tv_at(
+    hf, inputs: dict, prompt_id: int, sigma: float, *, seed: int, step: int, draws: int
+) -> float:
+    """The transformers engine's estimate of ``TV(q, q_bar(sigma))`` on the prompt's clean state: the
+    MarginalCurve the trainer builds (:func:`ncgrpo.trainer.generation.marginal_curve`) on the same keys."""
+    from ncgrpo.core.marginal import MarginalCurve, marginal_keys
+    from ncgrpo.core.prompt_solve import curve_tv_at
+    from ncgrpo.engines.branch_point import branch_point_capture
+
+    def at(head, logits, states):
+        keys = marginal_keys(seed, step, prompt_id, draws // 2)
+        curve = MarginalCurve(head, states, logits, keys, temperature=1.0, mode="independent")
+        return curve_tv_at(curve, {0: sigma})[0]
+
+    with torch.no_grad(), branch_point_capture(hf, at) as point:
+        hf(**inputs)
+    return point.extra
+
+
+def test_a_target_is_solved_per_prompt_in_the_engine_once_per_step_and_read_back(llm, hf):
+    """A ``"target"`` spec: the worker solves each prompt's sigma on its clean state, so that the
+    transformers engine's estimate of that prompt's TV at it is the target (within 10%); every request of
+    the prompt at that step -- in the same engine step, a later chunk's step or a later ``generate`` -- is
+    perturbed at that one sigma (its first-token logprobs are the transformers engine's at it)."""
+    from ncgrpo.engines.vllm import target_solves, target_spec
+
+    target, seed, step = 0.05, 7, 11
+    spec = target_spec(target, draws=32, temperature=1.0, start=0.2, sigma_max=10.0)
+
+    def req(pid, draw, sign=1.0):
+        row = RowNoise(0.0, NoiseKey(seed, step, pid, draw), sign)
+        return SamplingParams(
+            max_tokens=2, temperature=0.0, logprobs=TOPK, extra_args=noise_extra_args(row, target=spec)
+        )
+
+    before = check_plugin_active(llm)[0]["target_solves"]
+    outs = run(llm, [SHORT, LONG, SHORT], [req(101, 0), req(102, 0), req(101, 1, -1.0)])  # LONG: 3 chunks
+    later = run(llm, [SHORT], [req(101, 2)])[0]  # a later generate: prompt 101's sigma from the cache
+    assert check_plugin_active(llm)[0]["target_solves"] == before + 2  # one solve per prompt
+    solves = {s["prompt_id"]: s for s in target_solves(llm, seed, step)}
+    assert set(solves) == {101, 102} and target_solves(llm, seed, step + 1) == []
+    for pid, prompt in [(101, SHORT), (102, LONG)]:
+        s = solves[pid]
+        assert s["error"] is None and s["target_tv"] == target and not s["at_max"] and s["evals"] >= 1
+        tv = transformers_tv_at(
+            hf, {"input_ids": torch.tensor([prompt])}, pid, s["sigma"], seed=seed, step=step, draws=32
+        )
+        assert abs(tv - target) <= 0.1 * target, (pid, tv, s)
+    assert solves[101]["sigma"] != solves[102]["sigma"]
+    for out, (pid, prompt, draw, sign) in zip(
+        [*outs, later],
+        [(101, SHORT, 0, 1.0), (102, LONG, 0, 1.0), (101, SHORT, 1, -1.0), (101, SHORT, 2, 1.0)],
+        strict=True,
+    ):
+        ref = reference_logprobs(
+            hf, prompt, RowNoise(solves[pid]["sigma"], NoiseKey(seed, step, pid, draw), sign)
+        )
+        assert_close_logprobs(first_logprobs(out), ref)

@@ -380,3 +380,39 @@ def test_image_method_distorted_images_reach_the_engine_and_clean_images_do_not_
     for i, o in enumerate(outs):
         got = first_logprobs(o.outputs[0])
         assert_close_logprobs(got, noisy_ref if plans[i].noisy else clean_ref)
+
+
+def test_a_target_is_solved_per_image_prompt_in_the_engine_and_read_back(llm, hf, processor):
+    """The in-engine target solve on a VLM (the LM head of its language model): the image prompt's sigma is
+    solved on its clean state (prefilled in chunks), the transformers engine's estimate of its TV there is the
+    target within 10%, and both requests of the prompt are perturbed at it."""
+    from ncgrpo.core.marginal import MarginalCurve, marginal_keys
+    from ncgrpo.core.prompt_solve import curve_tv_at
+    from ncgrpo.engines.branch_point import branch_point_capture
+    from ncgrpo.engines.vllm import target_solves, target_spec
+
+    target, seed, step, pid = 0.05, 7, 21, 301
+    spec = target_spec(target, draws=32, temperature=1.0, start=0.2, sigma_max=10.0)
+    img = random_image(5)
+    inputs = hf_inputs(processor, QUESTION, [img])
+    rows = [RowNoise(0.0, NoiseKey(seed, step, pid, d)) for d in (0, 1)]
+    params = [
+        SamplingParams(
+            max_tokens=2, temperature=0.0, logprobs=TOPK, extra_args=noise_extra_args(r, target=spec)
+        )
+        for r in rows
+    ]
+    outs = generate(llm, [request(inputs, [img], processor)] * 2, params)
+    (s,) = target_solves(llm, seed, step)
+    assert s["prompt_id"] == pid and s["error"] is None and not s["at_max"]
+
+    def at(head, logits, states):
+        curve = MarginalCurve(head, states, logits, marginal_keys(seed, step, pid, 16), temperature=1.0)
+        return curve_tv_at(curve, {0: s["sigma"]})[0]
+
+    with torch.no_grad(), branch_point_capture(hf, at) as point:
+        hf(**inputs)
+    assert abs(point.extra - target) <= 0.1 * target, (point.extra, s)
+    for out, r in zip(outs, rows, strict=True):
+        ref = reference_logprobs(hf, inputs, RowNoise(s["sigma"], r.key))
+        assert_close_logprobs(first_logprobs(out.outputs[0]), ref)

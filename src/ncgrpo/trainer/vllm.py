@@ -49,26 +49,23 @@ def _tp_group_rows(vllm_generation, rows: list, logit_scales: list | None) -> tu
     return all_rows, [x for _, part in gathered for x in part]
 
 
-def measure_branch_point(
-    trainer, gen: Generation, plan: GenerationPlan, prompt_ids, rows: list | None = None, resolve=None
-) -> None:
+def measure_branch_point(trainer, gen: Generation, plan: GenerationPlan, prompt_ids, resolve=None) -> None:
     """vLLM path: the engine returns no hidden states or full first-token distributions, so the
     branch point is measured with the trainer's own model: one no-grad prompt-only forward of the
     local rows (``generate`` with ``max_new_tokens=1``, greedy: the same left padding, position ids
     and multimodal inputs as TRL's transformers path, and no RNG drawn) under the generation's ``plan``
-    (its rows' keys and sigma, or ``rows`` where the target schedule solved them; its steering vector
-    ``mu``; its ``inputs``: the image method's distorted pixels, the copy vLLM got as PIL images), then
-    :func:`~ncgrpo.trainer.generation.record_branch_point`, as on the transformers path (the control: at
-    its first-token temperature, ``gen.plan``'s). So ``noise/first_token_tv`` (the inert-noise warning's
-    input), ``noise/agreement`` and ``noise/rel_perturbation`` are logged on vLLM too. They describe the
-    trainer's policy (the engine's copy holds the same weights, in its own dtype). ``resolve``: the target
-    schedule's batch solve (:func:`~ncgrpo.trainer.target.prefill_resolver`), run in this same pass on its
-    clean states before the rows are perturbed at the solved sigma (so it runs before the engine
-    generates). Reads ``trainer.args``, ``.temperature``, the model."""
+    (its rows' keys and sigma, its steering vector ``mu``, its ``inputs``: the image method's distorted
+    pixels, the copy vLLM got as PIL images), then :func:`~ncgrpo.trainer.generation.record_branch_point`,
+    as on the transformers path (the control: at its first-token temperature, ``gen.plan``'s). So
+    ``noise/first_token_tv`` (the inert-noise warning's input), ``noise/agreement`` and
+    ``noise/rel_perturbation`` are logged on vLLM too. They describe the trainer's policy (the engine's
+    copy holds the same weights, in its own dtype). ``resolve``: the target schedule's batch solve
+    (:func:`~ncgrpo.trainer.target.prefill_resolver`), run in this same pass on its clean states before the
+    rows are perturbed at the solved sigma (so it runs before the engine generates). Reads
+    ``trainer.args``, ``.temperature``, the model."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     marginal = partial(branch_point_marginal, trainer, gen)
-    rows = plan.rows if rows is None else rows
-    with branch_point_hooks(model, rows, trainer.args, plan.steer, marginal, resolve=resolve) as branch:
+    with branch_point_hooks(model, plan.rows, trainer.args, plan.steer, marginal, resolve=resolve) as branch:
         prefill_only(trainer, prompt_ids, plan.inputs)
     record_branch_point(gen, *branch, temperature=trainer.temperature)
 
@@ -164,9 +161,9 @@ def generate_vllm(trainer, generate, gen: Generation, plan: GenerationPlan, prom
     then generates at it. ``target_scope='prompt'``: each noisy request carries a ``"target"``
     (:func:`_row_targets`); the engine solves each prompt's sigma in its own prefill and perturbs there, the
     trainer reads the solves back (:func:`_read_back_solves`) and measures each row at its prompt's sigma.
-    Reads ``trainer.nc_method`` (``row_noise`` at the solved sigmas); writes ``trainer._nc_gen``."""
+    Either way ``plan.rows`` ends as the rows were generated. Reads ``trainer.nc_method`` (``row_noise``);
+    writes ``trainer._nc_gen``."""
     method = trainer.nc_method
-    rows = plan.rows
     pending = gen.target_tv is not None and gen.target_solve is None
     prompt_scope = pending and trainer.args.target_scope == "prompt"
     if pending and not prompt_scope:  # batch: the solve folded into the measurement pass, before generation
@@ -177,18 +174,18 @@ def generate_vllm(trainer, generate, gen: Generation, plan: GenerationPlan, prom
                 "target_marginal_tv: the measurement pass did not reach the final-norm hook that solves sigma_k; "
                 "the rows would have used sigma0"
             )
-        rows = [method.row_noise(p, gen.sigma_k) for p in gen.plans]
+        plan.rows = [method.row_noise(p, gen.sigma_k) for p in gen.plans]
     targets = _row_targets(trainer, gen) if prompt_scope else None
     if prompt_scope and targets is None:  # annealed to 0
         _annealed_away(trainer, gen)
-        rows = [method.row_noise(p, 0.0) for p in gen.plans]
-    with vllm_requests(trainer, rows, steer=plan.steer, logit_scales=plan.logit_scales, targets=targets):
+        plan.rows = [method.row_noise(p, 0.0) for p in gen.plans]
+    with vllm_requests(trainer, plan.rows, steer=plan.steer, logit_scales=plan.logit_scales, targets=targets):
         completion_ids, logprobs = generate(multimodal_fields, plan.images)
     if targets is not None:
         _read_back_solves(trainer, gen)
-        rows = [method.row_noise(p, s) for p, s in zip(gen.plans, gen.row_sigma, strict=True)]
+        plan.rows = [method.row_noise(p, s) for p, s in zip(gen.plans, gen.row_sigma, strict=True)]
     if not pending or prompt_scope:
-        measure_branch_point(trainer, gen, plan, prompt_ids, rows=rows)
+        measure_branch_point(trainer, gen, plan, prompt_ids)
     gen.first_token = torch.tensor([c[0] if len(c) else -1 for c in completion_ids], dtype=torch.long)
     trainer._nc_gen = gen
     return completion_ids, logprobs
