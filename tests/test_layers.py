@@ -326,3 +326,16 @@ if __name__ == "__main__":  # python tests/test_layers.py: the share issue 45 co
     print(f"imports inside functions: {INSIDE}/{TOTAL} = {INSIDE / TOTAL:.1%}")
     for imp in _layer_breaks(IMPORTS):
         print(_describe(imp))
+
+
+#: the largest module in src/ncgrpo, in lines (issue 45: a module past it is split along its seams)
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_longer_than_the_bound():
+    long = {
+        str(p.relative_to(PKG)): n
+        for p in PKG.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along their seams): {long}"

@@ -15,7 +15,7 @@ from torch import nn
 from ncgrpo.core.marginal import MarginalCurve, marginal_keys
 from ncgrpo.core.noise import NoiseKey, RowNoise, perturb_selected
 from ncgrpo.core.prompt_solve import curve_tv_at
-from ncgrpo.engines import vllm_worker
+from ncgrpo.engines import vllm_solve
 from ncgrpo.engines.vllm import (
     EXTRA_ARGS_KEY,
     check_spec_for_engine,
@@ -25,7 +25,8 @@ from ncgrpo.engines.vllm import (
     target_solve_problem,
     target_spec,
 )
-from ncgrpo.engines.vllm_worker import _ArmedLogits, _target_solves
+from ncgrpo.engines.vllm_solve import _target_solves
+from ncgrpo.engines.vllm_worker import _ArmedLogits
 
 D, V, PAD = 16, 40, 24  # vLLM pads the head's rows to a multiple of 64
 
@@ -115,7 +116,7 @@ class Model(nn.Module):
 
 
 def test_the_worker_solves_each_prompt_once_per_step_and_perturbs_at_its_sigma(monkeypatch):
-    monkeypatch.setattr(vllm_worker, "_SOLVES", type(vllm_worker._SOLVES)())
+    monkeypatch.setattr(vllm_solve, "_SOLVES", type(vllm_solve._SOLVES)())
     model = Model()
     torch.manual_seed(1)
     hs = torch.randn(4, D) * 3
@@ -156,7 +157,7 @@ def test_the_worker_solves_each_prompt_once_per_step_and_perturbs_at_its_sigma(m
 
 
 def test_a_solve_the_worker_cannot_do_is_recorded_and_its_row_left_clean(monkeypatch):
-    monkeypatch.setattr(vllm_worker, "_SOLVES", type(vllm_worker._SOLVES)())
+    monkeypatch.setattr(vllm_solve, "_SOLVES", type(vllm_solve._SOLVES)())
     model = Model()
     model.lm_head.tp_size = 2  # a sharded vocabulary (refused where admitted; here the worker's own guard)
     hs = torch.randn(1, D)
@@ -168,17 +169,17 @@ def test_a_solve_the_worker_cannot_do_is_recorded_and_its_row_left_clean(monkeyp
 
 
 def test_old_steps_are_dropped(monkeypatch):
-    monkeypatch.setattr(vllm_worker, "_SOLVES", type(vllm_worker._SOLVES)())
+    monkeypatch.setattr(vllm_solve, "_SOLVES", type(vllm_solve._SOLVES)())
     model = Model()
     hs = torch.randn(1, D)
-    for step in range(vllm_worker.SOLVE_STEPS_KEPT + 3):
+    for step in range(vllm_solve.SOLVE_STEPS_KEPT + 3):
         s = spec()[EXTRA_ARGS_KEY]
         with _ArmedLogits(
             model, lambda h, s=s, step=step: [(0, parse_noise_spec({EXTRA_ARGS_KEY: {**s, "step": step}}))]
         ):
             model.compute_logits(hs)
-    assert len(vllm_worker._SOLVES) == vllm_worker.SOLVE_STEPS_KEPT
+    assert len(vllm_solve._SOLVES) == vllm_solve.SOLVE_STEPS_KEPT
     assert (
         _target_solves(None, 7, 0) == []
-        and len(_target_solves(None, 7, vllm_worker.SOLVE_STEPS_KEPT + 2)) == 1
+        and len(_target_solves(None, 7, vllm_solve.SOLVE_STEPS_KEPT + 2)) == 1
     )
