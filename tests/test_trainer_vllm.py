@@ -142,11 +142,11 @@ def test_target_schedule_on_colocate_generates_at_the_solved_sigma(
     trainer runs no pass for it), the trainer reads the solves back and measures each row at its prompt's
     sigma. Either way the TV the trainer measures (its own model, float32; the engine runs bfloat16) is the
     target's."""
-    import ncgrpo.trainer.target as target_mod
+    import ncgrpo.trainer.generation as generation_mod
     import ncgrpo.trainer.vllm as vllm_mod
 
     passes = []
-    for mod in (vllm_mod, target_mod):
+    for mod in (vllm_mod, generation_mod):  # every caller of the trainer's prompt-only pass
         orig = mod.prefill_only
         monkeypatch.setattr(mod, "prefill_only", lambda *a, _o=orig, **k: (passes.append(1), _o(*a, **k))[1])
     path, tok = model_dir
