@@ -467,3 +467,20 @@ def image_prompts(proc, texts: Iterable[str]) -> list[str]:
     return [
         proc.apply_chat_template(image_chat(t), tokenize=False, add_generation_prompt=True) for t in texts
     ]
+
+
+def load_tiny_grpo():
+    """``tests/scripts/tiny_grpo.py`` as the module ``tiny_grpo`` (loaded once per process; the tests that
+    train a tiny GRPO run share its config, model and dataset builders)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "tiny_grpo" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_grpo"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["tiny_grpo"]

@@ -4,23 +4,15 @@ and is refused by vLLM and verl with its own reasons, with no edit in ``src/`` (
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
 from ncgrpo.methods import RolloutMethod, get_method, register_method, unregister_method
+from tiny_models import load_tiny_grpo
 
-_spec = importlib.util.spec_from_file_location(
-    "tiny_grpo", Path(__file__).parents[1] / "scripts" / "tiny_grpo.py"
-)
-tiny = sys.modules.get("tiny_grpo") or importlib.util.module_from_spec(_spec)
-if "tiny_grpo" not in sys.modules:
-    sys.modules["tiny_grpo"] = tiny
-    _spec.loader.exec_module(tiny)
+tiny = load_tiny_grpo()
 
 
 class Unannealed(RolloutMethod):

@@ -6,9 +6,7 @@ no method's field)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -18,14 +16,9 @@ from ncgrpo.core.plan import plan_rows
 from ncgrpo.core.schedule import Schedule
 from ncgrpo.methods import get_method, methods
 from ncgrpo.methods.base import Generation, GenerationPlan, StepRecord
+from tiny_models import load_tiny_grpo
 
-_spec = importlib.util.spec_from_file_location(
-    "tiny_grpo", Path(__file__).parents[1] / "scripts" / "tiny_grpo.py"
-)
-tiny = sys.modules.get("tiny_grpo") or importlib.util.module_from_spec(_spec)
-if "tiny_grpo" not in sys.modules:
-    sys.modules["tiny_grpo"] = tiny
-    _spec.loader.exec_module(tiny)
+tiny = load_tiny_grpo()
 
 
 def _asking(method):

@@ -4,21 +4,14 @@ draws no random state and leaves the model as it was; refused where it cannot ac
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location(
-    "tiny_grpo", Path(__file__).parents[1] / "scripts" / "tiny_grpo.py"
-)
-tiny = sys.modules.get("tiny_grpo") or importlib.util.module_from_spec(_spec)
-if "tiny_grpo" not in sys.modules:
-    sys.modules["tiny_grpo"] = tiny
-    _spec.loader.exec_module(tiny)
+from tiny_models import load_tiny_grpo
+
+tiny = load_tiny_grpo()
 
 TARGET = 0.002
 #: two bases of another shape: the tiny VLM at hidden size 32 (seed 0) and at 128 (seed 2); at sigma0 = 0.2
