@@ -192,8 +192,8 @@ def test_spsa_colocate_sends_rank_one_pairs_and_mu_as_steer(model_dir, tmp_path,
     sent = []
     orig = engine.sampling_params_for_rows
 
-    def recording(base, rows, *, steer=None, logit_scales=None):
-        out = orig(base, rows, steer=steer, logit_scales=logit_scales)
+    def recording(base, rows, **kw):  # steer, logit_scales, targets: passed through as the trainer sends them
+        out = orig(base, rows, **kw)
         sent.append([(sp.extra_args or {}).get(engine.EXTRA_ARGS_KEY) for sp in out])
         return out
 
