@@ -17,7 +17,7 @@ from ncgrpo.eval.probe_result import format_probe
 from ncgrpo.rewards import format_ok, math_reward
 from ncgrpo.trainer.inert import InertNoiseMonitor, InertNoiseWarning
 from ncgrpo.trainer.prefix import prefix_completions, prefixed_chat_template, with_branch_prefix
-from tiny_models import build_tokenizer, tiny_text_model
+from tiny_models import build_tokenizer, load_tiny_grpo, tiny_text_model
 
 QUESTIONS = [
     Question("t", f"q{i}", f"What is {i} + {i}?", str(2 * i), answer_type="number", role="in_domain")
@@ -258,26 +258,11 @@ def test_inert_monitor_stays_quiet_when_the_noise_acts():
 
 
 # ------------------------------------------------------------------------------------ trainer wiring
-def _tiny_grpo():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if "tiny_grpo" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "tiny_grpo", Path(__file__).parent / "scripts" / "tiny_grpo.py"
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["tiny_grpo"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["tiny_grpo"]
-
-
 @pytest.mark.parametrize("method", ["vanilla", "latent"])
 def test_trainer_branch_prefix_reaches_the_prompt_and_the_reward(tmp_path, method):
     from ncgrpo.trainer import NCGRPOTrainer
 
-    tiny = _tiny_grpo()
+    tiny = load_tiny_grpo()
     seen: dict[str, list] = {"prompts": [], "completions": []}
 
     class Recording(NCGRPOTrainer):
@@ -311,7 +296,7 @@ def test_trainer_branch_prefix_reaches_the_prompt_and_the_reward(tmp_path, metho
 
 def test_trainer_warns_once_when_the_noise_is_inert(tmp_path):
     """Greedy decoding and a vanishing sigma: the noisy first tokens never leave the clean argmax."""
-    tiny = _tiny_grpo()
+    tiny = load_tiny_grpo()
     tr = tiny.trainer(
         tmp_path, rollout_method="latent", sigma0=1e-7, sigma_schedule="constant", max_steps=3,
         generation_kwargs={"do_sample": False},
@@ -328,7 +313,7 @@ def test_trainer_warns_when_sampling_hides_inert_noise(tmp_path):
     """Temperature sampling with a vanishing sigma: sampled first tokens leave the clean argmax often
     (noise/first_token_divergence is high on both halves) yet the noise changes no distribution; the
     warning reads the first-token total variation, so it still fires."""
-    tiny = _tiny_grpo()
+    tiny = load_tiny_grpo()
     tr = tiny.trainer(
         tmp_path,
         rollout_method="latent",

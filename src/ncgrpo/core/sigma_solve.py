@@ -12,7 +12,14 @@ import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
-__all__ = ["SigmaSolve", "secant_steps", "solve_sigma_for_marginal_tv"]
+__all__ = ["TARGET_DRAWS", "TARGET_SCOPES", "SigmaSolve", "secant_steps", "solve_sigma_for_marginal_tv"]
+
+#: the fewest draws per prompt the target schedule solves on: three antithetic pairs, the fewest the
+#: estimate's jackknife bias correction runs on (:func:`ncgrpo.core.marginal.estimate_marginal_tv`)
+TARGET_DRAWS = 6
+#: ``target_scope``: what the target schedule holds (the batch mean, or each prompt); one list for the TRL
+#: config and verl's ``ncgrpo:`` block
+TARGET_SCOPES = ("batch", "prompt")
 
 
 @dataclass(frozen=True)

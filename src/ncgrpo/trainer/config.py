@@ -12,6 +12,7 @@ from trl import GRPOConfig
 
 from ncgrpo.core.noise import parse_noise_site
 from ncgrpo.core.schedule import Schedule
+from ncgrpo.core.sigma_solve import TARGET_DRAWS, TARGET_SCOPES
 from ncgrpo.methods import get_method, method_help, methods
 
 #: The largest noise scale ``sigma0`` the method can use. eq. (2) draws ``delta = sigma ||h|| eps / sqrt(d)``,
@@ -20,11 +21,6 @@ from ncgrpo.methods import get_method, method_help, methods
 #: decodes from noise, not from the prompt (the paper uses 0.2 to 0.5; the tiny test models need up to 8 for
 #: a visible effect), and far above it the float32/bf16 states overflow (3e38 ended in an internal error).
 SIGMA0_MAX = 10.0
-#: the fewest draws per prompt the target schedule solves on: three antithetic pairs, the fewest the
-#: estimate's jackknife bias correction runs on (:func:`ncgrpo.core.marginal.estimate_marginal_tv`)
-TARGET_DRAWS = 6
-#: ``target_scope``: what the target schedule holds (the batch mean, or each prompt)
-TARGET_SCOPES = ("batch", "prompt")
 
 
 def sigma0_problem(value: object, *, bound: str | None = None) -> str | None:

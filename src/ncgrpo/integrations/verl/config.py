@@ -26,6 +26,7 @@ import torch
 from ncgrpo.core.noise import noise_seed
 from ncgrpo.core.plan import plan_rows, prompt_id_for
 from ncgrpo.core.schedule import Schedule
+from ncgrpo.core.sigma_solve import TARGET_DRAWS, TARGET_SCOPES
 from ncgrpo.engines.vllm import EXTRA_ARGS_KEY, noise_extra_args, parse_noise_spec, target_spec
 from ncgrpo.integrations.verl.metrics import VERL_EPS, half_metrics, target_metrics
 from ncgrpo.methods import RolloutMethod, get_method, methods
@@ -70,8 +71,6 @@ def _get(config: Any, path: str, default: Any = None) -> Any:
 # --------------------------------------------------------------------------------------------------
 # the `ncgrpo:` block of verl's config
 # --------------------------------------------------------------------------------------------------
-#: ``target_scope`` values (``NCGRPOConfig.target_scope``'s).
-TARGET_SCOPES = ("batch", "prompt")
 #: Why ``target_scope: batch`` is refused on verl (``prompt`` runs: the vLLM plugin solves each prompt's sigma).
 VERL_BATCH_TARGET_REFUSAL = (
     "the batch scope holds the batch's mean TV at one shared sigma_k, which needs every prompt's branch-point "
@@ -80,9 +79,6 @@ VERL_BATCH_TARGET_REFUSAL = (
     "first rollout. Use ncgrpo.target_scope=prompt (each prompt's own sigma solved inside the vLLM engine "
     "from that prompt's clean state, so that ITS TV is the target)"
 )
-#: The fewest draws per prompt the target schedule solves on (``ncgrpo.trainer.config.TARGET_DRAWS``, not
-#: imported here: the verl environment has no TRL; tests/integrations/test_verl_plan.py checks they agree).
-TARGET_DRAWS = 6
 #: The largest noise scale (``ncgrpo.trainer.config.SIGMA0_MAX``, same check).
 SIGMA0_MAX = 10.0
 
