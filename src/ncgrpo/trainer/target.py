@@ -155,7 +155,7 @@ def _solve_scoped(trainer, gen: Generation, head, states: torch.Tensor, logits: 
     return _solve(trainer, gen, head, states, logits)
 
 
-def _record(trainer, gen: Generation, found: SigmaSolve | PromptScopeSolve) -> None:
+def record_solve(trainer, gen: Generation, found: SigmaSolve | PromptScopeSolve) -> None:
     """``gen.sigma_k`` / ``gen.target_solve`` from the solve; warns once per run where ``sigma_max`` bound it."""
     gen.target_solve, gen.sigma_k = found, float(found.sigma)
     if found.at_max and not getattr(trainer, "_nc_warned_sigma_max", False):
@@ -192,7 +192,7 @@ def prefill_resolver(trainer, gen: Generation, model) -> Callable[[torch.Tensor]
         )
         with torch.no_grad():
             found = _solve_scoped(trainer, gen, head, states, head(states).float())
-        _record(trainer, gen, found)
+        record_solve(trainer, gen, found)
         sigmas = gen.row_sigma or [found.sigma] * len(gen.plans)
         return [trainer.nc_method.row_noise(p, s) for p, s in zip(gen.plans, sigmas, strict=True)]
 

@@ -28,7 +28,7 @@ from ncgrpo.trainer.generation import (
     record_branch_point,
     unwrapped_model,
 )
-from ncgrpo.trainer.target import PromptScopeSolve, _record, prefill_resolver
+from ncgrpo.trainer.target import PromptScopeSolve, prefill_resolver, record_solve
 
 
 def _tp_group_rows(vllm_generation, rows: list, logit_scales: list | None) -> tuple[list, list | None]:
@@ -136,13 +136,13 @@ def _read_back_solves(trainer, gen: Generation) -> None:
         at_max=sum(float(bool(s["at_max"])) for s in unique.values()) / n,
         prompts=len(unique),
     )
-    _record(trainer, gen, found)
+    record_solve(trainer, gen, found)
 
 
 def _annealed_away(trainer, gen: Generation) -> None:
     """``target_scope='prompt'`` at an annealed target of 0: every noisy row clean, nothing to solve."""
     gen.row_sigma = [0.0] * len(gen.plans)
-    _record(trainer, gen, PromptScopeSolve(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
+    record_solve(trainer, gen, PromptScopeSolve(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0))
 
 
 def generate_vllm(trainer, generate, gen: Generation, plan: GenerationPlan, prompt_ids, multimodal_fields):
